@@ -1,0 +1,1 @@
+"""agentrl.hub: environment package format, local hub, Hugging Face Hub backend, images."""

@@ -1,0 +1,1 @@
+"""agentrl.inference: vLLM launch plans, server processes, weight updates, router."""

@@ -1,0 +1,89 @@
+"""The `agentrl` command line: one Typer app, one file per command group.
+
+Each module in `agentrl.cli` registers either a command group (a Typer app named `app`,
+added under its group name) or top-level commands (a `register(app)` function). Modules
+are listed here once; a group whose module is absent from this install is skipped. Every
+`AgentrlError` raised by a command is printed as one line, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import typer
+
+from agentrl.errors import AgentrlError
+
+app = typer.Typer(
+    name="agentrl",
+    help="Environment hub and asynchronous RL training for agent tasks on MoE models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+@app.callback()
+def _root() -> None:
+    """Environment hub and asynchronous RL training for agent tasks on MoE models."""
+
+
+@app.command()
+def version() -> None:
+    """Print the agentrl version."""
+    from agentrl import __version__
+
+    typer.echo(__version__)
+
+
+# Modules that define top-level commands through `register(app)`.
+COMMAND_MODULES = ["models", "serve", "eval", "train"]
+# Modules that define a command group `app`, mounted under the given name.
+GROUP_MODULES = {"env": "env", "sandbox": "sandbox"}
+
+
+def _module(name: str):
+    full = f"agentrl.cli.{name}"
+    if importlib.util.find_spec(full) is None:
+        return None
+    return importlib.import_module(full)
+
+
+for _name in COMMAND_MODULES:
+    _mod = _module(_name)
+    if _mod is not None:
+        _mod.register(app)
+
+for _group, _name in GROUP_MODULES.items():
+    _mod = _module(_name)
+    if _mod is not None:
+        app.add_typer(_mod.app, name=_group)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `agentrl` script: run the app, print user errors as one line."""
+    try:
+        app(args=argv, prog_name="agentrl", standalone_mode=False)
+    except AgentrlError as error:
+        typer.secho(f"error: {error}", fg="red", err=True)
+        return error.exit_code
+    except KeyboardInterrupt:
+        typer.secho("interrupted", fg="yellow", err=True)
+        return 130
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    except Exception as error:
+        # Click's usage errors (typer vendors click) arrive here in non-standalone mode.
+        if hasattr(error, "show") and hasattr(error, "exit_code"):
+            error.show()
+            return error.exit_code
+        if type(error).__name__ == "Abort":
+            typer.secho("aborted", fg="yellow", err=True)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

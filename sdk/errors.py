@@ -1,0 +1,48 @@
+"""User-facing errors.
+
+Every mistake a user can make (a bad config key, an unknown environment, a missing Docker
+engine) is raised as an `AgentrlError` carrying one line that names the field or file and
+says what to do. The CLI prints that line and exits with status 2 instead of a traceback.
+"""
+
+from __future__ import annotations
+
+
+class AgentrlError(Exception):
+    """An error caused by user input or the machine's set-up, shown as one line."""
+
+    exit_code: int = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # one line, always
+        return " ".join(self.message.split("\n"))
+
+
+class ConfigError(AgentrlError):
+    """A config file or override is malformed, has an unknown key, or a wrong type."""
+
+
+class NotFoundError(AgentrlError):
+    """A named thing (environment, model, image, checkpoint) does not exist."""
+
+
+class MissingExtraError(AgentrlError):
+    """A heavy optional dependency is not installed."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"{module} is not installed; install the extra with: pip install 'agentrl[{extra}]'"
+        )
+
+
+def require(module: str, extra: str):
+    """Import a heavy optional module, or raise a one-line error naming the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError(module, extra) from exc

@@ -1,0 +1,55 @@
+"""Sampling settings and the chat-client protocol that environments talk to.
+
+Environments never see HTTP or tokenizers: they hand the conversation so far to a
+`ChatClient` and get back the assistant message plus the `Turn` (token ids, logprobs,
+routed experts, versions) that produced it. The token client (`agentrl.client`) extends
+`previous`'s token ids instead of re-rendering the conversation; the OpenAI client and
+scripted policies implement the same protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from agentrl.config import BaseConfig
+from agentrl.types import Message, Turn
+
+__all__ = ["SamplingConfig", "ChatClient"]
+
+
+class SamplingConfig(BaseConfig):
+    """How completions are sampled."""
+
+    max_tokens: int = 128
+    """Most tokens generated per model call."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Sample among the k most likely tokens (-1: all)."""
+    seed: int | None = None
+    """Per-request seed for reproducible sampling."""
+    stop: list[str] = []
+    """Strings that end a completion."""
+
+
+@runtime_checkable
+class ChatClient(Protocol):
+    """Anything that can continue a conversation: token client, OpenAI client, scripted policy."""
+
+    async def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingConfig,
+        previous: Turn | None = None,
+    ) -> tuple[Message, Turn]:
+        """Return the assistant's next message and the turn's tokens.
+
+        `messages` is the whole conversation so far. `previous` is this rollout's last
+        turn; a token client renders only the messages added since then and appends
+        their tokens to `previous.prompt_token_ids + previous.completion.token_ids`.
+        """
+        ...

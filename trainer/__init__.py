@@ -1,0 +1,1 @@
+"""agentrl.trainer: torchtitan-based MoE model code, parallelism, RL loss, checkpoints, orchestrator."""
