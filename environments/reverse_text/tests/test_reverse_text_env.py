@@ -1,0 +1,59 @@
+"""reverse-text through its real rollout loop with scripted (oracle and wrong) policies."""
+
+from __future__ import annotations
+
+import agentrl
+from agentrl.policies import ScriptedPolicy
+from agentrl.sampling import SamplingConfig
+
+SAMPLING = SamplingConfig(max_tokens=64)
+
+
+def _oracle(messages, tools):
+    return messages[-1].content[::-1]
+
+
+def test_loads_by_name_with_deterministic_disjoint_splits():
+    env = agentrl.load_environment("reverse-text", num_train=50, num_test=20)
+    assert env.name == "reverse-text"
+    train = env.get_dataset("train")
+    test = env.get_dataset("test")
+    assert (len(train), len(test)) == (50, 20)
+    train_texts = {row["answer"] for row in train}
+    assert not train_texts & {row["answer"] for row in test}
+    assert all(len(row["answer"]) <= 24 and row["answer"] for row in train)
+    again = agentrl.load_environment("reverse-text", num_train=50, num_test=20)
+    assert list(again.get_dataset("train")["answer"]) == list(train["answer"])
+    other = agentrl.load_environment("reverse-text", num_train=50, num_test=20, seed=7)
+    assert list(other.get_dataset("train")["answer"]) != list(train["answer"])
+
+
+async def test_oracle_gets_reward_one():
+    env = agentrl.load_environment("reverse-text", num_train=10, num_test=8)
+    for task in env.tasks("test"):
+        rollouts = await env.run_group(ScriptedPolicy(_oracle), task, n=2, sampling=SAMPLING)
+        for rollout in rollouts:
+            assert rollout.error is None
+            assert rollout.reward == 1.0
+            assert rollout.metrics["exact_match"] == 1.0
+            assert rollout.sample().loss_mask.count(True) == len(rollout.turns[0].completion.token_ids)
+
+
+async def test_tagged_and_think_replies_are_parsed():
+    env = agentrl.load_environment("reverse-text", num_train=10, num_test=4)
+    task = env.tasks("test")[0]
+    reply = f"<think>reverse it</think><answer>{task.answer}</answer>"
+    (rollout,) = await env.run_group(ScriptedPolicy([reply]), task, n=1, sampling=SAMPLING)
+    assert rollout.reward == 1.0
+
+
+async def test_wrong_answers_score_below_one():
+    env = agentrl.load_environment("reverse-text", num_train=10, num_test=4)
+    task = env.tasks("test")[0]
+    unreversed = (await env.run_group(ScriptedPolicy(lambda m, t: m[-1].content + "x"), task, n=1, sampling=SAMPLING))[0]
+    half = (await env.run_group(ScriptedPolicy([task.answer[: len(task.answer) // 2]]), task, n=1, sampling=SAMPLING))[0]
+    empty = (await env.run_group(ScriptedPolicy([""]), task, n=1, sampling=SAMPLING))[0]
+    assert unreversed.reward < 1.0
+    assert 0.0 < half.reward < 1.0
+    assert empty.reward == 0.0
+    assert unreversed.metrics["exact_match"] == 0.0

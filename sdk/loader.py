@@ -1,0 +1,202 @@
+"""Find environment packages and load them: `agentrl.load_environment(name_or_path)`.
+
+An environment package is a folder with an `environment.toml` (DESIGN.md section 4,
+schema in `agentrl.hub.manifest`). `load_environment` accepts
+
+- a path to such a folder (or to its `environment.toml`);
+- a built-in name: `reverse-text` -> `environments/reverse_text/` next to the installed
+  `sdk/` folder (`-` and `_` are interchangeable);
+- a package in a directory listed in `$AGENTRL_ENV_PATH` (os.pathsep-separated), matched
+  by folder name or manifest name;
+- a package installed from the hub (the hub's `agentrl.hub.local.installed_environment_dirs()`
+  when that module provides it).
+
+The entrypoint module is imported from the package folder as a submodule of a private
+package (`_agentrl_env_<name>_<hash>`), so nothing is added to `sys.path` and two
+packages with the same module name do not collide; inside a package, import sibling
+modules relatively (`from . import data`). The manifest's `env_args` and the caller's
+keyword arguments (which win) go to the entrypoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import agentrl
+from agentrl.errors import AgentrlError, NotFoundError
+
+__all__ = [
+    "EnvironmentInfo",
+    "builtin_environments_dir",
+    "find_environment",
+    "import_package_attr",
+    "list_environments",
+    "load_environment",
+]
+
+ENV_PATH_VARIABLE = "AGENTRL_ENV_PATH"
+MANIFEST_NAME = "environment.toml"
+
+
+@dataclass(frozen=True)
+class EnvironmentInfo:
+    """An environment package found on this machine."""
+
+    name: str
+    version: str
+    description: str
+    path: Path
+    source: str  # "builtin", "env-path" or "hub"
+
+
+def builtin_environments_dir() -> Path:
+    """The repository's `environments/` folder, next to the installed `sdk/` folder."""
+    return Path(agentrl.__file__).resolve().parent.parent / "environments"
+
+
+def _search_roots() -> list[tuple[Path, str]]:
+    roots: list[tuple[Path, str]] = [(builtin_environments_dir(), "builtin")]
+    for entry in os.environ.get(ENV_PATH_VARIABLE, "").split(os.pathsep):
+        if entry.strip():
+            roots.append((Path(entry).expanduser(), "env-path"))
+    try:
+        hub_local = importlib.import_module("agentrl.hub.local")
+    except ImportError:
+        hub_local = None
+    installed = getattr(hub_local, "installed_environment_dirs", None)
+    if callable(installed):
+        try:
+            for folder in installed():
+                roots.append((Path(folder), "hub"))
+        except AgentrlError:
+            pass
+    return roots
+
+
+def _package_dirs(root: Path) -> list[Path]:
+    """Package folders directly in `root` (or `root` itself if it is one)."""
+    if (root / MANIFEST_NAME).is_file():
+        return [root]
+    if not root.is_dir():
+        return []
+    return sorted(child for child in root.iterdir() if (child / MANIFEST_NAME).is_file())
+
+
+def list_environments() -> list[EnvironmentInfo]:
+    """Every environment package found: built-ins, `$AGENTRL_ENV_PATH`, the local hub."""
+    from agentrl.hub.manifest import load_manifest
+
+    found: list[EnvironmentInfo] = []
+    seen: set[str] = set()
+    for root, source in _search_roots():
+        for folder in _package_dirs(root):
+            try:
+                manifest = load_manifest(folder)
+            except AgentrlError:
+                continue  # a broken package is reported when it is loaded by path
+            if manifest.name in seen:
+                continue
+            seen.add(manifest.name)
+            found.append(EnvironmentInfo(manifest.name, manifest.version, manifest.description, folder, source))
+    return found
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def find_environment(name_or_path: str | os.PathLike[str]) -> Path:
+    """The package folder for a path or a name; NotFoundError lists what exists."""
+    candidate = Path(name_or_path).expanduser()
+    if candidate.name == MANIFEST_NAME and candidate.is_file():
+        return candidate.parent
+    if candidate.is_dir():
+        if not (candidate / MANIFEST_NAME).is_file():
+            raise NotFoundError(f"{candidate}: no {MANIFEST_NAME} in this folder; an environment package needs one")
+        return candidate
+    name = str(name_or_path)
+    looks_like_path = os.sep in name or name.startswith(".")
+    if not looks_like_path:
+        wanted = _normalise(name)
+        for root, _ in _search_roots():
+            for folder in _package_dirs(root):
+                if _normalise(folder.name) == wanted:
+                    return folder
+        for info in list_environments():
+            if _normalise(info.name) == wanted:
+                return info.path
+    available = ", ".join(sorted(info.name for info in list_environments())) or "none"
+    what = "no such folder" if looks_like_path else "unknown environment"
+    raise NotFoundError(f"{what} {name!r}; available environments: {available} (or give a folder with {MANIFEST_NAME})")
+
+
+def _private_package(folder: Path, name: str) -> str:
+    digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:10]
+    package_name = f"_agentrl_env_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{digest}"
+    if package_name not in sys.modules:
+        package = types.ModuleType(package_name)
+        package.__path__ = [str(folder.resolve())]  # type: ignore[attr-defined]
+        package.__package__ = package_name
+        package.__file__ = None
+        sys.modules[package_name] = package
+    return package_name
+
+
+def import_package_attr(folder: str | os.PathLike[str], spec: str, *, package_name: str | None = None) -> Any:
+    """Import `module:attr` from an environment package folder (no sys.path changes)."""
+    folder = Path(folder)
+    if ":" not in spec:
+        raise AgentrlError(f"{folder / MANIFEST_NAME}: {spec!r} must look like 'module:function'")
+    module_name, attr = spec.split(":", 1)
+    package = _private_package(folder, package_name or folder.name)
+    module_file = folder.joinpath(*module_name.split(".")).with_suffix(".py")
+    module_pkg = folder.joinpath(*module_name.split(".")) / "__init__.py"
+    if not module_file.is_file() and not module_pkg.is_file():
+        raise NotFoundError(f"{folder / MANIFEST_NAME}: entrypoint module {module_name!r} not found ({module_file.name} is missing)")
+    try:
+        module = importlib.import_module(f"{package}.{module_name}")
+    except AgentrlError:
+        raise
+    except Exception as exc:
+        raise AgentrlError(f"{module_file}: import failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise NotFoundError(f"{module_file}: has no {attr!r} (named by {spec!r} in {MANIFEST_NAME})") from None
+
+
+def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
+    """Load an environment package by name or path and return its Environment."""
+    from agentrl.environment import Environment
+    from agentrl.hub.manifest import load_manifest
+
+    folder = find_environment(name_or_path)
+    manifest = load_manifest(folder)
+    factory = import_package_attr(folder, manifest.entrypoint, package_name=manifest.name)
+    arguments = {**manifest.env_args, **kwargs}
+    try:
+        env = factory(**arguments)
+    except AgentrlError:
+        raise
+    except TypeError as exc:
+        raise AgentrlError(f"environment {manifest.name!r}: bad arguments to {manifest.entrypoint}: {exc}") from exc
+    except Exception as exc:
+        raise AgentrlError(f"environment {manifest.name!r}: {manifest.entrypoint} failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(env, Environment):
+        raise AgentrlError(
+            f"environment {manifest.name!r}: {manifest.entrypoint} returned {type(env).__name__}, not an agentrl Environment"
+        )
+    if env.name == Environment.name:
+        env.name = manifest.name
+    env.manifest = manifest
+    env.path = folder
+    return env
