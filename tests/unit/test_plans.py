@@ -1,0 +1,116 @@
+"""Deployment plans parse with vLLM's and vllm-router's own argument parsers (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrl.errors import AgentrlError, ConfigError
+from agentrl.inference.plans import ROUTED_EXPERTS_ENV, DeploymentConfig, build_plan
+from agentrl.inference.validate import InvalidPlanError, validate_plan, validate_router_args, validate_vllm_args
+
+pytest.importorskip("vllm")
+
+GLM_AIR = "zai-org/GLM-4.5-Air"
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_glm_air_wide_ep_on_64_gpus_parses_with_vllm():
+    plan = build_plan(GLM_AIR, DeploymentConfig(kind="wide_ep", nodes=8, gpus_per_node=8, kv_offload="cpu"))
+    assert plan.total_gpus == 64
+    assert validate_plan(plan) == 8
+    head, *workers = plan.servers
+    parsed = validate_vllm_args(head.vllm_args)
+    assert parsed.data_parallel_size == 64 and parsed.data_parallel_size_local == 8
+    assert parsed.enable_expert_parallel and parsed.all2all_backend == "deepep_low_latency"
+    assert parsed.quantization == "fp8" and head.env["VLLM_USE_DEEP_GEMM"] == "1"
+    assert parsed.enable_return_routed_experts and parsed.kv_offloading_size == 64.0
+    assert head.url == "http://node0:8000" and plan.endpoint == head.url
+    starts = [validate_vllm_args(worker.vllm_args).data_parallel_start_rank for worker in workers]
+    assert starts == [8 * node for node in range(1, 8)]
+    assert all(validate_vllm_args(worker.vllm_args).headless for worker in workers)
+
+
+def test_glm_air_prefill_decode_on_64_gpus_parses_with_vllm_and_router():
+    config = DeploymentConfig(kind="pd", nodes=8, gpus_per_node=8, nodes_per_instance=2, prefill_decode_ratio="1:3")
+    plan = build_plan(GLM_AIR, config)
+    assert plan.total_gpus == 64
+    assert validate_plan(plan) == 9
+    prefill = [process for process in plan.processes if process.role == "prefill"]
+    decode = [process for process in plan.processes if process.role == "decode"]
+    assert len(prefill) == 2 and len(decode) == 6  # 1 prefill instance : 3 decode instances, 2 nodes each
+    parsed = validate_vllm_args(prefill[0].vllm_args)
+    assert parsed.kv_transfer_config.kv_connector == "NixlConnector"
+    assert parsed.all2all_backend == "deepep_high_throughput"
+    assert validate_vllm_args(decode[0].vllm_args).all2all_backend == "deepep_low_latency"
+    router = validate_router_args(plan.router.argv)
+    assert router.vllm_pd_disaggregation and len(router.prefill_urls) == 1 and len(router.decode_urls) == 3
+    assert router.policy == "consistent_hash"
+
+
+def test_disk_offload_combines_connectors_under_multiconnector():
+    config = DeploymentConfig(kind="pd", nodes=2, gpus_per_node=8, prefill_decode_ratio="1:1", kv_offload="disk")
+    plan = build_plan(GLM_AIR, config)
+    validate_plan(plan)
+    kv = json.loads(_flag(plan.servers[0].vllm_args, "--kv-transfer-config"))
+    names = [connector["kv_connector"] for connector in kv["kv_connector_extra_config"]["connectors"]]
+    assert kv["kv_connector"] == "MultiConnector" and names == ["NixlConnector", "OffloadingConnector"]
+
+
+def test_mooncake_store_offload_and_no_fp8_on_a100():
+    plan = build_plan(GLM_AIR, DeploymentConfig(kind="single", gpus_per_node=4, tensor_parallel_size=4, gpu_kind="a100", kv_offload="mooncake"))
+    validate_plan(plan)
+    args = plan.servers[0].vllm_args
+    assert "--quantization" not in args
+    assert json.loads(_flag(args, "--kv-transfer-config"))["kv_connector"] == "MooncakeStoreConnector"
+    assert plan.servers[0].env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_tiny_moe_cpu_replicas_parse_and_bind_localhost(tmp_path):
+    plan = build_plan(str(tmp_path), DeploymentConfig(kind="replicas", device="cpu", replicas=2, port=18000))
+    assert validate_plan(plan) == 3
+    urls = [server.url for server in plan.servers]
+    assert urls == ["http://127.0.0.1:18000", "http://127.0.0.1:18001"]
+    for server in plan.servers:
+        parsed = validate_vllm_args(server.vllm_args)
+        assert parsed.host == "127.0.0.1" and parsed.enable_scale_out
+        assert parsed.kv_cache_memory_bytes == 256 * 2**20
+        assert not parsed.enable_return_routed_experts and server.env[ROUTED_EXPERTS_ENV] == "1"
+        assert parsed.enable_prefix_caching is False
+    router = validate_router_args(plan.router.argv)
+    assert router.host == "127.0.0.1" and router.worker_urls == urls
+
+
+def test_deliberately_wrong_flags_are_rejected():
+    with pytest.raises(InvalidPlanError, match="all2all-backend"):
+        validate_vllm_args(["--model", "m", "--all2all-backend", "deepep_fast"])
+    with pytest.raises(InvalidPlanError, match="unrecognized"):
+        validate_vllm_args(["--model", "m", "--enable-expert-paralel"])
+    with pytest.raises(InvalidPlanError):
+        validate_vllm_args(["--model", "m", "--kv-transfer-config", "{not json"])
+    with pytest.raises(InvalidPlanError, match="policy"):
+        validate_router_args(["vllm-router", "--policy", "sticky_sessions"])
+    plan = build_plan(GLM_AIR, DeploymentConfig(kind="wide_ep", nodes=2, decode_all2all_backend="deepep_turbo"))
+    with pytest.raises(InvalidPlanError, match="deepep_turbo"):
+        validate_plan(plan)
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (dict(kind="wide_ep", device="cpu"), "needs GPUs"),
+        (dict(kind="pd", nodes=3, prefill_decode_ratio="1:3"), "cannot be split"),
+        (dict(kind="pd", nodes=4, prefill_decode_ratio="one:three"), "prefill_decode_ratio"),
+        (dict(kind="single", gpu_kind="a100", fp8=True), "FP8"),
+        (dict(kind="single", device="cpu", weight_transfer="nccl"), "nccl"),
+        (dict(kind="replicas", replicas=9, nodes=1, gpus_per_node=8), "does not fit"),
+    ],
+)
+def test_impossible_deployments_give_one_line_errors(config, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        build_plan(GLM_AIR, DeploymentConfig(**config))
+    assert "\n" not in str(info.value) and isinstance(info.value, AgentrlError)
