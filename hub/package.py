@@ -1,0 +1,297 @@
+"""Environment packages: validate a package folder, hash it, build its dataset, stage it for publishing.
+
+A *source* package is the folder a user writes (`environment.toml`, the module, an optional
+Dockerfile, data or a generator, README.md). A *published* package is what a hub stores and
+what `pull` returns: the source files, the dataset built to parquet under `dataset/`, the
+README turned into a dataset card with YAML metadata, the manifest with the image digest
+filled in, and `agentrl-package.json`, the lock file listing the sha256 of every published
+file plus the package's content hash.
+
+The content hash covers the source files only (path and bytes, in sorted order), so the
+same source always hashes the same: pushing it again is a no-op, and pushing different
+content under an existing version is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
+
+__all__ = [
+    "LOCK_NAME", "DATASET_DIR", "IGNORED_NAMES", "PackageLock", "HashMismatchError",
+    "source_files", "content_hash", "file_sha256", "build_dataset", "validate_package",
+    "stage_package", "verify_package", "read_lock",
+]
+
+LOCK_NAME = "agentrl-package.json"
+"""The lock file of a published package: every file's sha256 and the content hash."""
+DATASET_DIR = "dataset"
+"""Folder of the published package holding one parquet file per split."""
+IGNORED_NAMES = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv", ".DS_Store",
+                 LOCK_NAME, ".cache"}
+"""File and folder names never packaged."""
+_IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp")
+
+
+class HashMismatchError(AgentrlError):
+    """A published file's bytes do not match the sha256 its lock file records."""
+
+
+@dataclass
+class PackageLock:
+    """The parsed `agentrl-package.json` of a published package."""
+
+    name: str
+    version: str
+    content_hash: str
+    files: dict[str, str]
+    image: str | None = None
+    image_digest: str | None = None
+    splits: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2, sort_keys=True) + "\n"
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def source_files(package_dir: Path) -> list[str]:
+    """Relative POSIX paths of the package's files, sorted, without caches, VCS folders or build output."""
+    package_dir = Path(package_dir)
+    found: list[str] = []
+    for path in sorted(package_dir.rglob("*")):
+        relative = path.relative_to(package_dir)
+        if any(part in IGNORED_NAMES for part in relative.parts) or path.name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if relative.parts[0] == DATASET_DIR and (package_dir / LOCK_NAME).exists():
+            continue  # a published package's built dataset is output, not source
+        if path.is_symlink():
+            raise AgentrlError(f"{path}: symbolic links cannot be packaged; copy the file in instead")
+        if path.is_file():
+            found.append(relative.as_posix())
+    return found
+
+
+def content_hash(package_dir: Path) -> str:
+    """`sha256:<hex>` over the sorted (path, sha256) pairs of the package's source files."""
+    package_dir = Path(package_dir)
+    digest = hashlib.sha256()
+    for relative in source_files(package_dir):
+        digest.update(f"{relative}\0{file_sha256(package_dir / relative)}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+@contextlib.contextmanager
+def package_on_path(package_dir: Path) -> Iterator[None]:
+    """Make the package's modules importable for the block, then forget them again."""
+    package_dir = str(Path(package_dir).resolve())
+    before = set(sys.modules)
+    sys.path.insert(0, package_dir)
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(package_dir)
+        for name in set(sys.modules) - before:
+            module_file = getattr(sys.modules[name], "__file__", None) or ""
+            if module_file.startswith(package_dir):
+                del sys.modules[name]
+
+
+def _call_generator(package_dir: Path, spec: str) -> dict[str, Any]:
+    module_name, function_name = spec.split(":")
+    with package_on_path(package_dir):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.generator {spec!r}: cannot import "
+                              f"{module_name!r} ({error})") from None
+        function = getattr(module, function_name, None)
+        if function is None:
+            raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.generator {spec!r}: "
+                              f"{module_name} has no function {function_name!r}")
+        result = function()
+    if not hasattr(result, "items"):
+        raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.generator {spec!r} must return a dict of "
+                          f"split name -> datasets.Dataset, got {type(result).__name__}")
+    return dict(result.items())
+
+
+def _load_split_file(package_dir: Path, split: str, relative: str):
+    import datasets
+
+    path = package_dir / relative
+    if not path.is_file():
+        raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.splits.{split}: file {relative!r} not found")
+    if path.suffix == ".parquet":
+        return datasets.Dataset.from_parquet(str(path))
+    if path.suffix in (".jsonl", ".json"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+            if path.suffix == ".jsonl" else json.loads(path.read_text())
+        for row in rows:  # the info column is stored as JSON text (verifiers convention)
+            if isinstance(row.get("info"), dict):
+                row["info"] = json.dumps(row["info"], sort_keys=True)
+        return datasets.Dataset.from_list(rows)
+    raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.splits.{split}: {relative!r} must be "
+                      ".jsonl, .json or .parquet")
+
+
+def build_dataset(package_dir: Path, manifest: Manifest | None = None) -> dict[str, Any]:
+    """The package's splits as `datasets.Dataset`s (from its data files or its generator)."""
+    package_dir = Path(package_dir)
+    manifest = manifest or load_manifest(package_dir)
+    splits: dict[str, Any] = {}
+    if manifest.dataset.generator:
+        splits.update(_call_generator(package_dir, manifest.dataset.generator))
+    for split, relative in manifest.dataset.splits.items():
+        splits[split] = _load_split_file(package_dir, split, relative)
+    for split, dataset in splits.items():
+        if "prompt" not in dataset.column_names:
+            raise ConfigError(f"{package_dir}: dataset split {split!r} has no 'prompt' column "
+                              f"(rows need prompt, answer, info, task)")
+    return splits
+
+
+def validate_package(package_dir: Path, *, check_rows: bool = True) -> tuple[Manifest, dict[str, Any]]:
+    """Check the manifest, the entrypoint module, the Dockerfile and that every row is a valid Task."""
+    from agentrl.types import Task
+
+    package_dir = Path(package_dir)
+    if not (package_dir / MANIFEST_NAME).is_file():
+        raise NotFoundError(f"{package_dir}: no {MANIFEST_NAME}; create one with `agentrl env init NAME`")
+    manifest = load_manifest(package_dir)
+    module = manifest.entrypoint.split(":")[0]
+    module_path = package_dir / (module.replace(".", "/") + ".py")
+    if not module_path.is_file() and not (package_dir / module.replace(".", "/") / "__init__.py").is_file():
+        raise ConfigError(f"{package_dir / MANIFEST_NAME}: entrypoint {manifest.entrypoint!r}: "
+                          f"module file {module_path.name} not found in the package")
+    if manifest.sandbox and manifest.sandbox.dockerfile and not (package_dir / manifest.sandbox.dockerfile).is_file():
+        raise ConfigError(f"{package_dir / MANIFEST_NAME}: sandbox.dockerfile {manifest.sandbox.dockerfile!r} "
+                          "not found in the package")
+    splits = build_dataset(package_dir, manifest) if check_rows else {}
+    for split, dataset in splits.items():
+        for index, row in enumerate(dataset):
+            try:
+                Task.from_row(row)
+            except Exception as error:  # noqa: BLE001 - any bad row is reported as one line
+                message = str(error).splitlines()[0]
+                raise ConfigError(f"{package_dir}: dataset split {split!r} row {index}: not a valid task "
+                                  f"({message})") from None
+    return manifest, splits
+
+
+def _dataset_card(manifest: Manifest, splits: dict[str, Any], readme: str, content_hash_value: str) -> str:
+    import yaml
+
+    metadata = {
+        "license": manifest.license.lower(),
+        "pretty_name": manifest.name,
+        "tags": ["agentrl", "agentrl-environment", *manifest.tags],
+        "configs": [{
+            "config_name": "default",
+            "data_files": [{"split": split, "path": f"{DATASET_DIR}/{split}.parquet"} for split in sorted(splits)],
+        }],
+        "agentrl": {"name": manifest.name, "version": manifest.version, "entrypoint": manifest.entrypoint,
+                    "content_hash": content_hash_value},
+    }
+    if readme.startswith("---\n"):  # drop a front matter the author wrote; ours replaces it
+        end = readme.find("\n---", 4)
+        readme = readme[end + 4:].lstrip("\n") if end != -1 else readme
+    body = readme or f"# {manifest.name}\n\n{manifest.description}\n"
+    return "---\n" + yaml.safe_dump(metadata, sort_keys=False) + "---\n\n" + body
+
+
+def stage_package(
+    package_dir: Path, staging_dir: Path, *, image: str | None = None, image_digest: str | None = None,
+    splits: dict[str, Any] | None = None, manifest: Manifest | None = None, on_file=None,
+) -> PackageLock:
+    """Write the published form of a package into `staging_dir` (which must be empty or absent)."""
+    from agentrl.config import dump_config
+
+    package_dir, staging_dir = Path(package_dir), Path(staging_dir)
+    if manifest is None or splits is None:
+        manifest, splits = validate_package(package_dir)
+    hash_value = content_hash(package_dir)
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    for relative in source_files(package_dir):
+        target = staging_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(package_dir / relative, target)
+        if on_file is not None:
+            on_file(relative)
+    published = manifest.model_copy(deep=True)
+    if published.sandbox is not None and image_digest:
+        published.sandbox.image = image or published.sandbox.image
+        published.sandbox.digest = image_digest
+    (staging_dir / MANIFEST_NAME).write_text(dump_config(published))
+    (staging_dir / DATASET_DIR).mkdir(exist_ok=True)
+    import datasets
+
+    datasets.disable_progress_bars()
+    counts: dict[str, int] = {}
+    for split, dataset in sorted(splits.items()):
+        dataset.to_parquet(str(staging_dir / DATASET_DIR / f"{split}.parquet"))
+        counts[split] = len(dataset)
+    readme_path = package_dir / "README.md"
+    readme = readme_path.read_text() if readme_path.is_file() else ""
+    (staging_dir / "README.md").write_text(_dataset_card(manifest, splits, readme, hash_value))
+    files = {
+        path.relative_to(staging_dir).as_posix(): file_sha256(path)
+        for path in sorted(staging_dir.rglob("*")) if path.is_file() and path.name != LOCK_NAME
+    }
+    lock = PackageLock(name=manifest.name, version=manifest.version, content_hash=hash_value, files=files,
+                       image=published.sandbox.image if published.sandbox else None,
+                       image_digest=image_digest, splits=counts)
+    (staging_dir / LOCK_NAME).write_text(lock.to_json())
+    return lock
+
+
+def read_lock(package_dir: Path) -> PackageLock:
+    """Parse a published package's lock file."""
+    path = Path(package_dir) / LOCK_NAME
+    if not path.is_file():
+        raise NotFoundError(f"{package_dir}: no {LOCK_NAME}; this is not a published package")
+    try:
+        data = json.loads(path.read_text())
+        return PackageLock(**data)
+    except (ValueError, TypeError) as error:
+        raise HashMismatchError(f"{path}: unreadable lock file ({error}); pull the package again") from None
+
+
+def verify_package(package_dir: Path, *, expected_content_hash: str | None = None) -> PackageLock:
+    """Check every file of a published package against its lock file; raise on the first mismatch."""
+    package_dir = Path(package_dir)
+    lock = read_lock(package_dir)
+    if expected_content_hash is not None and lock.content_hash != expected_content_hash:
+        raise HashMismatchError(f"{package_dir / LOCK_NAME}: content hash {lock.content_hash} differs from the "
+                                f"hub's {expected_content_hash}; pull the package again")
+    for relative, expected in sorted(lock.files.items()):
+        path = package_dir / relative
+        if not path.is_file():
+            raise HashMismatchError(f"{path}: missing from the pulled package; pull it again")
+        actual = file_sha256(path)
+        if actual != expected:
+            raise HashMismatchError(f"{path}: sha256 {actual[:12]}... does not match the published "
+                                    f"{expected[:12]}...; the file is corrupted, pull the package again")
+    extra = [p for p in source_files(package_dir) if p not in lock.files and p != LOCK_NAME]
+    if extra:
+        raise HashMismatchError(f"{package_dir / extra[0]}: file not in the published package; pull it again")
+    return lock

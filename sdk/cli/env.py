@@ -1,0 +1,228 @@
+"""`agentrl env ...`: create, validate, build, publish, fetch and inspect environment packages.
+
+Every command takes `--hub` (`local`, the default, or `hf`, or a local hub folder) where it
+talks to a hub. Heavy work lives in `agentrl.hub`; this module only parses options and
+prints results (rich tables), and stays light at import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help="Environment packages: init, validate, build, push, pull, list, info, versions, install, "
+                       "check, import.", no_args_is_help=True)
+import_app = typer.Typer(help="Turn packages of other formats into agentrl packages.", no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+HUB_HELP = "Hub: 'local' (AGENTRL_HUB, default ~/.agentrl/hub), 'hf' (Hugging Face Hub: HF_ENDPOINT, HF_TOKEN), " \
+           "or a local hub folder."
+REGISTRY_HELP = "OCI registry (host:port) for the sandbox image, e.g. 127.0.0.1:5000; AGENTRL_REGISTRY by default."
+
+
+def _echo(message: str) -> None:
+    typer.echo(message)
+
+
+def _registry(value: Optional[str]) -> Optional[str]:
+    import os
+
+    return value or os.environ.get("AGENTRL_REGISTRY") or None
+
+
+@app.command()
+def init(
+    name: str = typer.Argument(..., help="Environment name (lowercase letters, digits, '-', '_')."),
+    directory: Optional[Path] = typer.Option(None, "--dir", help="Folder to create (default: ./NAME)."),
+) -> None:
+    """Create a working package scaffold (manifest, module, data, README, a test)."""
+    from agentrl.hub.scaffold import create_scaffold
+
+    folder = create_scaffold(name, directory=directory)
+    _echo(f"created {folder}; try: agentrl env validate {folder}")
+
+
+@app.command()
+def validate(path: Path = typer.Argument(Path("."), help="Package folder.")) -> None:
+    """Check the manifest, the module, the Dockerfile and every dataset row."""
+    from agentrl.hub.package import content_hash, validate_package
+
+    manifest, splits = validate_package(path)
+    sizes = ", ".join(f"{split}={len(rows)}" for split, rows in sorted(splits.items())) or "no splits"
+    _echo(f"ok: {manifest.name} {manifest.version} ({sizes}); content hash {content_hash(path)}")
+
+
+@app.command()
+def build(
+    path: Path = typer.Argument(Path("."), help="Package folder."),
+    out: Optional[Path] = typer.Option(None, help="Output folder (default: PATH/build)."),
+    image: bool = typer.Option(True, help="Also build the sandbox image when the package has a Dockerfile."),
+) -> None:
+    """Build the dataset (parquet through `datasets`) and the sandbox image, without publishing."""
+    import shutil
+
+    from agentrl.hub.package import stage_package, validate_package
+
+    manifest, splits = validate_package(path)
+    out = out or path / "build"
+    if out.exists():
+        shutil.rmtree(out)
+    digest_note = ""
+    if image and manifest.sandbox is not None and manifest.sandbox.dockerfile:
+        from agentrl.hub.images import build_image
+
+        image_id = build_image(path, dockerfile=manifest.sandbox.dockerfile,
+                               tag=f"{manifest.name}:{manifest.version}", network=manifest.sandbox.network)
+        digest_note = f"; image {manifest.name}:{manifest.version} ({image_id[:19]})"
+    lock = stage_package(path, out, splits=splits, manifest=manifest)
+    _echo(f"built {out}: {len(lock.files)} files, splits {lock.splits}{digest_note}")
+
+
+@app.command()
+def push(
+    path: Path = typer.Argument(Path("."), help="Package folder."),
+    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
+    repo: Optional[str] = typer.Option(None, help="owner/name to publish as (default: <owner>/<manifest name>)."),
+    registry: Optional[str] = typer.Option(None, help=REGISTRY_HELP),
+    private: bool = typer.Option(False, help="Create the Hugging Face repo as private."),
+) -> None:
+    """Validate, build and publish a package version (unchanged content is a no-op)."""
+    from agentrl.hub.publish import get_hub, push_package
+    from agentrl.hub.refs import parse_ref
+
+    owner = name = None
+    if repo:
+        ref = parse_ref(repo)
+        owner, name = ref.owner, ref.name
+    result = push_package(path, hub=get_hub(hub, private=private), owner=owner, name=name,
+                          registry=_registry(registry), log=_echo)
+    state = "published" if result.published else "unchanged"
+    image = f" image {result.image}@{result.image_digest}" if result.image_digest else ""
+    _echo(f"{state}: {result.ref} {result.content_hash}{image}")
+
+
+@app.command()
+def pull(
+    ref: str = typer.Argument(..., help="owner/name[@version] (latest when no version)."),
+    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
+    to: Optional[Path] = typer.Option(None, help="Folder to pull into (default: the install folder)."),
+    image: bool = typer.Option(False, help="Also pull the sandbox image by its recorded digest."),
+) -> None:
+    """Fetch a package version and verify every file's hash."""
+    from agentrl.hub.publish import get_hub, pull_package
+
+    target = pull_package(ref, hub=get_hub(hub), destination=to, pull_image=image, log=_echo)
+    _echo(str(target))
+
+
+@app.command("list")
+def list_(
+    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
+    search: Optional[str] = typer.Option(None, help="Only packages whose name or description contains this."),
+    tag: Optional[str] = typer.Option(None, help="Only packages with this tag."),
+    installed: bool = typer.Option(False, help="List pulled (installed) packages instead."),
+) -> None:
+    """List the packages of a hub (latest version of each)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if installed:
+        from agentrl.hub.refs import list_installed
+
+        for ref in list_installed():
+            _echo(str(ref))
+        return
+    from agentrl.hub.publish import get_hub, list_packages
+
+    rows = list_packages(get_hub(hub), search=search, tag=tag)
+    table = Table("package", "version", "tags", "description")
+    for row in rows:
+        table.add_row(row["ref"], row["version"], ", ".join(row["tags"]), row["description"])
+    Console(width=160).print(table)
+    if not rows:
+        _echo("no packages found")
+
+
+@app.command()
+def info(
+    ref: str = typer.Argument(..., help="owner/name[@version]."),
+    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
+) -> None:
+    """Show a published version's manifest, content hash, splits and image digest."""
+    from agentrl.hub.manifest import MANIFEST_NAME
+    from agentrl.hub.publish import get_hub
+    from agentrl.hub.refs import parse_ref
+
+    backend = get_hub(hub)
+    resolved = backend.resolve(parse_ref(ref))
+    lock = backend.lock_of(resolved)
+    _echo(f"# {resolved}")
+    _echo(f"content_hash = {lock.content_hash}")
+    _echo(f"splits = {lock.splits}")
+    if lock.image:
+        _echo(f"image = {lock.image}@{lock.image_digest}")
+    _echo(backend.read_text(resolved, MANIFEST_NAME).rstrip())
+
+
+@app.command()
+def versions(
+    ref: str = typer.Argument(..., help="owner/name."),
+    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
+) -> None:
+    """List a package's published versions, oldest first."""
+    from agentrl.errors import NotFoundError
+    from agentrl.hub.publish import get_hub
+    from agentrl.hub.refs import parse_ref
+
+    parsed = parse_ref(ref)
+    found = get_hub(hub).versions(parsed)
+    if not found:
+        raise NotFoundError(f"{parsed.repo_id}: no published versions on this hub")
+    for version in found:
+        _echo(version)
+
+
+@app.command()
+def install(
+    target: str = typer.Argument(..., help="Package folder, or owner/name[@version] of an installed package."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the pip command instead of running it."),
+) -> None:
+    """Install a package's Python requirements with pip."""
+    from agentrl.hub.install import install_requirements
+
+    command = install_requirements(target, dry_run=dry_run)
+    _echo(" ".join(command) if command else "no requirements to install")
+
+
+@app.command()
+def check(
+    target: str = typer.Argument(".", help="Package folder, or owner/name[@version] of an installed package."),
+    registry: Optional[str] = typer.Option(None, help="Registry for images named without one."),
+) -> None:
+    """Report every image the package or its task rows name that its registry (or the engine) lacks."""
+    from agentrl.errors import AgentrlError
+    from agentrl.hub.images import check_package_images
+
+    results = check_package_images(target, registry=_registry(registry))
+    missing = [r for r in results if not r.present]
+    for result in results:
+        _echo(f"{'ok     ' if result.present else 'MISSING'} {result.image}  ({result.where}; {result.source})")
+    if missing:
+        raise AgentrlError(f"{len(missing)} of {len(results)} images missing, first: {missing[0].image}; "
+                           "push them with `agentrl env push --registry ...` or build them")
+    _echo(f"all {len(results)} images present")
+
+
+@import_app.command("harbor")
+def import_harbor(
+    path: Path = typer.Argument(..., help="Harbor task folder (task.toml, instruction.md, environment/, tests/)."),
+    out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<task name>)."),
+    name: Optional[str] = typer.Option(None, help="Environment name (default: from the folder name)."),
+) -> None:
+    """Turn a Harbor task folder into an agentrl package whose reward runs the task's tests."""
+    from agentrl.hub.harbor import import_harbor_task
+
+    folder = import_harbor_task(path, out=out, name=name)
+    _echo(f"created {folder}; validate with: agentrl env validate {folder}")
