@@ -25,7 +25,17 @@ from agentrl.errors import NotFoundError
 from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
 from agentrl.hub.refs import PackageRef, hub_root, sort_versions
 
-__all__ = ["LocalHub"]
+__all__ = ["LocalHub", "installed_environment_dirs"]
+
+
+def installed_environment_dirs() -> list[Path]:
+    """The folder of the latest installed version of every pulled package (searched by the SDK loader)."""
+    from agentrl.hub.refs import installed_root, list_installed
+
+    latest: dict[str, Path] = {}
+    for ref in list_installed():  # oldest first, so the last one wins
+        latest[ref.repo_id] = installed_root() / ref.owner / ref.name / ref.version
+    return list(latest.values())
 
 
 def _pid_alive(pid: int) -> bool:

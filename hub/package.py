@@ -14,15 +14,12 @@ content under an existing version is refused.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib
 import json
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
@@ -98,37 +95,11 @@ def content_hash(package_dir: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-@contextlib.contextmanager
-def package_on_path(package_dir: Path) -> Iterator[None]:
-    """Make the package's modules importable for the block, then forget them again."""
-    package_dir = str(Path(package_dir).resolve())
-    before = set(sys.modules)
-    sys.path.insert(0, package_dir)
-    importlib.invalidate_caches()
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(package_dir)
-        for name in set(sys.modules) - before:
-            module_file = getattr(sys.modules[name], "__file__", None) or ""
-            if module_file.startswith(package_dir):
-                del sys.modules[name]
+def _call_generator(package_dir: Path, spec: str, name: str) -> dict[str, Any]:
+    from agentrl.loader import import_package_attr
 
-
-def _call_generator(package_dir: Path, spec: str) -> dict[str, Any]:
-    module_name, function_name = spec.split(":")
-    with package_on_path(package_dir):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.generator {spec!r}: cannot import "
-                              f"{module_name!r} ({error})") from None
-        function = getattr(module, function_name, None)
-        if function is None:
-            raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.generator {spec!r}: "
-                              f"{module_name} has no function {function_name!r}")
-        result = function()
+    function = import_package_attr(package_dir, spec, package_name=name)
+    result = function()
     if not hasattr(result, "items"):
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.generator {spec!r} must return a dict of "
                           f"split name -> datasets.Dataset, got {type(result).__name__}")
@@ -160,7 +131,7 @@ def build_dataset(package_dir: Path, manifest: Manifest | None = None) -> dict[s
     manifest = manifest or load_manifest(package_dir)
     splits: dict[str, Any] = {}
     if manifest.dataset.generator:
-        splits.update(_call_generator(package_dir, manifest.dataset.generator))
+        splits.update(_call_generator(package_dir, manifest.dataset.generator, manifest.name))
     for split, relative in manifest.dataset.splits.items():
         splits[split] = _load_split_file(package_dir, split, relative)
     for split, dataset in splits.items():
