@@ -1,0 +1,138 @@
+"""Parity of the trainer's MoE decoder with transformers, and the lossless HF adapter.
+
+Tolerance: float32 on the CPU, logits within 1e-4 absolute of transformers' own model
+(same weights; the two differ only in summation order).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.trainer.models.attention import build_segments
+from agentrl.trainer.models.glm4_moe import build_model
+from agentrl.trainer.models.state_dict import load_hf_weights, read_hf_state, save_hf_weights
+from trainer_helpers import make_hf_folder, tiny_glm_config
+
+ATOL = 1e-4
+
+
+def _trainer_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    positions = torch.arange(ids.numel())
+    with torch.no_grad():
+        return model(ids, positions, build_segments(positions))
+
+
+def _load(path):
+    model = build_model(MoEModelArgs.from_hf_dir(path))
+    load_hf_weights(model, path)
+    return model.eval()
+
+
+def test_glm_logits_match_transformers(tmp_path):
+    hf = make_hf_folder(tmp_path, tiny_glm_config())
+    model = _load(tmp_path)
+    ids = torch.randint(0, 128, (24,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = hf(ids[None]).logits[0]
+    assert reference.std() > 0.1  # the comparison is not between near-constant outputs
+    torch.testing.assert_close(_trainer_logits(model, ids), reference, atol=ATOL, rtol=0)
+
+
+def test_glm_qk_norm_variant_matches(tmp_path):
+    hf = make_hf_folder(tmp_path, tiny_glm_config(use_qk_norm=True, first_k_dense_replace=0, n_group=1, topk_group=1))
+    ids = torch.randint(0, 128, (16,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = hf(ids[None]).logits[0]
+    torch.testing.assert_close(_trainer_logits(_load(tmp_path), ids), reference, atol=ATOL, rtol=0)
+
+
+def test_qwen3_moe_logits_match_transformers(tmp_path):
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0], tie_word_embeddings=False,
+    )
+    hf = make_hf_folder(tmp_path, config)
+    model = _load(tmp_path)
+    assert model.args.score_func == "softmax" and model.args.moe_layers == [1]
+    ids = torch.randint(0, 128, (16,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = hf(ids[None]).logits[0]
+    torch.testing.assert_close(_trainer_logits(model, ids), reference, atol=ATOL, rtol=0)
+
+
+def test_packed_documents_do_not_attend_across(tiny_glm_dir):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_glm_dir).eval()
+    model = _load(tiny_glm_dir)
+    generator = torch.Generator().manual_seed(4)
+    first, second = torch.randint(0, 128, (9,), generator=generator), torch.randint(0, 128, (13,), generator=generator)
+    ids = torch.cat([first, second])
+    positions = torch.cat([torch.arange(9), torch.arange(13)])
+    with torch.no_grad():
+        packed = model(ids, positions, build_segments(positions))
+        reference = torch.cat([hf(first[None]).logits[0], hf(second[None]).logits[0]])
+    torch.testing.assert_close(packed, reference, atol=ATOL, rtol=0)
+
+
+def test_targets_give_logprobs_of_logits(tiny_glm_dir):
+    model = _load(tiny_glm_dir)
+    model.logprob_chunk_tokens = 5  # several chunks
+    ids = torch.randint(0, 128, (17,), generator=torch.Generator().manual_seed(5))
+    targets = torch.roll(ids, -1)
+    positions = torch.arange(17)
+    with torch.no_grad():
+        logprobs = model(ids, positions, build_segments(positions), targets_T=targets)
+        expected = torch.log_softmax(model(ids, positions, build_segments(positions)), -1).gather(-1, targets[:, None])[:, 0]
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
+
+
+def test_hf_to_trainer_to_hf_is_lossless(tmp_path):
+    source = tmp_path / "source"
+    make_hf_folder(source, tiny_glm_config(), max_shard_size="100KB")
+    assert (source / "model.safetensors.index.json").is_file()  # sharded input
+    model = _load(source)
+    out = save_hf_weights(model.state_dict(), tmp_path / "export", args=model.args, source_dir=source,
+                          max_shard_bytes=200_000)
+    original, exported = read_hf_state(source), read_hf_state(out)
+    assert set(original) == set(exported)
+    for key in original:
+        assert original[key].dtype == exported[key].dtype, key
+        assert torch.equal(original[key], exported[key]), key
+    assert json.loads((out / "config.json").read_text())["model_type"] == "glm4_moe"
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 128, (8,))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids[None]).logits[0], _trainer_logits(model, ids), atol=ATOL, rtol=0)
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path, tiny_glm_dir):
+    with pytest.raises(NotFoundError, match="config.json"):
+        MoEModelArgs.from_hf_dir(tmp_path)
+    with pytest.raises(AgentrlError, match="model_type 'llama' is not supported"):
+        MoEModelArgs.from_hf_config({"model_type": "llama"})
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(AgentrlError, match="not valid JSON"):
+        MoEModelArgs.from_hf_dir(tmp_path)
+    # a checkpoint missing one expert names the layer and the count
+    from safetensors.torch import save_file
+
+    state = read_hf_state(tiny_glm_dir)
+    del state["model.layers.1.mlp.experts.3.up_proj.weight"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    save_file(state, str(broken / "model.safetensors"))
+    (broken / "config.json").write_text((tiny_glm_dir / "config.json").read_text())
+    model = build_model(MoEModelArgs.from_hf_dir(broken))
+    with pytest.raises(AgentrlError, match="layer 1 up_proj: found experts 7 of 8"):
+        load_hf_weights(model, broken)

@@ -1,0 +1,238 @@
+"""The trainer's MoE decoder: GLM-4.5 (and Qwen3-MoE through the same code).
+
+Built from torchtitan 0.3.0 components: `GroupedExperts` (grouped GEMM experts),
+`LocalTokenDispatcher` / `AllToAllTokenDispatcher` (token permutation and the expert-
+parallel all-to-all), `FeedForward` (dense and shared-expert SwiGLU) and
+`TokenChoiceTopKRouter` (via `router.MoERouter`). Attention is GQA with partial RoPE,
+optional qkv bias and qk-norm, over packed documents (`attention.segment_attention`).
+
+The model works on one packed row of tokens, shape ``(T,)``, with per-token positions
+that restart at each sample. `forward` returns per-token log-probabilities of the given
+targets (computed chunk by chunk, so the full ``(T, vocab)`` logits never sit in memory)
+or the logits when no targets are given (parity tests). Router Replay: pass the experts
+inference used per token and MoE layer (``replay_experts_TLK``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torchtitan.models.common.feed_forward import FeedForward
+from torchtitan.models.common.linear import Linear
+from torchtitan.models.common.moe import GroupedExperts
+from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
+
+from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.trainer.models.attention import AttentionSegments, segment_attention
+from agentrl.trainer.models.router import build_router
+
+__all__ = ["MoEDecoder", "MoEBlock", "Experts", "build_model"]
+
+
+def _swiglu(dim: int, hidden: int) -> FeedForward:
+    return FeedForward(
+        FeedForward.Config(
+            w1=Linear.Config(in_features=dim, out_features=hidden),
+            w2=Linear.Config(in_features=hidden, out_features=dim),
+            w3=Linear.Config(in_features=dim, out_features=hidden),
+        )
+    )
+
+
+class Experts(GroupedExperts):
+    """torchtitan's grouped experts; bf16 grouped GEMM on CUDA, exact per-expert loop elsewhere."""
+
+    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if x_RD.is_cuda:
+            return super().forward(x_RD, num_tokens_per_expert_E)
+        counts = num_tokens_per_expert_E.tolist()
+        outputs = []
+        start = 0
+        for expert, count in enumerate(counts):
+            count = int(count)
+            rows = x_RD[start : start + count]
+            start += count
+            hidden = F.silu(rows @ self.w1_EFD[expert].t()) * (rows @ self.w3_EFD[expert].t())
+            outputs.append(hidden @ self.w2_EDF[expert].t())
+        if not outputs:
+            return x_RD.new_zeros(x_RD.shape)
+        return torch.cat(outputs, dim=0)
+
+
+class MoEBlock(nn.Module):
+    """Router + dispatcher + grouped experts (+ shared experts), on ``(T, D)`` tokens."""
+
+    def __init__(self, args: MoEModelArgs) -> None:
+        super().__init__()
+        self.num_experts = args.num_experts
+        self.top_k = args.top_k
+        self.router = build_router(
+            hidden_size=args.hidden_size,
+            num_experts=args.num_experts,
+            top_k=args.top_k,
+            score_func=args.score_func,
+            num_expert_groups=args.n_group,
+            num_limited_groups=args.topk_group,
+            route_norm=args.norm_topk_prob,
+            route_scale=args.routed_scaling_factor,
+        )
+        self.experts = Experts(
+            GroupedExperts.Config(dim=args.hidden_size, hidden_dim=args.moe_intermediate_size, num_experts=args.num_experts)
+        )
+        self.dispatcher: LocalTokenDispatcher = LocalTokenDispatcher(
+            LocalTokenDispatcher.Config(num_experts=args.num_experts, top_k=args.top_k)
+        )
+        self.shared_experts = (
+            _swiglu(args.hidden_size, args.moe_intermediate_size * args.num_shared_experts)
+            if args.num_shared_experts
+            else None
+        )
+        if args.use_correction_bias:
+            self.register_buffer("expert_bias", torch.zeros(args.num_experts, dtype=torch.float32), persistent=True)
+        else:
+            self.expert_bias = None
+        self.record_routing = False
+        self.last_expert_ids: torch.Tensor | None = None
+
+    def forward(
+        self, x_TD: torch.Tensor, replay_expert_ids_TK: torch.Tensor | None = None, replay_mask_T: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        weights_TK, expert_ids_TK = self.router(
+            x_TD, self.expert_bias, replay_expert_ids_TK=replay_expert_ids_TK, replay_mask_T=replay_mask_T
+        )
+        if self.record_routing:
+            self.last_expert_ids = expert_ids_TK.detach().clone()
+        counts_E = torch.bincount(expert_ids_TK.reshape(-1), minlength=self.num_experts)
+        routed_RD, local_counts, metadata = self.dispatcher.dispatch(x_TD, weights_TK, expert_ids_TK, counts_E)
+        routed_out_RD = self.experts(routed_RD, local_counts)
+        out_TD = self.dispatcher.combine(routed_out_RD, metadata, x_TD)
+        if self.shared_experts is not None:
+            out_TD = out_TD + self.shared_experts(x_TD)
+        return out_TD
+
+
+def rope_cos_sin(positions_T: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables ``(T, rotary_dim)`` for the HF 'rotate_half' RoPE layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=positions_T.device).float() / rotary_dim))
+    freqs = positions_T.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_partial_rope(x_TND: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rotary = cos.shape[-1]
+    x_rot, x_pass = x_TND[..., :rotary], x_TND[..., rotary:]
+    half = rotary // 2
+    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+    x_rot = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([x_rot, x_pass], dim=-1)
+
+
+class Attention(nn.Module):
+    """GQA with partial RoPE, optional qkv bias and per-head qk RMSNorm."""
+
+    def __init__(self, args: MoEModelArgs) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(args.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps) if args.use_qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps) if args.use_qk_norm else None
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x_TD, cos, sin, segments: AttentionSegments) -> torch.Tensor:
+        tokens = x_TD.shape[0]
+        q = self.q_proj(x_TD).view(tokens, self.heads, self.head_dim)
+        k = self.k_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
+        v = self.v_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
+        out = segment_attention(q, k, v, segments, scale=self.scale)
+        return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: MoEModelArgs, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.is_moe = layer_index in set(args.moe_layers)
+        self.mlp: nn.Module = MoEBlock(args) if self.is_moe else _swiglu(args.hidden_size, args.intermediate_size)
+
+    def forward(self, x_TD, cos, sin, segments, replay_TK=None, replay_mask_T=None):
+        x_TD = x_TD + self.self_attn(self.input_layernorm(x_TD), cos, sin, segments)
+        h = self.post_attention_layernorm(x_TD)
+        mlp_out = self.mlp(h, replay_TK, replay_mask_T) if self.is_moe else self.mlp(h)
+        return x_TD + mlp_out
+
+
+def _chunk_logprobs(hidden_TD: torch.Tensor, weight_VD: torch.Tensor, targets_T: torch.Tensor) -> torch.Tensor:
+    logits = (hidden_TD @ weight_VD.t()).float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets_T[:, None]).squeeze(-1)
+
+
+class MoEDecoder(nn.Module):
+    """Embedding, decoder layers (dense then MoE), final norm, LM head."""
+
+    def __init__(self, args: MoEModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(args, i) for i in range(args.num_hidden_layers)})
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.logprob_chunk_tokens = 4096
+
+    def moe_blocks(self) -> list[MoEBlock]:
+        return [layer.mlp for layer in self.layers.values() if layer.is_moe]  # type: ignore[misc]
+
+    def forward(
+        self,
+        tokens_T: torch.Tensor,
+        positions_T: torch.Tensor,
+        segments: AttentionSegments,
+        *,
+        targets_T: torch.Tensor | None = None,
+        replay_experts_TLK: torch.Tensor | None = None,
+        replay_mask_T: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logprobs of ``targets_T`` (shape ``(T,)``), or logits ``(T, vocab)`` without targets."""
+        x_TD = self.embed_tokens(tokens_T)
+        cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, x_TD.dtype)
+        moe_index = 0
+        for layer in self.layers.values():
+            replay = None
+            if layer.is_moe and replay_experts_TLK is not None:
+                replay = replay_experts_TLK[:, moe_index]
+            if layer.is_moe:
+                moe_index += 1
+            x_TD = layer(x_TD, cos, sin, segments, replay, replay_mask_T if replay is not None else None)
+        h_TD = self.norm(x_TD)
+        if targets_T is None:
+            return self.lm_head(h_TD).float()
+        chunk = self.logprob_chunk_tokens
+        weight = self.lm_head.weight
+        pieces = []
+        for start in range(0, h_TD.shape[0], chunk):
+            h, t = h_TD[start : start + chunk], targets_T[start : start + chunk]
+            if torch.is_grad_enabled():
+                pieces.append(checkpoint(_chunk_logprobs, h, weight, t, use_reentrant=False))
+            else:
+                pieces.append(_chunk_logprobs(h, weight, t))
+        return torch.cat(pieces)
+
+
+def build_model(args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> MoEDecoder:
+    """An uninitialised (random) model; load weights with `state_dict.load_hf_weights`."""
+    with torch.device(device):
+        model = MoEDecoder(args)
+    return model.to(dtype=dtype)

@@ -1,0 +1,84 @@
+"""Token-choice top-k router for GLM-4.5 and Qwen3-MoE, with Router Replay (R3).
+
+Built on torchtitan's `TokenChoiceTopKRouter` (its config, gate `Linear` and group-limited
+selection), with the Hugging Face semantics of both architectures:
+
+* GLM-4.5: ``scores = sigmoid(x W^T)`` in float32; experts are *chosen* on
+  ``scores + e_score_correction_bias`` restricted to the ``topk_group`` best groups (a
+  group's score is the sum of its two best experts); gate weights are the *unbiased*
+  scores of the chosen experts, renormalised (``norm_topk_prob``) and multiplied by
+  ``routed_scaling_factor``.
+* Qwen3-MoE: ``scores = softmax(x W^T)``, plain top-k, optional renormalisation.
+
+Router Replay: when the caller passes the experts inference routed each token to
+(``replay_expert_ids``), those ids replace the router's own choice for every token whose
+``replay_mask`` is True. Gate weights are still gathered from the live scores, so the
+gate receives gradients exactly as it would had it chosen those experts itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torchtitan.models.common.linear import Linear
+from torchtitan.models.common.moe import TokenChoiceTopKRouter
+
+__all__ = ["MoERouter", "build_router"]
+
+
+class MoERouter(TokenChoiceTopKRouter):
+    """torchtitan's router with HF-exact GLM/Qwen scoring and Router Replay."""
+
+    def forward(  # type: ignore[override]
+        self,
+        x_TD: torch.Tensor,
+        correction_bias_E: torch.Tensor | None = None,
+        *,
+        replay_expert_ids_TK: torch.Tensor | None = None,
+        replay_mask_T: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Route ``(T, D)`` tokens; returns ``(gate weights (T, K) float32, expert ids (T, K))``."""
+        logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+        if self.score_func == "sigmoid":
+            scores_TE = torch.sigmoid(logits_TE)
+        else:
+            scores_TE = torch.softmax(logits_TE, dim=-1)
+        if replay_expert_ids_TK is not None and replay_mask_T is not None and bool(replay_mask_T.all()):
+            expert_ids_TK = replay_expert_ids_TK.long()
+        else:
+            with torch.no_grad():
+                choice_TE = scores_TE if correction_bias_E is None else scores_TE + correction_bias_E.float()
+                if self.num_expert_groups is not None and self.num_expert_groups > 1:
+                    choice_TE = self._get_node_limited_routing_scores(choice_TE)
+                expert_ids_TK = torch.topk(choice_TE, k=self.top_k, dim=-1, sorted=False)[1]
+            if replay_expert_ids_TK is not None and replay_mask_T is not None:
+                expert_ids_TK = torch.where(replay_mask_T[:, None], replay_expert_ids_TK.long(), expert_ids_TK)
+        weights_TK = scores_TE.gather(-1, expert_ids_TK)
+        if self.route_norm:
+            weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights_TK * self.route_scale, expert_ids_TK
+
+
+def build_router(
+    *,
+    hidden_size: int,
+    num_experts: int,
+    top_k: int,
+    score_func: str,
+    num_expert_groups: int,
+    num_limited_groups: int,
+    route_norm: bool,
+    route_scale: float,
+) -> MoERouter:
+    """Construct the router through torchtitan's config objects."""
+    config = TokenChoiceTopKRouter.Config(
+        num_experts=num_experts,
+        gate=Linear.Config(in_features=hidden_size, out_features=num_experts, bias=False),
+        num_expert_groups=num_expert_groups if num_expert_groups > 1 else None,
+        num_limited_groups=num_limited_groups if num_expert_groups > 1 else None,
+        top_k=top_k,
+        score_func=score_func,  # type: ignore[arg-type]
+        route_norm=route_norm,
+        route_scale=route_scale,
+    )
+    return MoERouter(config)

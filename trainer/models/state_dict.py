@@ -1,0 +1,220 @@
+"""Hugging Face safetensors <-> trainer state-dict adapter (lossless both ways).
+
+Reads a HF model folder (``model.safetensors`` or sharded ``model-XXXXX-of-YYYYY`` with
+``model.safetensors.index.json``), maps names and stacks the per-expert matrices into
+torchtitan's grouped layout (``w1_EFD`` = gate_proj, ``w3_EFD`` = up_proj, ``w2_EDF`` =
+down_proj); writes the reverse in the Hugging Face hub layout vLLM and transformers load
+(per-expert tensors, sharded with an index, config and tokenizer files copied beside).
+The fused in-memory layout of transformers 5 (``experts.gate_up_proj``) is also read.
+Extra layers past ``num_hidden_layers`` (GLM-4.5's multi-token-prediction layer) are
+skipped on load.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+
+from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.trainer.models.args import MoEModelArgs
+
+__all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "save_hf_weights"]
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_DENSE_MLP = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+_EXPERT_PARAM = {"gate_proj": "w1_EFD", "up_proj": "w3_EFD", "down_proj": "w2_EDF"}
+_COPY_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json",
+)
+
+
+def _safetensor_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise NotFoundError(f"{model_dir}: no *.safetensors files; pass a Hugging Face model folder with weights")
+    return files
+
+
+def read_hf_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a HF folder's safetensors, by HF name (shards merged)."""
+    from safetensors import safe_open
+
+    state: dict[str, torch.Tensor] = {}
+    for path in _safetensor_files(Path(model_dir)):
+        if not path.is_file():
+            raise NotFoundError(f"{path}: listed in the safetensors index but missing")
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                state[key] = handle.get_tensor(key)
+    return state
+
+
+def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
+    """Map HF names/layouts to the trainer's; raises on missing or unexpected tensors."""
+    native: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    moe_layers = set(args.moe_layers)
+    for key, tensor in hf.items():
+        if key == "model.embed_tokens.weight":
+            native["embed_tokens.weight"] = tensor
+        elif key == "model.norm.weight":
+            native["norm.weight"] = tensor
+        elif key == "lm_head.weight":
+            if not args.tie_word_embeddings:
+                native["lm_head.weight"] = tensor
+        elif match := _LAYER.match(key):
+            layer, rest = int(match.group(1)), match.group(2)
+            if layer >= args.num_hidden_layers:
+                continue  # multi-token-prediction layers are not trained here
+            prefix = f"layers.{layer}."
+            if rest.startswith(("self_attn.", "input_layernorm.", "post_attention_layernorm.")):
+                native[prefix + rest] = tensor
+            elif expert := _EXPERT.match(rest):
+                experts.setdefault((layer, expert.group(2)), {})[int(expert.group(1))] = tensor
+            elif rest == "mlp.experts.gate_up_proj":  # transformers 5 fused layout (E, 2F, D)
+                gate, up = tensor.chunk(2, dim=1)
+                native[prefix + "mlp.experts.w1_EFD"], native[prefix + "mlp.experts.w3_EFD"] = gate, up
+            elif rest == "mlp.experts.down_proj":
+                native[prefix + "mlp.experts.w2_EDF"] = tensor
+            elif rest == "mlp.gate.weight":
+                native[prefix + "mlp.router.gate.weight"] = tensor
+            elif rest == "mlp.gate.e_score_correction_bias":
+                native[prefix + "mlp.expert_bias"] = tensor
+            elif rest.startswith("mlp.shared_experts.") or (layer not in moe_layers and rest.startswith("mlp.")):
+                parts = rest.split(".")  # mlp[.shared_experts].<proj>.weight
+                native[prefix + ".".join(parts[:-2] + [_DENSE_MLP[parts[-2]], parts[-1]])] = tensor
+            else:
+                raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
+        else:
+            raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
+    for (layer, proj), by_index in experts.items():
+        if sorted(by_index) != list(range(args.num_experts)):
+            raise AgentrlError(
+                f"layer {layer} {proj}: found experts {len(by_index)} of {args.num_experts}; the checkpoint is incomplete"
+            )
+        native[f"layers.{layer}.mlp.experts.{_EXPERT_PARAM[proj]}"] = torch.stack([by_index[i] for i in range(args.num_experts)])
+    return native
+
+
+def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
+    """Map the trainer's state dict to HF hub names (per-expert tensors)."""
+    inverse_dense = {v: k for k, v in _DENSE_MLP.items()}
+    inverse_expert = {v: k for k, v in _EXPERT_PARAM.items()}
+    hf: dict[str, torch.Tensor] = {}
+    for key, tensor in native.items():
+        if key == "embed_tokens.weight":
+            hf["model.embed_tokens.weight"] = tensor
+        elif key == "norm.weight":
+            hf["model.norm.weight"] = tensor
+        elif key == "lm_head.weight":
+            if not args.tie_word_embeddings:
+                hf["lm_head.weight"] = tensor
+        elif key.startswith("layers."):
+            _, layer, rest = key.split(".", 2)
+            prefix = f"model.layers.{layer}."
+            if rest.startswith("mlp.experts."):
+                proj = inverse_expert[rest.rsplit(".", 1)[1]]
+                for index in range(tensor.shape[0]):
+                    hf[f"{prefix}mlp.experts.{index}.{proj}.weight"] = tensor[index].contiguous()
+            elif rest == "mlp.router.gate.weight":
+                hf[prefix + "mlp.gate.weight"] = tensor
+            elif rest == "mlp.expert_bias":
+                hf[prefix + "mlp.gate.e_score_correction_bias"] = tensor.float()
+            elif rest.startswith("mlp.") and rest.split(".")[-2] in inverse_dense:
+                parts = rest.split(".")
+                hf[prefix + ".".join(parts[:-2] + [inverse_dense[parts[-2]], parts[-1]])] = tensor
+            else:
+                hf[prefix + rest] = tensor
+        else:
+            raise AgentrlError(f"trainer tensor {key!r} has no Hugging Face name")
+    return hf
+
+
+def load_hf_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
+    """Load a HF folder's weights into a freshly built (unsharded) `MoEDecoder`."""
+    args: MoEModelArgs = model.args  # type: ignore[assignment]
+    native = hf_to_native(read_hf_state(model_dir), args)
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(native))
+    if missing:
+        raise AgentrlError(f"{model_dir}: weights missing for {missing[0]} (and {len(missing) - 1} more)")
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(native[name].to(tensor.dtype))
+
+
+def _shards(hf: Mapping[str, torch.Tensor], max_shard_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+    for key in sorted(hf):
+        nbytes = hf[key].numel() * hf[key].element_size()
+        if shard and size + nbytes > max_shard_bytes:
+            yield shard
+            shard, size = {}, 0
+        shard[key] = hf[key]
+        size += nbytes
+    if shard:
+        yield shard
+
+
+def save_hf_weights(
+    native: Mapping[str, torch.Tensor],
+    out_dir: str | Path,
+    *,
+    args: MoEModelArgs,
+    source_dir: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = 4 << 30,
+) -> Path:
+    """Write HF safetensors (sharded with an index when large) and copy config/tokenizer files.
+
+    Writes into a temporary sibling folder and renames it into place, so an interrupted
+    export never leaves a half-written model where inference would load it.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp-export")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    hf = {k: (v if dtype is None or k.endswith("e_score_correction_bias") else v.to(dtype)).detach().cpu().contiguous()
+          for k, v in native_to_hf(native, args).items()}
+    shards = list(_shards(hf, max_shard_bytes))
+    if len(shards) == 1:
+        save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for index, shard in enumerate(shards, start=1):
+            name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(tmp / name), metadata={"format": "pt"})
+            weight_map.update({key: name for key in shard})
+        total = sum(t.numel() * t.element_size() for t in hf.values())
+        (tmp / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
+    if source_dir is not None:
+        for name in _COPY_FILES:
+            if (Path(source_dir) / name).is_file():
+                shutil.copy2(Path(source_dir) / name, tmp / name)
+    if out.exists():
+        old = out.with_name(out.name + ".old-export")
+        if old.exists():
+            shutil.rmtree(old)
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
+    return out
