@@ -1,0 +1,307 @@
+"""Chat clients that environments talk to: vLLM token-in/token-out, and OpenAI-compatible.
+
+`TokenClient` renders messages with the model's own tokenizer and chat template, sends
+prompt token ids to vLLM's `/inference/v1/generate` (the scale-out endpoint, enabled by
+`--enable-scale-out`) and decodes the answer into a `Completion`: completion ids, the
+sampled tokens' logprobs, `routed_experts` (base64 `.npy`, when the server returns them)
+and per-token `weight_versions` (vLLM reports version spans). Multi-turn: with `previous`
+the prompt is `previous.prompt_token_ids + previous.completion.token_ids` followed by the
+tokens of the newly added messages only, so nothing the model saw is re-tokenized.
+
+`OpenAIClient` speaks `/v1/chat/completions` to any OpenAI-compatible endpoint
+(`--base-url`, `--api-key`); token ids are filled in when the server is vLLM and
+`return_token_ids` is on.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl.chat import ChatRenderer, assistant_message
+from agentrl.errors import AgentrlError
+from agentrl.sampling import SamplingConfig
+from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
+
+__all__ = ["TokenClient", "OpenAIClient", "InferenceError", "decode_routed_experts", "expand_weight_versions"]
+
+
+class InferenceError(AgentrlError):
+    """The inference server refused or failed a request."""
+
+
+def _limits(max_connections: int) -> httpx.Limits:
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+
+def expand_weight_versions(spans: list[dict[str, Any]] | None, length: int) -> list[int] | None:
+    """vLLM's `[{version, start, end}]` spans -> one int version per output token.
+
+    Versions are strings in vLLM; numeric ones become ints, the initial 'default' is 0.
+    """
+    if not spans:
+        return None
+    versions = [0] * length
+    for span in spans:
+        raw = str(span.get("version", "0"))
+        try:
+            version = int(raw)
+        except ValueError:
+            version = 0
+        for index in range(max(0, int(span["start"])), min(length, int(span["end"]))):
+            versions[index] = version
+    return versions
+
+
+def decode_routed_experts(encoded: str | None) -> list[list[list[int]]] | None:
+    """vLLM's base64 `.npy` routed experts -> nested lists [token][layer][k]."""
+    if not encoded:
+        return None
+    import numpy as np
+
+    array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+    return array.astype("int64").tolist()
+
+
+def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else 0,
+        "logprobs": 0,  # the sampled token's logprob only
+    }
+    if sampling.seed is not None:
+        params["seed"] = sampling.seed
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    return params
+
+
+class TokenClient:
+    """Token-in/token-out chat client for a vLLM server started with `--enable-scale-out`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | Path = "tiny-moe",
+        renderer: ChatRenderer | None = None,
+        served_model_name: str | None = None,
+        max_connections: int = 256,
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+        parse_tools: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.model = str(model)
+        self._renderer = renderer
+        self.served_model_name = served_model_name
+        self.parse_tools = parse_tools
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=_limits(max_connections), headers=headers,
+        )
+        self.max_model_len: int | None = None
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        """The chat renderer (loads the model's tokenizer on first use)."""
+        if self._renderer is None:
+            from agentrl.models import ensure_model
+
+            self._renderer = ChatRenderer.from_pretrained(ensure_model(self.model))
+        return self._renderer
+
+    async def _context_length(self) -> int | None:
+        if self.max_model_len is None:
+            try:
+                response = await self.http.get("/v1/models")
+                response.raise_for_status()
+                self.max_model_len = int(response.json()["data"][0].get("max_model_len") or 0) or None
+            except (httpx.HTTPError, KeyError, IndexError, ValueError):
+                return None
+        return self.max_model_len
+
+    # ------------------------------------------------------------------ tokens
+    def prompt_ids(
+        self, messages: list[Message], *, tools: list[dict[str, Any]] | None = None, previous: Turn | None = None,
+    ) -> list[int]:
+        """Prompt token ids: a full render, or `previous`'s tokens extended by the new messages."""
+        if previous is None:
+            return self.renderer.render(messages, tools=tools)
+        last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
+        if last_assistant is None:
+            raise ValueError("previous turn given but the conversation has no assistant message")
+        completion_ids = previous.completion.token_ids
+        raw_text = self.renderer.decode(completion_ids, skip_special_tokens=False)
+        return self.renderer.extend(
+            previous.prompt_token_ids + completion_ids, messages,
+            last_assistant=last_assistant, completion_text=raw_text, tools=tools,
+        )
+
+    async def generate(self, prompt_ids: list[int], *, sampling: SamplingConfig) -> tuple[Completion, Any]:
+        """One `/inference/v1/generate` call; returns the Completion and the prompt's routed experts."""
+        max_tokens = sampling.max_tokens
+        context = await self._context_length()
+        if context is not None:
+            room = context - len(prompt_ids)
+            if room <= 0:
+                raise InferenceError(
+                    f"prompt of {len(prompt_ids)} tokens does not fit the model's context of {context} tokens"
+                )
+            max_tokens = min(max_tokens, room)
+        body: dict[str, Any] = {
+            "token_ids": prompt_ids,
+            "sampling_params": _vllm_sampling_params(sampling, max_tokens=max_tokens),
+            "output_mode": "tokens",
+        }
+        if self.served_model_name:
+            body["model"] = self.served_model_name
+        try:
+            response = await self.http.post("/inference/v1/generate", json=body)
+        except httpx.HTTPError as exc:
+            raise InferenceError(f"{self.base_url}/inference/v1/generate: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise InferenceError(
+                f"{self.base_url}/inference/v1/generate answered {response.status_code}: {response.text[:300]}"
+            )
+        choice = response.json()["choices"][0]
+        token_ids = list(choice.get("token_ids") or [])
+        logprobs = [entry["logprob"] for entry in ((choice.get("logprobs") or {}).get("content") or [])]
+        experts = decode_routed_experts(choice.get("routed_experts"))
+        prompt_experts = None
+        completion_experts = None
+        if experts is not None:
+            # vLLM covers every forwarded token: prompt + completion minus the last sampled one.
+            prompt_experts = experts[: len(prompt_ids)]
+            completion_experts = experts[len(prompt_ids):]
+            layers = len(experts[0]) if experts else 0
+            while len(completion_experts) < len(token_ids):
+                completion_experts.append([[] for _ in range(layers)])
+        completion = Completion(
+            text=self.renderer.decode(token_ids, skip_special_tokens=True),
+            token_ids=token_ids,
+            logprobs=logprobs,
+            routed_experts=completion_experts,
+            weight_versions=expand_weight_versions(choice.get("weight_versions"), len(token_ids)),
+            finish_reason=choice.get("finish_reason"),
+        )
+        return completion, prompt_experts
+
+    async def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingConfig,
+        previous: Turn | None = None,
+    ) -> tuple[Message, Turn]:
+        """The assistant's next message (tool calls parsed) and the turn's tokens."""
+        prompt_ids = self.prompt_ids(messages, tools=tools, previous=previous)
+        completion, prompt_experts = await self.generate(prompt_ids, sampling=sampling)
+        message = assistant_message(completion.text, parse_tools=self.parse_tools and bool(tools))
+        return message, Turn(prompt_token_ids=prompt_ids, completion=completion, prompt_routed_experts=prompt_experts)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> "TokenClient":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+
+class OpenAIClient:
+    """Chat-completions client for any OpenAI-compatible endpoint (same protocol as TokenClient)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str | None = None,
+        max_connections: int = 256,
+        timeout_s: float = 600.0,
+        return_token_ids: bool = False,
+    ) -> None:
+        base = base_url.rstrip("/")
+        self.base_url = base if base.endswith("/v1") else base + "/v1"
+        self.model = model
+        self.return_token_ids = return_token_ids
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=_limits(max_connections), headers=headers,
+        )
+
+    async def chat(
+        self,
+        messages: list[Message],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        sampling: SamplingConfig,
+        previous: Turn | None = None,
+    ) -> tuple[Message, Turn]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.to_openai() for m in messages],
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": True,
+        }
+        if tools:
+            body["tools"] = tools
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        if sampling.top_k > 0:
+            body["top_k"] = sampling.top_k  # vLLM extension
+        if self.return_token_ids:
+            body["return_token_ids"] = True  # vLLM extension
+        try:
+            response = await self.http.post("/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise InferenceError(f"{self.base_url}/chat/completions: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise InferenceError(f"{self.base_url}/chat/completions answered {response.status_code}: {response.text[:300]}")
+        data = response.json()
+        choice = data["choices"][0]
+        raw = choice.get("message") or {}
+        calls = [
+            ToolCall(
+                id=call.get("id") or f"call_{index}",
+                function=FunctionCall(
+                    name=call["function"]["name"], arguments=call["function"].get("arguments") or "{}",
+                ),
+            )
+            for index, call in enumerate(raw.get("tool_calls") or [])
+        ]
+        message = Message(role="assistant", content=raw.get("content") or "", tool_calls=calls or None)
+        logprobs = [entry["logprob"] for entry in ((choice.get("logprobs") or {}).get("content") or [])]
+        token_ids = list(choice.get("token_ids") or [])
+        # Without vLLM's token ids only text and logprobs are known (enough for evaluation).
+        completion = Completion(
+            text=message.content, token_ids=token_ids, logprobs=logprobs, finish_reason=choice.get("finish_reason"),
+        )
+        turn = Turn(prompt_token_ids=list(data.get("prompt_token_ids") or []), completion=completion)
+        return message, turn
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> "OpenAIClient":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()

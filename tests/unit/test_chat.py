@@ -1,0 +1,149 @@
+"""Chat rendering with tiny-moe's tokenizer, tool-call parsing, and multi-turn token extension."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrl.chat import ChatRenderer, assistant_message, parse_tool_calls
+from agentrl.client import TokenClient, decode_routed_experts, expand_weight_versions
+from agentrl.models import ensure_model
+from agentrl.types import Completion, Message, Turn
+
+TOOLS = [{
+    "type": "function",
+    "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                 "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}},
+}]
+
+
+@pytest.fixture(scope="module")
+def renderer() -> ChatRenderer:
+    return ChatRenderer.from_pretrained(ensure_model("tiny-moe"))
+
+
+def test_parse_tool_calls_hermes_blocks():
+    text = 'Let me compute.<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me compute."
+    assert len(calls) == 1
+    assert calls[0].function.name == "calculator"
+    assert calls[0].function.parsed_arguments() == {"expression": "2+3"}
+
+
+def test_parse_tool_calls_keeps_malformed_blocks_and_plain_text():
+    text = "answer <tool_call>{not json}</tool_call> done"
+    content, calls = parse_tool_calls(text)
+    assert calls == []
+    assert content == text
+    message = assistant_message("just text")
+    assert message.content == "just text" and message.tool_calls is None
+
+
+def test_two_tool_calls_in_one_message():
+    text = ('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": "{\\"x\\": 1}"}</tool_call>')
+    content, calls = parse_tool_calls(text)
+    assert content == ""
+    assert [c.function.name for c in calls] == ["a", "b"]
+    assert calls[1].function.parsed_arguments() == {"x": 1}
+
+
+def test_template_renders_every_role_and_tool_calls(renderer):
+    call = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>')[1]
+    messages = [
+        Message(role="system", content="Be brief."),
+        Message(role="user", content="1+1?"),
+        Message(role="assistant", content="", tool_calls=call),
+        Message(role="tool", content="2", tool_call_id=call[0].id, name="calculator"),
+    ]
+    text = renderer.render_text(messages, tools=TOOLS)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert json.dumps(TOOLS[0]) in text
+    assert '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call><|im_end|>' in text
+    assert "<|im_start|>tool\n2<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    # Character-level tokens: decoding the ids gives the text back exactly.
+    ids = renderer.encode(text)
+    assert renderer.decode(ids, skip_special_tokens=False) == text
+    assert renderer.tokenizer.convert_ids_to_tokens(ids[:2]) == ["<|im_start|>", "s"]
+
+
+def test_rendered_tool_call_parses_back(renderer):
+    message = assistant_message('<tool_call>{"name": "calculator", "arguments": {"expression": "7*6"}}</tool_call>')
+    text = renderer.render_text([Message(role="user", content="q"), message], add_generation_prompt=False)
+    body = text.split("<|im_start|>assistant\n", 1)[1].removesuffix("<|im_end|>\n")
+    _, calls = parse_tool_calls(body)
+    assert calls[0].function.parsed_arguments() == {"expression": "7*6"}
+
+
+def _turn(renderer: ChatRenderer, prompt_messages, completion_text: str, *, eos: bool, tools=TOOLS) -> Turn:
+    prompt = renderer.render(prompt_messages, tools=tools)
+    ids = renderer.encode(completion_text)
+    if eos:
+        ids.append(renderer.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return Turn(prompt_token_ids=prompt, completion=Completion(text=completion_text, token_ids=ids))
+
+
+@pytest.mark.parametrize("eos", [True, False], ids=["stopped-at-eos", "cut-by-length"])
+def test_multi_turn_prompt_extends_previous_tokens(renderer, eos):
+    client = TokenClient("http://127.0.0.1:9", renderer=renderer)
+    messages = [Message(role="system", content="Use tools."), Message(role="user", content="What is 6*7?")]
+    completion = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    previous = _turn(renderer, messages, completion, eos=eos)
+    conversation = messages + [assistant_message(completion), Message(role="tool", content="42", tool_call_id="c1")]
+    ids = client.prompt_ids(conversation, tools=TOOLS, previous=previous)
+    base = previous.prompt_token_ids + previous.completion.token_ids
+    assert ids[: len(base)] == base
+    # The extension is exactly what the template would have rendered for the whole conversation.
+    full = renderer.render(messages + [Message(role="assistant", content=completion),
+                                        Message(role="tool", content="42", tool_call_id="c1")], tools=TOOLS)
+    assert ids == full
+    suffix = renderer.decode(ids[len(base):], skip_special_tokens=False)
+    assert suffix == ("\n" if eos else "<|im_end|>\n") + "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    # And the trainer can lay the two turns out as one sequence.
+    second = Turn(prompt_token_ids=ids, completion=Completion(token_ids=renderer.encode("42"), logprobs=[-0.1, -0.2]))
+    first = previous.model_copy(update={"completion": previous.completion.model_copy(
+        update={"logprobs": [-1.0] * len(previous.completion.token_ids)})})
+    from agentrl.types import Rollout, Task
+
+    sample = Rollout(task=Task(prompt=messages), turns=[first, second]).sample()
+    assert sample.token_ids == ids + second.completion.token_ids
+    assert sum(sample.loss_mask) == len(first.completion.token_ids) + 2
+
+
+def test_extension_when_model_keeps_talking_after_user_reply(renderer):
+    client = TokenClient("http://127.0.0.1:9", renderer=renderer)
+    messages = [Message(role="user", content="abc")]
+    previous = _turn(renderer, messages, "cba", eos=True, tools=None)
+    conversation = messages + [Message(role="assistant", content="cba"), Message(role="user", content="again")]
+    ids = client.prompt_ids(conversation, previous=previous)
+    assert ids == renderer.render(conversation)
+
+
+def test_previous_without_assistant_message_is_an_error(renderer):
+    client = TokenClient("http://127.0.0.1:9", renderer=renderer)
+    previous = _turn(renderer, [Message(role="user", content="x")], "y", eos=True)
+    with pytest.raises(ValueError, match="no assistant message"):
+        client.prompt_ids([Message(role="user", content="x")], previous=previous)
+
+
+def test_weight_version_spans_expand_per_token():
+    spans = [{"version": "default", "start": 0, "end": 2}, {"version": "3", "start": 2, "end": 5}]
+    assert expand_weight_versions(spans, 5) == [0, 0, 3, 3, 3]
+    assert expand_weight_versions(None, 4) is None
+
+
+def test_routed_experts_decode_from_base64_npy():
+    import base64
+    import io
+
+    import numpy as np
+
+    array = np.arange(2 * 3 * 2, dtype=np.uint8).reshape(2, 3, 2)
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    decoded = decode_routed_experts(base64.b64encode(buffer.getvalue()).decode())
+    assert decoded == array.tolist()
+    assert decode_routed_experts(None) is None
