@@ -32,6 +32,13 @@ _EXPORTS = {
     "XMLParser": "agentrl.parsers",
     "ThinkParser": "agentrl.parsers",
     "load_environment": "agentrl.loader",
+    "list_environments": "agentrl.loader",
+    "NotFoundError": "agentrl.errors",
+    "SamplingConfig": "agentrl.sampling",
+    "RubricGroup": "agentrl.rubric",
+    "Parser": "agentrl.parsers",
+    "Tool": "agentrl.tools",
+    "ScriptedPolicy": "agentrl.policies",
     "evaluate": "agentrl.evaluate",
 }
 
