@@ -8,8 +8,8 @@ schema in `agentrl.hub.manifest`). `load_environment` accepts
   `sdk/` folder (`-` and `_` are interchangeable);
 - a package in a directory listed in `$AGENTRL_ENV_PATH` (os.pathsep-separated), matched
   by folder name or manifest name;
-- a package installed from the hub (the hub's `agentrl.hub.local.installed_environment_dirs()`
-  when that module provides it).
+- a package installed from the hub: `owner/name[@version]` (`agentrl.hub.refs.find_installed`),
+  or its bare name (the hub's `agentrl.hub.local.installed_environment_dirs()`).
 
 The entrypoint module is imported from the package folder as a submodule of a private
 package (`_agentrl_env_<name>_<hash>`), so nothing is added to `sys.path` and two
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 ENV_PATH_VARIABLE = "AGENTRL_ENV_PATH"
+_HUB_REF_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?(@[\w.+\-]+)?$")
 MANIFEST_NAME = "environment.toml"
 
 
@@ -124,6 +125,8 @@ def find_environment(name_or_path: str | os.PathLike[str]) -> Path:
             raise NotFoundError(f"{candidate}: no {MANIFEST_NAME} in this folder; an environment package needs one")
         return candidate
     name = str(name_or_path)
+    if _HUB_REF_RE.match(name) and ("/" in name or "@" in name):
+        return _find_installed(name)
     looks_like_path = os.sep in name or name.startswith(".")
     if not looks_like_path:
         wanted = _normalise(name)
@@ -137,6 +140,23 @@ def find_environment(name_or_path: str | os.PathLike[str]) -> Path:
     available = ", ".join(sorted(info.name for info in list_environments())) or "none"
     what = "no such folder" if looks_like_path else "unknown environment"
     raise NotFoundError(f"{what} {name!r}; available environments: {available} (or give a folder with {MANIFEST_NAME})")
+
+
+def _find_installed(reference: str) -> Path:
+    """An `owner/name[@version]` package pulled from the hub (via `agentrl.hub.refs`)."""
+    try:
+        refs = importlib.import_module("agentrl.hub.refs")
+    except ImportError:
+        refs = None
+    find_installed = getattr(refs, "find_installed", None)
+    if not callable(find_installed):
+        raise NotFoundError(f"{reference!r}: no such folder, and this install has no hub to look it up in")
+    try:
+        return Path(find_installed(reference))
+    except AgentrlError as exc:
+        available = ", ".join(sorted(info.name for info in list_environments())) or "none"
+        raise NotFoundError(f"{reference!r} is not a folder nor an installed hub package ({exc}); "
+                            f"available environments: {available}") from None
 
 
 def _private_package(folder: Path, name: str) -> str:

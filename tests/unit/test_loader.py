@@ -120,3 +120,18 @@ def test_bad_keyword_argument(tmp_path):
     folder = _package(tmp_path, "pkg", name="kw-env")
     with pytest.raises(AgentrlError, match="bad arguments to envmod:load_environment"):
         load_environment(folder, colour="red")
+
+
+def test_hub_installed_packages_by_reference_and_bare_name(tmp_path, monkeypatch):
+    from agentrl.hub.refs import installed_root
+
+    monkeypatch.setenv("AGENTRL_HUB", str(tmp_path / "hub"))
+    root = installed_root()
+    assert str(root).startswith(str(tmp_path))
+    _package(root / "alice" / "hub-env", "0.1.0", name="hub-env", answer="old")
+    _package(root / "alice" / "hub-env", "0.2.0", name="hub-env", answer="new")
+    assert load_environment("alice/hub-env").tasks("train")[0].answer == "new"  # latest version
+    assert load_environment("alice/hub-env@0.1.0").tasks("train")[0].answer == "old"
+    assert load_environment("hub-env").path == root / "alice" / "hub-env" / "0.2.0"
+    with pytest.raises(NotFoundError, match=r"'alice/other' is not a folder nor an installed hub package .*not installed"):
+        load_environment("alice/other")
