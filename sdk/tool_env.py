@@ -6,16 +6,22 @@ model as OpenAI tool schemas (`agentrl.tools.Tool`). After each assistant messag
 without tool calls ends the episode. A call to an unknown tool, with arguments that do
 not fit the signature, or a tool that raises, gives the model an `Error: ...` tool message
 and the episode goes on; it never crashes the rollout. Tool output is capped at
-`max_tool_output_chars`.
+`max_tool_output_chars`. Calls of one message run in order (a later call may depend on an
+earlier one, e.g. write a file then run it) unless `parallel_tool_calls=True`.
+
+Tools can take arguments the model never sees: a tool parameter named `state` receives the
+rollout's state dict, and subclasses supply others (a sandbox...) by overriding
+`hidden_tool_args` and adding the tool with `Tool(func, hidden=("sandbox",))`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.environment import MultiTurnEnv
+from agentrl.environment import MultiTurnEnv, maybe_await
 from agentrl.errors import AgentrlError
 from agentrl.tools import Tool, ToolArgumentError
 from agentrl.types import Message, ToolCall
@@ -31,9 +37,12 @@ class ToolEnv(MultiTurnEnv):
         *,
         tools: Sequence[Callable[..., Any] | Tool] = (),
         max_tool_output_chars: int = 8000,
+        parallel_tool_calls: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.parallel_tool_calls = parallel_tool_calls
+        """Run the calls of one assistant message concurrently instead of in order."""
         self.tools: dict[str, Tool] = {}
         for item in tools:
             self.add_tool(item)
@@ -42,7 +51,9 @@ class ToolEnv(MultiTurnEnv):
 
     def add_tool(self, tool: Callable[..., Any] | Tool) -> None:
         """Offer another tool to the model."""
-        tool = tool if isinstance(tool, Tool) else Tool(tool)
+        if not isinstance(tool, Tool):
+            takes_state = "state" in inspect.signature(tool).parameters
+            tool = Tool(tool, hidden=("state",) if takes_state else ())
         if tool.name in self.tools:
             raise AgentrlError(f"{type(self).__name__}: two tools are named {tool.name!r}")
         self.tools[tool.name] = tool
@@ -55,14 +66,26 @@ class ToolEnv(MultiTurnEnv):
         last = messages[-1] if messages else None
         return last is not None and last.role == "assistant" and not last.tool_calls
 
+    def hidden_tool_args(self, tool: Tool, state: dict[str, Any]) -> dict[str, Any]:
+        """Values of a tool's hidden arguments for this rollout (default: `state`)."""
+        return {"state": state}
+
     async def call_tool(self, call: ToolCall, state: dict[str, Any]) -> str:
         """Run one tool call and return the text the model sees (errors included)."""
         tool = self.tools.get(call.function.name)
         if tool is None:
             available = ", ".join(sorted(self.tools)) or "none"
             return f"Error: unknown tool {call.function.name!r}; available tools: {available}"
+        hidden: dict[str, Any] = {}
+        if tool.hidden:  # a missing hidden value is the environment's bug: it fails the rollout
+            hidden = dict(await maybe_await(self.hidden_tool_args(tool, state)))
+            missing = [name for name in tool.hidden if name not in hidden]
+            if missing:
+                raise AgentrlError(
+                    f"{type(self).__name__}.hidden_tool_args gave no {', '.join(missing)} for tool {tool.name!r}"
+                )
         try:
-            output = await tool.call(call.function.arguments)
+            output = await tool.call(call.function.arguments, hidden=hidden)
         except ToolArgumentError as exc:
             return f"Error: {exc}"
         except asyncio.CancelledError:
@@ -79,7 +102,10 @@ class ToolEnv(MultiTurnEnv):
         last = messages[-1]
         calls = last.tool_calls or []
         state["tool_calls"] = state.get("tool_calls", 0) + len(calls)
-        outputs = await asyncio.gather(*(self.call_tool(call, state) for call in calls))
+        if self.parallel_tool_calls:
+            outputs = await asyncio.gather(*(self.call_tool(call, state) for call in calls))
+        else:
+            outputs = [await self.call_tool(call, state) for call in calls]
         return [
             Message(role="tool", content=output, tool_call_id=call.id, name=call.function.name)
             for call, output in zip(calls, outputs)

@@ -10,6 +10,9 @@
   dict) with the same pydantic model, runs the function (async, or sync in a worker
   thread) and returns its result as text. Bad arguments raise `ToolArgumentError`, whose
   one-line message is meant to be shown to the model.
+
+`hidden=("sandbox",)` names arguments that the environment supplies at call time (a
+sandbox handle, the rollout state): they are left out of the schema and of validation.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import inspect
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, get_type_hints
 
 from agentrl.errors import AgentrlError
@@ -80,7 +83,10 @@ def _strip_titles(schema: Any) -> Any:
 class Tool:
     """A typed Python function the model can call."""
 
-    def __init__(self, func: Callable[..., Any], *, name: str | None = None, description: str | None = None) -> None:
+    def __init__(
+        self, func: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+        hidden: Sequence[str] = (),
+    ) -> None:
         if not callable(func):
             raise AgentrlError(f"Tool: {func!r} is not callable")
         self.func = func
@@ -95,7 +101,17 @@ class Tool:
             raise AgentrlError(f"Tool {self.name!r}: cannot resolve type annotations: {exc}") from None
         fields: dict[str, Any] = {}
         self._positional_only: list[str] = []
-        for param in inspect.signature(func).parameters.values():
+        parameters_by_name = inspect.signature(func).parameters
+        unknown_hidden = sorted(set(hidden) - set(parameters_by_name))
+        if unknown_hidden:
+            raise AgentrlError(f"Tool {self.name!r}: hidden argument(s) {', '.join(unknown_hidden)} are not parameters")
+        self.hidden: tuple[str, ...] = tuple(hidden)
+        """Arguments the environment supplies (a sandbox, the rollout state); the model never sees them."""
+        for param in parameters_by_name.values():
+            if param.name in self.hidden:
+                if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+                    raise AgentrlError(f"Tool {self.name!r}: hidden argument {param.name!r} cannot be positional-only")
+                continue
             if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
                 raise AgentrlError(f"Tool {self.name!r}: *args/**kwargs cannot be described to a model; name each argument")
             if param.name not in hints:
@@ -144,9 +160,17 @@ class Tool:
             raise ToolArgumentError(f"{self.name}: bad arguments: " + "; ".join(problems)) from None
         return {name: getattr(model, name) for name in type(model).model_fields}
 
-    async def call(self, arguments: str | dict[str, Any] | None) -> str:
-        """Validate, run and return the result as text (None -> '', non-strings as JSON)."""
+    async def call(self, arguments: str | dict[str, Any] | None, *, hidden: dict[str, Any] | None = None) -> str:
+        """Validate, run and return the result as text (None -> '', non-strings as JSON).
+
+        `hidden` supplies the hidden arguments (all of them are required).
+        """
         values = self.validate(arguments)
+        hidden = hidden or {}
+        missing = [name for name in self.hidden if name not in hidden]
+        if missing:
+            raise AgentrlError(f"Tool {self.name!r}: the environment did not supply hidden argument(s) {', '.join(missing)}")
+        values.update({name: hidden[name] for name in self.hidden})
         positional = [values.pop(name) for name in self._positional_only]
         if self.is_async:
             result = await self.func(*positional, **values)

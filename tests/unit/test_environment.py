@@ -262,3 +262,41 @@ async def test_rollout_keeps_the_task_prompt_untouched():
     rollout = await env.rollout(ScriptedPolicy(["red"]), task, sampling=SAMPLING)
     assert len(task.prompt) == 1 and rollout.task is task
     assert isinstance(rollout.task, Task)
+
+
+async def test_hidden_tool_arguments_and_ordered_calls():
+    from agentrl.tools import Tool
+
+    def remember(key: str, value: str, state) -> str:
+        """Store a value."""
+        state.setdefault("memory", {})[key] = value
+        return "ok"
+
+    def recall(key: str, store: dict) -> str:
+        """Read a value back."""
+        return store.get("memory", {}).get(key, "missing")
+
+    class MemoryEnv(ToolEnv):
+        def hidden_tool_args(self, tool, state):
+            return {"state": state, "store": state}
+
+    env = MemoryEnv(dataset=[{"prompt": "p", "answer": "v"}], tools=[remember, Tool(recall, hidden=("store",))])
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in env.tool_schemas}
+    assert sorted(schemas["remember"]["properties"]) == ["key", "value"]
+    assert sorted(schemas["recall"]["properties"]) == ["key"]
+    script = [{"tool_calls": [tool_call("remember", key="k", value="v"), tool_call("recall", key="k")]}, "v"]
+    rollout = await env.rollout(ScriptedPolicy(script), env.tasks("train")[0], sampling=SamplingConfig(max_tokens=512))
+    assert rollout.error is None
+    assert [m.content for m in rollout.messages if m.role == "tool"] == ["ok", "v"]  # run in order
+    assert rollout.state["memory"] == {"k": "v"}
+
+    class ForgetfulEnv(ToolEnv):
+        def hidden_tool_args(self, tool, state):
+            return {}
+
+    broken = ForgetfulEnv(dataset=[{"prompt": "p", "answer": "v"}], tools=[Tool(recall, hidden=("store",))])
+    rollout = await broken.rollout(ScriptedPolicy([{"tool_calls": [tool_call("recall", key="k")]}, "x"]),
+                                   broken.tasks("train")[0], sampling=SamplingConfig(max_tokens=512))
+    assert rollout.error == "AgentrlError: ForgetfulEnv.hidden_tool_args gave no store for tool 'recall'"
+    with pytest.raises(AgentrlError, match="hidden argument\\(s\\) sandbox are not parameters"):
+        Tool(recall, hidden=("sandbox",))
