@@ -171,6 +171,9 @@ class VLLMServer:
         if self.device == "cpu":
             # Leave cores to the other processes of a run (orchestrator, sandboxes, trainer).
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            # Run the model worker inside the engine-core process: one Python start-up less
+            # (measured: healthy in ~54 s instead of ~89 s on the 2-core machine).
+            env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         env.update(self.env)
         return env
 

