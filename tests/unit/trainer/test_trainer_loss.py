@@ -1,0 +1,111 @@
+"""Loss, trust-region masking, advantages and packing against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentrl.config import config_from_dict
+from agentrl.errors import AgentrlError, ConfigError
+from agentrl.trainer.advantages import batch_advantages, group_advantages
+from agentrl.trainer.loss import LossConfig, compute_loss
+from agentrl.trainer.packing import pack_samples
+from agentrl.types import TrainingSample
+
+LN2, LN10 = math.log(2.0), math.log(10.0)
+
+
+def _inputs():
+    inference = torch.tensor([-1.0, -1.0, -3.0, -0.5, -0.7])
+    log_ratio = torch.tensor([0.0, LN2, LN10, -LN2, 5.0])  # ratios 1, 2, 10 (outside [1/8, 8]), 0.5; last not a loss token
+    logprobs = (inference + log_ratio).requires_grad_(True)
+    return logprobs, inference, torch.tensor([1.0, 1.0, 1.0, -2.0, 3.0]), torch.tensor([True, True, True, True, False])
+
+
+def test_rl_loss_masking_and_gradient_by_hand():
+    logprobs, inference, advantages, mask = _inputs()
+    config = LossConfig(ratio_low=0.125, ratio_high=8.0, kl_coef=0.1)
+    loss, stats = compute_loss(logprobs, inference_logprobs=inference, advantages=advantages, loss_mask=mask,
+                               total_loss_tokens=10, config=config)
+    # kept tokens 0, 1, 3: pg = -1, -2, +1; k3 = 0, 1-ln2, -0.5+ln2
+    assert loss.item() == pytest.approx((-2.0 + 0.1 * 0.5) / 10, abs=1e-6)
+    assert stats["loss_tokens"].item() == 4 and stats["masked_tokens"].item() == 1
+    assert stats["mismatch_kl_sum"].item() == pytest.approx((1 - LN2) + (9 - LN10) + (LN2 - 0.5), abs=1e-5)
+    loss.backward()
+    # d/dlp (-r A + kl (r - 1 - log r)) = -r A + kl (r - 1), over N = 10
+    expected = torch.tensor([-0.1, (-2 + 0.1) / 10, 0.0, (1 - 0.05) / 10, 0.0])
+    torch.testing.assert_close(logprobs.grad, expected, atol=1e-6, rtol=0)
+
+
+def test_ratio_bounds_are_configurable():
+    logprobs, inference, advantages, mask = _inputs()
+    loss, stats = compute_loss(logprobs, inference_logprobs=inference, advantages=advantages, loss_mask=mask,
+                               total_loss_tokens=4, config=LossConfig(ratio_low=0.75, ratio_high=20.0))
+    # now token 2 (ratio 10) is kept and token 3 (ratio 0.5) masked: pg = -1 - 2 - 10
+    assert loss.item() == pytest.approx(-13.0 / 4, abs=1e-6)
+    assert stats["masked_tokens"].item() == 1
+
+
+def test_sft_loss_is_mean_nll_over_loss_tokens():
+    logprobs, inference, advantages, mask = _inputs()
+    loss, stats = compute_loss(logprobs, inference_logprobs=inference, advantages=advantages, loss_mask=mask,
+                               total_loss_tokens=4, config=LossConfig(mode="sft"))
+    expected = -(logprobs.detach()[:4].sum()) / 4
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+def test_bad_ratio_bounds_are_a_config_error():
+    with pytest.raises(ConfigError, match="ratio_low"):
+        config_from_dict(LossConfig, {"ratio_low": 2.0, "ratio_high": 8.0})
+
+
+def test_group_advantages_by_hand():
+    assert group_advantages([1.0, 0.0, 0.0, 1.0]) == [0.5, -0.5, -0.5, 0.5]
+    normalized = group_advantages([1.0, 0.0, 0.0, 1.0], std_normalize=True, eps=0.0)
+    assert normalized == [1.0, -1.0, -1.0, 1.0]  # population std 0.5
+    assert group_advantages([3.0, 3.0], std_normalize=True) == [0.0, 0.0]
+    assert batch_advantages([[2.0, 4.0], [1.0]]) == [[-1.0, 1.0], [0.0]]
+    with pytest.raises(AgentrlError, match="empty"):
+        group_advantages([])
+    with pytest.raises(AgentrlError, match="NaN"):
+        group_advantages([float("nan"), 1.0])
+
+
+def _sample(tokens, mask, *, advantage, experts=None):
+    return TrainingSample(
+        token_ids=tokens, loss_mask=mask, inference_logprobs=[-0.5 if m else 0.0 for m in mask],
+        policy_versions=[3 if m else -1 for m in mask], advantage=advantage, routed_experts=experts,
+    )
+
+
+def test_packing_layout_by_hand():
+    a = _sample([10, 11, 12, 13], [False, False, True, True], advantage=1.5,
+                experts=[[[0, 1]], [[2, 3]], [[4, 5]], [[6, 7]]])
+    b = _sample([20, 21, 22], [False, True, True], advantage=-1.0, experts=[[[1, 2]], [], [[3, 4]]])
+    c = _sample([30, 31, 32, 33, 34, 35], [False, True, True, True, True, True], advantage=0.0)
+    batch = pack_samples([a, b, c], row_tokens=6, moe_layers=1, top_k=2)
+    # first-fit decreasing: c (5 tokens) alone, then a (3) + b (2) share a row with 1 pad token
+    assert [row.sample_indices for row in batch.rows] == [[2], [0, 1]]
+    row = batch.rows[1]
+    assert row.tokens.tolist() == [10, 11, 12, 20, 21, 0]
+    assert row.positions.tolist() == [0, 1, 2, 0, 1, 0]
+    assert row.targets.tolist() == [11, 12, 13, 21, 22, 0]
+    assert row.loss_mask.tolist() == [False, True, True, True, True, False]
+    assert row.inference_logprobs.tolist() == [0.0, -0.5, -0.5, -0.5, -0.5, 0.0]
+    assert row.advantages.tolist() == [1.5, 1.5, 1.5, -1.0, -1.0, 0.0]
+    assert row.policy_versions.tolist() == [-1, 3, 3, 3, 3, -1]
+    assert row.replay_mask.tolist() == [True, True, True, True, False, False]
+    assert row.routed_experts[:, 0].tolist()[:4] == [[0, 1], [2, 3], [4, 5], [1, 2]]
+    assert batch.loss_tokens == 4 + 5 and batch.policy_version == 3
+    assert len(pack_samples([a], row_tokens=8, min_rows=3).rows) == 3
+
+
+def test_packing_errors_name_the_sample():
+    long = _sample(list(range(10)), [True] * 10, advantage=0.0)
+    with pytest.raises(AgentrlError, match="sample 1 has 10 tokens, more than the row budget"):
+        pack_samples([_sample([1, 2], [False, True], advantage=0.0), long], row_tokens=8)
+    broken = TrainingSample(token_ids=[1, 2, 3], loss_mask=[True], inference_logprobs=[0.0] * 3, policy_versions=[0] * 3)
+    with pytest.raises(AgentrlError, match="sample 0: loss_mask has 1 entries for 3 tokens"):
+        pack_samples([broken], row_tokens=8)

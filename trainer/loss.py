@@ -1,0 +1,96 @@
+"""The training losses: token-level policy gradient with trust-region masking, and SFT.
+
+RL (``mode="rl"``), per loss token *t* with trainer logprob ``lp``, inference logprob
+``lp_inf`` and advantage ``A``:
+
+    ratio_t   = exp(lp_t - lp_inf_t)                  # importance ratio trainer / inference
+    keep_t    = ratio_low <= ratio_t <= ratio_high     # trust region; tokens outside are masked
+    k3_t      = ratio_t - 1 - log(ratio_t)             # KL(inference || trainer) estimator
+    loss_t    = -ratio_t * A_t + kl_coef * k3_t        # for kept tokens, 0 otherwise
+    loss      = sum_t loss_t / N                       # N = loss tokens over all ranks and rows
+
+The gradient of ``-ratio_t * A_t`` is ``-ratio_t * A_t * grad lp_t``: REINFORCE
+importance-weighted towards the inference policy that sampled the tokens. The mismatch
+KL reported every step is the mean of ``k3_t`` over all loss tokens, masked ones included.
+SFT (``mode="sft"``): ``loss = -sum_t lp_t / N`` over loss tokens.
+
+Every statistic is returned as a *sum* so the trainer can add them over micro-batches
+and ranks before dividing by the global token count.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import model_validator
+
+from agentrl.config import BaseConfig
+
+__all__ = ["LossConfig", "compute_loss"]
+
+
+class LossConfig(BaseConfig):
+    """How the trainer turns logprobs into a loss."""
+
+    mode: Literal["rl", "sft"] = "rl"
+    """'rl': importance-weighted policy gradient; 'sft': cross-entropy on loss tokens."""
+    ratio_low: float = 0.125
+    """Tokens whose trainer/inference probability ratio is below this are masked out."""
+    ratio_high: float = 8.0
+    """Tokens whose trainer/inference probability ratio is above this are masked out."""
+    kl_coef: float = 0.0
+    """Weight of the KL(inference || trainer) penalty (k3 estimator); 0 turns it off."""
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "LossConfig":
+        if not 0.0 <= self.ratio_low < 1.0 < self.ratio_high:
+            raise ValueError(
+                f"loss.ratio_low={self.ratio_low} and loss.ratio_high={self.ratio_high}: "
+                "need 0 <= ratio_low < 1 < ratio_high"
+            )
+        return self
+
+
+def compute_loss(
+    logprobs: torch.Tensor,
+    *,
+    inference_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    total_loss_tokens: float,
+    config: LossConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Loss of one micro-batch (already divided by the global loss-token count) and summed stats.
+
+    Stats: ``loss_tokens``, ``masked_tokens`` (outside the trust region),
+    ``mismatch_kl_sum``, ``pg_loss_sum``, ``kl_sum``, ``ratio_sum``.
+    """
+    mask = loss_mask.bool()
+    denominator = max(float(total_loss_tokens), 1.0)
+    zero = logprobs.new_zeros(())
+    if config.mode == "sft":
+        token_loss = torch.where(mask, -logprobs, zero)
+        loss = token_loss.sum() / denominator
+        stats = {"loss_tokens": mask.sum().float(), "nll_sum": token_loss.detach().sum()}
+        return loss, stats
+    log_ratio = logprobs - inference_logprobs
+    log_ratio = torch.where(mask, log_ratio, zero)
+    ratio = torch.exp(log_ratio)
+    in_region = (ratio >= config.ratio_low) & (ratio <= config.ratio_high)
+    keep = mask & in_region
+    k3 = ratio - 1.0 - log_ratio
+    pg = -ratio * advantages
+    token_loss = pg + config.kl_coef * k3 if config.kl_coef else pg
+    token_loss = torch.where(keep, token_loss, zero)
+    loss = token_loss.sum() / denominator
+    with torch.no_grad():
+        stats = {
+            "loss_tokens": mask.sum().float(),
+            "masked_tokens": (mask & ~in_region).sum().float(),
+            "mismatch_kl_sum": torch.where(mask, k3, zero).sum(),
+            "pg_loss_sum": torch.where(keep, pg, zero).sum(),
+            "kl_sum": torch.where(keep, k3, zero).sum(),
+            "ratio_sum": torch.where(mask, ratio, zero).sum(),
+        }
+    return loss, stats
