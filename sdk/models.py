@@ -11,6 +11,7 @@ downloaded here), a folder path is used as is.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -129,7 +130,9 @@ def _hf_cache_path(repo_id: str) -> Path | None:
     except ImportError:  # pragma: no cover
         return None
     try:
-        path = Path(snapshot_download(repo_id, local_files_only=True))
+        # HF_HUB_CACHE is read at call time so a changed cache location is honoured.
+        cache_dir = os.environ.get("HF_HUB_CACHE") or None
+        path = Path(snapshot_download(repo_id, local_files_only=True, cache_dir=cache_dir))
     except (LocalEntryNotFoundError, OSError, ValueError):
         return None
     return path if (path / "config.json").is_file() else None

