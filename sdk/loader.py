@@ -12,21 +12,26 @@ schema in `agentrl.hub.manifest`). `load_environment` accepts
   or its bare name (the hub's `agentrl.hub.local.installed_environment_dirs()`).
 
 The entrypoint module is imported from the package folder as a submodule of a private
-package (`_agentrl_env_<name>_<hash>`), so nothing is added to `sys.path` and two
-packages with the same module name do not collide; inside a package, import sibling
-modules relatively (`from . import data`). The manifest's `env_args` and the caller's
+package (`_agentrl_env_<name>_<hash>`), so two packages with the same module name do not
+collide. Sibling modules may be imported relatively (`from . import data`) or by bare name
+at module level (`from swe_task import X`): the folder is on `sys.path` only while the
+package is imported, and the siblings loaded meanwhile are moved under the private package
+(a bare-name import inside a function, run later, would not find them). The manifest's `env_args` and the caller's
 keyword arguments (which win) go to the entrypoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import os
 import re
 import sys
+import threading
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,7 @@ __all__ = [
 ]
 
 ENV_PATH_VARIABLE = "AGENTRL_ENV_PATH"
+_IMPORT_LOCK = threading.RLock()
 _HUB_REF_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?(@[\w.+\-]+)?$")
 MANIFEST_NAME = "environment.toml"
 
@@ -171,6 +177,31 @@ def _private_package(folder: Path, name: str) -> str:
     return package_name
 
 
+@contextlib.contextmanager
+def _siblings_importable(folder: Path, package: str) -> Iterator[None]:
+    """Let the package's modules import siblings by bare name (`from swe_task import X`) while
+    it is imported; afterwards take the folder off sys.path and move those sibling modules
+    to private names, so packages with same-named modules do not collide."""
+    entry = str(folder.resolve())
+    root = folder.resolve()
+    before = set(sys.modules)
+    with _IMPORT_LOCK:
+        sys.path.insert(0, entry)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(entry)
+            for name in set(sys.modules) - before:
+                if name == package or name.startswith(package + "."):
+                    continue
+                module = sys.modules.get(name)
+                file = getattr(module, "__file__", None)
+                if file and Path(file).resolve().is_relative_to(root):
+                    sys.modules.pop(name, None)
+                    sys.modules.setdefault(f"{package}.{name}", module)
+
+
 def import_package_attr(folder: str | os.PathLike[str], spec: str, *, package_name: str | None = None) -> Any:
     """Import `module:attr` from an environment package folder (no sys.path changes)."""
     folder = Path(folder)
@@ -183,7 +214,8 @@ def import_package_attr(folder: str | os.PathLike[str], spec: str, *, package_na
     if not module_file.is_file() and not module_pkg.is_file():
         raise NotFoundError(f"{folder / MANIFEST_NAME}: entrypoint module {module_name!r} not found ({module_file.name} is missing)")
     try:
-        module = importlib.import_module(f"{package}.{module_name}")
+        with _siblings_importable(folder, package):
+            module = importlib.import_module(f"{package}.{module_name}")
     except AgentrlError:
         raise
     except Exception as exc:

@@ -17,6 +17,7 @@ import re
 
 from agentrl.environment import rows_to_dataset
 from agentrl.parsers import XMLParser
+from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rubric import Rubric
 from agentrl.tool_env import ToolEnv
 
@@ -175,6 +176,18 @@ def used_answer_tags(completion) -> float:
 def tool_calls(state) -> float:
     """How many tool calls the rollout made (a metric, weight 0)."""
     return float(state.get("tool_calls", 0))
+
+
+def _oracle_reply(messages, tools):
+    if messages[-1].role == "tool":
+        return f"<answer>{messages[-1].content}</answer>"
+    expression = messages[-1].content.split("Compute:", 1)[-1].strip()
+    return {"content": "", "tool_calls": [tool_call("calculator", expression=expression)]}
+
+
+def oracle_policy() -> ScriptedPolicy:
+    """A policy that calls the calculator on the problem and answers with its result."""
+    return ScriptedPolicy(_oracle_reply, name="arithmetic-oracle")
 
 
 def load_environment(

@@ -14,6 +14,7 @@ import random
 
 from agentrl.environment import SingleTurnEnv, rows_to_dataset
 from agentrl.parsers import ThinkParser, XMLParser
+from agentrl.policies import ScriptedPolicy
 from agentrl.rubric import Rubric
 
 SYSTEM_PROMPT = "Reverse the text character by character. Reply with the reversed text only."
@@ -80,6 +81,11 @@ def lcs_reward(completion, answer: str) -> float:
 def exact_match(completion, answer: str) -> float:
     """1.0 when the reply is exactly the reversed text (a metric, weight 0)."""
     return float(parse_reply(completion) == answer)
+
+
+def oracle_policy() -> ScriptedPolicy:
+    """A policy that always answers correctly (reverses the last user message)."""
+    return ScriptedPolicy(lambda messages, tools: messages[-1].content[::-1], name="reverse-text-oracle")
 
 
 def load_environment(

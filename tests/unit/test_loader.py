@@ -135,3 +135,25 @@ def test_hub_installed_packages_by_reference_and_bare_name(tmp_path, monkeypatch
     assert load_environment("hub-env").path == root / "alice" / "hub-env" / "0.2.0"
     with pytest.raises(NotFoundError, match=r"'alice/other' is not a folder nor an installed hub package .*not installed"):
         load_environment("alice/other")
+
+
+BARE_IMPORT_MODULE = '''
+from agentrl.environment import SingleTurnEnv
+import shared_name
+
+
+def load_environment():
+    return SingleTurnEnv(dataset=[{"prompt": "p", "answer": shared_name.ANSWER}])
+'''
+
+
+def test_bare_sibling_imports_work_without_leaving_traces(tmp_path):
+    answers = []
+    for folder, answer in (("one", "first"), ("two", "second")):
+        package = _package(tmp_path, folder, name=f"bare-{folder}", module=BARE_IMPORT_MODULE)
+        (package / "shared_name.py").write_text(f"ANSWER = {answer!r}\n")
+        path_before = list(sys.path)
+        answers.append(load_environment(package).tasks("train")[0].answer)
+        assert sys.path == path_before
+        assert "shared_name" not in sys.modules
+    assert answers == ["first", "second"]

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import re
-
 import agentrl
 import pytest
+from agentrl.loader import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
 
 SAMPLING = SamplingConfig(max_tokens=128)
 
 
-def _oracle(messages, tools):
-    """Call the calculator on the problem, then answer with what it returned."""
-    assert tools and tools[0]["function"]["name"] == "calculator"
-    if messages[-1].role == "tool":
-        return f"<answer>{messages[-1].content}</answer>"
-    expression = re.search(r"Compute: (.*)", messages[-1].content).group(1)
-    return {"content": "", "tool_calls": [tool_call("calculator", expression=expression)]}
+def _oracle_policy(env):
+    return import_package_attr(env.path, "arithmetic:oracle_policy", package_name=env.name)()
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,7 @@ def test_splits_are_deterministic_and_disjoint(env):
 
 async def test_oracle_with_calculator_gets_reward_one(env):
     for task in env.tasks("test"):
-        (rollout,) = await env.run_group(ScriptedPolicy(_oracle), task, n=1, sampling=SAMPLING)
+        (rollout,) = await env.run_group(_oracle_policy(env), task, n=1, sampling=SAMPLING)
         assert rollout.error is None and not rollout.truncated
         assert [m.role for m in rollout.messages[-3:]] == ["assistant", "tool", "assistant"]
         assert rollout.messages[-2].content == task.answer

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import agentrl
+from agentrl.loader import import_package_attr
 from agentrl.policies import ScriptedPolicy
 from agentrl.sampling import SamplingConfig
 
 SAMPLING = SamplingConfig(max_tokens=64)
 
 
-def _oracle(messages, tools):
-    return messages[-1].content[::-1]
+def _oracle_policy(env):
+    return import_package_attr(env.path, "reverse_text:oracle_policy", package_name=env.name)()
 
 
 def test_loads_by_name_with_deterministic_disjoint_splits():
@@ -31,7 +32,7 @@ def test_loads_by_name_with_deterministic_disjoint_splits():
 async def test_oracle_gets_reward_one():
     env = agentrl.load_environment("reverse-text", num_train=10, num_test=8)
     for task in env.tasks("test"):
-        rollouts = await env.run_group(ScriptedPolicy(_oracle), task, n=2, sampling=SAMPLING)
+        rollouts = await env.run_group(_oracle_policy(env), task, n=2, sampling=SAMPLING)
         for rollout in rollouts:
             assert rollout.error is None
             assert rollout.reward == 1.0
