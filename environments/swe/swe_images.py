@@ -1,0 +1,119 @@
+"""Build the per-project sandbox images of the `swe` environment, cached by content.
+
+    python3 environments/swe/swe_images.py [PROJECT ...] [--base-image IMAGE]
+
+Each image is `FROM agentrl-base:bookworm` (override with `--base-image` or
+$AGENTRL_SWE_BASE_IMAGE) plus the project's sdist unpacked into `/testbed` (see
+`Dockerfile`). The image carries a label with a hash of everything that went into it
+(Dockerfile, sdist digest, source root, base image id); a build whose hash matches the
+existing image's label is skipped, so running this again costs a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agentrl.errors import AgentrlError, NotFoundError
+from swe_projects import PROJECTS, Project, fetch_sdist, get_project
+
+__all__ = ["CONTENT_LABEL", "DEFAULT_BASE_IMAGE", "base_image", "build_images", "build_project_image"]
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+DOCKERFILE = PACKAGE_DIR / "Dockerfile"
+DEFAULT_BASE_IMAGE = "agentrl-base:bookworm"
+CONTENT_LABEL = "agentrl.swe.content"
+
+
+def base_image() -> str:
+    """The base image the project images start from ($AGENTRL_SWE_BASE_IMAGE or agentrl-base:bookworm)."""
+    return os.environ.get("AGENTRL_SWE_BASE_IMAGE") or DEFAULT_BASE_IMAGE
+
+
+def _docker_client():
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # docker raises several unrelated types here
+        raise AgentrlError(f"swe: no Docker engine reachable ({exc.__class__.__name__}); start dockerd") from exc
+    return client
+
+
+def _content_hash(project: Project, base_id: str) -> str:
+    digest = hashlib.sha256()
+    for part in (DOCKERFILE.read_bytes(), project.sha256.encode(), project.source_root.encode(), base_id.encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def build_project_image(project: Project, *, base: str | None = None, client=None) -> str:
+    """Build (or reuse) the project's image and return its name."""
+    import docker
+
+    client = client or _docker_client()
+    base = base or base_image()
+    try:
+        base_id = client.images.get(base).id
+    except docker.errors.ImageNotFound:
+        raise NotFoundError(
+            f"swe: base image {base} not found; build it with 'agentrl sandbox build-base' "
+            f"or set AGENTRL_SWE_BASE_IMAGE"
+        ) from None
+    content = _content_hash(project, base_id)
+    try:
+        existing = client.images.get(project.image_name)
+        if (existing.labels or {}).get(CONTENT_LABEL) == content:
+            return project.image_name
+    except docker.errors.ImageNotFound:
+        pass
+    sdist = fetch_sdist(project)
+    with tempfile.TemporaryDirectory(prefix="agentrl-swe-build-") as context:
+        shutil.copy(DOCKERFILE, Path(context) / "Dockerfile")
+        shutil.copy(sdist, Path(context) / project.sdist)
+        try:
+            client.images.build(
+                path=context, tag=project.image_name, rm=True, forcerm=True, network_mode="none",
+                buildargs={"BASE_IMAGE": base, "SDIST": project.sdist, "SOURCE_ROOT": project.source_root},
+                labels={CONTENT_LABEL: content, "agentrl.swe.project": project.name,
+                        "agentrl.swe.version": project.version},
+            )
+        except docker.errors.BuildError as exc:
+            log = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log)[-400:]
+            raise AgentrlError(f"swe: building {project.image_name} failed: {' '.join(log.split())}") from None
+    return project.image_name
+
+
+def build_images(names: list[str] | None = None, *, base: str | None = None) -> list[str]:
+    """Build the images of the named projects (all when None); return their names."""
+    projects = [get_project(name) for name in names] if names else list(PROJECTS)
+    client = _docker_client()
+    return [build_project_image(project, base=base, client=client) for project in projects]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the swe environment's per-project sandbox images.")
+    parser.add_argument("projects", nargs="*", help="project names (default: all)")
+    parser.add_argument("--base-image", default=None, help=f"base image (default: {DEFAULT_BASE_IMAGE})")
+    args = parser.parse_args(argv)
+    try:
+        for name in build_images(args.projects or None, base=args.base_image):
+            print(name)
+    except AgentrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
