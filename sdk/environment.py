@@ -137,7 +137,8 @@ class Environment:
                 raise AgentrlError(f"tasks: n must be >= 0, got {n}")
             random.Random(seed).shuffle(indices)
             indices = sorted(indices[:n])
-        return [self.make_task(data[index], index=index) for index in indices]
+        rows = data.select(indices).to_list() if n is not None else data.to_list()
+        return [self.make_task(row, index=index) for index, row in zip(indices, rows)]
 
     def make_task(self, row: Mapping[str, Any], *, index: int | None = None) -> Task:
         """A Task from a dataset row, with the environment's system prompt prepended if it has none."""
