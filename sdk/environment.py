@@ -193,6 +193,7 @@ class MultiTurnEnv(Environment):
         max_turns: int = 10,
         max_completion_tokens: int | None = None,
         max_seconds: float | None = None,
+        stop_on_length: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -204,6 +205,8 @@ class MultiTurnEnv(Environment):
         """Most generated tokens over all of a rollout's model calls (None: no limit)."""
         self.max_seconds = max_seconds
         """Wall-clock limit of a rollout in seconds (None: no limit)."""
+        self.stop_on_length = stop_on_length
+        """End the episode (truncated) when a completion is cut at max_tokens; False: carry on."""
 
     # ----- hooks (sync or async) --------------------------------------------------------------
     def setup_state(self, task: Task) -> dict[str, Any]:
@@ -273,7 +276,7 @@ class MultiTurnEnv(Environment):
             messages.append(message)
             turns.append(turn)
             used_tokens += len(turn.completion.token_ids)
-            if turn.completion.finish_reason == "length":
+            if turn.completion.finish_reason == "length" and self.stop_on_length:
                 outcome["truncated"] = True
                 state["stop_reason"] = "length"
                 return

@@ -163,6 +163,14 @@ async def test_total_completion_token_budget():
     assert rollout.state["stop_reason"] == "length"
 
 
+async def test_cut_completion_continues_without_stop_on_length():
+    env = GuessEnv(max_turns=3, stop_on_length=False)
+    rollout = await _guess(env, ["123", "456", "7"], sampling=SamplingConfig(max_tokens=2))
+    assert [t.completion.finish_reason for t in rollout.turns] == ["length", "length", "stop"]
+    assert [m.content for m in rollout.messages if m.role == "assistant"] == ["12", "45", "7"]
+    assert not rollout.truncated and rollout.state["stop_reason"] == "completed"
+
+
 async def test_wall_clock_budget():
     env = GuessEnv(max_turns=50, max_seconds=0.3, delay_s=0.2)
     rollout = await _guess(env, lambda messages, tools: "1")
