@@ -1,0 +1,400 @@
+"""The asynchronous RL loop: rollouts in, optimizer steps out, weights back to inference.
+
+The orchestrator (DESIGN.md section 2) keeps groups of rollouts running against the
+inference policy with bounded concurrency while the trainer works, and for each step:
+
+1. takes `groups_per_step` scored groups off the queue, dropping (and counting) every
+   group whose oldest token came from a policy older than `step - max_off_policy_steps`;
+2. turns rewards into group advantages and rollouts into `TrainingSample`s;
+3. runs one trainer step, then pushes the new weights to inference while the rollouts
+   that are already running continue (in-flight weight update);
+4. logs reward, mismatch KL, the staleness histogram, tokens/s, step time and whether the
+   step was trainer-bound or inference-bound, and checkpoints every `checkpoint_every`.
+
+Staleness is bounded before it happens: a group may only start while the inference
+policy is recent enough for the step it will feed, so `max_off_policy_steps = 0` is the
+synchronous loop (generate, train, push, repeat) and larger values let generation run up
+to that many steps ahead of the trainer.
+
+The trainer and the weight transport are protocols (`PolicyTrainer`, `WeightSync`): the
+Ray launcher (`agentrl.trainer.launch`) binds them to the trainer actor and to the
+inference engineer's weight publisher; anything that implements them can be driven.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Protocol
+
+from agentrl.config import BaseConfig
+from agentrl.errors import ConfigError
+from agentrl.sampling import ChatClient, SamplingConfig
+from agentrl.types import Rollout, Task, TrainingSample
+
+__all__ = [
+    "OrchestratorConfig",
+    "PolicyTrainer",
+    "WeightSync",
+    "OrchestratorState",
+    "ScoredGroup",
+    "Orchestrator",
+    "group_advantages",
+]
+
+
+class OrchestratorConfig(BaseConfig):
+    """How the asynchronous loop samples, bounds staleness and checkpoints."""
+
+    max_steps: int = 20
+    """Optimizer steps to run in total (a resumed run counts the steps already done)."""
+    groups_per_step: int = 8
+    """Tasks (groups) per optimizer step."""
+    rollouts_per_group: int = 4
+    """Rollouts per task; advantages are computed within a group."""
+    max_concurrent_rollouts: int = 32
+    """Most rollouts in flight against inference at once."""
+    max_off_policy_steps: int = 1
+    """Most optimizer steps a rollout's policy may lag behind the step it trains (0 = synchronous)."""
+    normalize_advantages: bool = False
+    """Divide group advantages by the group's reward standard deviation."""
+    task_split: str = "train"
+    """Dataset split tasks are sampled from."""
+    seed: int = 0
+    """Seed of the task order (and of sampling seeds when set)."""
+    checkpoint_every: int = 1
+    """Save trainer and orchestrator state every this many steps (0: only at the end)."""
+
+    def model_post_init(self, __context: Any) -> None:
+        checks = {
+            "max_steps": self.max_steps >= 1,
+            "groups_per_step": self.groups_per_step >= 1,
+            "rollouts_per_group": self.rollouts_per_group >= 1,
+            "max_concurrent_rollouts": self.max_concurrent_rollouts >= 1,
+            "max_off_policy_steps": self.max_off_policy_steps >= 0,
+            "checkpoint_every": self.checkpoint_every >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(
+                    f"orchestrator.{name} = {getattr(self, name)!r} is out of range; "
+                    f"use {'a value >= 0' if name in ('max_off_policy_steps', 'checkpoint_every') else 'a value >= 1'}"
+                )
+
+
+class PolicyTrainer(Protocol):
+    """The trainer side as the orchestrator sees it (bound to a Ray actor by the launcher)."""
+
+    async def train_step(self, samples: list[TrainingSample], *, step: int) -> dict[str, float]:
+        """Run one optimizer step on these samples; return its metrics (loss, mismatch_kl, ...)."""
+        ...
+
+    async def save_checkpoint(self, path: str, *, step: int) -> None:
+        """Write the trainer's full state (model, optimizer, RNG) under `path`."""
+        ...
+
+
+class WeightSync(Protocol):
+    """Moves the trainer's current weights into the inference servers."""
+
+    async def push(self, *, version: int) -> None:
+        """Make inference serve the trainer's current weights, tagged as policy `version`."""
+        ...
+
+
+@dataclass
+class ScoredGroup:
+    """One task's scored rollouts and the policy versions that produced them."""
+
+    index: int
+    """Order in which the group was started (task order)."""
+    rollouts: list[Rollout]
+    """The scored rollouts."""
+    started_version: int
+    """Inference policy version when the group started."""
+    elapsed_s: float = 0.0
+    """Wall time of the whole group."""
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version that produced a token (the start version when unknown)."""
+        versions = [v for r in self.rollouts for v in r.policy_versions]
+        return min(versions) if versions else self.started_version
+
+
+@dataclass
+class OrchestratorState:
+    """What the orchestrator must remember across a restart (saved with each checkpoint)."""
+
+    step: int = 0
+    """Next optimizer step to run (= steps done)."""
+    dropped_stale_total: int = 0
+    """Groups dropped for staleness so far."""
+    rollout_errors_total: int = 0
+    """Rollouts that ended with an error so far."""
+    groups_started: int = 0
+    """Groups started so far (the position in the task order)."""
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "step": self.step,
+            "dropped_stale_total": self.dropped_stale_total,
+            "rollout_errors_total": self.rollout_errors_total,
+            "groups_started": self.groups_started,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OrchestratorState":
+        return cls(**{k: int(data[k]) for k in ("step", "dropped_stale_total", "rollout_errors_total",
+                                                "groups_started") if k in data})
+
+
+def group_advantages(rewards: list[float], *, normalize: bool = False) -> list[float]:
+    """Group advantages via the trainer's definition (`agentrl.trainer.advantages`); [] for no rewards."""
+    from agentrl.trainer.advantages import group_advantages as trainer_group_advantages
+
+    if not rewards:
+        return []
+    return trainer_group_advantages(rewards, std_normalize=normalize)
+
+
+class Environment(Protocol):  # the part of agentrl.environment.Environment used here
+    async def run_group(self, client: ChatClient, task: Task, *, n: int, sampling: SamplingConfig) -> list[Rollout]:
+        ...
+
+    def tasks(self, split: str = "test", *, n: int | None = None, seed: int = 0) -> list[Task]:
+        ...
+
+
+StepCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
+
+
+@dataclass
+class _Counters:
+    completion_tokens: int = 0
+    rollouts_done: int = 0
+    producer_blocked_s: float = 0.0
+    dropped_stale: int = 0
+    rollout_errors: int = 0
+    staleness: Counter = field(default_factory=Counter)
+
+
+class Orchestrator:
+    """Drives environment rollouts, the trainer and weight pushes for `config.max_steps` steps."""
+
+    def __init__(
+        self,
+        *,
+        config: OrchestratorConfig,
+        environment: Environment,
+        client: ChatClient,
+        trainer: PolicyTrainer,
+        weight_sync: WeightSync,
+        sampling: SamplingConfig,
+        state: OrchestratorState | None = None,
+        on_step: StepCallback | None = None,
+        checkpoint: Callable[[int, OrchestratorState], Awaitable[None]] | None = None,
+    ) -> None:
+        self.config = config
+        self.environment = environment
+        self.client = client
+        self.trainer = trainer
+        self.weight_sync = weight_sync
+        self.sampling = sampling
+        self.state = state or OrchestratorState()
+        self.on_step = on_step
+        self.checkpoint = checkpoint
+        self.inference_version = self.state.step
+        self._tasks = environment.tasks(config.task_split, seed=config.seed)
+        if not self._tasks:
+            raise ConfigError(f"env: split {config.task_split!r} has no tasks; set orchestrator.task_split")
+        self._queue: asyncio.Queue[ScoredGroup] = asyncio.Queue()
+        self._capacity = asyncio.Condition()
+        self._counters = _Counters()
+        self._dropped_since_start = 0
+        self._groups_started_base = self.state.groups_started
+        self._resume_step = self.state.step
+        self._stopping = False
+        self.max_in_flight_rollouts = 0
+        self._in_flight_rollouts = 0
+
+    # ---- task order -------------------------------------------------------------------
+    def task_for(self, group_index: int) -> Task:
+        """The task of the `group_index`-th group: a seeded shuffle per pass over the split."""
+        epoch, position = divmod(group_index, len(self._tasks))
+        order = list(range(len(self._tasks)))
+        random.Random(self.config.seed * 1_000_003 + epoch).shuffle(order)
+        return self._tasks[order[position]]
+
+    # ---- producer ---------------------------------------------------------------------
+    def _may_start(self) -> bool:
+        """A new group may start if it can still feed a step within the staleness bound."""
+        groups_per_step = self.config.groups_per_step
+        started_this_run = self.state.groups_started - self._groups_started_base
+        # Groups usable so far in this run; the run resumed at `resume_step`.
+        used = started_this_run - self._dropped_since_start
+        next_group_step = self._resume_step + used // groups_per_step
+        if next_group_step >= self.config.max_steps:
+            return False
+        return next_group_step <= self.inference_version + self.config.max_off_policy_steps
+
+    async def _run_group(self, group_index: int, semaphore: asyncio.Semaphore) -> None:
+        task = self.task_for(group_index)
+        started_version = self.inference_version
+        start = time.monotonic()
+        sampling = self.sampling
+        if sampling.seed is not None:
+            sampling = sampling.model_copy(update={"seed": sampling.seed + group_index})
+        self._in_flight_rollouts += self.config.rollouts_per_group
+        self.max_in_flight_rollouts = max(self.max_in_flight_rollouts, self._in_flight_rollouts)
+        try:
+            rollouts = await self.environment.run_group(
+                self.client, task, n=self.config.rollouts_per_group, sampling=sampling
+            )
+        except Exception as error:  # the environment contract says it should not raise; count it
+            rollouts = [Rollout(task=task, error=f"{type(error).__name__}: {error}")
+                        for _ in range(self.config.rollouts_per_group)]
+        finally:
+            self._in_flight_rollouts -= self.config.rollouts_per_group
+            semaphore.release()
+        group = ScoredGroup(index=group_index, rollouts=rollouts, started_version=started_version,
+                            elapsed_s=time.monotonic() - start)
+        await self._queue.put(group)
+
+    async def _producer(self) -> None:
+        group_slots = max(1, self.config.max_concurrent_rollouts // self.config.rollouts_per_group)
+        semaphore = asyncio.Semaphore(group_slots)
+        running: set[asyncio.Task] = set()
+        try:
+            while True:
+                blocked_from = time.monotonic()
+                async with self._capacity:
+                    await self._capacity.wait_for(lambda: self._may_start() or self._stopping)
+                if self._stopping:
+                    return
+                await semaphore.acquire()
+                self._counters.producer_blocked_s += time.monotonic() - blocked_from
+                index = self.state.groups_started
+                self.state.groups_started += 1
+                job = asyncio.create_task(self._run_group(index, semaphore))
+                running.add(job)
+                job.add_done_callback(running.discard)
+        finally:
+            for job in running:
+                job.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _wake_producer(self) -> None:
+        async with self._capacity:
+            self._capacity.notify_all()
+
+    # ---- consumer ---------------------------------------------------------------------
+    async def _collect(self, step: int) -> list[ScoredGroup]:
+        groups: list[ScoredGroup] = []
+        while len(groups) < self.config.groups_per_step:
+            group = await self._queue.get()
+            staleness = step - group.oldest_version
+            if staleness > self.config.max_off_policy_steps:
+                self._counters.dropped_stale += 1
+                self._dropped_since_start += 1
+                self.state.dropped_stale_total += 1
+                await self._wake_producer()
+                continue
+            self._counters.staleness[staleness] += 1
+            groups.append(group)
+        return groups
+
+    def _samples(self, groups: list[ScoredGroup]) -> tuple[list[TrainingSample], dict[str, float]]:
+        samples: list[TrainingSample] = []
+        rewards: list[float] = []
+        completion_tokens = 0
+        errors = 0
+        for group in groups:
+            usable = [r for r in group.rollouts if r.error is None and r.turns]
+            errors += len(group.rollouts) - len(usable)
+            rewards += [r.reward for r in group.rollouts]
+            advantages = group_advantages([r.reward for r in usable], normalize=self.config.normalize_advantages)
+            for rollout, advantage in zip(usable, advantages):
+                sample = rollout.sample()
+                sample.advantage = advantage
+                samples.append(sample)
+                completion_tokens += rollout.completion_tokens
+        self._counters.rollout_errors += errors
+        self.state.rollout_errors_total += errors
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
+        return samples, {"reward": mean, "reward_std": std, "completion_tokens": float(completion_tokens),
+                         "samples": float(len(samples)), "rollout_errors": float(errors)}
+
+    async def run(self) -> list[dict[str, Any]]:
+        """Run until `max_steps` steps are done; return each step's metrics."""
+        history: list[dict[str, Any]] = []
+        if self.state.step > 0:
+            # Resumed: inference must serve the checkpoint's weights, tagged with its step.
+            await self.weight_sync.push(version=self.state.step)
+            self.inference_version = self.state.step
+        producer = asyncio.create_task(self._producer())
+        last_step_end = time.monotonic()
+        try:
+            while self.state.step < self.config.max_steps:
+                step = self.state.step
+                self._counters = _Counters()
+                wait_start = time.monotonic()
+                collect = asyncio.create_task(self._collect(step))
+                done, _ = await asyncio.wait({collect, producer}, return_when=asyncio.FIRST_COMPLETED)
+                if producer in done:
+                    collect.cancel()
+                    producer.result()  # re-raise the producer's failure
+                    raise RuntimeError("rollout producer stopped before the run finished")
+                groups = collect.result()
+                wait_s = time.monotonic() - wait_start
+                samples, batch_metrics = self._samples(groups)
+                train_start = time.monotonic()
+                train_metrics = await self.trainer.train_step(samples, step=step) if samples else {}
+                train_s = time.monotonic() - train_start
+                self.state.step = step + 1
+                push_start = time.monotonic()
+                await self.weight_sync.push(version=step + 1)
+                push_s = time.monotonic() - push_start
+                self.inference_version = step + 1
+                await self._wake_producer()
+                if self.checkpoint is not None and (
+                    (self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0)
+                    or self.state.step == self.config.max_steps
+                ):
+                    await self.checkpoint(self.state.step, self.state)
+                now = time.monotonic()
+                step_s = now - last_step_end
+                last_step_end = now
+                counters = self._counters
+                metrics: dict[str, Any] = {
+                    "step": step,
+                    **batch_metrics,
+                    "mismatch_kl": float(train_metrics.get("mismatch_kl", float("nan"))),
+                    "staleness": {str(k): v for k, v in sorted(counters.staleness.items())},
+                    "dropped_stale": counters.dropped_stale,
+                    "dropped_stale_total": self.state.dropped_stale_total,
+                    "tokens_per_s": batch_metrics["completion_tokens"] / step_s if step_s > 0 else 0.0,
+                    "step_time_s": step_s,
+                    "wait_s": wait_s,
+                    "train_s": train_s,
+                    "weight_push_s": push_s,
+                    "bound": "inference" if wait_s > train_s + push_s else "trainer",
+                    "policy_version": self.inference_version,
+                    "time": time.time(),
+                }
+                metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
+                history.append(metrics)
+                if self.on_step is not None:
+                    result = self.on_step(metrics)
+                    if asyncio.iscoroutine(result):
+                        await result
+        finally:
+            self._stopping = True
+            await self._wake_producer()
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+        return history
