@@ -63,9 +63,8 @@ def _normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def rows_to_dataset(rows: Sequence[Mapping[str, Any]]) -> datasets.Dataset:
     """A `datasets.Dataset` from verifiers-style row dicts (an `info` dict is stored as JSON)."""
-    from agentrl.errors import require
+    import datasets as hf_datasets  # a core dependency, imported late because it is slow to import
 
-    hf_datasets = require("datasets", "dev")
     return hf_datasets.Dataset.from_list([_normalise_row(row) for row in rows])
 
 
@@ -142,7 +141,11 @@ class Environment:
 
     def make_task(self, row: Mapping[str, Any], *, index: int | None = None) -> Task:
         """A Task from a dataset row, with the environment's system prompt prepended if it has none."""
-        task = Task.from_row(dict(row))
+        try:
+            task = Task.from_row(dict(row))
+        except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+            problem = " ".join(str(exc).split())
+            raise AgentrlError(f"environment {self.name!r}: bad task row {index}: {type(exc).__name__}: {problem}") from None
         if task.example_id is None:
             task.example_id = index
         if self.system_prompt and not any(message.role == "system" for message in task.prompt):

@@ -59,6 +59,19 @@ def test_datasets_and_tasks():
     assert len({tuple(t.answer for t in env.tasks("train", n=2, seed=s)) for s in range(10)}) > 1
 
 
+@pytest.mark.parametrize(
+    ("row", "fragment"),
+    [({"answer": "x"}, "KeyError: 'prompt'"), ({"prompt": [{"role": "robot", "content": "x"}]}, "role"),
+     ({"prompt": "p", "info": "{not json"}, "JSONDecodeError")],
+)
+def test_bad_rows_are_one_line_errors(row, fragment):
+    env = SingleTurnEnv(name="bad", dataset=[{"prompt": "fine"}])
+    with pytest.raises(AgentrlError) as info:
+        env.make_task(row, index=3)
+    message = str(info.value)
+    assert message.startswith("environment 'bad': bad task row 3: ") and fragment in message and "\n" not in message
+
+
 def test_unknown_split_lists_available():
     with pytest.raises(NotFoundError, match=r"no 'dev' split; available splits: test, train"):
         _single_env().get_dataset("dev")
