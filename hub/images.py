@@ -183,13 +183,9 @@ def check_package_images(target: str | Path, *, registry: str | None = None) -> 
     from agentrl.hub.package import build_dataset
     from agentrl.hub.manifest import load_manifest
 
-    folder = Path(target)
-    if not folder.exists():
-        from agentrl.hub.refs import find_installed
+    from agentrl.hub.install import resolve_package_dir
 
-        folder = find_installed(str(target))
-    elif not (folder / "environment.toml").is_file():
-        raise NotFoundError(f"{folder}: no environment.toml; give a package folder or owner/name of a pulled package")
+    folder = resolve_package_dir(target)
     manifest = load_manifest(folder)
     wanted: dict[str, str] = {}
     if manifest.sandbox is not None:

@@ -115,12 +115,17 @@ def _load_split_file(package_dir: Path, split: str, relative: str):
     if path.suffix == ".parquet":
         return datasets.Dataset.from_parquet(str(path))
     if path.suffix in (".jsonl", ".json"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
-            if path.suffix == ".jsonl" else json.loads(path.read_text())
-        for row in rows:  # the info column is stored as JSON text (verifiers convention)
-            if isinstance(row.get("info"), dict):
-                row["info"] = json.dumps(row["info"], sort_keys=True)
-        return datasets.Dataset.from_list(rows)
+        from agentrl.environment import rows_to_dataset
+
+        try:
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+                if path.suffix == ".jsonl" else json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: malformed JSON ({error}); fix the file named by dataset.splits.{split}") \
+                from None
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise ConfigError(f"{path}: dataset.splits.{split} must hold JSON objects, one row each")
+        return rows_to_dataset(rows)  # the SDK's own conversion (info stored as JSON text)
     raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.splits.{split}: {relative!r} must be "
                       ".jsonl, .json or .parquet")
 
