@@ -230,7 +230,7 @@ class MultiTurnEnv(Environment):
     # ----- the loop ---------------------------------------------------------------------------
     async def rollout(self, client: ChatClient, task: Task, *, sampling: SamplingConfig) -> Rollout:
         start = time.monotonic()
-        messages: list[Message] = [message.model_copy(deep=True) for message in task.prompt]
+        messages: list[Message] = [message.model_copy() for message in task.prompt]  # the task stays intact
         turns: list[Turn] = []
         state: dict[str, Any] = {}
         outcome = {"truncated": False, "error": None}

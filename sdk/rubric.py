@@ -90,6 +90,8 @@ class _Func:
                 f"reward functions may take only: {allowed}"
             )
         self.wanted = names if not self.takes_kwargs else None
+        call_method = None if inspect.isroutine(func) else type(func).__call__
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call_method)
 
     def _select(self, available: dict[str, Any]) -> dict[str, Any]:
         if self.wanted is None:
@@ -188,7 +190,11 @@ class Rubric:
                     table[index][entry.name] = 0.0
                     _note_error(rollout, entry.name, exc)
 
-            await asyncio.gather(*(one(i, r) for i, r in enumerate(rollouts)))
+            if entry.is_async:
+                await asyncio.gather(*(one(i, r) for i, r in enumerate(rollouts)))
+            else:  # no tasks to schedule for plain functions
+                for index, rollout in enumerate(rollouts):
+                    await one(index, rollout)
 
         await asyncio.gather(*(run_func(entry) for entry in self._funcs))
         return table
