@@ -139,3 +139,18 @@ def test_construction_errors_are_one_line():
         Rubric(funcs=[exact, exact])
     with pytest.raises(AgentrlError, match="not callable"):
         Rubric(funcs=[3])
+
+
+async def test_async_functions_score_a_group_concurrently():
+    in_flight = {"now": 0, "max": 0}
+
+    async def slow_judge(answer) -> float:
+        in_flight["now"] += 1
+        in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        await asyncio.sleep(0.01)
+        in_flight["now"] -= 1
+        return 1.0
+
+    group = [_rollout("42") for _ in range(5)]
+    await Rubric(funcs=[slow_judge]).score_group(group)
+    assert in_flight["max"] == 5 and [r.reward for r in group] == [1.0] * 5
