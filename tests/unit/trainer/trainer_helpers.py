@@ -34,3 +34,50 @@ def make_hf_folder(path, config, *, seed: int = 0, max_shard_size: str | None = 
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
     return model
+
+
+def make_samples(*, count: int = 6, vocab: int = 128, moe_layers: int = 2, num_experts: int = 8, top_k: int = 2,
+                 seed: int = 0, with_experts: bool = True):
+    """Deterministic training samples of varied lengths, half of them with routed experts (R3)."""
+    from agentrl.types import TrainingSample
+
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for index in range(count):
+        length = 6 + (index * 5) % 19
+        tokens = torch.randint(0, vocab, (length,), generator=generator).tolist()
+        prompt = 2 + index % 3
+        mask = [j >= prompt for j in range(length)]
+        logprobs = (-torch.rand(length, generator=generator) * 3 - 2).tolist()
+        experts = None
+        if with_experts and index % 2 == 0:
+            experts = [[torch.randperm(num_experts, generator=generator)[:top_k].tolist() for _ in range(moe_layers)]
+                       for _ in range(length)]
+        samples.append(TrainingSample(
+            token_ids=tokens, loss_mask=mask, inference_logprobs=[lp if m else 0.0 for lp, m in zip(logprobs, mask)],
+            policy_versions=[1 if m else -1 for m in mask], advantage=float(index % 3) - 1.0, routed_experts=experts,
+        ))
+    return samples
+
+
+def run_steps(model_dir, *, steps: int = 3, ep=1, cp=1, row_tokens: int = 32, checkpoint_dir=None, samples=None):
+    """Train ``steps`` steps; returns per-step metrics and the final full state dict (collective)."""
+    from agentrl.trainer.checkpoint import full_state_dict
+    from agentrl.trainer.config import TrainerConfig
+    from agentrl.trainer.trainer import Trainer
+
+    config = TrainerConfig(row_tokens=row_tokens, optimizer={"lr": 1e-2, "max_grad_norm": 1.0},
+                           parallel={"ep": ep, "cp": cp, "activation_checkpointing": True})
+    trainer = Trainer(config, model_dir=model_dir, device="cpu")
+    samples = samples or make_samples()
+    batches = [samples[i % 2::2] if i % 2 else samples for i in range(steps)]
+    metrics = []
+    resumed = None
+    for index, batch in enumerate(batches):
+        if checkpoint_dir is not None and index == steps - 1:
+            trainer.save_checkpoint(checkpoint_dir)
+        metrics.append(trainer.train_on_samples(batch))
+    if checkpoint_dir is not None:
+        trainer.load_checkpoint(checkpoint_dir)
+        resumed = trainer.train_on_samples(batches[-1])
+    return {"metrics": metrics, "resumed": resumed, "state": full_state_dict(trainer), "plan": trainer.plan.describe()}

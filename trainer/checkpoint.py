@@ -1,0 +1,162 @@
+"""Checkpoints: DCP save/resume of the full training state, and HF export for inference.
+
+`save_checkpoint` writes model and optimizer state with torch.distributed.checkpoint
+(every rank writes its shards; the layout is resharding-friendly across FSDP sizes),
+plus each rank's step and RNG states. Under expert parallelism each EP rank's experts
+are stored under their own key (``...w1_EFD@ep<r>``), so resuming needs the same EP
+degree; the HF export is the layout-free format. A checkpoint is written into
+``<path>.tmp`` and renamed into place only when complete, so an interrupted save never
+replaces a good checkpoint.
+
+`export_hf` gathers full tensors (FSDP all-gather, then the EP all-gather of experts)
+and rank 0 writes Hugging Face safetensors through `models.state_dict.save_hf_weights`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from agentrl.errors import AgentrlError, NotFoundError
+
+__all__ = ["save_checkpoint", "load_checkpoint", "full_state_dict", "export_hf"]
+
+_EXPERT_KEYS = (".mlp.experts.w1_EFD", ".mlp.experts.w2_EDF", ".mlp.experts.w3_EFD")
+_CLEAN = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def _is_expert(key: str) -> bool:
+    return any(key.endswith(suffix) or (suffix + ".") in key for suffix in _EXPERT_KEYS)
+
+
+def _rename(tree: Any, ep_rank: int | None, *, to_disk: bool) -> Any:
+    """Tag (or untag) expert FQNs with their EP rank, recursively through dict keys."""
+    if ep_rank is None or not isinstance(tree, dict):
+        return tree
+    out = {}
+    for key, value in tree.items():
+        new_key = key
+        if isinstance(key, str):
+            if to_disk and _is_expert(key):
+                new_key = key.replace("_EFD", f"_EFD@ep{ep_rank}").replace("_EDF", f"_EDF@ep{ep_rank}")
+            elif not to_disk:
+                new_key = key.replace(f"@ep{ep_rank}", "")
+        out[new_key] = _rename(value, ep_rank, to_disk=to_disk)
+    return out
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(trainer, path: str | Path) -> Path:
+    """Write model, optimizer, step and RNG state of every rank under ``path``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    final = Path(path)
+    tmp = final.with_name(final.name + ".tmp")
+    if _rank() == 0 and tmp.exists():
+        shutil.rmtree(tmp)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    ep_rank = trainer.ep_rank
+    state = {"model": _rename(model_sd, ep_rank, to_disk=True), "optim": _rename(optim_sd, ep_rank, to_disk=True)}
+    dcp.save(state, checkpoint_id=str(tmp))
+    extra = {
+        "step": trainer.step_count,
+        "python_rng": random.getstate(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "layout": trainer.plan.describe(),
+    }
+    torch.save(extra, tmp / f"extra_rank{_rank()}.pt")
+    _barrier()
+    if _rank() == 0:
+        (tmp / "agentrl_checkpoint.json").write_text(json.dumps({
+            "step": trainer.step_count, "world": trainer.plan.world, "ep": trainer.plan.ep, "cp": trainer.plan.cp,
+        }))
+        if final.exists():
+            old = final.with_name(final.name + ".old")
+            if old.exists():
+                shutil.rmtree(old)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(final)
+    _barrier()
+    return final
+
+
+def load_checkpoint(trainer, path: str | Path) -> int:
+    """Restore a checkpoint written by `save_checkpoint`; returns the step it was taken at."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    meta_path = path / "agentrl_checkpoint.json"
+    if not meta_path.is_file():
+        raise NotFoundError(f"{path}: not an agentrl checkpoint (no agentrl_checkpoint.json)")
+    meta = json.loads(meta_path.read_text())
+    if trainer.plan.ep > 1 and meta.get("ep") != trainer.plan.ep:
+        raise AgentrlError(f"{path}: saved with ep={meta.get('ep')}, this trainer uses ep={trainer.plan.ep}; "
+                           "resume with the same trainer.parallel.ep or start from an HF export")
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    ep_rank = trainer.ep_rank
+    state = {"model": _rename(model_sd, ep_rank, to_disk=True), "optim": _rename(optim_sd, ep_rank, to_disk=True)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(trainer.model, trainer.optimizer,
+                   model_state_dict=_rename(state["model"], ep_rank, to_disk=False),
+                   optim_state_dict=_rename(state["optim"], ep_rank, to_disk=False))
+    extra_path = path / f"extra_rank{_rank()}.pt"
+    if not extra_path.is_file():
+        raise NotFoundError(f"{extra_path}: missing; the checkpoint was written by a different number of ranks")
+    extra = torch.load(extra_path, weights_only=False)
+    random.setstate(extra["python_rng"])
+    torch.set_rng_state(extra["torch_rng"])
+    if extra.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(extra["cuda_rng"])
+    trainer.step_count = int(extra["step"])
+    return trainer.step_count
+
+
+def full_state_dict(trainer) -> dict[str, torch.Tensor]:
+    """Full (unsharded, all experts) float tensors on CPU, by the model's own names. Collective."""
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, torch.Tensor] = {}
+    for key, value in trainer.model.state_dict().items():
+        for prefix in _CLEAN:
+            key = key.replace(prefix, "")
+        tensor = value.full_tensor() if isinstance(value, DTensor) else value
+        if trainer.plan.ep > 1 and _is_expert(key):
+            group = trainer.meshes.ep.get_group()
+            parts = [torch.empty_like(tensor) for _ in range(trainer.plan.ep)]
+            dist.all_gather(parts, tensor.contiguous(), group=group)
+            tensor = torch.cat(parts, dim=0)
+        out[key] = tensor.detach().cpu()
+    return out
+
+
+def export_hf(trainer, out_dir: str | Path, *, dtype: torch.dtype | None = torch.bfloat16) -> Path | None:
+    """Write the current weights as a Hugging Face folder vLLM loads (rank 0 writes; collective)."""
+    from agentrl.trainer.models.state_dict import save_hf_weights
+
+    state = full_state_dict(trainer)
+    written = None
+    if _rank() == 0:
+        written = save_hf_weights(state, out_dir, args=trainer.args, source_dir=trainer.model_dir, dtype=dtype)
+    _barrier()
+    return written

@@ -1,0 +1,65 @@
+"""TrainerConfig: everything one trainer process needs (optimizer, loss, parallelism, packing)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from agentrl.config import BaseConfig
+from agentrl.trainer.loss import LossConfig
+
+__all__ = ["TrainerConfig", "ParallelConfig", "OptimizerConfig"]
+
+
+class ParallelConfig(BaseConfig):
+    """How the model is spread over devices (see `agentrl.trainer.parallel`)."""
+
+    ep: int | Literal["auto"] = "auto"
+    """Expert-parallel degree; 'auto' lets the planner pick it from the preset and device count."""
+    cp: int | Literal["auto"] = 1
+    """Context-parallel degree (a packed row is split over this many ranks); 'auto' plans it from memory."""
+    activation_checkpointing: bool = True
+    """Recompute each decoder layer in backward instead of keeping its activations."""
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Compute dtype of parameters in forward/backward (master weights stay float32)."""
+    reduce_dtype: Literal["bfloat16", "float32"] = "float32"
+    """Dtype gradients are reduced in across ranks."""
+    gpu_memory_gib: float = 80.0
+    """Per-GPU memory the planner may plan for (GiB)."""
+
+
+class OptimizerConfig(BaseConfig):
+    """AdamW settings."""
+
+    lr: float = 1e-6
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value (0 turns clipping off)."""
+
+
+class TrainerConfig(BaseConfig):
+    """One trainer: the model folder, optimizer, loss, parallel layout, packing."""
+
+    model: str = "tiny-moe"
+    """Hugging Face model folder (or a preset name `agentrl.models.resolve_model` knows)."""
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """AdamW settings."""
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """Loss mode (rl or sft), trust region and KL."""
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    """FSDP / EP / CP layout and activation checkpointing."""
+    row_tokens: int = Field(default=4096, ge=2)
+    """Token budget of one packed row (a micro-batch)."""
+    router_replay: bool = True
+    """Use the experts inference routed each token to (R3) when samples carry them."""
+    logprob_chunk_tokens: int = Field(default=4096, ge=1)
+    """Tokens per chunk when computing logprobs (bounds the logits' memory)."""
+    seed: int = 0
+    """Seed for parameter-free randomness (kept in checkpoints with the RNG state)."""

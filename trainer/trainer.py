@@ -1,0 +1,219 @@
+"""The trainer: one optimizer step of the MoE policy on a packed `TrainBatch`.
+
+    trainer = Trainer(TrainerConfig(...), model_dir="path/to/hf-model")   # every rank
+    metrics = trainer.step(pack_samples(samples, row_tokens=..., ...))   # or trainer.train_on_samples(samples)
+    trainer.save_checkpoint("runs/x/checkpoints/step_3"); trainer.export_hf("runs/x/hf/step_3")
+
+Run under ``torchrun`` (or any launcher that initialises ``torch.distributed``) for
+several ranks; without a process group it trains in one process. Each data-parallel
+rank takes every ``dp``-th row of the batch (the batch is padded with empty rows so all
+ranks run the same number of micro-batches); CP ranks of a group split each row. The
+loss is normalised by the number of loss tokens summed over all ranks, and gradients
+are summed across ranks, so the step equals a single-process step on the whole batch.
+
+Metrics: ``loss`` (the step's objective), ``mismatch_kl`` (mean KL(inference || trainer)
+estimate over loss tokens), ``masked_fraction`` (loss tokens outside the trust region),
+``grad_norm`` (before clipping), ``tokens`` (non-padding tokens), ``loss_tokens``,
+``importance_ratio`` (mean), ``step``, ``policy_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.loss import compute_loss
+from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.trainer.models.attention import build_segments
+from agentrl.trainer.models.glm4_moe import build_model
+from agentrl.trainer.models.state_dict import load_hf_weights
+from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
+from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
+from agentrl.types import TrainingSample
+
+__all__ = ["Trainer", "resolve_model_dir"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def resolve_model_dir(name_or_path: str) -> Path:
+    """A HF folder path as is, else a preset name resolved by `agentrl.models`."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from agentrl.models import ensure_model
+    except ImportError as exc:
+        raise NotFoundError(f"trainer.model={name_or_path!r}: no such folder; pass a Hugging Face model folder") from exc
+    return Path(ensure_model(name_or_path))
+
+
+class Trainer:
+    """Builds the parallel model from a HF folder and runs optimizer steps (see module docstring)."""
+
+    def __init__(self, config: TrainerConfig, *, model_dir: str | Path | None = None,
+                 device: str | torch.device | None = None) -> None:
+        self.config = config
+        self.model_dir = Path(model_dir) if model_dir is not None else resolve_model_dir(config.model)
+        self.args = MoEModelArgs.from_hf_dir(self.model_dir)
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        if device is None:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        parallel = config.parallel
+        compute_dtype = _DTYPES[parallel.param_dtype] if self.device.type == "cuda" else torch.float32
+        self.plan = plan_layout(
+            self.args, world=self.world, row_tokens=config.row_tokens, ep=parallel.ep, cp=parallel.cp,
+            gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
+            activation_checkpointing=parallel.activation_checkpointing,
+            compute_bytes=2 if compute_dtype == torch.bfloat16 else 4,
+        )
+        torch.manual_seed(config.seed)
+        model = build_model(self.args, device=self.device)
+        load_hf_weights(model, self.model_dir)
+        model.logprob_chunk_tokens = config.logprob_chunk_tokens
+        self.meshes = build_meshes(self.plan, device_type=self.device.type)
+        self.ep_rank = self.meshes.ep.get_local_rank() if self.plan.ep > 1 else None
+        self.model = apply_parallelism(
+            model, self.plan, self.meshes,
+            activation_checkpointing=parallel.activation_checkpointing,
+            param_dtype=compute_dtype if self.world > 1 else None,
+            reduce_dtype=_DTYPES[parallel.reduce_dtype] if self.device.type == "cuda" else None,
+        )
+        self._autocast = self.world == 1 and compute_dtype == torch.bfloat16
+        experts = [p for n, p in self.model.named_parameters() if ".experts.w" in n]
+        expert_ids = {id(p) for p in experts}
+        dense = [p for p in self.model.named_parameters() if id(p[1]) not in expert_ids]
+        opt = config.optimizer
+        groups = [{"params": [p for _, p in dense]}] + ([{"params": experts}] if experts else [])
+        self.optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                                           weight_decay=opt.weight_decay, foreach=self.device.type == "cuda")
+        self.step_count = 0
+
+    # ------------------------------------------------------------------ stepping
+    def pack(self, samples: Sequence[TrainingSample]) -> TrainBatch:
+        """Pack samples into this trainer's row budget (with routed experts when R3 is on)."""
+        replay = self.config.router_replay and any(s.routed_experts for s in samples)
+        return pack_samples(samples, row_tokens=self.config.row_tokens,
+                            moe_layers=len(self.args.moe_layers) if replay else None,
+                            top_k=self.args.top_k if replay else None, min_rows=self.plan.dp)
+
+    def train_on_samples(self, samples: Sequence[TrainingSample]) -> dict[str, float]:
+        """Pack and take one step."""
+        return self.step(self.pack(samples))
+
+    def _my_rows(self, batch: TrainBatch) -> list[PackedRow]:
+        rows = list(batch.rows)
+        for row in rows:
+            if row.num_tokens != self.config.row_tokens:
+                raise AgentrlError(f"batch row has {row.num_tokens} tokens; this trainer packs rows of "
+                                   f"trainer.row_tokens={self.config.row_tokens}")
+        moe_layers = len(self.args.moe_layers) if rows and rows[0].routed_experts is not None else None
+        while len(rows) % self.plan.dp:
+            rows.append(PackedRow.padding(self.config.row_tokens, moe_layers=moe_layers,
+                                          top_k=self.args.top_k if moe_layers else None))
+        return rows[self.meshes.dp_rank :: self.plan.dp]
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on the batch (every rank passes the same batch)."""
+        if not batch.rows:
+            raise AgentrlError("trainer.step: the batch has no rows; pack at least one sample")
+        self.model.train()
+        rows = self._my_rows(batch)
+        cp, cp_rank = self.plan.cp, self.meshes.cp_rank
+        chunk = self.config.row_tokens // cp
+        window = slice(cp_rank * chunk, (cp_rank + 1) * chunk)
+        local_loss_tokens = sum(int(row.loss_mask[window].sum()) for row in rows)
+        total = torch.tensor([float(local_loss_tokens)], device=self.device)
+        if self.world > 1:
+            dist.all_reduce(total)
+        total_loss_tokens = float(total.item())
+        sums: dict[str, torch.Tensor] = {}
+        objective = torch.zeros((), device=self.device)
+        for row in rows:
+            segments = build_segments(row.positions, cp_rank=cp_rank, cp_size=cp,
+                                      cp_group=self.meshes.cp_group).to(self.device)
+            replay = self.config.router_replay and row.routed_experts is not None
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self._autocast):
+                logprobs = self.model(
+                    row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
+                    targets_T=row.targets[window].to(self.device),
+                    replay_experts_TLK=row.routed_experts[window].to(self.device) if replay else None,
+                    replay_mask_T=row.replay_mask[window].to(self.device) if replay else None,
+                )
+            loss, stats = compute_loss(
+                logprobs.float(),
+                inference_logprobs=row.inference_logprobs[window].to(self.device),
+                advantages=row.advantages[window].to(self.device),
+                loss_mask=row.loss_mask[window].to(self.device),
+                total_loss_tokens=total_loss_tokens, config=self.config.loss,
+            )
+            loss.backward()
+            objective += loss.detach()
+            for key, value in stats.items():
+                sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value
+        grad_norm = clip_grad_norm([p for g in self.optimizer.param_groups for p in g["params"]],
+                                   self.config.optimizer.max_grad_norm, world=self.world)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        keys = sorted(sums)
+        packed = torch.stack([objective] + [sums[k] for k in keys]).float()
+        if self.world > 1:
+            dist.all_reduce(packed)
+        reduced = dict(zip(["loss"] + keys, packed.tolist()))
+        loss_tokens = max(reduced.get("loss_tokens", 0.0), 1.0)
+        metrics = {
+            "loss": reduced["loss"],
+            "loss_tokens": reduced.get("loss_tokens", 0.0),
+            "grad_norm": grad_norm,
+            "tokens": float(sum(_real_tokens(r) for r in batch.rows)),
+            "step": float(self.step_count),
+            "policy_version": float(batch.policy_version),
+        }
+        if self.config.loss.mode == "rl":
+            metrics["mismatch_kl"] = reduced["mismatch_kl_sum"] / loss_tokens
+            metrics["masked_fraction"] = reduced["masked_tokens"] / loss_tokens
+            metrics["importance_ratio"] = reduced["ratio_sum"] / loss_tokens
+        else:
+            metrics["nll"] = reduced["nll_sum"] / loss_tokens
+        return metrics
+
+    # ------------------------------------------------------------------ state
+    def save_checkpoint(self, path: str | Path) -> Path:
+        from agentrl.trainer.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, path)
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        from agentrl.trainer.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, path)
+
+    def export_hf(self, out_dir: str | Path, *, dtype: torch.dtype | None = None) -> Path | None:
+        """HF safetensors of the current weights (in the source checkpoint's dtype unless given)."""
+        from agentrl.trainer.checkpoint import export_hf
+
+        if dtype is None:
+            config = json.loads((self.model_dir / "config.json").read_text())
+            name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.bfloat16)
+        return export_hf(self, out_dir, dtype=dtype)
+
+
+def _real_tokens(row: PackedRow) -> int:
+    """Non-padding tokens of a row (padding is the tail after the last sample)."""
+    starts = (row.positions == 0).nonzero().flatten().tolist()
+    if not row.sample_indices:
+        return 0
+    pad_start = starts[len(row.sample_indices)] if len(starts) > len(row.sample_indices) else row.num_tokens
+    return int(pad_start)
