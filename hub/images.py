@@ -70,12 +70,15 @@ def docker_client():
 
 
 def build_image(context_dir: str | Path, *, dockerfile: str, tag: str, network: bool = False) -> str:
-    """Build `dockerfile` (relative to the context) as `tag`; returns the image id."""
+    """Build `dockerfile` (relative to `context_dir`; its folder is the build context) as `tag`; returns the id."""
     import docker
 
     client = docker_client()
+    dockerfile_path = Path(context_dir) / dockerfile  # the build context is the Dockerfile's folder (as Harbor's)
+    if not dockerfile_path.is_file():
+        raise NotFoundError(f"{dockerfile_path}: Dockerfile not found")
     try:
-        image, _ = client.images.build(path=str(context_dir), dockerfile=dockerfile, tag=tag, rm=True,
+        image, _ = client.images.build(path=str(dockerfile_path.parent), dockerfile=dockerfile_path.name, tag=tag, rm=True,
                                        forcerm=True, network_mode=None if network else "none")
     except docker.errors.BuildError as error:
         lines = [str(chunk.get("stream") or chunk.get("error") or "").strip() for chunk in error.build_log]
