@@ -124,16 +124,16 @@ def _normalise(name: str) -> str:
 def find_environment(name_or_path: str | os.PathLike[str]) -> Path:
     """The package folder for a path or a name; NotFoundError lists what exists."""
     candidate = Path(name_or_path).expanduser()
+    name = str(name_or_path)
+    looks_like_path = os.sep in name or name.startswith((".", "~")) or candidate.is_absolute()
     if candidate.name == MANIFEST_NAME and candidate.is_file():
         return candidate.parent
-    if candidate.is_dir():
-        if not (candidate / MANIFEST_NAME).is_file():
-            raise NotFoundError(f"{candidate}: no {MANIFEST_NAME} in this folder; an environment package needs one")
+    if candidate.is_dir() and (candidate / MANIFEST_NAME).is_file():
         return candidate
-    name = str(name_or_path)
+    if candidate.is_dir() and looks_like_path:  # a bare name that is also a local folder is looked up by name
+        raise NotFoundError(f"{candidate}: no {MANIFEST_NAME} in this folder; an environment package needs one")
     if _HUB_REF_RE.match(name) and ("/" in name or "@" in name):
         return _find_installed(name)
-    looks_like_path = os.sep in name or name.startswith(".")
     if not looks_like_path:
         wanted = _normalise(name)
         for root, _ in _search_roots():

@@ -90,6 +90,14 @@ def test_missing_path_and_folder_without_manifest(tmp_path):
         load_environment(tmp_path / "empty")
 
 
+def test_bare_name_is_looked_up_even_when_a_local_folder_has_that_name(tmp_path, monkeypatch):
+    (tmp_path / "arithmetic").mkdir()  # e.g. a results folder in the working directory
+    monkeypatch.chdir(tmp_path)
+    assert load_environment("arithmetic", num_train=1, num_test=1).name == "arithmetic"
+    with pytest.raises(NotFoundError, match="no environment.toml in this folder"):
+        load_environment("./arithmetic")
+
+
 def test_bad_manifest_is_a_one_line_config_error(tmp_path):
     folder = _package(tmp_path, "bad", name="Bad Name")
     with pytest.raises(ConfigError, match=r"environment.toml:1: key 'name'"):
