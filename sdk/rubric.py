@@ -19,7 +19,7 @@ group, e.g. "shortest correct answer").
 
 The reward is the weighted sum of the functions' values; a function with weight 0 is a
 metric only. Every value lands in `Rollout.metrics` under the function's name. A function
-that raises gives 0 for that rollout, `metrics["<name>_error"] = 1.0` and the error text
+that raises (or returns NaN/inf) gives 0 for that rollout, `metrics["<name>_error"] = 1.0` and the error text
 in `rollout.state["reward_errors"]`; scoring never crashes a training run.
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -106,7 +107,7 @@ class _Func:
 
     async def score_one(self, rollout: Rollout, parser: Any) -> float:
         value = await self._call(self._select(_rollout_args(rollout, parser)))
-        return float(value)
+        return _finite(value)
 
     async def score_group(self, rollouts: list[Rollout], parser: Any) -> list[float]:
         per_rollout = [_rollout_args(r, parser) for r in rollouts]
@@ -114,10 +115,17 @@ class _Func:
         for plural, singular in _GROUP_ARGS.items():
             available[plural] = [args[singular] for args in per_rollout]
         values = await self._call(self._select(available))
-        values = [float(v) for v in values]
+        values = [_finite(v) for v in values]
         if len(values) != len(rollouts):
             raise ValueError(f"returned {len(values)} values for a group of {len(rollouts)}")
         return values
+
+
+def _finite(value: Any) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"returned {number}, not a finite number")
+    return number
 
 
 def _error_text(exc: BaseException) -> str:

@@ -102,10 +102,14 @@ async def test_erroring_function_gives_zero_and_a_note():
     def bad_group(completions) -> list[float]:
         return [1.0]  # wrong length for a group of two
 
-    rubric = Rubric(funcs=[exact, broken, bad_group])
+    def not_a_number(completion) -> float:
+        return float("nan")
+
+    rubric = Rubric(funcs=[exact, broken, bad_group, not_a_number])
     group = [_rollout("42"), _rollout("no")]
     await rubric.score_group(group)
     assert [r.reward for r in group] == [1.0, 0.0]
+    assert group[0].state["reward_errors"]["not_a_number"] == "ValueError: returned nan, not a finite number"
     for rollout in group:
         assert rollout.metrics["broken"] == 0.0 and rollout.metrics["broken_error"] == 1.0
         assert rollout.state["reward_errors"]["broken"] == "RuntimeError: reward bug"
