@@ -1,0 +1,235 @@
+"""The run folder: resolved config, per-step metrics, plots and a short report.
+
+    runs/<name>/
+      config.toml        the resolved RunConfig (what `--resume` reloads)
+      metrics.jsonl      one JSON object per optimizer step (appended and flushed per step)
+      checkpoints/       step_N/ (see agentrl.trainer.resume)
+      plots/             reward.png, mismatch_kl.png, staleness.png, throughput.png
+      report.md          summary table, reward first vs last, links to the plots
+
+`metrics.jsonl` is written so a `kill -9` can at worst leave one partial last line, which
+`read_metrics` skips and `truncate_metrics` removes on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import AgentrlError, NotFoundError
+
+__all__ = ["RunDir", "read_metrics", "write_plots", "write_report"]
+
+PLOTS = ("reward", "mismatch_kl", "staleness", "throughput")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of a metrics.jsonl (a torn last line is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class RunDir:
+    """One run's folder and the files in it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.toml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def plots(self) -> Path:
+        return self.path / "plots"
+
+    def create(self, config_toml: str) -> "RunDir":
+        """Make the folder for a new run; refuse to overwrite an existing run."""
+        if self.metrics_path.exists() or self.checkpoints.exists():
+            raise AgentrlError(
+                f"{self.path}: a run already exists there; use --resume {self.path} or choose another run.name"
+            )
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(config_toml)
+        return self
+
+    def require_existing(self) -> "RunDir":
+        """Check this is a run folder (for --resume)."""
+        if not self.config_path.is_file():
+            raise NotFoundError(f"{self.path}: not a run folder (no config.toml); pass the folder `agentrl train` made")
+        return self
+
+    def append_metrics(self, metrics: dict[str, Any]) -> None:
+        """Append one step's metrics as a line and flush it to disk."""
+        line = json.dumps(_finite(metrics), sort_keys=True)
+        with open(self.metrics_path, "a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_metrics(self.metrics_path)
+
+    def truncate_metrics(self, *, before_step: int) -> list[dict[str, Any]]:
+        """Keep only complete lines of steps < before_step (used when resuming); return them."""
+        kept = [row for row in self.metrics() if int(row.get("step", -1)) < before_step]
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
+        os.replace(tmp, self.metrics_path)
+        return kept
+
+    def finish(self, *, title: str, plots: bool = True) -> Path:
+        """Write the plots and report.md from metrics.jsonl; return the report's path."""
+        rows = self.metrics()
+        written = write_plots(rows, self.plots) if plots else []
+        return write_report(rows, self.path / "report.md", title=title, plots=written, base=self.path)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    steps, values = [], []
+    for row in rows:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            steps.append(int(row["step"]))
+            values.append(float(value))
+    return steps, values
+
+
+def write_plots(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """PNG plots of reward, mismatch KL, staleness and throughput (matplotlib, Agg)."""
+    if not rows:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(fig, name: str) -> None:
+        path = folder / f"{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps, reward = _series(rows, "reward")
+    ax.plot(steps, reward, marker="o", label="mean reward")
+    _, std = _series(rows, "reward_std")
+    if len(std) == len(reward):
+        ax.fill_between(steps, [r - s for r, s in zip(reward, std)], [r + s for r, s in zip(reward, std)], alpha=0.2)
+    ax.set_xlabel("step"), ax.set_ylabel("reward"), ax.set_title("Reward"), ax.legend()
+    save(fig, "reward")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps, kl = _series(rows, "mismatch_kl")
+    ax.plot(steps, kl, marker="o", color="tab:red")
+    ax.set_xlabel("step"), ax.set_ylabel("KL(inference || trainer)"), ax.set_title("Mismatch KL")
+    save(fig, "mismatch_kl")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    levels = sorted({int(k) for row in rows for k in (row.get("staleness") or {})})
+    bottom = [0.0] * len(rows)
+    steps = [int(row["step"]) for row in rows]
+    for level in levels:
+        counts = [float((row.get("staleness") or {}).get(str(level), 0)) for row in rows]
+        ax.bar(steps, counts, bottom=bottom, label=f"{level} step{'s' if level != 1 else ''} behind")
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    dropped = [float(row.get("dropped_stale", 0)) for row in rows]
+    if any(dropped):
+        ax.bar(steps, dropped, bottom=bottom, label="dropped (too stale)", color="grey")
+    ax.set_xlabel("step"), ax.set_ylabel("groups"), ax.set_title("Staleness of trained groups")
+    if levels:
+        ax.legend(fontsize=8)
+    save(fig, "staleness")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps, tps = _series(rows, "tokens_per_s")
+    ax.plot(steps, tps, marker="o", label="completion tokens/s")
+    ax.set_xlabel("step"), ax.set_ylabel("tokens/s"), ax.set_title("Throughput")
+    ax2 = ax.twinx()
+    steps2, step_time = _series(rows, "step_time_s")
+    ax2.plot(steps2, step_time, color="tab:orange", linestyle="--", label="step time (s)")
+    ax2.set_ylabel("step time (s)")
+    save(fig, "throughput")
+    return written
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def write_report(
+    rows: list[dict[str, Any]], path: Path, *, title: str, plots: list[Path] = (), base: Path | None = None
+) -> Path:
+    """A short markdown report: reward first vs last, KL, staleness, throughput, bound, plots."""
+    lines = [f"# {title}", ""]
+    if not rows:
+        lines.append("No step finished.")
+        path.write_text("\n".join(lines) + "\n")
+        return path
+    _, reward = _series(rows, "reward")
+    _, kl = _series(rows, "mismatch_kl")
+    _, tps = _series(rows, "tokens_per_s")
+    _, step_time = _series(rows, "step_time_s")
+    window = max(1, len(reward) // 4)
+    bounds = [row.get("bound") for row in rows]
+    staleness: dict[str, int] = {}
+    for row in rows:
+        for level, count in (row.get("staleness") or {}).items():
+            staleness[level] = staleness.get(level, 0) + int(count)
+    dropped = sum(int(row.get("dropped_stale", 0)) for row in rows)
+    lines += [
+        "| metric | value |",
+        "|---|---|",
+        f"| steps | {len(rows)} (step {rows[0]['step']} to {rows[-1]['step']}) |",
+        f"| reward at the first step | {reward[0]:.4f} |" if reward else "| reward | n/a |",
+        f"| reward, mean of the last {window} steps | {_mean(reward[-window:]):.4f} |" if reward else "",
+        f"| reward, mean of the first {window} steps | {_mean(reward[:window]):.4f} |" if reward else "",
+        f"| mismatch KL, mean / max | {_mean(kl):.5f} / {max(kl):.5f} |" if kl else "| mismatch KL | n/a |",
+        f"| staleness (groups per steps behind) | {json.dumps(dict(sorted(staleness.items())))} |",
+        f"| groups dropped as too stale | {dropped} |",
+        f"| completion tokens/s, mean | {_mean(tps):.1f} |",
+        f"| step time, mean (s) | {_mean(step_time):.2f} |",
+        f"| trainer-bound / inference-bound steps | {bounds.count('trainer')} / {bounds.count('inference')} |",
+        "",
+    ]
+    lines = [line for line in lines if line != ""] + [""]
+    for plot in plots:
+        relative = plot.relative_to(base) if base is not None else plot
+        lines.append(f"![{plot.stem}]({relative})")
+    path.write_text("\n".join(lines) + "\n")
+    return path

