@@ -102,6 +102,9 @@ class Environment:
         self.path = None
         """The package folder, set by `agentrl.load_environment`."""
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, splits={self.splits})"
+
     # ----- data -----------------------------------------------------------------------------
     @property
     def splits(self) -> list[str]:

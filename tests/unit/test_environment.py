@@ -321,3 +321,16 @@ async def test_hidden_tool_arguments_and_ordered_calls():
     assert rollout.error == "AgentrlError: ForgetfulEnv.hidden_tool_args gave no store for tool 'recall'"
     with pytest.raises(AgentrlError, match="hidden argument\\(s\\) sandbox are not parameters"):
         Tool(recall, hidden=("sandbox",))
+
+
+def test_sdk_environment_modules_import_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import agentrl.environment, agentrl.tool_env, agentrl.rubric, agentrl.parsers, agentrl.tools, "
+        "agentrl.loader, agentrl.policies, sys\n"
+        "print(','.join(m for m in ('torch', 'vllm', 'ray', 'transformers', 'datasets') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
