@@ -7,8 +7,9 @@
   list[...], Literal[...], Optional[...], pydantic models) with per-argument descriptions
   taken from a Google-style `Args:` section of the docstring;
 - `await .call(arguments)`: validates and coerces the model's arguments (a JSON string or a
-  dict) with the same pydantic model, runs the function (async, or sync in a worker
-  thread) and returns its result as text. Bad arguments raise `ToolArgumentError`, whose
+  dict) with the same pydantic model, runs the function (async; sync in a worker thread,
+  or on the event loop with `in_thread=False` for fast pure functions) and returns its
+  result as text. Bad arguments raise `ToolArgumentError`, whose
   one-line message is meant to be shown to the model.
 
 `hidden=("sandbox",)` names arguments that the environment supplies at call time (a
@@ -86,6 +87,7 @@ class Tool:
     def __init__(
         self, func: Callable[..., Any], *, name: str | None = None, description: str | None = None,
         hidden: Sequence[str] = (),
+        in_thread: bool = True,
     ) -> None:
         if not callable(func):
             raise AgentrlError(f"Tool: {func!r} is not callable")
@@ -123,12 +125,15 @@ class Tool:
         self.args_model: type[BaseModel] = create_model(  # type: ignore[call-overload]
             f"{self.name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
         )
+        self._field_names = tuple(self.args_model.model_fields)
         parameters = _strip_titles(self.args_model.model_json_schema())
         parameters.setdefault("properties", {})
         parameters.setdefault("required", [])
         parameters.pop("additionalProperties", None)
         self.parameters = parameters
         self.is_async = inspect.iscoroutinefunction(func)
+        self.in_thread = in_thread
+        """Run a sync function in a worker thread (it may block); False for fast pure functions."""
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -158,7 +163,7 @@ class Tool:
                 message = "unexpected argument" if error["type"] == "extra_forbidden" else error["msg"]
                 problems.append(f"{where}: {message}")
             raise ToolArgumentError(f"{self.name}: bad arguments: " + "; ".join(problems)) from None
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        return {name: getattr(model, name) for name in self._field_names}
 
     async def call(self, arguments: str | dict[str, Any] | None, *, hidden: dict[str, Any] | None = None) -> str:
         """Validate, run and return the result as text (None -> '', non-strings as JSON).
@@ -175,7 +180,10 @@ class Tool:
         if self.is_async:
             result = await self.func(*positional, **values)
         else:
-            result = await asyncio.to_thread(self.func, *positional, **values)
+            if self.in_thread:
+                result = await asyncio.to_thread(self.func, *positional, **values)
+            else:
+                result = self.func(*positional, **values)
             if inspect.isawaitable(result):
                 result = await result
         return _to_text(result)

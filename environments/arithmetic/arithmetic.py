@@ -20,6 +20,7 @@ from agentrl.parsers import XMLParser
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rubric import Rubric
 from agentrl.tool_env import ToolEnv
+from agentrl.tools import Tool
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. You can call the calculator tool. "
@@ -198,6 +199,6 @@ def load_environment(
     splits = build_dataset(num_train=num_train, num_test=num_test, seed=seed)
     rubric = Rubric(funcs=[correct_answer, used_answer_tags, tool_calls], weights=[1.0, 0.0, 0.0], parser=_parser)
     return ToolEnv(
-        name="arithmetic", dataset=splits["train"], eval_dataset=splits["test"], tools=[calculator],
+        name="arithmetic", dataset=splits["train"], eval_dataset=splits["test"], tools=[Tool(calculator, in_thread=False)],
         rubric=rubric, parser=_parser, system_prompt=system_prompt, max_turns=max_turns,
     )

@@ -121,3 +121,15 @@ def test_parse_docstring_sections():
     assert args["limit"] == "Most results to return."
     assert "Returns" not in description and "matching" not in " ".join(args.values())
     assert parse_docstring(None) == ("", {})
+
+
+async def test_sync_tools_run_in_a_worker_thread_unless_inline():
+    import threading
+
+    def where() -> str:
+        """Name the thread the tool runs on."""
+        return threading.current_thread().name
+
+    main = threading.current_thread().name
+    assert await Tool(where).call("{}") != main
+    assert await Tool(where, in_thread=False).call("{}") == main
