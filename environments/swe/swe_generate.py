@@ -30,6 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from agentrl.errors import AgentrlError
 from swe_mutate import MutationSite, apply_site, enumerate_sites, select_sites
 from swe_projects import PROJECTS, Project, fetch_sdist, get_project
 from swe_sandbox import open_sandbox, run_pytest
@@ -177,14 +178,18 @@ async def generate_project(project: Project, *, seed: int, limit: int, test_time
                 continue
             stats.applied += 1
             files = relevant_tests(site.path, tests, sources)
-            await sandbox.write_file(f"{REPO_DIR}/{site.path}", mutated)
             try:
+                await sandbox.write_file(f"{REPO_DIR}/{site.path}", mutated)
                 run = await run_pytest(sandbox, files, timeout_s=test_timeout_s)
                 diff = await sandbox.exec("git clean -fdq && git diff", timeout=30)
                 gold = await sandbox.exec("git diff -R --src-prefix=a/ --dst-prefix=b/", timeout=30)
                 commit = await sandbox.exec(
                     "export GIT_INDEX_FILE=/tmp/agentrl_swe/index && rm -f $GIT_INDEX_FILE && git add -A && "
                     f"{COMMIT_ENV} git commit-tree $(git write-tree) -m {json.dumps(message)}", timeout=60)
+            except AgentrlError as exc:
+                log(f"[{project.name}] {site.site_id}: sandbox error, skipped: {exc}")
+                stats.reject("sandbox_error")
+                continue
             finally:
                 await sandbox.write_file(f"{REPO_DIR}/{site.path}", original)
             relevant = sorted(node for node in passing if node.split("::")[0] in files)
@@ -231,17 +236,30 @@ async def generate_project(project: Project, *, seed: int, limit: int, test_time
 
 
 async def generate(projects: list[Project], *, seed: int, limit: int, parallel: int,
-                   out_dir: Path = DATA_DIR) -> dict:
-    """Generate every project's rows with `parallel` sandboxes at a time and write the split files."""
-    gate = asyncio.Semaphore(parallel)
+                   out_dir: Path = DATA_DIR, resume: bool = True) -> dict:
+    """Generate every project's rows with `parallel` sandboxes at a time and write the split files.
 
-    async def one(project: Project):
+    Each project's rows and counts are saved under `out_dir/projects/` as soon as it is done,
+    so an interrupted run resumes where it stopped (with the same seed and limit).
+    """
+    gate = asyncio.Semaphore(parallel)
+    work = out_dir / "projects"
+    work.mkdir(parents=True, exist_ok=True)
+
+    async def one(project: Project) -> tuple[list[dict], dict]:
+        rows_file, stats_file = work / f"{project.name}.jsonl", work / f"{project.name}.stats.json"
+        if resume and rows_file.exists() and stats_file.exists():
+            saved = json.loads(stats_file.read_text())
+            if saved.get("seed") == seed and saved.get("limit") == limit:
+                return [json.loads(line) for line in rows_file.read_text().splitlines() if line], saved["stats"]
         async with gate:
-            return await generate_project(project, seed=seed, limit=limit)
+            rows, stats = await generate_project(project, seed=seed, limit=limit)
+        rows_file.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+        stats_file.write_text(json.dumps({"seed": seed, "limit": limit, "stats": vars(stats)}, sort_keys=True))
+        return rows, vars(stats)
 
     results = await asyncio.gather(*(one(project) for project in projects))
     rows = sorted((row for project_rows, _ in results for row in project_rows), key=lambda row: row["instance_id"])
-    out_dir.mkdir(parents=True, exist_ok=True)
     for split in ("train", "test"):
         with open(out_dir / f"{split}.jsonl", "w") as handle:
             for row in rows:
@@ -249,7 +267,7 @@ async def generate(projects: list[Project], *, seed: int, limit: int, parallel: 
                     handle.write(json.dumps(row, sort_keys=True) + "\n")
     stats = {
         "seed": seed, "per_project_candidates": limit,
-        "projects": {project.name: vars(stat) for project, (_, stat) in zip(projects, results)},
+        "projects": {project.name: stat for project, (_, stat) in zip(projects, results)},
         "validated_tasks": len(rows),
         "splits": {split: sum(1 for row in rows if row["split"] == split) for split in ("train", "test")},
     }

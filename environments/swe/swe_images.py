@@ -1,12 +1,14 @@
 """Build the per-project sandbox images of the `swe` environment, cached by content.
 
-    python3 environments/swe/swe_images.py [PROJECT ...] [--base-image IMAGE]
+    python3 environments/swe/swe_images.py [PROJECT ...] [--base-image IMAGE] [--push REGISTRY]
 
 Each image is `FROM agentrl-base:bookworm` (override with `--base-image` or
 $AGENTRL_SWE_BASE_IMAGE) plus the project's sdist unpacked into `/testbed` (see
 `Dockerfile`). The image carries a label with a hash of everything that went into it
 (Dockerfile, sdist digest, source root, base image id); a build whose hash matches the
-existing image's label is skipped, so running this again costs a second.
+existing image's label is skipped, so running this again costs a second. With `--push
+127.0.0.1:5000` every image is also pushed to that registry (through `agentrl.hub.images`)
+and the digests are printed, one `image remote digest` line each.
 """
 
 from __future__ import annotations
@@ -101,14 +103,27 @@ def build_images(names: list[str] | None = None, *, base: str | None = None) -> 
     return [build_project_image(project, base=base, client=client) for project in projects]
 
 
+def push_images(names: list[str], *, registry: str) -> list[tuple[str, str, str]]:
+    """Push built images to `registry`; returns (local image, remote reference, digest) for each."""
+    from agentrl.hub.images import push_image
+
+    return [(name, *push_image(name, registry=registry)) for name in names]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the swe environment's per-project sandbox images.")
     parser.add_argument("projects", nargs="*", help="project names (default: all)")
     parser.add_argument("--base-image", default=None, help=f"base image (default: {DEFAULT_BASE_IMAGE})")
+    parser.add_argument("--push", default=None, metavar="REGISTRY", help="also push the images to this registry")
     args = parser.parse_args(argv)
     try:
-        for name in build_images(args.projects or None, base=args.base_image):
-            print(name)
+        names = build_images(args.projects or None, base=args.base_image)
+        if args.push:
+            for name, remote, digest in push_images(names, registry=args.push):
+                print(name, remote, digest)
+        else:
+            for name in names:
+                print(name)
     except AgentrlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,85 @@
+"""swe grading in real Docker sandboxes: gold 1.0, empty 0.0, wrong 0.0, reproducible.
+
+Runs on a fixed sample of committed rows from the two fastest projects; the session
+builds their images (cached by content) on the local agentrl-base:bookworm image.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1]):
+    if str(_folder) not in sys.path:  # the package's modules and the shared test helpers
+        sys.path.insert(0, str(_folder))
+
+import pytest
+
+from swe_testlib import build_sample_images, sample_rows  # noqa: E402
+
+from swe_grade import grade
+from swe_sandbox import open_sandbox
+from swe_task import SweInstance, prepare_repository
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def instances() -> list[SweInstance]:
+    build_sample_images()
+    return [SweInstance.from_row(row) for row in sample_rows()]
+
+
+async def _edited_diff(instance: SweInstance, script: str) -> str:
+    """The diff a bash script makes in the task's start state."""
+    async with open_sandbox(instance.image_name) as sandbox:
+        await prepare_repository(sandbox, instance)
+        result = await sandbox.exec(f"{script} && git diff", timeout=60)
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+
+async def test_gold_patch_scores_one_and_is_reproducible(instances):
+    for instance in instances:
+        first = await grade(instance, instance.patch)
+        assert (first.reward, first.fail_to_pass, first.pass_to_pass, first.patch_applied) == (1.0, 1.0, 1.0, 1.0), first
+        again = await grade(instance, instance.patch)
+        assert again.metrics() | {"grade_s": 0} == first.metrics() | {"grade_s": 0}
+
+
+async def test_empty_diff_scores_zero(instances):
+    for instance in instances:
+        result = await grade(instance, "")
+        assert result.reward == 0.0 and result.empty_patch == 1.0 and result.patch_applied == 1.0
+        assert result.fail_to_pass == 0.0 and result.pass_to_pass == 1.0
+
+
+async def test_wrong_patch_that_applies_scores_zero(instances):
+    for instance in instances:
+        path = instance.patch.split("\n", 1)[0].split(" b/")[-1]
+        wrong = await _edited_diff(instance, f"printf '\\n# looked into this\\n' >> {path}")
+        assert wrong.strip()
+        result = await grade(instance, wrong)
+        assert result.patch_applied == 1.0 and result.empty_patch == 0.0
+        assert result.reward == 0.0 and result.fail_to_pass < 1.0
+
+
+async def test_patch_that_does_not_apply_scores_zero(instances):
+    instance = instances[0]
+    result = await grade(instance, instance.bug_patch)  # re-injecting the bug cannot apply to the buggy tree
+    assert result.reward == 0.0 and result.patch_applied == 0.0 and "does not apply" in result.error
+
+
+async def test_breaking_other_tests_scores_zero(instances):
+    instance = instances[0]
+    path = instance.patch.split("\n", 1)[0].split(" b/")[-1]
+    broken = await _edited_diff(
+        instance, f"git apply - <<'EOF'\n{instance.patch}EOF\nprintf '\\nimport sys; sys.exit(3)\\n' >> {path}")
+    result = await grade(instance, broken)
+    assert result.patch_applied == 1.0 and result.reward == 0.0 and result.pass_to_pass < 1.0
+
+
+async def test_missing_image_is_a_clear_error(instances):
+    instance = instances[0].model_copy(update={"image_name": "agentrl-swe/does-not-exist:0"})
+    result = await grade(instance, instance.patch)
+    assert result.reward == 0.0 and "does-not-exist" in result.error and "\n" not in result.error
