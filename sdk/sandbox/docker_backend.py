@@ -1,14 +1,375 @@
-"""Docker backend (placeholder being written)."""
+"""Docker backend: one container per sandbox, locked down, driven through the docker SDK.
+
+Containers run `sleep infinity` (as root, without capabilities) under Docker's init, with
+`--network none`, CPU/memory/pids limits, `no-new-privileges`, all capabilities dropped,
+the runc or gVisor (`runsc`) runtime, and labels naming the owning run and process (see
+`agentrl.sandbox.gc`). Commands are `docker exec`s as the non-root sandbox user, wrapped in
+`timeout -s KILL` (which kills the command's whole process group); output is read from
+the attach socket frame by frame into capped buffers, so a 100 MB print never sits in
+memory. A command that outlives its deadline (a child escaped the process group) is
+cut off host-side and every process of the sandbox user is killed.
+
+The disk limit uses `--storage-opt size=` where the engine supports it (overlay2 on xfs
+with pquota, devicemapper, btrfs, zfs); elsewhere the root filesystem is read-only and the
+working directory plus `writable_paths` are size-limited tmpfs mounts, seeded with the
+image's content at those paths.
+"""
+
 from __future__ import annotations
 
-from agentrl.errors import AgentrlError, require
+import asyncio
+import functools
+import io
+import os
+import socket
+import struct
+import tarfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from agentrl.errors import NotFoundError, require
+from agentrl.sandbox.base import CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox.labels import sandbox_labels
+
+__all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
+
+KEEPER_COMMAND = ["sleep", "infinity"]
+HARD_DEADLINE_GRACE_S = 3.0
+# gVisor's own host threads (Sentry, gofer, ptrace stubs) count against the container's pids
+# limit; without headroom it crashes on ordinary use. A fork bomb past the limit kills the
+# whole gVisor sandbox (instead of failing fork()), which still stops it.
+RUNSC_PIDS_HEADROOM = 128
+_EXECUTOR = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agentrl-sandbox")
+_client_lock = threading.Lock()
+_client = None
+_storage_opt: bool | None = None
+_startup_gc_done = False
+
+EXEC_MARKER = "AGENTRL_EXEC_ID"
+# Kill every process that inherited one exec's marker variable (its escaped children too).
+_KILL_EXEC = 'for d in /proc/[0-9]*; do grep -qz "^{marker}={exec_id}$" "$d/environ" 2>/dev/null && kill -9 "${{d#/proc/}}" 2>/dev/null; done; true'
+_seed_cache: dict[tuple[str, str], bytes | None] = {}
+
+
+async def in_thread(fn, /, *args, **kwargs):
+    """Run a blocking docker call on the sandbox thread pool (large enough for 64+ sandboxes)."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_EXECUTOR, functools.partial(fn, *args, **kwargs))
 
 
 def docker_client():
-    docker = require("docker", "cpu")
+    """A shared docker SDK client, or a one-line error when no engine answers."""
+    global _client
+    with _client_lock:
+        if _client is not None:
+            return _client
+        docker = require("docker", "cpu")
+        try:
+            client = docker.from_env(timeout=120, max_pool_size=256)
+            client.ping()
+        except Exception as error:  # docker raises DockerException/ConnectionError variants
+            reason = str(error).split("\n")[0][:160]
+            raise SandboxError(
+                f"sandbox type 'docker': no Docker engine answers ({reason}); start dockerd "
+                "(scripts/start-dockerd.sh) or set sandbox type = 'bwrap' to use bubblewrap"
+            ) from None
+        _client = client
+        return client
+
+
+def storage_opt_supported(client) -> bool:
+    """Whether `--storage-opt size=` works on this engine (it needs xfs+pquota on overlay2)."""
+    global _storage_opt
+    if _storage_opt is None:
+        info = client.info()
+        driver = info.get("Driver", "")
+        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
+        _storage_opt = driver in ("devicemapper", "btrfs", "zfs") or (driver == "overlay2" and backing == "xfs")
+    return _storage_opt
+
+
+def _explain(error) -> str:
+    return str(getattr(error, "explanation", None) or error).split("\n")[0][:300]
+
+
+class DockerSandbox(Sandbox):
+    """A sandbox in a Docker container (runc or gVisor)."""
+
+    backend = "docker"
+
+    def __init__(self, config: SandboxConfig) -> None:
+        super().__init__(config)
+        self.client = None
+        self.disk_mode = "none"
+
+    # --- creation ------------------------------------------------------------------
+    def _disk_mode(self) -> str:
+        mode = self.config.disk_limit
+        if mode == "auto":
+            mode = "storage-opt" if storage_opt_supported(self.client) else "tmpfs"
+        return mode
+
+    def _tmpfs_paths(self) -> list[str]:
+        paths = [self.config.workdir, *self.config.writable_paths]
+        return list(dict.fromkeys(p.rstrip("/") or "/" for p in paths))
+
+    def _create_args(self) -> tuple[dict, dict]:
+        """(create_container kwargs, host config kwargs) for this sandbox."""
+        cfg = self.config
+        host: dict = dict(
+            init=True,
+            network_mode="none" if not cfg.network else "bridge",
+            nano_cpus=int(cfg.cpus * 1e9),
+            mem_limit=f"{cfg.memory_mb}m",
+            memswap_limit=f"{cfg.memory_mb}m",
+            pids_limit=cfg.pids_limit + (RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else 0),
+            security_opt=["no-new-privileges"],
+            cap_drop=["ALL"],
+            runtime=cfg.runtime,
+        )
+        if self.disk_mode == "storage-opt":
+            host["storage_opt"] = {"size": f"{cfg.disk_mb}M"}
+        elif self.disk_mode == "tmpfs":
+            uid, _, gid = (cfg.user or "0:0").partition(":")
+            gid = gid or uid
+            owned = f",uid={uid},gid={gid}" if uid.isdigit() and gid.isdigit() else ""
+            host["read_only"] = True
+            host["tmpfs"] = {
+                path: f"size={cfg.disk_mb}m,mode=1777" if path == "/tmp" else f"size={cfg.disk_mb}m,mode=0755{owned}"
+                for path in self._tmpfs_paths()
+            }
+        create = dict(
+            image=cfg.image,
+            command=KEEPER_COMMAND,
+            hostname="sandbox",
+            labels=sandbox_labels(owner=self.owner, backend="docker"),
+            working_dir=cfg.workdir,
+            environment=cfg.env,
+        )
+        return create, host
+
+    def _limits(self) -> str:
+        cfg = self.config
+        return (
+            f"image={cfg.image}, runtime={cfg.runtime}, cpus={cfg.cpus}, memory_mb={cfg.memory_mb}, "
+            f"pids_limit={cfg.pids_limit}, disk_mb={cfg.disk_mb} ({self.disk_mode})"
+        )
+
+    def _workdir_seed(self, container_id: str) -> bytes | None:
+        """A tar of the image's content at `workdir` (read before the tmpfs hides it); cached per image."""
+        docker = require("docker", "cpu")
+        key = (self.config.image, self.config.workdir)
+        if key not in _seed_cache:
+            try:
+                stream, _stat = self.client.api.get_archive(container_id, self.config.workdir.rstrip("/") + "/.")
+                data = b"".join(stream)
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                    empty = all(member.name in (".", "./") for member in tar.getmembers())
+                _seed_cache[key] = None if empty else data
+            except docker.errors.NotFound:
+                _seed_cache[key] = None
+        return _seed_cache[key]
+
+    def _start_blocking(self) -> None:
+        docker = require("docker", "cpu")
+        self.client = docker_client()
+        api = self.client.api
+        _startup_gc(self.client)
+        self.disk_mode = self._disk_mode()
+        create, host = self._create_args()
+        try:
+            self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
+        except docker.errors.ImageNotFound:
+            raise NotFoundError(
+                f"sandbox image {self.config.image!r} is not in the local Docker engine; build it "
+                f"(agentrl sandbox build-base makes agentrl-base:bookworm) or docker pull/load it"
+            ) from None
+        except docker.errors.APIError as error:
+            text = _explain(error)
+            if "storage-opt" in text and self.config.disk_limit == "auto":
+                global _storage_opt
+                _storage_opt = False
+                return self._start_blocking()
+            if "runtime" in text:
+                raise SandboxError(
+                    f"sandbox runtime {self.config.runtime!r} is not registered with dockerd ({text}); "
+                    "register runsc in /etc/docker/daemon.json (scripts/start-dockerd.sh does) or use runtime='runc'"
+                ) from None
+            raise SandboxError(f"the Docker engine refused the sandbox ({self._limits()}): {text}") from None
+        seed = self._workdir_seed(self.id) if self.disk_mode == "tmpfs" else None
+        try:
+            api.start(self.id)
+        except docker.errors.APIError as error:
+            raise SandboxError(f"the Docker engine could not start the sandbox ({self._limits()}): {_explain(error)}") from None
+        if seed is not None:
+            result = self._exec_blocking(
+                ["tar", "-x", "-C", self.config.workdir, "-f", "-"], timeout=self.config.startup_timeout_s,
+                cwd="/", env={}, stdin=seed, max_output=65536,
+            )
+            if result.exit_code != 0:
+                raise SandboxError(f"sandbox: copying the image's {self.config.workdir} failed: {result.stderr.decode()[:200]}")
+
+    async def _start(self) -> None:
+        try:
+            await asyncio.wait_for(in_thread(self._start_blocking), timeout=self.config.startup_timeout_s)
+        except asyncio.TimeoutError:
+            raise SandboxError(
+                f"sandbox did not start within startup_timeout_s={self.config.startup_timeout_s} ({self._limits()})"
+            ) from None
+
+    # --- exec ----------------------------------------------------------------------
+    def _exec_blocking(
+        self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,
+        max_output: int,
+    ) -> RawExecResult:
+        api = self.client.api
+        wrapped = ["timeout", "-s", "KILL", f"{timeout:.3f}", *argv]
+        marker = os.urandom(8).hex()
+        started = time.monotonic()
+        exec_id = api.exec_create(
+            self.id, wrapped, stdin=stdin is not None, user=self.config.user or "",
+            environment={**env, EXEC_MARKER: marker}, workdir=cwd,
+        )["Id"]
+        raw = api.exec_start(exec_id, socket=True)
+        sock: socket.socket = raw._sock
+        reader = raw._response.raw._fp.fp if hasattr(raw, "_response") else raw
+        out, err = CappedBuffer(max_output), CappedBuffer(max_output)
+        cut_off = False
+        try:
+            if stdin is not None:
+                sock.sendall(stdin)
+                sock.shutdown(socket.SHUT_WR)
+            frames = _FrameReader(reader, sock, out, err)
+            finished = frames.read_until(started + timeout + 0.5)
+            if not finished and api.exec_inspect(exec_id).get("Running"):
+                finished = frames.read_until(started + timeout + HARD_DEADLINE_GRACE_S)
+            # Not finished: the command is dead but an escaped child still holds its output open.
+            cut_off = not finished
+        finally:
+            try:
+                raw._response.close() if hasattr(raw, "_response") else None
+            finally:
+                raw.close()
+        exit_code = -1
+        for _ in range(50):
+            info = api.exec_inspect(exec_id)
+            if not info.get("Running"):
+                exit_code = info.get("ExitCode", -1)
+                break
+            time.sleep(0.02)
+        if exit_code is None or exit_code < 0 or exit_code >= 126:
+            # A crashed sandbox (gVisor past its pids limit reports 128 before dockerd sees it stop).
+            for _ in range(10 if exit_code in (None, -1, 128) else 1):
+                dead = self._why_dead()
+                if dead:
+                    break
+                time.sleep(0.2)
+            if dead:
+                raise SandboxError(f"sandbox {self.id[:12]}: {dead}")
+        elapsed = time.monotonic() - started
+        timed_out = cut_off or (exit_code == 137 and elapsed >= timeout * 0.98)
+        if timed_out:  # children that left the process group (setsid, daemons) die too
+            self._kill_exec_processes(marker)
+        return RawExecResult(
+            exit_code=exit_code, stdout=out.getvalue(), stderr=err.getvalue(), stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated, timed_out=timed_out,
+        )
+
+    def _kill_exec_processes(self, marker: str) -> None:
+        script = _KILL_EXEC.format(marker=EXEC_MARKER, exec_id=marker)
+        exec_id = self.client.api.exec_create(self.id, ["/bin/sh", "-c", script], user=self.config.user or "")["Id"]
+        self.client.api.exec_start(exec_id)
+
+    async def _run(
+        self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,
+        max_output: int,
+    ) -> RawExecResult:
+        docker = require("docker", "cpu")
+        try:
+            return await in_thread(
+                self._exec_blocking, argv, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output
+            )
+        except docker.errors.APIError as error:
+            why = await in_thread(self._why_dead)
+            raise SandboxError(f"sandbox {self.id[:12]}: {why or 'exec failed: ' + _explain(error)}") from None
+
+    def _why_dead(self) -> str | None:
+        """Why the container cannot run commands any more, or None when it still runs."""
+        docker = require("docker", "cpu")
+        try:
+            state = self.client.api.inspect_container(self.id)["State"]
+        except docker.errors.NotFound:
+            return "the container was removed"
+        if state.get("Running"):
+            return None
+        return f"the container stopped (exit code {state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})"
+
+    # --- teardown ------------------------------------------------------------------
+    def _close_blocking(self) -> None:
+        docker = require("docker", "cpu")
+        if not self.id or self.client is None:
+            return
+        try:
+            self.client.api.remove_container(self.id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+
+    async def _close(self) -> None:
+        # Shielded: a cancelled rollout must still remove its container.
+        await asyncio.shield(in_thread(self._close_blocking))
+
+
+class _FrameReader:
+    """Demultiplexes Docker's attach stream (8-byte headers) into two capped buffers."""
+
+    def __init__(self, reader, sock: socket.socket, out: CappedBuffer, err: CappedBuffer) -> None:
+        self.reader, self.sock, self.out, self.err = reader, sock, out, err
+        self.pending = b""
+
+    def read_until(self, deadline: float) -> bool:
+        """Read until the stream ends (True) or the deadline passes (False)."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.sock.settimeout(remaining)
+            try:
+                chunk = self.reader.read1(65536)
+            except (TimeoutError, socket.timeout):
+                return False
+            except OSError:
+                return True
+            if not chunk:
+                return True
+            self.pending += chunk
+            while len(self.pending) >= 8:
+                stream_type, size = struct.unpack(">BxxxL", self.pending[:8])
+                if len(self.pending) < 8 + size:
+                    break
+                payload, self.pending = self.pending[8 : 8 + size], self.pending[8 + size :]
+                (self.err if stream_type == 2 else self.out).write(payload)
+
+
+def _startup_gc(client) -> None:
+    """Once per process: remove labelled containers whose owning process is dead."""
+    global _startup_gc_done
+    if _startup_gc_done:
+        return
+    _startup_gc_done = True
+    from agentrl.sandbox.gc import remove_orphan_containers
+
     try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as error:
-        raise AgentrlError(f"sandbox: no Docker engine ({error}); start dockerd or use type = 'bwrap'") from None
-    return client
+        remove_orphan_containers(client)
+    except Exception:  # best effort: never block a sandbox on garbage collection
+        pass
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

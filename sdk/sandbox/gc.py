@@ -1,0 +1,100 @@
+"""Find and remove sandboxes: orphans of dead processes, a run's sandboxes, or all of them.
+
+Docker sandboxes are found by their `agentrl.sandbox` label; bubblewrap sandboxes by
+their workspace folders (named with the owning pid) under the bwrap state folder. Used by
+`agentrl sandbox gc` / `ls` and, for Docker orphans, once at the first sandbox start of a
+process.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+from agentrl.sandbox.labels import MARKER, owner_alive
+
+__all__ = ["SandboxInfo", "list_sandboxes", "remove_orphan_containers", "collect_garbage"]
+
+
+@dataclass
+class SandboxInfo:
+    """One sandbox seen by `list_sandboxes`."""
+
+    backend: str
+    id: str
+    owner: str
+    pid: str
+    status: str
+    image: str
+    orphan: bool
+
+
+def _docker_containers(client) -> list:
+    return client.containers.list(all=True, filters={"label": f"{MARKER}=1"})
+
+
+def list_sandboxes(*, include_docker: bool = True, include_bwrap: bool = True) -> list[SandboxInfo]:
+    """All sandboxes on this machine (Docker containers with our label, bwrap workspaces)."""
+    found: list[SandboxInfo] = []
+    if include_docker:
+        from agentrl.sandbox.docker_backend import docker_client
+
+        for container in _docker_containers(docker_client()):
+            labels = container.labels or {}
+            found.append(SandboxInfo(
+                backend="docker", id=container.id[:12], owner=labels.get("agentrl.owner", "?"),
+                pid=labels.get("agentrl.pid", "?"), status=container.status,
+                image=(container.attrs.get("Config") or {}).get("Image", "?"), orphan=not owner_alive(labels),
+            ))
+    if include_bwrap:
+        from agentrl.sandbox.bwrap_backend import list_workspaces
+
+        for workspace in list_workspaces():
+            found.append(SandboxInfo(
+                backend="bwrap", id=workspace.path.name, owner=workspace.labels.get("agentrl.owner", "?"),
+                pid=workspace.labels.get("agentrl.pid", "?"), status="workspace", image="rootfs",
+                orphan=not owner_alive(workspace.labels),
+            ))
+    return found
+
+
+def remove_orphan_containers(client, *, owner: str | None = None, everything: bool = False) -> list[str]:
+    """Remove labelled containers whose owner died (or of `owner`, or all); returns their ids."""
+    import docker.errors
+
+    removed = []
+    for container in _docker_containers(client):
+        labels = container.labels or {}
+        if everything or (owner is not None and labels.get("agentrl.owner") == owner) or (
+            owner is None and not owner_alive(labels)
+        ):
+            try:
+                container.remove(force=True, v=True)
+            except docker.errors.NotFound:
+                continue
+            removed.append(container.id[:12])
+    return removed
+
+
+def collect_garbage(*, owner: str | None = None, everything: bool = False, docker: bool = True,
+                    bwrap: bool = True) -> list[SandboxInfo]:
+    """Remove orphaned (or the given owner's, or all) sandboxes of both local backends."""
+    removed: list[SandboxInfo] = []
+    for info in list_sandboxes(include_docker=docker, include_bwrap=bwrap):
+        if not (everything or (owner is not None and info.owner == owner) or (owner is None and info.orphan)):
+            continue
+        if info.backend == "docker":
+            import docker as docker_sdk
+
+            from agentrl.sandbox.docker_backend import docker_client
+
+            try:
+                docker_client().api.remove_container(info.id, force=True, v=True)
+            except docker_sdk.errors.NotFound:
+                continue
+        else:
+            from agentrl.sandbox.bwrap_backend import workspace_root
+
+            shutil.rmtree(workspace_root() / info.id, ignore_errors=True)
+        removed.append(info)
+    return removed
