@@ -38,6 +38,7 @@ IGNORED_NAMES = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_c
                  LOCK_NAME, ".cache"}
 """File and folder names never packaged."""
 _IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp")
+_VALIDATE_BATCH = 4096
 
 
 class HashMismatchError(AgentrlError):
@@ -164,13 +165,15 @@ def validate_package(package_dir: Path, *, check_rows: bool = True) -> tuple[Man
                           "not found in the package")
     splits = build_dataset(package_dir, manifest) if check_rows else {}
     for split, dataset in splits.items():
-        for index, row in enumerate(dataset):
-            try:
-                Task.from_row(row)
-            except Exception as error:  # noqa: BLE001 - any bad row is reported as one line
-                message = str(error).splitlines()[0]
-                raise ConfigError(f"{package_dir}: dataset split {split!r} row {index}: not a valid task "
-                                  f"({message})") from None
+        for start in range(0, len(dataset), _VALIDATE_BATCH):  # arrow batches: far faster than row iteration
+            rows = dataset.data.slice(start, _VALIDATE_BATCH).to_pylist()
+            for offset, row in enumerate(rows):
+                try:
+                    Task.from_row(row)
+                except Exception as error:  # noqa: BLE001 - any bad row is reported as one line
+                    message = str(error).splitlines()[0]
+                    raise ConfigError(f"{package_dir}: dataset split {split!r} row {start + offset}: not a valid "
+                                      f"task ({message})") from None
     return manifest, splits
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentrl.errors import AgentrlError
-from agentrl.hub.manifest import MANIFEST_NAME, Manifest
+from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 from agentrl.hub.package import PackageLock, content_hash, stage_package, validate_package, verify_package
 from agentrl.hub.refs import PackageRef, default_owner, installed_root, parse_ref
 
@@ -92,15 +92,18 @@ def push_package(
     """Publish a package folder; see the module docstring for the steps."""
     say = log or (lambda message: None)
     package_dir = Path(package_dir)
-    manifest, splits = validate_package(package_dir)
+    if not (package_dir / MANIFEST_NAME).is_file():
+        raise NotFoundError(f"{package_dir}: no {MANIFEST_NAME}; create one with `agentrl env init NAME`")
+    manifest = load_manifest(package_dir)
     ref = PackageRef(owner or default_owner(), name or manifest.name, manifest.version)
     hash_value = content_hash(package_dir)
-    existing = hub.lock_of(ref)
+    existing = hub.lock_of(ref)  # decided by the hash alone: an unchanged push skips building anything
     if existing is not None:
         if existing.content_hash == hash_value:
             say(f"{ref} is already published with this content ({hash_value[:19]}...): nothing to do")
             return PushResult(ref, hash_value, False, existing.image, existing.image_digest)
         raise VersionConflictError.for_ref(ref, existing.content_hash, hash_value)
+    manifest, splits = validate_package(package_dir)
     image, digest = _publish_image(package_dir, manifest, registry=registry, say=say)
     staged = hub.new_staging_dir()
     delay = float(os.environ.get(STAGE_DELAY_ENV) or 0)
