@@ -32,7 +32,7 @@ from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.loss import compute_loss
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments
-from agentrl.trainer.models.glm4_moe import build_model
+from agentrl.trainer.models.glm4_moe import build_model, init_weights
 from agentrl.trainer.models.state_dict import load_hf_weights
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
@@ -59,10 +59,16 @@ class Trainer:
     """Builds the parallel model from a HF folder and runs optimizer steps (see module docstring)."""
 
     def __init__(self, config: TrainerConfig, *, model_dir: str | Path | None = None,
-                 device: str | torch.device | None = None) -> None:
+                 device: str | torch.device | None = None, model_args: MoEModelArgs | None = None) -> None:
+        """Build from ``model_dir`` (HF folder, default ``config.model``), or from ``model_args``
+        with random weights (benchmarks) when no folder is given."""
         self.config = config
-        self.model_dir = Path(model_dir) if model_dir is not None else resolve_model_dir(config.model)
-        self.args = MoEModelArgs.from_hf_dir(self.model_dir)
+        if model_args is not None and model_dir is None:
+            self.model_dir = None
+            self.args = model_args
+        else:
+            self.model_dir = Path(model_dir) if model_dir is not None else resolve_model_dir(config.model)
+            self.args = MoEModelArgs.from_hf_dir(self.model_dir)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if device is None:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
@@ -79,7 +85,10 @@ class Trainer:
         )
         torch.manual_seed(config.seed)
         model = build_model(self.args, device=self.device)
-        load_hf_weights(model, self.model_dir)
+        if self.model_dir is not None:
+            load_hf_weights(model, self.model_dir)
+        else:
+            init_weights(model, seed=config.seed)
         model.logprob_chunk_tokens = config.logprob_chunk_tokens
         self.meshes = build_meshes(self.plan, device_type=self.device.type)
         self.ep_rank = self.meshes.ep.get_local_rank() if self.plan.ep > 1 else None
@@ -96,7 +105,9 @@ class Trainer:
         opt = config.optimizer
         groups = [{"params": [p for _, p in dense]}] + ([{"params": experts}] if experts else [])
         self.optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                                           weight_decay=opt.weight_decay, foreach=self.device.type == "cuda")
+                                           weight_decay=opt.weight_decay,
+                                           **({"fused": True} if self.device.type == "cuda" and self.world == 1
+                                              else {"foreach": self.device.type == "cuda"}))
         self.step_count = 0
 
     # ------------------------------------------------------------------ stepping
@@ -203,7 +214,7 @@ class Trainer:
         """HF safetensors of the current weights (in the source checkpoint's dtype unless given)."""
         from agentrl.trainer.checkpoint import export_hf
 
-        if dtype is None:
+        if dtype is None and self.model_dir is not None:
             config = json.loads((self.model_dir / "config.json").read_text())
             name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.bfloat16)

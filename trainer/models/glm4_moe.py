@@ -15,6 +15,8 @@ inference used per token and MoE layer (``replay_experts_TLK``).
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,7 +30,7 @@ from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, segment_attention
 from agentrl.trainer.models.router import build_router
 
-__all__ = ["MoEDecoder", "MoEBlock", "Experts", "build_model"]
+__all__ = ["MoEDecoder", "MoEBlock", "Experts", "build_model", "init_weights"]
 
 
 def _swiglu(dim: int, hidden: int) -> FeedForward:
@@ -236,3 +238,22 @@ def build_model(args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype
     with torch.device(device):
         model = MoEDecoder(args)
     return model.to(dtype=dtype)
+
+
+def init_weights(model: MoEDecoder, *, std: float = 0.02, seed: int = 0) -> None:
+    """Random initialisation (normal(0, std) matrices, zero biases, unit norms) for runs without a checkpoint."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, std, generator=generator) \
+                    if param.numel() < (1 << 26) else None
+                if values is None:  # large tensors: draw on the device (still seeded)
+                    torch.manual_seed(seed + zlib.crc32(name.encode()) % 10_000)
+                    param.normal_(0.0, std)
+                else:
+                    param.copy_(values)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.fill_(1.0)

@@ -60,15 +60,17 @@ def make_samples(*, count: int = 6, vocab: int = 128, moe_layers: int = 2, num_e
     return samples
 
 
-def run_steps(model_dir, *, steps: int = 3, ep=1, cp=1, row_tokens: int = 32, checkpoint_dir=None, samples=None):
+def run_steps(model_dir, *, steps: int = 3, ep=1, cp=1, row_tokens: int = 32, checkpoint_dir=None, samples=None,
+              device: str = "cpu", param_dtype: str = "float32"):
     """Train ``steps`` steps; returns per-step metrics and the final full state dict (collective)."""
     from agentrl.trainer.checkpoint import full_state_dict
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.trainer import Trainer
 
     config = TrainerConfig(row_tokens=row_tokens, optimizer={"lr": 1e-2, "max_grad_norm": 1.0},
-                           parallel={"ep": ep, "cp": cp, "activation_checkpointing": True})
-    trainer = Trainer(config, model_dir=model_dir, device="cpu")
+                           parallel={"ep": ep, "cp": cp, "activation_checkpointing": True,
+                                     "param_dtype": param_dtype})
+    trainer = Trainer(config, model_dir=model_dir, device=device)
     samples = samples or make_samples()
     batches = [samples[i % 2::2] if i % 2 else samples for i in range(steps)]
     metrics = []

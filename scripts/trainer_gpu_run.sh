@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One trainer GPU session on a lent H200 machine (docs/gpu.md): install the carried wheels,
+# make agentrl importable from this checkout, run the trainer's GPU tests, then the MFU bench.
+# Usage (repo root, wheels in .whl/): OUT=dir bash scripts/trainer_gpu_run.sh [bench args]
+set -uo pipefail
+out="${OUT:-/tmp/trainer_gpu_out}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# agentrl without building a wheel: a package folder whose entries link to sdk/ plus the subpackages
+shim=/tmp/agentrl_shim/agentrl
+rm -rf /tmp/agentrl_shim && mkdir -p "$shim"
+for f in sdk/*; do ln -s "$PWD/$f" "$shim/"; done
+for sub in trainer inference hub; do ln -s "$PWD/$sub" "$shim/$sub"; done
+export PYTHONPATH=/tmp/site:/tmp/agentrl_shim
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.device_count(), 'GPUs')"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests/gpu/test_trainer_gpu.py -x -q -p no:cacheprovider \
+    2>&1 | tee "$out/gpu_tests.log" | tail -25
+fi
+timeout "${BENCH_TIMEOUT:-330}" python3 bench/trainer_mfu.py "$@" 2>&1 | tee "$out/bench.log" | tail -40
+cp bench/results/trainer_mfu.json "$out/" 2>/dev/null || true
