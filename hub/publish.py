@@ -124,6 +124,8 @@ def _publish_image(package_dir: Path, manifest: Manifest, *, registry: str | Non
     if sandbox is None:
         return None, None
     if registry is None or not sandbox.dockerfile:
+        if sandbox.dockerfile and not sandbox.digest:
+            say(f"no --registry given: image {sandbox.image} is not built or pushed, and no digest is recorded")
         return sandbox.image, sandbox.digest
     from agentrl.hub.images import build_image, push_image
 
