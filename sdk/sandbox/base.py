@@ -158,6 +158,19 @@ def cap_bytes(data: bytes, limit: int) -> tuple[bytes, bool]:
     return data[:limit], len(data) > limit
 
 
+def _skip_unsafe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError:  # absolute or escaping links, devices: left out
+        return None
+
+
+def extract_safely(archive: bytes, local_dir: Path) -> None:
+    """Extract a tar made inside a sandbox; members that would reach outside `local_dir` are skipped."""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tar:
+        tar.extractall(local_dir, filter=_skip_unsafe)
+
+
 class Sandbox(ABC):
     """An isolated place to run commands; use as `async with create_sandbox(cfg) as sb:`."""
 
@@ -283,7 +296,7 @@ class Sandbox(ABC):
             raise SandboxError(f"upload to {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
 
     async def download(self, remote_dir: str, local_dir: str | Path) -> None:
-        """Copy `remote_dir`'s contents from the sandbox into a local folder (links stay inside it)."""
+        """Copy `remote_dir`'s contents from the sandbox into a local folder (links leading out are skipped)."""
         target = self._abs(remote_dir)
         raw = await self.exec_bytes(["tar", "-c", "-C", target, "-f", "-", "."], max_output=self.config.max_file_bytes)
         if raw.exit_code != 0:
@@ -292,5 +305,4 @@ class Sandbox(ABC):
             raise SandboxError(f"download {target}: larger than max_file_bytes={self.config.max_file_bytes}")
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(raw.stdout), mode="r") as tar:
-            tar.extractall(local_dir, filter="data")
+        extract_safely(raw.stdout, local_dir)

@@ -21,6 +21,7 @@ import asyncio
 import functools
 import io
 import os
+import select
 import socket
 import struct
 import tarfile
@@ -237,10 +238,9 @@ class DockerSandbox(Sandbox):
         out, err = CappedBuffer(max_output), CappedBuffer(max_output)
         cut_off = False
         try:
-            if stdin is not None:
-                sock.sendall(stdin)
-                sock.shutdown(socket.SHUT_WR)
-            frames = _FrameReader(reader, sock, out, err)
+            frames = _FrameReader(reader, sock, out, err, alive=lambda: self._why_dead() is None)
+            if stdin is not None:  # written beside the reads: a command echoing its input must not deadlock
+                threading.Thread(target=_send_stdin, args=(sock, stdin), daemon=True).start()
             finished = frames.read_until(started + timeout + 0.5)
             if not finished and api.exec_inspect(exec_id).get("Running"):
                 finished = frames.read_until(started + timeout + HARD_DEADLINE_GRACE_S)
@@ -323,32 +323,58 @@ class DockerSandbox(Sandbox):
 class _FrameReader:
     """Demultiplexes Docker's attach stream (8-byte headers) into two capped buffers."""
 
-    def __init__(self, reader, sock: socket.socket, out: CappedBuffer, err: CappedBuffer) -> None:
-        self.reader, self.sock, self.out, self.err = reader, sock, out, err
+    IDLE_CHECK_S = 2.0
+
+    def __init__(self, reader, sock: socket.socket, out: CappedBuffer, err: CappedBuffer, *, alive) -> None:
+        self.sock, self.out, self.err = sock, out, err
+        self.alive = alive  # called after IDLE_CHECK_S without data: False ends the read
         self.pending = b""
+        # The HTTP parser may have buffered the stream's first bytes; take them without
+        # blocking, then read the socket itself (select + recv survive idle timeouts).
+        sock.setblocking(False)
+        try:
+            initial = reader.read1(65536)
+        except (BlockingIOError, OSError):
+            initial = None
+        sock.setblocking(True)
+        if initial:
+            self._feed(initial)
 
     def read_until(self, deadline: float) -> bool:
-        """Read until the stream ends (True) or the deadline passes (False)."""
+        """Read until the stream ends or the sandbox died (True) or the deadline passes (False)."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            self.sock.settimeout(remaining)
+            readable, _, _ = select.select([self.sock], [], [], min(remaining, self.IDLE_CHECK_S))
+            if not readable:
+                if not self.alive():
+                    return True
+                continue
             try:
-                chunk = self.reader.read1(65536)
-            except (TimeoutError, socket.timeout):
-                return False
+                chunk = self.sock.recv(65536)
             except OSError:
                 return True
             if not chunk:
                 return True
-            self.pending += chunk
-            while len(self.pending) >= 8:
-                stream_type, size = struct.unpack(">BxxxL", self.pending[:8])
-                if len(self.pending) < 8 + size:
-                    break
-                payload, self.pending = self.pending[8 : 8 + size], self.pending[8 + size :]
-                (self.err if stream_type == 2 else self.out).write(payload)
+            self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> None:
+        self.pending += chunk
+        while len(self.pending) >= 8:
+            stream_type, size = struct.unpack(">BxxxL", self.pending[:8])
+            if len(self.pending) < 8 + size:
+                break
+            payload, self.pending = self.pending[8 : 8 + size], self.pending[8 + size :]
+            (self.err if stream_type == 2 else self.out).write(payload)
+
+
+def _send_stdin(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:  # the command exited without reading all of it
+        pass
 
 
 def _startup_gc(client) -> None:

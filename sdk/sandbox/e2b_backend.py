@@ -18,7 +18,7 @@ import tarfile
 from pathlib import Path
 
 from agentrl.errors import require
-from agentrl.sandbox.base import BASE_IMAGE, CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox.base import BASE_IMAGE, CappedBuffer, extract_safely, RawExecResult, Sandbox, SandboxConfig, SandboxError
 from agentrl.sandbox.labels import sandbox_labels
 
 __all__ = ["E2BSandbox"]
@@ -135,8 +135,7 @@ class E2BSandbox(Sandbox):
             raise SandboxError(f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'too large or failed'}")
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(raw.stdout)), mode="r") as tar:
-            tar.extractall(local_dir, filter="data")
+        extract_safely(base64.b64decode(raw.stdout), local_dir)
 
     async def _close(self) -> None:
         if self.remote is not None:

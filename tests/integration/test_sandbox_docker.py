@@ -1,0 +1,156 @@
+"""Docker and bubblewrap sandboxes against the real engine: exec, files, limits, pool, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+
+import pytest
+
+from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.sandbox import SandboxConfig, SandboxError, SandboxPool, create_sandbox
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+needs_docker = pytest.mark.skipif(
+    subprocess.run(["docker", "info"], capture_output=True).returncode != 0, reason="no Docker engine"
+)
+LOCAL_BACKENDS = [pytest.param("docker", marks=needs_docker), "bwrap"]
+
+
+def owner() -> str:
+    return f"test-docker-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+async def test_exec_files_and_transfer(backend, tmp_path):
+    cfg = SandboxConfig(type=backend, env={"GREETING": "hi"}, owner=owner())
+    async with create_sandbox(cfg) as sandbox:
+        result = await sandbox.exec("echo $GREETING $EXTRA; pwd; id -u; echo oops >&2; exit 3", env={"EXTRA": "there"})
+        assert result.exit_code == 3 and not result.ok
+        assert result.stdout == "hi there\n/workspace\n1000\n"
+        assert result.stderr == "oops\n"
+        assert (await sandbox.exec(["python3", "-c", "import sys; print(sys.argv[1])", "a b"])).stdout == "a b\n"
+        assert (await sandbox.exec("cat", stdin="piped")).stdout == "piped"
+
+        await sandbox.write_file("pkg/mod.py", "VALUE = 41 + 1\n")
+        assert await sandbox.read_file("/workspace/pkg/mod.py") == "VALUE = 41 + 1\n"
+        assert (await sandbox.exec("python3 -c 'import mod; print(mod.VALUE)'", cwd="/workspace/pkg")).stdout == "42\n"
+        payload = bytes(range(256)) * 4000
+        await sandbox.write_file("/tmp/blob.bin", payload)
+        assert await sandbox.read_bytes("/tmp/blob.bin") == payload
+        with pytest.raises(SandboxError, match="No such file"):
+            await sandbox.read_file("missing.txt")
+
+        source = tmp_path / "src"
+        (source / "sub").mkdir(parents=True)
+        (source / "a.txt").write_text("A")
+        (source / "sub" / "b.txt").write_text("B")
+        await sandbox.upload(source, "/workspace/up")
+        listing = await sandbox.exec("cd up && find . -type f | sort && stat -c %u a.txt")
+        assert listing.stdout == "./a.txt\n./sub/b.txt\n1000\n"
+        await sandbox.exec("cd up && echo C > sub/c.txt && ln -s /etc/passwd link && ln -s a.txt inner")
+        await sandbox.download("/workspace/up", tmp_path / "back")
+    assert (tmp_path / "back" / "sub" / "c.txt").read_text() == "C\n"
+    assert (tmp_path / "back" / "a.txt").read_text() == "A"
+    assert not (tmp_path / "back" / "link").exists()  # a link out of the folder is skipped, never followed
+    assert (tmp_path / "back" / "inner").is_symlink() and (tmp_path / "back" / "inner").read_text() == "A"
+    with pytest.raises(SandboxError, match="closed"):
+        await sandbox.exec("true")
+
+
+@needs_docker
+async def test_docker_limits_and_disk_are_applied():
+    cfg = SandboxConfig(cpus=0.5, memory_mb=300, pids_limit=50, disk_mb=64, owner=owner())
+    async with create_sandbox(cfg) as sandbox:
+        host = subprocess.run(["docker", "inspect", "-f", "{{json .HostConfig}}", sandbox.id], capture_output=True,
+                              text=True, check=True).stdout
+        assert '"NanoCpus":500000000' in host and '"Memory":314572800' in host and '"PidsLimit":50' in host
+        assert '"CapDrop":["ALL"]' in host and "no-new-privileges" in host and '"NetworkMode":"none"' in host
+        # Disk: writing past disk_mb fails (tmpfs fallback on this engine, or storage-opt).
+        fill = await sandbox.exec("head -c 100000000 /dev/zero > big; echo rc=$?; ls -l big | awk '{print $5}'")
+        assert "rc=0" not in fill.stdout
+        assert int(fill.stdout.split()[-1]) <= 64 * 1024 * 1024
+        assert sandbox.disk_mode in ("tmpfs", "storage-opt")
+        if sandbox.disk_mode == "tmpfs":
+            assert "Read-only file system" in (await sandbox.exec("touch /usr/x")).stderr
+        # No privilege: no capabilities, cannot become root.
+        caps = await sandbox.exec("grep CapEff /proc/self/status")
+        assert caps.stdout.split()[-1] == "0000000000000000"
+
+
+@needs_docker
+async def test_image_content_in_workdir_is_kept():
+    tag = f"agentrl-test-seed:{uuid.uuid4().hex[:8]}"
+    build = subprocess.run(
+        ["docker", "build", "--network", "none", "-q", "-t", tag, "-"],
+        input="FROM agentrl-base:bookworm\nRUN mkdir -p /workspace/repo && echo seeded > /workspace/repo/f.txt "
+        "&& chown -R 1000:1000 /workspace\n",
+        capture_output=True, text=True,
+    )
+    assert build.returncode == 0, build.stderr
+    try:
+        async with create_sandbox(SandboxConfig(image=tag, owner=owner())) as sandbox:
+            result = await sandbox.exec("cat repo/f.txt && echo more >> repo/f.txt && cat repo/f.txt")
+            assert result.stdout == "seeded\nseeded\nmore\n", result.stderr
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+@needs_docker
+@pytest.mark.parametrize(
+    ("overrides", "error", "pattern"),
+    [
+        ({"image": "agentrl-no-such-image:latest"}, NotFoundError, "not in the local Docker engine.*build-base"),
+        ({"memory_mb": 2}, SandboxError, "refused the sandbox.*memory_mb=2.*Minimum memory"),
+        ({"cpus": 512}, SandboxError, "refused the sandbox.*cpus=512"),
+    ],
+    ids=["missing-image", "memory-too-small", "too-many-cpus"],
+)
+async def test_docker_errors_are_one_line(overrides, error, pattern):
+    with pytest.raises(error, match=pattern) as caught:
+        async with create_sandbox(SandboxConfig(owner=owner(), **overrides)):
+            pass
+    assert "\n" not in str(caught.value)
+
+
+async def test_missing_docker_engine_suggests_bwrap(monkeypatch):
+    from agentrl.sandbox import docker_backend
+
+    monkeypatch.setattr(docker_backend, "_client", None)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(AgentrlError, match="no Docker engine answers.*type = 'bwrap'") as caught:
+        async with create_sandbox(SandboxConfig(owner=owner())):
+            pass
+    assert "\n" not in str(caught.value)
+    monkeypatch.setattr(docker_backend, "_client", None)
+
+
+async def test_bwrap_missing_rootfs_is_clear(tmp_path):
+    with pytest.raises(SandboxError, match="rootfs .* missing.*build-base"):
+        async with create_sandbox(SandboxConfig(type="bwrap", rootfs=str(tmp_path / "none"))):
+            pass
+
+
+@needs_docker
+async def test_pool_hands_out_fresh_started_sandboxes():
+    cfg = SandboxConfig(owner=owner())
+    async with SandboxPool(cfg, size=2) as pool:
+        assert pool.ready == 2
+        async with pool.sandbox() as first:
+            await first.write_file("state.txt", "task one")
+            first_id = first.id
+        # Released sandboxes are destroyed, never reused.
+        gone = subprocess.run(["docker", "inspect", first_id], capture_output=True)
+        assert gone.returncode != 0
+        async with pool.sandbox() as second:
+            assert second.id != first_id
+            assert (await second.exec("cat state.txt")).exit_code != 0
+        # More concurrent acquisitions than the pool holds still succeed.
+        sandboxes = await asyncio.gather(*(pool.acquire() for _ in range(3)))
+        assert len({s.id for s in sandboxes}) == 3
+        held = [s.id for s in sandboxes]
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={cfg.owner}"],
+                          capture_output=True, text=True).stdout.split()
+    assert left == [] and len(held) == 3
