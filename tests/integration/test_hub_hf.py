@@ -12,10 +12,12 @@ these operations, and which the fake implements (anything else is recorded and f
     POST /api/datasets/{owner}/{name}/tag/{commit}      create_tag (the version)
     GET  /api/datasets/{owner}/{name}/refs              list_repo_refs (versions)
     GET  /api/datasets/{owner}/{name}/revision/{rev}    repo_info (snapshot_download)
-    GET  /api/datasets/{owner}/{name}/tree/{rev}        list_repo_tree (upload_folder deletions, snapshot)
+    GET  /api/datasets/{owner}/{name}/tree/{rev}[/dir]  list_repo_tree (upload_folder deletions, snapshot,
+                                                        datasets.load_dataset's data-file resolution)
     GET  /api/datasets?filter=agentrl-environment       list_datasets
     GET  /api/agent-harnesses                           the client's user-agent registry
-    HEAD|GET /datasets/{owner}/{name}/resolve/{rev}/{path}   file download
+    HEAD|GET /datasets/{owner}/{name}/resolve/{rev}/{path}   file download (also datasets.load_dataset's probes
+                                                        for .huggingface.yaml, dataset_infos.json, <name>.py)
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ def hf_env(fake_hub, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", fake_hub.endpoint)
     monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                         fake_hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", fake_hub.endpoint)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -101,6 +106,10 @@ async def test_builtin_environment_roundtrip_through_hf(hf_env, tmp_path):
     for split in ("train", "test"):
         rows = datasets.Dataset.from_parquet(str(pulled / DATASET_DIR / f"{split}.parquet")).to_list()
         assert rows == source_env.get_dataset(split).to_list() == env.get_dataset(split).to_list()
+    # the repo is a regular HF dataset too: `datasets.load_dataset` reads the card's configs
+    loaded = datasets.load_dataset("alice/reverse-text", revision="0.1.0", cache_dir=str(tmp_path / "ds-cache"))
+    assert sorted(loaded) == ["test", "train"]
+    assert loaded["test"].to_list() == source_env.get_dataset("test").to_list()
     task = env.tasks("test", n=1)[0]
     [rollout] = await env.run_group(ScriptedPolicy([task.answer]), task, n=1, sampling=SamplingConfig())
     assert rollout.error is None and rollout.reward > 0.99
