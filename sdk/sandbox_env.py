@@ -1,0 +1,190 @@
+"""SandboxEnv: a tool environment whose tools act in a per-rollout sandbox.
+
+Each rollout gets its own sandbox (started from `sandbox` config, or taken from a warm
+`SandboxPool`), prepared by the `setup_sandbox(sandbox, task, state)` hook, and destroyed
+after the episode even when it fails. The model sees five typed tools:
+
+- `bash(command, timeout_s)`: run a command in the working directory;
+- `read_file(path, start_line, end_line)`: a file with line numbers;
+- `write_file(path, content)`: create or replace a file;
+- `str_replace(path, old, new)`: replace one exact, unique occurrence;
+- `submit(answer)`: hand in the answer and end the episode.
+
+Budgets: each command is killed at `min(timeout_s, max_command_timeout_s)`; the summed
+command time of a rollout is capped by `max_total_command_s`; turns and wall time are
+MultiTurnEnv's `max_turns` and `max_seconds`. The submitted answer is in
+`state["submission"]` (the rubric can read it from the rollout's state).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from agentrl.sandbox import Sandbox, SandboxConfig
+from agentrl.sandbox.pool import SandboxPool
+from agentrl.environment import ToolEnv
+from agentrl.tools import Tool
+from agentrl.types import Message, Task
+
+__all__ = ["SandboxEnv"]
+
+_SANDBOXES: dict[str, Sandbox] = {}  # state["sandbox_key"] -> live sandbox (kept out of the state dict)
+
+
+def _result_text(result) -> str:
+    parts = [f"exit code: {result.exit_code}" + (" (timed out)" if result.timed_out else "")]
+    if result.stdout:
+        parts.append(result.stdout.rstrip("\n") + ("\n[stdout truncated]" if result.stdout_truncated else ""))
+    if result.stderr:
+        parts.append("stderr:\n" + result.stderr.rstrip("\n") + ("\n[stderr truncated]" if result.stderr_truncated else ""))
+    return "\n".join(parts)
+
+
+class SandboxEnv(ToolEnv):
+    """ToolEnv with bash/read_file/write_file/str_replace/submit tools over a sandbox per rollout."""
+
+    def __init__(
+        self,
+        *,
+        sandbox: SandboxConfig | None = None,
+        pool: SandboxPool | None = None,
+        max_command_timeout_s: float = 120.0,
+        max_total_command_s: float | None = 1800.0,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("max_turns", 30)
+        super().__init__(**kwargs)
+        self.sandbox_config = sandbox or (pool.config if pool is not None else SandboxConfig())
+        """How each rollout's sandbox is made."""
+        self.pool = pool
+        """Warm pool to take sandboxes from (None: start one per rollout)."""
+        self.max_command_timeout_s = max_command_timeout_s
+        """Upper bound on one command's timeout, whatever the model asks for."""
+        self.max_total_command_s = max_total_command_s
+        """Summed command time a rollout may use (None: no limit)."""
+        for func in (self.bash, self.read_file, self.write_file, self.str_replace):
+            self.add_tool(Tool(func, hidden=("sandbox", "state")))
+        self.add_tool(Tool(self.submit, hidden=("state",)))
+
+    # ----- per-rollout sandbox ---------------------------------------------------------------
+    async def setup_sandbox(self, sandbox: Sandbox, task: Task, state: dict[str, Any]) -> None:
+        """Prepare a rollout's sandbox for its task (files, repository...); override as needed."""
+
+    async def setup_state(self, task: Task) -> dict[str, Any]:
+        state: dict[str, Any] = {"command_seconds": 0.0, "submitted": False}
+        if self.pool is not None:
+            sandbox = await self.pool.acquire()
+        else:
+            from agentrl.sandbox import create_sandbox
+
+            sandbox = await create_sandbox(self.sandbox_config).start()
+        state["sandbox_id"] = sandbox.id
+        state["sandbox_key"] = uuid.uuid4().hex
+        _SANDBOXES[state["sandbox_key"]] = sandbox
+        try:
+            await self.setup_sandbox(sandbox, task, state)
+        except BaseException:
+            await self.cleanup_state(state)
+            raise
+        return state
+
+    async def cleanup_state(self, state: dict[str, Any]) -> None:
+        sandbox = _SANDBOXES.pop(state.get("sandbox_key", ""), None)
+        if sandbox is None:
+            return
+        if self.pool is not None:
+            await self.pool.release(sandbox)
+        else:
+            await sandbox.close()
+
+    def sandbox_of(self, state: dict[str, Any]) -> Sandbox:
+        """The live sandbox of a rollout (during the episode)."""
+        return _SANDBOXES[state["sandbox_key"]]
+
+    def hidden_tool_args(self, tool: Tool, state: dict[str, Any]) -> dict[str, Any]:
+        return {"state": state, "sandbox": _SANDBOXES.get(state.get("sandbox_key", ""))}
+
+    def is_completed(self, messages: list[Message], state: dict[str, Any]) -> bool:
+        return bool(state.get("submitted")) or super().is_completed(messages, state)
+
+    # ----- tools -----------------------------------------------------------------------------
+    def _command_timeout(self, requested: float, state: dict[str, Any]) -> float | None:
+        timeout = min(max(requested, 1.0), self.max_command_timeout_s)
+        if self.max_total_command_s is not None:
+            left = self.max_total_command_s - state["command_seconds"]
+            if left <= 0:
+                return None
+            timeout = min(timeout, left)
+        return timeout
+
+    async def bash(self, command: str, sandbox: Sandbox, state: dict[str, Any], timeout_s: float = 60.0) -> str:
+        """Run a bash command in the working directory and return its exit code and output.
+
+        Args:
+            command: The bash command line, e.g. `ls -la` or `python3 -m pytest -q`.
+            timeout_s: Seconds before the command is killed (capped by the environment).
+        """
+        timeout = self._command_timeout(timeout_s, state)
+        if timeout is None:
+            return f"Error: the command time budget of this episode ({self.max_total_command_s:g} s) is used up"
+        result = await sandbox.exec(command, timeout=timeout)
+        state["command_seconds"] += result.duration_s
+        return _result_text(result)
+
+    async def read_file(self, path: str, sandbox: Sandbox, state: dict[str, Any], start_line: int = 1,
+                        end_line: int | None = None) -> str:
+        """Show a text file with line numbers.
+
+        Args:
+            path: File path, relative to the working directory or absolute.
+            start_line: First line to show (1-based).
+            end_line: Last line to show (default: the end of the file).
+        """
+        text = await sandbox.read_file(path)
+        lines = text.splitlines()
+        first = max(start_line, 1)
+        last = len(lines) if end_line is None else min(end_line, len(lines))
+        if first > max(last, 1) and lines:
+            return f"Error: {path} has {len(lines)} lines; start_line={start_line} is past the end"
+        return "\n".join(f"{number:6d}\t{lines[number - 1]}" for number in range(first, last + 1))
+
+    async def write_file(self, path: str, content: str, sandbox: Sandbox, state: dict[str, Any]) -> str:
+        """Create or overwrite a file (parent folders are created).
+
+        Args:
+            path: File path, relative to the working directory or absolute.
+            content: The complete new content of the file.
+        """
+        await sandbox.write_file(path, content)
+        return f"wrote {len(content.encode())} bytes to {path}"
+
+    async def str_replace(self, path: str, old: str, new: str, sandbox: Sandbox, state: dict[str, Any]) -> str:
+        """Replace one exact occurrence of `old` with `new` in a file; `old` must occur exactly once.
+
+        Args:
+            path: File path, relative to the working directory or absolute.
+            old: The exact text to replace (include enough context to make it unique).
+            new: The replacement text.
+        """
+        if not old:
+            return "Error: old must not be empty"
+        text = await sandbox.read_file(path)
+        count = text.count(old)
+        if count != 1:
+            where = "not found" if count == 0 else f"found {count} times; add context to make it unique"
+            return f"Error: old text {where} in {path}"
+        await sandbox.write_file(path, text.replace(old, new, 1))
+        line = text[: text.index(old)].count("\n") + 1
+        return f"replaced 1 occurrence in {path} at line {line}"
+
+    async def submit(self, answer: str, state: dict[str, Any]) -> str:
+        """Hand in the final answer and end the episode.
+
+        Args:
+            answer: The final answer (for code tasks, a short summary of the change).
+        """
+        state["submitted"] = True
+        state["submission"] = answer
+        return "submitted"
+
