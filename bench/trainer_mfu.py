@@ -48,6 +48,10 @@ def air_args(layers: int):
     )
 
 
+def _key(row: dict) -> str:
+    return f"{row['gpus']}gpu_{row['seq']}" + (f"_cp{row['cp']}" if row.get("cp", 1) > 1 else "")
+
+
 def matmul_rate() -> float:
     import torch
 
@@ -70,14 +74,10 @@ def matmul_rate() -> float:
     return 2 * size**3 / times[len(times) // 2]
 
 
-def worker(seq_lens: list[int], layers: int, steps: int, out: Path) -> None:
+def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: list[int]) -> None:
     """Runs in every rank: build the trainer, time steps at each sequence length."""
     import torch
     import torch.distributed as dist
-
-    from agentrl.trainer.config import TrainerConfig
-    from agentrl.trainer.trainer import Trainer
-    from agentrl.types import TrainingSample
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
@@ -87,9 +87,10 @@ def worker(seq_lens: list[int], layers: int, steps: int, out: Path) -> None:
     peak_rate = matmul_rate()
     args = air_args(layers)
     results = []
-    for seq in seq_lens:
+    configs = [(seq, 1) for seq in seq_lens] + ([(seq, 2) for seq in cp2_lens] if world > 1 else [])
+    for seq, cp in configs:
         try:
-            results.append(_measure(seq, args, world, rank, steps, peak_rate))
+            results.append(_measure(seq, cp, args, world, rank, steps, peak_rate))
         except torch.OutOfMemoryError as exc:
             results.append({"gpus": world, "seq": seq, "error": f"out of memory: {str(exc).splitlines()[0]}"})
         import gc
@@ -102,7 +103,7 @@ def worker(seq_lens: list[int], layers: int, steps: int, out: Path) -> None:
         dist.destroy_process_group()
 
 
-def _measure(seq, args, world, rank, steps, peak_rate) -> dict:
+def _measure(seq, cp, args, world, rank, steps, peak_rate) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -110,16 +111,16 @@ def _measure(seq, args, world, rank, steps, peak_rate) -> dict:
     from agentrl.trainer.trainer import Trainer
     from agentrl.types import TrainingSample
 
-    if True:
+    if True:  # one configuration: ``seq`` tokens per packed row, rows split over ``cp`` GPUs
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=2048,
-                               parallel={"ep": "auto", "cp": 1, "activation_checkpointing": True,
+                               parallel={"ep": "auto", "cp": cp, "activation_checkpointing": True,
                                          "gpu_memory_gib": 139.0})
         trainer = Trainer(config, model_args=args)
         generator = torch.Generator().manual_seed(rank)
         samples = []
-        for _ in range(world):
+        for _ in range(world // cp):
             tokens = torch.randint(0, args.vocab_size, (seq + 1,), generator=generator).tolist()
             mask = [i > seq // 2 for i in range(seq + 1)]
             samples.append(TrainingSample(token_ids=tokens, loss_mask=mask,
@@ -140,10 +141,10 @@ def _measure(seq, args, world, rank, steps, peak_rate) -> dict:
         times.sort()
         step_time = times[len(times) // 2]
         peak = torch.cuda.max_memory_allocated()
-        tokens = seq * world
+        tokens = seq * (world // cp)
         flops = args.training_flops_per_token(mean_context=seq / 2) * tokens
         result = {
-            "gpus": world, "seq": seq, "step_s": step_time, "tokens_per_s": tokens / step_time,
+            "gpus": world, "seq": seq, "cp": cp, "step_s": step_time, "tokens_per_s": tokens / step_time,
             "tflops_per_gpu": flops / step_time / world / 1e12, "matmul_tflops": peak_rate / 1e12,
             "mfu": flops / step_time / world / peak_rate, "mfu_datasheet": flops / step_time / world / DATASHEET_BF16,
             "peak_memory_gib": peak / 1024**3, "estimate_gib": trainer.plan.estimated_bytes / 1024**3,
@@ -160,11 +161,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="number of MoE layers")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per configuration")
     parser.add_argument("--gpus", type=int, action="append", help="GPU counts to run (default 1 and 2 if present)")
+    parser.add_argument("--cp2-seq", type=int, action="append", default=[],
+                        help="also run 2 GPUs with context parallel 2 on rows of this many tokens (repeatable)")
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     options = parser.parse_args()
     seqs = options.seq or [8192, 32768]
     if options.worker_out:
-        worker(seqs, options.layers, options.steps, options.worker_out)
+        worker(seqs, options.layers, options.steps, options.worker_out, options.cp2_seq)
         return
     import torch
 
@@ -178,7 +181,8 @@ def main() -> None:
         out = ROOT / "bench" / "results" / f".trainer_mfu_{gpus}gpu.json"
         out.unlink(missing_ok=True)
         base = [str(Path(__file__).resolve()), "--layers", str(options.layers), "--steps", str(options.steps),
-                "--worker-out", str(out)] + [x for s in seqs for x in ("--seq", str(s))]
+                "--worker-out", str(out)] + [x for s in seqs for x in ("--seq", str(s))] \
+            + [x for s in options.cp2_seq for x in ("--cp2-seq", str(s))]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if gpus == 1:
             command = [sys.executable] + base
@@ -196,28 +200,29 @@ def main() -> None:
     from rich.table import Table
 
     table = Table(title=f"trainer MFU, GLM-4.5-Air-shaped ({options.layers} MoE layers)")
-    for column in ("GPUs", "tokens/GPU", "step s", "tokens/s", "TFLOP/s/GPU", "matmul TFLOP/s", "MFU",
+    for column in ("GPUs", "row tokens", "step s", "tokens/s", "TFLOP/s/GPU", "matmul TFLOP/s", "MFU",
                    "MFU (989T)", "peak GiB", "est. GiB", "est/peak"):
         table.add_column(column, justify="right")
     for r in rows:
         if "error" in r:
             table.add_row(str(r["gpus"]), str(r["seq"]), r["error"][:40], *[""] * 8)
             continue
-        table.add_row(str(r["gpus"]), str(r["seq"]), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}",
+        table.add_row(f"{r['gpus']}" + (f" cp{r['cp']}" if r.get("cp", 1) > 1 else ""), str(r["seq"]),
+                      f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}",
                       f"{r['tflops_per_gpu']:.0f}", f"{r['matmul_tflops']:.0f}", f"{r['mfu']:.1%}",
                       f"{r['mfu_datasheet']:.1%}", f"{r['peak_memory_gib']:.1f}", f"{r['estimate_gib']:.1f}",
                       f"{r['estimate_gib'] / r['peak_memory_gib']:.2f}")
     Console().print(table)
     def best(gpus: int) -> float | None:
-        values = [r["mfu"] for r in rows if r["gpus"] == gpus and "mfu" in r]
+        values = [r["mfu"] for r in rows if r["gpus"] == gpus and "mfu" in r and r.get("cp", 1) == 1]
         return max(values) if values else None
     rows_ok = [r for r in rows if "error" not in r]
     summary = {
         "mfu_1gpu": best(1),
         "mfu_2gpu": best(2),
-        "tokens_per_s": {f"{r['gpus']}gpu_{r['seq']}": r["tokens_per_s"] for r in rows_ok},
-        "peak_memory_gib": {f"{r['gpus']}gpu_{r['seq']}": r["peak_memory_gib"] for r in rows_ok},
-        "estimate_memory_gib": {f"{r['gpus']}gpu_{r['seq']}": r["estimate_gib"] for r in rows_ok},
+        "tokens_per_s": {_key(r): r["tokens_per_s"] for r in rows_ok},
+        "peak_memory_gib": {_key(r): r["peak_memory_gib"] for r in rows_ok},
+        "estimate_memory_gib": {_key(r): r["estimate_gib"] for r in rows_ok},
         "matmul_tflops": rows_ok[0]["matmul_tflops"] if rows_ok else None,
         "runs": rows,
         "device": torch.cuda.get_device_name(0),

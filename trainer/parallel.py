@@ -66,6 +66,13 @@ class LayoutPlan:
                 f"row_tokens={self.row_tokens}; est. {self.estimated_bytes / GIB:.2f} GiB/GPU [{parts}]")
 
 
+# Bytes of recompute/backward working set per (token x top_k x hidden) element of one MoE
+# layer under activation checkpointing: the routed copies of the tokens (input, bf16 cast,
+# expert output, fp32 weighted output) and their gradients. Calibrated on an H200 with
+# GLM-4.5-Air-shaped layers at 32k tokens (1 and 2 GPUs: 18.6 and 19.5); see docs/gpu.md.
+MOE_WORKING_BYTES = 19.0
+
+
 def estimate_memory(
     args: MoEModelArgs,
     *,
@@ -79,34 +86,37 @@ def estimate_memory(
 ) -> dict[str, float]:
     """Per-GPU peak memory estimate by component (bytes).
 
-    fp32 master weights, fp32 grads and two fp32 Adam moments, sharded over ``world``
-    (experts over ``ep`` x ``world/ep``); one MoE layer's weights and gradients
-    unsharded in compute precision (plus the next one prefetched); the root's
-    embedding and LM head unsharded; per-layer saved inputs with checkpointing (or all
-    activations without), plus one layer's recompute working set and a logits chunk.
+    * states: fp32 master weights, fp32 gradients and two fp32 Adam moments, sharded over
+      ``world`` (experts over ``ep`` x ``world/ep``): 16 bytes per parameter / world.
+    * unsharded_params: with FSDP, the root (embedding, LM head; kept unsharded through
+      the step) and one all-gathered layer in compute precision; in one process, the
+      autocast copy of the LM head.
+    * activations: the saved input of every layer (checkpointing) plus the larger of one
+      MoE layer's recompute/backward working set and one logits chunk; without
+      checkpointing, every layer's working set.
     """
     counts = args.param_counts()
     tokens = row_tokens // cp
-    D, F, K, E = args.hidden_size, args.moe_intermediate_size, args.top_k, args.num_experts
-    heads_q, heads_kv, hd = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+    D, K = args.hidden_size, args.top_k
     states = 16.0 * counts["total"] / world
-    root = (1 if args.tie_word_embeddings else 2) * args.vocab_size * D
-    layer_dense = args.attention_params() + (3 * D * F * args.num_shared_experts + E * D)
-    layer_experts = args.expert_params_per_layer() / ep
-    unsharded = (compute_bytes * (root + 2 * (layer_dense + layer_experts))  # weights: root + current + prefetched layer
-                 + 4.0 * (layer_dense + layer_experts))                     # one layer's fp32 gradient before reduce-scatter
-    attention_act = tokens * (heads_q * hd * 2 + heads_kv * hd * 4) * compute_bytes + tokens * heads_q * 4 * 2
-    moe_act = tokens * K * (D * compute_bytes * 3 + F * compute_bytes * 3 + D * 4) + tokens * (E * 4 * 3 + D * 4 * 2)
-    shared_act = tokens * 3 * F * args.num_shared_experts * compute_bytes
-    layer_working = attention_act + moe_act + shared_act + tokens * D * compute_bytes * 6
-    layers = args.num_hidden_layers
-    if activation_checkpointing:
-        activations = layers * tokens * D * compute_bytes + 2 * layer_working
+    head = args.vocab_size * D
+    root = head if args.tie_word_embeddings else 2 * head
+    layer = args.attention_params() + 3 * D * args.moe_intermediate_size * args.num_shared_experts \
+        + args.num_experts * D + args.expert_params_per_layer() / ep
+    if world > 1:
+        unsharded = compute_bytes * (root + layer)
+        residual_bytes = compute_bytes
     else:
-        activations = layers * layer_working
-    chunk = min(tokens, logprob_chunk_tokens)
-    logits = chunk * args.vocab_size * (compute_bytes + 4 * 3) + tokens * D * (compute_bytes + 4) * 2
-    return {"states": states, "unsharded_params": unsharded, "activations": activations, "logits": logits}
+        unsharded = compute_bytes * head if compute_bytes < 4 else 0.0
+        residual_bytes = 4  # autocast keeps the residual stream in fp32
+    moe_working = tokens * K * D * MOE_WORKING_BYTES * (compute_bytes / 2 if compute_bytes < 4 else 1.5)
+    logits = min(tokens, logprob_chunk_tokens) * args.vocab_size * 4 * 3
+    saved_inputs = args.num_hidden_layers * tokens * D * residual_bytes
+    if activation_checkpointing:
+        activations = saved_inputs + max(moe_working, logits)
+    else:
+        activations = args.num_hidden_layers * moe_working + logits
+    return {"states": states, "unsharded_params": unsharded, "activations": activations}
 
 
 def _divisors(n: int) -> list[int]:
@@ -123,6 +133,7 @@ def plan_layout(
     gpu_memory_bytes: float = 80 * GIB,
     activation_checkpointing: bool = True,
     compute_bytes: int = 2,
+    logprob_chunk_tokens: int = 4096,
 ) -> LayoutPlan:
     """Choose ep and cp for ``world`` ranks and estimate memory; one-line errors for impossible layouts."""
     if world < 1:
@@ -136,7 +147,8 @@ def plan_layout(
         )
     def _estimate(cp_degree: int) -> dict[str, float]:
         return estimate_memory(args, world=world, ep=ep, cp=cp_degree, row_tokens=row_tokens,
-                               activation_checkpointing=activation_checkpointing, compute_bytes=compute_bytes)
+                               activation_checkpointing=activation_checkpointing, compute_bytes=compute_bytes,
+                               logprob_chunk_tokens=logprob_chunk_tokens)
     if cp == "auto":
         candidates = [d for d in _divisors(world) if row_tokens % d == 0]
         for degree in candidates:

@@ -82,6 +82,7 @@ class Trainer:
             gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
             activation_checkpointing=parallel.activation_checkpointing,
             compute_bytes=2 if compute_dtype == torch.bfloat16 else 4,
+            logprob_chunk_tokens=config.logprob_chunk_tokens,
         )
         torch.manual_seed(config.seed)
         model = build_model(self.args, device=self.device)
