@@ -9,16 +9,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TOY_MODULE = '''"""Toy environment: echo a word back."""
+TOY_MODULE = '''"""Toy environment: echo a word back (rows in data/train.jsonl)."""
+
+import json
+from pathlib import Path
+
+from agentrl.environment import SingleTurnEnv, rows_to_dataset
+from agentrl.rubric import Rubric
 
 
-def build_rows():
-    return [{"prompt": [{"role": "user", "content": "say " + w}], "answer": w, "info": {"i": i}, "task": "echo"}
-            for i, w in enumerate(["alpha", "beta", "gamma"])]
+def exact(completion, answer: str) -> float:
+    return float(bool(completion) and completion[-1].content.strip() == answer)
 
 
 def load_environment(**kwargs):
-    return {"rows": build_rows(), **kwargs}
+    lines = (Path(__file__).resolve().parent / "data" / "train.jsonl").read_text().splitlines()
+    rows = rows_to_dataset([json.loads(line) for line in lines if line.strip()])
+    return SingleTurnEnv(dataset=rows, eval_dataset=rows, rubric=Rubric(funcs=[exact]), **kwargs)
 '''
 
 

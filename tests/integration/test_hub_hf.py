@@ -131,6 +131,17 @@ def test_both_backends_give_identical_rows_and_image_digests(hf_env, tmp_path, r
     assert load_manifest(from_local).sandbox.digest == load_manifest(from_hf).sandbox.digest == local.image_digest
     read = lambda folder: datasets.Dataset.from_parquet(str(folder / DATASET_DIR / "train.parquet")).to_list()  # noqa
     assert read(from_local) == read(from_hf) and len(read(from_hf)) == 6
+    import asyncio
+
+    import agentrl
+    from agentrl.policies import ScriptedPolicy
+    from agentrl.sampling import SamplingConfig
+
+    for folder in (from_local, from_hf):  # both pulled copies load and score the same way
+        env = agentrl.load_environment(folder)
+        task = env.tasks("test")[4]
+        [right] = asyncio.run(env.run_group(ScriptedPolicy([task.answer]), task, n=1, sampling=SamplingConfig()))
+        assert right.error is None and right.reward == 1.0
 
 
 def test_versions_are_tags_and_each_holds_a_whole_package(hf_env, tmp_path):
