@@ -149,6 +149,8 @@ class HFHub:
 
     def publish(self, staged: Path, ref: PackageRef, lock: PackageLock) -> bool:
         """Commit the staged package to `main` (mirroring it exactly), then tag the commit with the version."""
+        from huggingface_hub import errors
+
         from agentrl.hub.publish import VersionConflictError
 
         existing = self.lock_of(ref)
@@ -164,8 +166,18 @@ class HFHub:
                 commit_description=f"content hash {lock.content_hash}", delete_patterns=["*"],
             )
             _fault_delay()
-            self.api.create_tag(ref.repo_id, tag=ref.version, revision=commit.oid, repo_type=REPO_TYPE,
-                                tag_message=f"{ref.name} {ref.version} ({lock.content_hash})")
+            try:
+                self.api.create_tag(ref.repo_id, tag=ref.version, revision=commit.oid, repo_type=REPO_TYPE,
+                                    tag_message=f"{ref.name} {ref.version} ({lock.content_hash})")
+            except errors.HfHubHTTPError as error:
+                if error.response is None or error.response.status_code != 409:
+                    raise
+                # a concurrent push tagged this version first: same content is a no-op, other content a conflict
+                existing = self.lock_of(ref)
+                if existing is not None and existing.content_hash == lock.content_hash:
+                    return False
+                raise VersionConflictError.for_ref(
+                    ref, existing.content_hash if existing else "unknown", lock.content_hash) from None
         return True
 
     def fetch(self, ref: PackageRef, destination: Path) -> PackageLock:

@@ -220,6 +220,44 @@ def test_push_killed_between_commit_and_tag_leaves_no_version(hf_env, tmp_path):
     assert pull_package("alice/toy-killed", hub=hub).is_dir()
 
 
+@pytest.mark.parametrize("same_content", [True, False])
+def test_concurrent_pushes_tag_once(hf_env, tmp_path, monkeypatch, same_content):
+    """Two pushes of one version race; the tag decides: the loser is a no-op (same content) or refused."""
+    import threading
+
+    name = f"toy-race-{same_content}".lower()
+    first = write_toy_package(tmp_path / "a", name=name, rows=3)
+    second = write_toy_package(tmp_path / "b", name=name, rows=3 if same_content else 5)
+    monkeypatch.setenv(TAG_DELAY_ENV, "4")  # both commits land before either tag
+    outcome = {}
+
+    def push_first():
+        try:
+            outcome["first"] = push_package(first, hub=HFHub(), owner="alice").published
+        except Exception as error:  # noqa: BLE001 - recorded for the assertion
+            outcome["first"] = error
+
+    thread = threading.Thread(target=push_first)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while ("POST", f"/api/datasets/alice/{name}/commit/main") not in hf_env.requests:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    monkeypatch.setenv(TAG_DELAY_ENV, "6")  # the second push tags after the first
+    if same_content:
+        assert push_package(second, hub=HFHub(), owner="alice").published is False
+    else:
+        with pytest.raises(VersionConflictError):
+            push_package(second, hub=HFHub(), owner="alice")
+    thread.join(timeout=60)
+    assert outcome["first"] is True
+    # the second push got past the early hash check and lost the race at the tag (HTTP 409)
+    assert hf_env.requests.count(("POST", f"/api/datasets/alice/{name}/preupload/main")) == 2
+    assert HFHub().versions(PackageRef("alice", name)) == ["0.1.0"]
+    pulled = pull_package(f"alice/{name}", hub=HFHub())
+    assert len((pulled / "data" / "train.jsonl").read_text().splitlines()) == 3
+
+
 def test_cli_push_list_versions_info_through_hf(hf_env, tmp_path):
     package = write_toy_package(tmp_path / "pkg", name="toy-cli")
     env = dict(os.environ)
