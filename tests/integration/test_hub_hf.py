@@ -278,6 +278,22 @@ def test_cli_push_list_versions_info_through_hf(hf_env, tmp_path):
     assert failed.returncode == 2 and "HF_TOKEN" in failed.stderr and len(failed.stderr.strip().splitlines()) == 1
 
 
+def test_token_from_huggingface_login(hf_env, tmp_path):
+    """`huggingface_hub.login` (validated with whoami against the fake) stores the token the CLI then uses."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    env["HF_HOME"] = str(tmp_path / "login-home")
+    package = write_toy_package(tmp_path / "pkg", name="toy-login")
+    command = [sys.executable, "-m", "agentrl.cli", "env", "push", str(package), "--hub", "hf", "--repo", "alice/toy-login"]
+    anonymous = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert anonymous.returncode == 2 and "HF_TOKEN" in anonymous.stderr, anonymous.stderr
+    login = subprocess.run([sys.executable, "-c", f"from huggingface_hub import login; login(token={TOKEN!r})"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert login.returncode == 0, login.stderr
+    assert (tmp_path / "login-home" / "token").read_text().strip() == TOKEN
+    pushed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert pushed.returncode == 0 and "published: alice/toy-login@0.1.0" in pushed.stdout, pushed.stderr
+
+
 def test_fake_saw_only_known_routes(fake_hub):
     """Runs last in this module: the client called nothing the fake does not implement."""
     assert fake_hub.requests, "the tests above talked to the fake"
