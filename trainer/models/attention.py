@@ -164,7 +164,6 @@ def _varlen_attention(q, k, v, segments: AttentionSegments, scale: float) -> tor
 
 
 def _sdpa_attention(q, k, v, segments: AttentionSegments, scale: float) -> torch.Tensor:
-    out = torch.zeros_like(q)
     pieces = []
     for (qs, qe), (ks, ke) in zip(segments.q_bounds, segments.k_bounds):
         q_len, k_len = qe - qs, ke - ks
@@ -181,6 +180,7 @@ def _sdpa_attention(q, k, v, segments: AttentionSegments, scale: float) -> torch
         pieces.append((qs, qe, o[0].transpose(0, 1)))
     if len(pieces) == 1 and pieces[0][0] == 0 and pieces[0][1] == q.shape[0]:
         return pieces[0][2]
+    out = q.new_zeros(q.shape, dtype=pieces[0][2].dtype if pieces else q.dtype)
     for qs, qe, o in pieces:
         out = out.index_copy(0, torch.arange(qs, qe, device=q.device), o)
     return out

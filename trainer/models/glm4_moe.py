@@ -154,7 +154,8 @@ class Attention(nn.Module):
         v = self.v_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
+        # RoPE tables may be float32 under autocast; attention runs in the projections' dtype
+        q, k = apply_partial_rope(q, cos, sin).to(v.dtype), apply_partial_rope(k, cos, sin).to(v.dtype)
         out = segment_attention(q, k, v, segments, scale=self.scale)
         return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
 
