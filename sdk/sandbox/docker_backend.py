@@ -18,6 +18,7 @@ image's content at those paths.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import io
 import os
@@ -31,11 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.errors import NotFoundError, require
 from agentrl.sandbox.base import CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox.docker_server import ServerConnection, server_command
 from agentrl.sandbox.labels import sandbox_labels
 
 __all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
 
-KEEPER_COMMAND = ["sleep", "infinity"]
 HARD_DEADLINE_GRACE_S = 3.0
 # gVisor's own host threads (Sentry, gofer, ptrace stubs) count against the container's pids
 # limit; without headroom it crashes on ordinary use. A fork bomb past the limit kills the
@@ -103,6 +104,9 @@ class DockerSandbox(Sandbox):
         super().__init__(config)
         self.client = None
         self.disk_mode = "none"
+        self._server: ServerConnection | None = None
+        self.server_execs = 0
+        """Commands answered by the in-container server (the rest went through docker exec)."""
 
     # --- creation ------------------------------------------------------------------
     def _disk_mode(self) -> str:
@@ -140,9 +144,12 @@ class DockerSandbox(Sandbox):
                 path: f"size={cfg.disk_mb}m,mode=1777" if path == "/tmp" else f"size={cfg.disk_mb}m,mode=0755{owned}"
                 for path in self._tmpfs_paths()
             }
+        host["log_config"] = {"Type": "none", "Config": {}}  # commands' output is not kept on the host's disk
         create = dict(
             image=cfg.image,
-            command=KEEPER_COMMAND,
+            command=server_command(),
+            user=cfg.user or "",
+            stdin_open=True,
             hostname="sandbox",
             labels=sandbox_labels(owner=self.owner, backend="docker"),
             working_dir=cfg.workdir,
@@ -199,6 +206,11 @@ class DockerSandbox(Sandbox):
                 ) from None
             raise SandboxError(f"the Docker engine refused the sandbox ({self._limits()}): {text}") from None
         seed = self._workdir_seed(self.id) if self.disk_mode == "tmpfs" else None
+        self._server = ServerConnection(api, self.id)
+        try:
+            self._server.attach()
+        except docker.errors.APIError:
+            self._server = None  # commands go through docker exec
         try:
             api.start(self.id)
         except docker.errors.APIError as error:
@@ -221,6 +233,44 @@ class DockerSandbox(Sandbox):
 
     # --- exec ----------------------------------------------------------------------
     def _exec_blocking(
+        self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,
+        max_output: int,
+    ) -> RawExecResult:
+        server = self._server
+        if server is not None and server.wait_ready(self.config.startup_timeout_s):
+            return self._exec_via_server(server, argv, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
+                                         max_output=max_output)
+        return self._exec_via_docker(argv, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
+
+    def _exec_via_server(
+        self, server: ServerConnection, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str],
+        stdin: bytes | None, max_output: int,
+    ) -> RawExecResult:
+        marker = os.urandom(8).hex()
+        answer = server.request(argv=argv, cwd=cwd, env=env, stdin=stdin, timeout=timeout, max_output=max_output,
+                                marker=marker, wait=timeout + HARD_DEADLINE_GRACE_S + 2.0)
+        if answer is None:
+            for _ in range(10 if not server.alive else 1):  # dockerd may lag behind a crashed sandbox
+                dead = self._why_dead()
+                if dead:
+                    raise SandboxError(f"sandbox {self.id[:12]}: {dead}")
+                time.sleep(0.2)
+            self._kill_exec_processes(marker)
+            if server.alive:  # it did not answer in time: treat as a timeout
+                return RawExecResult(exit_code=137, stdout=b"", stderr=b"", timed_out=True)
+            self._server = None  # the server is gone (killed from inside): docker exec from now on
+            return RawExecResult(exit_code=-1, stdout=b"", stderr=b"sandbox command server stopped during the command\n")
+        if "error" in answer:
+            return RawExecResult(exit_code=126, stdout=b"", stderr=(answer["error"] + "\n").encode())
+        self.server_execs += 1
+        out, err = base64.b64decode(answer["stdout"]), base64.b64decode(answer["stderr"])
+        return RawExecResult(
+            exit_code=int(answer["exit_code"]), stdout=out, stderr=err,
+            stdout_truncated=answer["stdout_total"] > len(out), stderr_truncated=answer["stderr_total"] > len(err),
+            timed_out=bool(answer["timed_out"]),
+        )
+
+    def _exec_via_docker(
         self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,
         max_output: int,
     ) -> RawExecResult:
@@ -308,6 +358,8 @@ class DockerSandbox(Sandbox):
     # --- teardown ------------------------------------------------------------------
     def _close_blocking(self) -> None:
         docker = require("docker", "cpu")
+        if self._server is not None:
+            self._server.close()
         if not self.id or self.client is None:
             return
         try:

@@ -154,3 +154,25 @@ async def test_pool_hands_out_fresh_started_sandboxes():
     left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={cfg.owner}"],
                           capture_output=True, text=True).stdout.split()
     assert left == [] and len(held) == 3
+
+
+@needs_docker
+async def test_docker_exec_fallback_when_server_is_gone():
+    async with create_sandbox(SandboxConfig(owner=owner(), max_output_bytes=1000)) as sandbox:
+        assert (await sandbox.exec("echo via-server")).stdout == "via-server\n"
+        served = sandbox.server_execs
+        assert served >= 1
+        await sandbox.exec("pkill -x sandboxd; sleep 0.5")
+        # From here on commands go through `docker exec`, with the same guarantees.
+        result = await sandbox.exec("echo $X; echo err >&2; exit 4", env={"X": "fallback"})
+        assert (result.exit_code, result.stdout, result.stderr) == (4, "fallback\n", "err\n")
+        assert (await sandbox.exec("cat", stdin=b"z" * 5000)).stdout == "z" * 1000
+        capped = await sandbox.exec("head -c 10000000 /dev/zero")
+        assert capped.stdout_truncated and len(capped.stdout) == 1000
+        slow = await sandbox.exec("(setsid sleep 300 &); sleep 300", timeout=1)
+        assert slow.timed_out and slow.exit_code == 137
+        left = await sandbox.exec("ps -eo args | grep -c '^sleep 300' || true")
+        assert left.stdout.strip() == "0"
+        await sandbox.write_file("f.txt", "through exec")
+        assert await sandbox.read_file("f.txt") == "through exec"
+        assert sandbox.server_execs == served  # the pkill took its own answer down with the server

@@ -1,0 +1,163 @@
+"""Host side of the in-container command server (`sandboxd.py`) of Docker sandboxes.
+
+The container's main process is `sandboxd` (when the image has python3), started with
+stdin open. Before the container starts, the host attaches to its stdin/stdout/stderr
+(one hijacked connection); requests go out as JSON lines on stdin, answers come back as
+JSON lines on stdout inside Docker's multiplexed frames, matched to waiting callers by id.
+A reader thread owns the socket's read side. When the server is gone (no python3 in the
+image, the model killed it, the connection dropped), `alive` turns False and the sandbox
+falls back to `docker exec`.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import select
+import socket
+import struct
+import threading
+from pathlib import Path
+
+__all__ = ["ServerConnection", "server_command"]
+
+_SOURCE = (Path(__file__).with_name("sandboxd.py")).read_text()
+# sandboxd's source arrives as the first JSON line on stdin (a short command line in `ps`).
+# If python3 is missing or the server ends, the container stays up for `docker exec`.
+_LAUNCH = (
+    "if command -v python3 >/dev/null 2>&1; then "
+    "python3 -c 'import sys, json; exec(compile(json.loads(sys.stdin.buffer.readline()), \"sandboxd\", \"exec\"))'; "
+    "fi; echo '{\"gone\": 1}'; exec sleep infinity"
+)
+
+
+def server_command() -> list[str]:
+    """The container command that runs sandboxd."""
+    return ["/bin/sh", "-c", _LAUNCH]
+
+
+class ServerConnection:
+    """One attached connection to a sandbox's sandboxd, shared by concurrent callers."""
+
+    def __init__(self, api, container_id: str) -> None:
+        self.api = api
+        self.container_id = container_id
+        self.alive = False
+        self.ready = threading.Event()
+        self._ids = itertools.count()
+        self._waiting: dict[int, list] = {}
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._raw = None
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    def attach(self) -> None:
+        """Attach to the (created, not yet started) container's streams and start reading."""
+        raw = self.api.attach_socket(self.container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        self._raw = raw
+        self._sock = raw._sock
+        reader = raw._response.raw._fp.fp if hasattr(raw, "_response") else raw
+        self._sock.setblocking(False)
+        try:
+            initial = reader.read1(65536)
+        except (BlockingIOError, OSError):
+            initial = None
+        self._sock.setblocking(True)
+        self.alive = True
+        self._sock.sendall((json.dumps(_SOURCE) + "\n").encode())  # read by the launcher once it starts
+        self._thread = threading.Thread(target=self._read_loop, args=(initial or b"",), daemon=True,
+                                        name=f"sandboxd-{self.container_id[:12]}")
+        self._thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait for sandboxd's hello (or its 'gone'); True when it serves requests."""
+        self.ready.wait(timeout)
+        return self.alive and self.ready.is_set()
+
+    def _read_loop(self, pending: bytes) -> None:
+        line_buffer = bytearray()
+        frames = bytearray(pending)
+        try:
+            while True:
+                while len(frames) >= 8:
+                    stream_type, size = struct.unpack(">BxxxL", frames[:8])
+                    if len(frames) < 8 + size:
+                        break
+                    payload = bytes(frames[8 : 8 + size])
+                    del frames[: 8 + size]
+                    if stream_type == 1:
+                        line_buffer += payload
+                        while b"\n" in line_buffer:
+                            line, _, rest = bytes(line_buffer).partition(b"\n")
+                            line_buffer = bytearray(rest)
+                            self._dispatch(line)
+                readable, _, _ = select.select([self._sock], [], [], 5.0)
+                if not readable:
+                    continue
+                chunk = self._sock.recv(262144)
+                if not chunk:
+                    break
+                frames += chunk
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._shut_down()
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return
+        if "ready" in message:
+            self.ready.set()
+            return
+        if "gone" in message:
+            self._shut_down()
+            return
+        with self._lock:
+            slot = self._waiting.pop(message.get("id"), None)
+        if slot is not None:
+            slot[1] = message
+            slot[0].set()
+
+    def _shut_down(self) -> None:
+        self.alive = False
+        self.ready.set()
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+        for slot in waiting.values():
+            slot[0].set()  # answer None: the caller falls back or reports the sandbox dead
+
+    def request(self, *, argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None, timeout: float,
+                max_output: int, marker: str, wait: float) -> dict | None:
+        """Send one command; its answer, or None when the server died or did not answer within `wait`."""
+        if not self.alive:
+            return None
+        request_id = next(self._ids)
+        slot: list = [threading.Event(), None]
+        with self._lock:
+            self._waiting[request_id] = slot
+        message = {"id": request_id, "marker": marker, "argv": argv, "cwd": cwd, "env": env, "timeout": timeout,
+                   "max_output": max_output, "stdin": base64.b64encode(stdin).decode() if stdin is not None else None}
+        data = (json.dumps(message) + "\n").encode()
+        try:
+            with self._write_lock:
+                self._sock.sendall(data)
+        except OSError:
+            self._shut_down()
+            return None
+        answered = slot[0].wait(wait)
+        with self._lock:
+            self._waiting.pop(request_id, None)
+        return slot[1] if answered else None
+
+    def close(self) -> None:
+        self.alive = False
+        for closer in (getattr(self._raw, "_response", None), self._raw):
+            try:
+                if closer is not None:
+                    closer.close()
+            except Exception:  # closing a socket the daemon already dropped
+                pass
