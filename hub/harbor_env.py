@@ -81,7 +81,7 @@ class HarborTaskEnv(ToolEnv):
         from agentrl.hub.package import build_dataset
 
         kwargs.setdefault("name", self.manifest.name)
-        kwargs.setdefault("splits", build_dataset(self.package_dir, self.manifest))
+        kwargs.setdefault("splits", build_dataset(self.package_dir, manifest=self.manifest))
         super().__init__(tools=[Tool(bash, hidden=("sandbox",))], rubric=rubric, **kwargs)
 
     def image(self) -> str:

@@ -197,7 +197,7 @@ def check_package_images(target: str | Path, *, registry: str | None = None) -> 
             ref = parse_image(image)
             image = str(ImageRef(ref.registry, ref.repository, None, manifest.sandbox.digest))
         wanted[image] = "manifest"
-    for split, dataset in sorted(build_dataset(folder, manifest).items()):
+    for split, dataset in sorted(build_dataset(folder, manifest=manifest).items()):
         for row in dataset:
             for name in _row_images(row):
                 wanted.setdefault(name, f"rows {split}")

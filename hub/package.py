@@ -131,7 +131,7 @@ def _load_split_file(package_dir: Path, split: str, relative: str):
                       ".jsonl, .json or .parquet")
 
 
-def build_dataset(package_dir: Path, manifest: Manifest | None = None) -> dict[str, Any]:
+def build_dataset(package_dir: Path, *, manifest: Manifest | None = None) -> dict[str, Any]:
     """The package's splits as `datasets.Dataset`s (from its data files or its generator)."""
     package_dir = Path(package_dir)
     manifest = manifest or load_manifest(package_dir)
@@ -163,7 +163,7 @@ def validate_package(package_dir: Path, *, check_rows: bool = True) -> tuple[Man
     if manifest.sandbox and manifest.sandbox.dockerfile and not (package_dir / manifest.sandbox.dockerfile).is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: sandbox.dockerfile {manifest.sandbox.dockerfile!r} "
                           "not found in the package")
-    splits = build_dataset(package_dir, manifest) if check_rows else {}
+    splits = build_dataset(package_dir, manifest=manifest) if check_rows else {}
     for split, dataset in splits.items():
         for start in range(0, len(dataset), _VALIDATE_BATCH):  # arrow batches: far faster than row iteration
             rows = dataset.data.slice(start, _VALIDATE_BATCH).to_pylist()
