@@ -90,3 +90,22 @@ def test_image_reference_parsing():
     assert parse_image("agentrl-base:bookworm") == parse_image("agentrl-base:bookworm")
     ref = parse_image("agentrl/swe@sha256:abc")
     assert (ref.registry, ref.repository, ref.digest) == (None, "agentrl/swe", "sha256:abc")
+
+
+def test_local_registry_takes_a_free_port_when_the_wanted_one_is_busy(tmp_path):
+    import socket
+
+    import httpx
+
+    from agentrl.hub.registry import LocalRegistry
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        server = LocalRegistry(tmp_path / "registry", port=taken)
+        assert server.port != taken
+        with server:
+            assert httpx.get(f"http://{server.address}/v2/", timeout=5).status_code == 200
+            process = server.process
+        assert server.process is None and process.poll() is not None
