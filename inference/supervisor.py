@@ -1,0 +1,240 @@
+"""Keep vLLM servers alive, and never lose a request when one dies.
+
+- `ServerSupervisor` watches one `VLLMServer`: a background thread polls the process and
+  `/health`; when the process exits or `failure_threshold` health checks in a row fail,
+  it restarts the server on the same port (at most `max_restarts` times; after that the
+  supervisor is `failed` and says why). Every death and restart is recorded in `events`.
+- `SupervisedClient` wraps a `ChatClient` (the token client): a call that fails because
+  the server died waits for the supervisor to bring it back and retries (a completion is
+  only ever returned whole, so a retry cannot duplicate tokens); when retries run out, or
+  the supervisor gave up, it raises `InferenceError`, which environments record as a
+  failed rollout (`Rollout.error`). A request is never silently dropped.
+- `preflight(plan)` gives one-line errors before anything starts: vLLM not installed, or a
+  plan that needs more GPUs on a node than this machine has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agentrl.errors import AgentrlError, MissingExtraError
+
+__all__ = ["ServerSupervisor", "SupervisedClient", "SupervisorEvent", "preflight", "visible_gpus", "InsufficientGpusError"]
+
+
+class InsufficientGpusError(AgentrlError):
+    """A plan needs more GPUs than this machine has."""
+
+
+@dataclass
+class SupervisorEvent:
+    """One thing the supervisor saw or did."""
+
+    time: float
+    """`time.monotonic()` when it happened."""
+    kind: str
+    """'started', 'died', 'unhealthy', 'restarted', 'restart_failed' or 'gave_up'."""
+    detail: str = ""
+    """Exit status, error text, or how long the restart took."""
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def visible_gpus() -> int:
+    """CUDA GPUs this process can use (0 without torch/CUDA)."""
+    if not _installed("torch"):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def preflight(plan, *, node: int = 0) -> None:
+    """Raise a one-line error when `node`'s processes of a `DeploymentPlan` cannot run here."""
+    servers = [process for process in plan.servers if process.node == node]
+    if servers and not _installed("vllm"):
+        raise MissingExtraError("vllm", "vllm" if any(process.gpus for process in servers) else "cpu")
+    needed = max((max(process.gpus) + 1 for process in servers if process.gpus), default=0)
+    if needed:
+        have = visible_gpus()
+        if have < needed:
+            raise InsufficientGpusError(
+                f"the {plan.kind} plan for {plan.model} needs {needed} GPUs on node {node}, this machine has {have};"
+                " use a smaller plan (fewer gpus_per_node or tensor_parallel_size) or device='cpu'"
+            )
+
+
+class ServerSupervisor:
+    """Restart a `VLLMServer` when it dies; `healthy` / `wait_healthy` tell clients when to retry."""
+
+    def __init__(
+        self,
+        server,
+        *,
+        health_interval_s: float = 1.0,
+        failure_threshold: int = 3,
+        max_restarts: int = 3,
+        on_event: Callable[[SupervisorEvent], None] | None = None,
+    ) -> None:
+        self.server = server
+        self.health_interval_s = health_interval_s
+        self.failure_threshold = failure_threshold
+        self.max_restarts = max_restarts
+        self.on_event = on_event
+        self.events: list[SupervisorEvent] = []
+        self.restarts = 0
+        self.failed: str | None = None
+        self._healthy = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy.is_set()
+
+    def _record(self, kind: str, detail: str = "") -> None:
+        event = SupervisorEvent(time.monotonic(), kind, detail)
+        self.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def start(self) -> "ServerSupervisor":
+        """Start the server (blocking until healthy) and the watch thread."""
+        self.server.start()
+        self._record("started", self.server.url)
+        self._healthy.set()
+        self._thread = threading.Thread(target=self._watch, name=f"supervisor-{self.server.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _check(self, client: httpx.Client) -> str | None:
+        """None when healthy, else why not."""
+        process = self.server.process
+        if process is None or process.poll() is not None:
+            return f"process exited with status {None if process is None else process.returncode}"
+        try:
+            response = client.get(f"{self.server.url}/health")
+            return None if response.status_code == 200 else f"/health answered {response.status_code}"
+        except httpx.HTTPError as error:
+            return f"/health failed: {type(error).__name__}"
+
+    def _watch(self) -> None:
+        failures = 0
+        with httpx.Client(timeout=max(2.0, self.health_interval_s)) as client:
+            while not self._stopping.wait(self.health_interval_s):
+                problem = self._check(client)
+                if problem is None:
+                    failures = 0
+                    continue
+                exited = problem.startswith("process exited")
+                failures += 1
+                if not exited and failures < self.failure_threshold:
+                    continue
+                self._healthy.clear()
+                self._record("died" if exited else "unhealthy", problem)
+                failures = 0
+                if self._stopping.is_set():
+                    return
+                if self.restarts >= self.max_restarts:
+                    self.failed = f"server {self.server.url} died {self.restarts + 1} times (last: {problem}); gave up"
+                    self._record("gave_up", self.failed)
+                    self.server.stop()
+                    return
+                self.restarts += 1
+                started = time.monotonic()
+                try:
+                    self.server.stop()
+                    self.server.start()
+                except Exception as error:  # the next loop turn sees the dead process again
+                    self._record("restart_failed", str(error).splitlines()[0][:300])
+                    continue
+                self._record("restarted", f"in {time.monotonic() - started:.1f}s")
+                self._healthy.set()
+
+    def wait_healthy(self, timeout_s: float) -> bool:
+        """Block until the server is healthy (True) or `timeout_s` passed / the supervisor gave up (False)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.failed:
+                return False
+            if self._healthy.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
+                return True
+        return self._healthy.is_set()
+
+    def stop(self) -> None:
+        """Stop watching, then stop the server."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._healthy.clear()
+        self.server.stop()
+
+    def __enter__(self) -> "ServerSupervisor":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+class SupervisedClient:
+    """A `ChatClient` that survives server restarts: retry after recovery, else a clear failure."""
+
+    def __init__(self, client: Any, supervisor: ServerSupervisor, *, max_retries: int = 2, recovery_timeout_s: float = 300.0) -> None:
+        self.client = client
+        self.supervisor = supervisor
+        self.max_retries = max_retries
+        self.recovery_timeout_s = recovery_timeout_s
+        self.retried = 0
+        self.failed = 0
+
+    async def _call(self, name: str, *args: Any, **kwargs: Any):
+        from agentrl.client import InferenceError
+
+        attempt = 0
+        while True:
+            try:
+                return await getattr(self.client, name)(*args, **kwargs)
+            except (InferenceError, httpx.HTTPError) as error:
+                if self.supervisor.failed:
+                    self.failed += 1
+                    raise InferenceError(f"inference server lost: {self.supervisor.failed}") from error
+                if attempt >= self.max_retries:
+                    self.failed += 1
+                    raise InferenceError(
+                        f"inference request failed after {attempt + 1} attempts while {self.supervisor.url}"
+                        f" was restarting: {str(error).splitlines()[0][:200]}"
+                    ) from error
+                attempt += 1
+                self.retried += 1
+                await asyncio.sleep(self.supervisor.health_interval_s)  # let the watcher notice the death
+                recovered = await asyncio.to_thread(self.supervisor.wait_healthy, self.recovery_timeout_s)
+                if not recovered:
+                    self.failed += 1
+                    reason = self.supervisor.failed or f"not healthy within {self.recovery_timeout_s:.0f}s"
+                    raise InferenceError(f"inference server {self.supervisor.url} lost: {reason}") from error
+
+    async def chat(self, messages, *, tools=None, sampling, previous=None):
+        """`ChatClient.chat`, retried across server restarts."""
+        return await self._call("chat", messages, tools=tools, sampling=sampling, previous=previous)
+
+    async def generate(self, prompt_ids: list[int], *, sampling):
+        """The token client's `generate`, retried across server restarts."""
+        return await self._call("generate", prompt_ids, sampling=sampling)
