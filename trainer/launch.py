@@ -57,7 +57,8 @@ class TrainingResult:
 
 
 # ---------------------------------------------------------------------------------- planning
-def _trainer_plan(config: RunConfig):
+def trainer_plan(config: RunConfig):
+    """The trainer's parallel layout and memory estimate for this run (raises when nothing fits)."""
     from agentrl.trainer.models.args import MoEModelArgs
     from agentrl.trainer.parallel import plan_layout
 
@@ -70,8 +71,29 @@ def _trainer_plan(config: RunConfig):
                        compute_bytes=2 if parallel.param_dtype == "bfloat16" else 4)
 
 
+#: config.json values of presets whose weights are not on this machine (from their HF repos),
+#: enough for the trainer's layout planner and memory estimate.
+PRESET_HF_CONFIGS: dict[str, dict[str, Any]] = {
+    "glm-4.5-air": {
+        "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944,
+        "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_attention_heads": 96,
+        "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5, "attention_bias": True, "use_qk_norm": False, "n_routed_experts": 128,
+        "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
+        "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "tie_word_embeddings": False,
+    },
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+        "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "tie_word_embeddings": False,
+    },
+}
+
+
 def _model_args(config: RunConfig):
-    """Model shape from the local folder, or from the preset when the weights are not here."""
+    """Model shape from the local folder, or from the preset's recorded config when the weights are not here."""
     from agentrl.models import resolve_model
     from agentrl.trainer.models.args import MoEModelArgs
 
@@ -79,10 +101,9 @@ def _model_args(config: RunConfig):
     try:
         return MoEModelArgs.from_hf_dir(spec.local_path())
     except AgentrlError:
-        preset = getattr(MoEModelArgs, "from_preset", None)
-        if preset is None:
+        if spec.name not in PRESET_HF_CONFIGS:
             raise
-        return preset(spec.name)
+        return MoEModelArgs.from_hf_config(PRESET_HF_CONFIGS[spec.name])
 
 
 def plan_run(config: RunConfig) -> str:
@@ -99,13 +120,27 @@ def plan_run(config: RunConfig) -> str:
     nodes = sorted({p.node for p in deployment.processes})
     lines.append(f"# GPUs: inference {gpus_inference} on node(s) {nodes}, trainer {gpus_trainer}, "
                  f"total {gpus_inference + gpus_trainer}")
+    gpus_per_node = max(1, config.inference.gpus_per_node) if config.inference.device == "gpu" else 0
+    if gpus_per_node:
+        inference_nodes = max(1, config.inference.nodes)
+        trainer_nodes = -(-gpus_trainer // 8) if gpus_trainer else 0
+        trainer_range = (f"nodes {inference_nodes}-{inference_nodes + trainer_nodes - 1}" if trainer_nodes > 1
+                         else f"node {inference_nodes}")
+        lines.append(f"# nodes: {inference_nodes + trainer_nodes} (inference: node(s) 0-{inference_nodes - 1}, "
+                     f"trainer: {trainer_range}, 8 GPUs each)")
+        if spec.total_params:
+            fp8 = "--quantization" in " ".join(p.shell() for p in deployment.servers)
+            weight_bytes = spec.total_params * (1 if fp8 else 2) / max(1, config.inference.tensor_parallel_size)
+            lines.append(f"# inference memory per GPU: weights ~{weight_bytes / 1024**3:.0f} GiB "
+                         f"({'fp8' if fp8 else 'bf16'}, tensor parallel {config.inference.tensor_parallel_size}), "
+                         f"KV cache fills the rest up to gpu_memory_utilization")
     if spec.training_gpus:
         lines.append(f"# the preset asks for at least {spec.training_gpus} GPUs for a full RL run")
     lines.append(f"# rollout workers: {config.launch.num_rollout_workers} (CPU), Ray cluster: "
                  f"{config.launch.ray_address or 'local (started by agentrl)'}")
     lines.append("\n## trainer")
     try:
-        plan = _trainer_plan(config)
+        plan = trainer_plan(config)
         lines.append(f"# layout: {plan.describe()}")
         lines.append(f"# memory per GPU: {plan.estimated_bytes / 1024**3:.1f} GiB of "
                      f"{config.trainer.parallel.gpu_memory_gib:.0f} GiB planned")
@@ -232,8 +267,8 @@ class TrainerActor:
 
     def save(self, path: str) -> None:
         folder = Path(path)
+        self.trainer.export_hf(folder)  # replaces the folder: write it before the DCP state inside
         self.trainer.save_checkpoint(folder / "trainer")
-        self.trainer.export_hf(folder)
 
 
 class RolloutWorker:
@@ -337,6 +372,7 @@ def run_training(
     from agentrl.loader import load_environment
 
     status = on_status or (lambda message: None)
+    check_resources(config)
     folder = RunDir(run_dir)
     state = OrchestratorState()
     start_weights = config.starting_weights()
@@ -357,7 +393,6 @@ def run_training(
         from agentrl.config import dump_config
 
         folder.create(dump_config(config))
-    check_resources(config) if (config.launch.trainer_gpus or config.inference.device == "gpu") else None
 
     local_env = load_environment(config.env.name, **config.env.args)
     started_ray = _init_ray(config)

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field
 
 from agentrl.config import BaseConfig, load_config
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.plans import DeploymentConfig
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
@@ -142,12 +142,54 @@ def load_run_config(
     if model is not None:
         shortcuts.append(f"model.name={_toml_string(model)}")
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)
+    _gpu_defaults(config)
     if config.model.init_checkpoint is None:
         warm = _DEFAULTS_BY_MODEL.get(config.model.name)
         if warm is not None and (warm / "config.json").is_file():
             config.model.init_checkpoint = str(warm)
     config.trainer.model = config.model.name
     return config
+
+
+def _gpu_defaults(config: RunConfig) -> None:
+    """For GPU-sized presets, plan GPUs unless the config set [inference]/[launch]/[trainer] itself.
+
+    One node of 8 GPUs serves (replicas of `inference_gpus`-way tensor parallel behind the
+    router), the rest of the preset's `training_gpus` train (expert parallel, CP planned).
+    """
+    from agentrl.models import PRESETS
+
+    spec = PRESETS.get(config.model.name)
+    if spec is None or not spec.training_gpus:
+        return
+    gpus_per_node = 8
+    if "inference" not in config.model_fields_set:
+        tp = max(1, spec.inference_gpus)
+        inference_gpus = min(gpus_per_node, spec.training_gpus // 2) if spec.training_gpus > gpus_per_node else tp
+        nodes = max(1, -(-inference_gpus // gpus_per_node))
+        config.inference = DeploymentConfig(
+            device="gpu", kind="replicas" if inference_gpus // tp > 1 else "single",
+            replicas=max(1, inference_gpus // tp), tensor_parallel_size=tp, nodes=nodes,
+            gpus_per_node=min(gpus_per_node, inference_gpus), max_model_len=min(spec.context, 65536),
+        )
+    if "trainer" not in config.model_fields_set:
+        config.trainer = TrainerConfig.model_validate(
+            {"row_tokens": 32768, "parallel": {"cp": "auto", "gpu_memory_gib": 141.0}, "optimizer": {"lr": 1e-6}}
+        )
+    if "launch" not in config.model_fields_set:
+        planned = config.inference.replicas * config.inference.tensor_parallel_size
+        trainer_gpus = max(gpus_per_node, spec.training_gpus - planned)
+        config.launch = LaunchConfig(trainer_gpus=trainer_gpus, inference_gpus=planned)
+        # Grow the trainer by whole nodes until its layout fits the GPUs' memory.
+        from agentrl.trainer.launch import trainer_plan
+
+        for nodes in range(1, 17):
+            config.launch.trainer_gpus = max(trainer_gpus, nodes * gpus_per_node)
+            try:
+                trainer_plan(config)
+                break
+            except AgentrlError:
+                continue
 
 
 def _toml_string(value: str) -> str:

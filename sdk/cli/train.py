@@ -1,0 +1,131 @@
+"""`agentrl train` (asynchronous RL on Ray) and `agentrl sft` (supervised warm start).
+
+Kept light at import: the run config, Ray, torch and the trainer load inside the commands.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def _run_name(env: str, model: str) -> str:
+    def slug(text: str) -> str:
+        return "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(text).name)[:40]
+
+    return f"{slug(env)}-{slug(model)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+
+
+def _step_line(metrics: dict) -> str:
+    staleness = ",".join(f"{k}:{v}" for k, v in (metrics.get("staleness") or {}).items())
+    kl = metrics.get("mismatch_kl")
+    return (f"step {metrics['step']:>3}  reward {metrics['reward']:.4f}  "
+            f"mismatch_kl {kl if kl is None else f'{kl:.2e}'}  staleness [{staleness}]  "
+            f"dropped {metrics.get('dropped_stale', 0)}  {metrics.get('tokens_per_s', 0):.0f} tok/s  "
+            f"step {metrics.get('step_time_s', 0):.1f}s ({metrics.get('bound')}-bound)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train_command(
+        env: Optional[str] = typer.Option(None, "--env", "-e", help="Environment (default reverse-text)."),
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="Model preset or HF folder (default tiny-moe)."),
+        config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML run config (see cookbook/)."),
+        overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. orchestrator.max_steps=10."),
+        dry_run: bool = typer.Option(False, "--dry-run",
+                                     help="Print the resolved config and the full plan (nodes, GPUs, layout, "
+                                          "vLLM commands, memory per GPU) and exit."),
+        resume: Optional[Path] = typer.Option(None, "--resume",
+                                              help="Continue the run in this folder from its last checkpoint."),
+        ray_address: Optional[str] = typer.Option(None, "--ray-address",
+                                                  help="Join this Ray cluster instead of starting a local one."),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run folder (default runs/<env>-<model>-<time>)."),
+    ) -> None:
+        """Train a policy with asynchronous RL: rollouts on vLLM, trainer steps, live weight updates.
+
+        With no arguments: reverse-text on tiny-moe on this CPU, from the committed SFT warm
+        start. Writes config.toml, metrics.jsonl, checkpoints, plots and report.md to the run folder.
+        """
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from agentrl.config import dump_config
+        from agentrl.trainer.run_config import load_run_config
+
+        console = Console()
+        extra = list(overrides)
+        if ray_address:
+            extra.append(f'launch.ray_address="{ray_address}"')
+        if resume is not None:
+            from agentrl.trainer.report import RunDir
+
+            RunDir(resume).require_existing()
+            if config is not None or env or model:
+                console.print("note: --resume reuses the run's config.toml; --config/--env/--model are ignored")
+            resolved = load_run_config(resume / "config.toml", overrides=extra)
+            run_dir = resume
+        else:
+            resolved = load_run_config(config, overrides=extra, env=env, model=model)
+            run_dir = output or Path(resolved.run.output_dir) / (resolved.run.name or _run_name(resolved.env.name,
+                                                                                                resolved.model.name))
+        if dry_run:
+            from agentrl.trainer.launch import plan_run
+
+            console.print(dump_config(resolved), markup=False, highlight=False)
+            console.print(plan_run(resolved), markup=False, highlight=False)
+            raise typer.Exit(0)
+        from agentrl.trainer.launch import run_training
+
+        total = resolved.orchestrator.max_steps
+        with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=console, transient=False) as progress:
+            task = progress.add_task("starting", total=total)
+
+            def on_status(message: str) -> None:
+                progress.update(task, description=message)
+
+            def on_step(metrics: dict) -> None:
+                progress.console.print(_step_line(metrics), markup=False, highlight=False)
+                progress.update(task, completed=metrics["step"] + 1, description=f"reward {metrics['reward']:.3f}")
+
+            result = run_training(resolved, run_dir=run_dir, resume=resume is not None, on_step=on_step,
+                                  on_status=on_status)
+        history = result.history
+        if history:
+            console.print(f"reward: step {history[0]['step']} {history[0]['reward']:.4f} -> "
+                          f"step {history[-1]['step']} {history[-1]['reward']:.4f}")
+        console.print(f"run folder: {result.run_dir} (report.md, metrics.jsonl, plots/, checkpoints/)")
+
+    @app.command("sft")
+    def sft_command(
+        config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML SFT config (e.g. cookbook/cpu-default/sft.toml)."),
+        overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. steps=100."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+    ) -> None:
+        """Supervised warm start: train MODEL on ENV's demonstrations and export an HF folder.
+
+        Demonstrations are the environment's oracle answers played through its own rollout
+        and rendered with the model's chat template; the trainer runs in SFT mode.
+        """
+        from rich.console import Console
+
+        from agentrl.config import dump_config, load_config
+        from agentrl.trainer.warm_start import SFTConfig, run_sft
+
+        console = Console()
+        resolved = load_config(SFTConfig, config, overrides=list(overrides))
+        if dry_run:
+            console.print(dump_config(resolved), markup=False, highlight=False)
+            raise typer.Exit(0)
+        every = max(1, resolved.steps // 20)
+
+        def on_step(metrics: dict) -> None:
+            if metrics["step"] % every == 0 or metrics["step"] == resolved.steps - 1:
+                console.print(f"sft step {metrics['step']:>4}  nll {metrics.get('nll', float('nan')):.4f}  "
+                              f"{metrics['elapsed_s']:.0f}s", markup=False, highlight=False)
+
+        output = run_sft(resolved, on_step=on_step)
+        console.print(f"exported: {output}")

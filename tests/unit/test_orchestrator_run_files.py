@@ -1,0 +1,171 @@
+"""Run config, run folder (metrics, plots, report), checkpoint bookkeeping and the train CLI's errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.trainer.orchestrator import OrchestratorState
+from agentrl.trainer.report import RunDir, read_metrics
+from agentrl.trainer.resume import (
+    begin_checkpoint,
+    commit_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_orchestrator_state,
+    prune_checkpoints,
+    remove_partials,
+)
+from agentrl.trainer.run_config import RunConfig, load_run_config
+
+
+def _row(step: int, reward: float) -> dict:
+    return {"step": step, "reward": reward, "reward_std": 0.1, "mismatch_kl": 1e-3 * (step + 1),
+            "staleness": {"0": 2, "1": step % 2}, "dropped_stale": step % 3 == 2, "tokens_per_s": 100.0 + step,
+            "step_time_s": 1.5, "bound": "inference" if step % 2 else "trainer"}
+
+
+def test_defaults_are_the_embedded_cpu_run():
+    config = load_run_config()
+    assert config.env.name == "reverse-text" and config.model.name == "tiny-moe"
+    assert config.inference.device == "cpu" and config.launch.trainer_gpus == 0
+    assert config.trainer.model == "tiny-moe"
+
+
+def test_toml_overrides_and_shortcuts(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[orchestrator]\nmax_steps = 7\nmax_off_policy_steps = 0\n[sampling]\ntemperature = 0.7\n')
+    config = load_run_config(path, overrides=["orchestrator.groups_per_step=3"], env="arithmetic")
+    assert (config.orchestrator.max_steps, config.orchestrator.max_off_policy_steps) == (7, 0)
+    assert config.orchestrator.groups_per_step == 3 and config.sampling.temperature == 0.7
+    assert config.env.name == "arithmetic"
+
+
+def test_unknown_key_is_one_line_with_file_and_line(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[orchestrator]\nmax_step = 7\n")
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path)
+    message = str(info.value)
+    assert f"{path}:2" in message and "orchestrator.max_step" in message and "\n" not in message
+
+
+def test_bad_override_value_names_the_key():
+    with pytest.raises(ConfigError) as info:
+        load_run_config(overrides=["orchestrator.max_off_policy_steps=-1"])
+    assert "max_off_policy_steps" in str(info.value)
+
+
+def test_missing_init_checkpoint_is_a_clear_error(tmp_path):
+    config = load_run_config(overrides=[f'model.init_checkpoint="{tmp_path / "nope"}"'])
+    with pytest.raises(ConfigError) as info:
+        config.starting_weights()
+    assert "model.init_checkpoint" in str(info.value)
+
+
+def test_gpu_preset_gets_a_gpu_plan_with_a_fitting_trainer():
+    config = load_run_config(env="swe", model="glm-4.5-air")
+    assert config.inference.device == "gpu"
+    assert config.launch.trainer_gpus >= 16 and config.launch.trainer_gpus % 8 == 0
+    from agentrl.trainer.launch import plan_run, trainer_plan
+
+    plan = trainer_plan(config)
+    assert plan.estimated_bytes <= config.trainer.parallel.gpu_memory_gib * 1024**3
+    text = plan_run(config)
+    for needle in ("nodes:", "layout: world=", "memory per GPU", "vllm.entrypoints.openai.api_server",
+                   "--enable-return-routed-experts", "vllm-router"):
+        assert needle in text, needle
+
+
+def test_missing_gpus_are_listed():
+    from agentrl.trainer.launch import ResourceError, check_resources
+
+    config = load_run_config(env="swe", model="glm-4.5-air")
+    with pytest.raises(ResourceError) as info:
+        check_resources(config, cluster_gpus=0)
+    message = str(info.value)
+    assert "GPUs" in message and "0 visible" in message and "\n" not in message
+
+
+def test_run_dir_metrics_survive_a_torn_line_and_truncate(tmp_path):
+    run = RunDir(tmp_path / "run").create("x = 1\n")
+    for step in range(4):
+        run.append_metrics(_row(step, 0.1 * step))
+    with open(run.metrics_path, "a") as handle:
+        handle.write('{"step": 4, "rew')  # what a kill -9 mid-write leaves
+    assert [r["step"] for r in run.metrics()] == [0, 1, 2, 3]
+    kept = run.truncate_metrics(before_step=2)
+    assert [r["step"] for r in kept] == [0, 1]
+    assert [r["step"] for r in read_metrics(run.metrics_path)] == [0, 1]
+    with pytest.raises(AgentrlError):
+        RunDir(tmp_path / "run").create("x = 2\n")
+
+
+def test_report_and_plots(tmp_path):
+    run = RunDir(tmp_path / "run").create("x = 1\n")
+    for step in range(6):
+        run.append_metrics(_row(step, 0.1 * step))
+    report = run.finish(title="test run")
+    text = report.read_text()
+    assert "| reward at the first step | 0.0000 |" in text
+    assert "trainer-bound / inference-bound steps | 3 / 3" in text
+    for name in ("reward", "mismatch_kl", "staleness", "throughput"):
+        png = run.plots / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+        assert f"plots/{name}.png" in text
+
+
+def test_checkpoint_commit_latest_prune_and_partials(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        partial = begin_checkpoint(root, step)
+        (partial / "model.safetensors").write_text("w")
+        commit_checkpoint(partial, OrchestratorState(step=step, groups_started=4 * step))
+    half = begin_checkpoint(root, 4)  # a crash while writing step 4
+    assert latest_checkpoint(root).step == 3
+    info = latest_checkpoint(root)
+    assert load_orchestrator_state(info).groups_started == 12
+    prune_checkpoints(root, keep=2)
+    assert [c.step for c in list_checkpoints(root)] == [2, 3]
+    remove_partials(root)
+    assert not half.exists()
+    (info.path / "orchestrator.json").write_text(json.dumps({"step": 9}))
+    with pytest.raises(NotFoundError):
+        load_orchestrator_state(info)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_bad_set_is_one_line_error():
+    result = _cli("train", "--set", "orchestrator.nope=1", "--dry-run")
+    assert result.returncode == 2
+    assert "orchestrator.nope" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_resume_of_a_non_run_folder(tmp_path):
+    result = _cli("train", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "not a run folder" in result.stderr
+
+
+def test_cli_dry_run_prints_config_and_plan():
+    result = _cli("train", "--dry-run", "--set", "orchestrator.max_steps=3")
+    assert result.returncode == 0, result.stderr
+    assert "max_steps = 3" in result.stdout and "## inference" in result.stdout
+
+
+def test_config_roundtrips_through_toml(tmp_path):
+    from agentrl.config import dump_config
+
+    config = load_run_config(overrides=["orchestrator.max_steps=4"])
+    path = tmp_path / "config.toml"
+    path.write_text(dump_config(config))
+    again = load_run_config(path)
+    assert again.orchestrator.max_steps == 4
+    assert isinstance(again, RunConfig)

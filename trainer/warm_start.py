@@ -1,0 +1,179 @@
+"""`agentrl sft`: supervised warm start of a policy on an environment's demonstrations.
+
+A tiny random policy cannot learn from RL alone (its reward has no variance to follow),
+so the embedded default starts from a short supervised run. Demonstrations come from the
+environment itself: each task's episode is played by a teacher that answers with the
+environment package's `oracle_policy()` (or, without one, the task's `answer`), through
+the environment's own `rollout`, so the prompt tokens are exactly those RL will see. The
+model's tokenizer and chat template render them (`TeacherClient`), the assistant tokens
+become the loss mask, and the trainer runs in its cross-entropy mode
+(`trainer.loss.mode = "sft"`). The result is exported as a Hugging Face folder that
+`model.init_checkpoint` (and vLLM) can load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import Field
+
+from agentrl.config import BaseConfig
+from agentrl.errors import AgentrlError
+from agentrl.sampling import SamplingConfig
+from agentrl.trainer.config import TrainerConfig
+from agentrl.types import Completion, Message, Task, Turn, TrainingSample
+
+__all__ = ["SFTConfig", "TeacherClient", "demonstrations", "run_sft"]
+
+
+def _sft_trainer() -> TrainerConfig:
+    return TrainerConfig.model_validate({"loss": {"mode": "sft"}, "optimizer": {"lr": 3e-3},
+                                         "row_tokens": 2048, "parallel": {"activation_checkpointing": False}})
+
+
+class SFTConfig(BaseConfig):
+    """A supervised warm-start run."""
+
+    env: str = "reverse-text"
+    """Environment whose demonstrations are learned."""
+    env_args: dict[str, Any] = {}
+    """Keyword arguments of the environment's load_environment."""
+    model: str = "tiny-moe"
+    """Model preset or HF folder to start from."""
+    split: str = "train"
+    """Split the demonstrations come from."""
+    steps: int = Field(default=300, ge=1)
+    """Optimizer steps."""
+    batch_size: int = Field(default=64, ge=1)
+    """Demonstrations per step."""
+    seed: int = 0
+    """Seed of the demonstration order."""
+    output: str = "cookbook/cpu-default/tiny-moe-sft"
+    """Folder the HF export is written to."""
+    trainer: TrainerConfig = Field(default_factory=_sft_trainer)
+    """Trainer settings (loss.mode must be 'sft')."""
+    torch_threads: int = Field(default=1, ge=0)
+    """CPU threads torch may use (0: torch's default; 1 avoids oversubscribing a small shared CPU)."""
+
+
+class TeacherClient:
+    """A ChatClient that answers with a teacher's text, tokenized by the model's own template."""
+
+    def __init__(self, reply: Callable[[list[Message]], str], *, renderer: Any) -> None:
+        from agentrl.client import TokenClient
+
+        self.reply = reply
+        self._tokens = TokenClient("http://127.0.0.1:9", renderer=renderer)  # only its token rendering is used
+        self.renderer = renderer
+
+    async def chat(self, messages: list[Message], *, tools: list[dict[str, Any]] | None = None,
+                   sampling: SamplingConfig, previous: Turn | None = None) -> tuple[Message, Turn]:
+        prompt_ids = self._tokens.prompt_ids(messages, tools=tools, previous=previous)
+        text = self.reply(messages)
+        ids = self.renderer.encode(text + self.renderer.assistant_closing().rstrip("\n"))
+        completion = Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
+        return Message(role="assistant", content=text), Turn(prompt_token_ids=prompt_ids, completion=completion)
+
+    async def aclose(self) -> None:
+        await self._tokens.aclose()
+
+
+def _oracle(env_name: str) -> Callable[[list[Message]], str] | None:
+    """The environment package's oracle_policy(), as a text reply function, when it has one."""
+    from agentrl.loader import find_environment, import_package_attr
+    from agentrl.hub.manifest import load_manifest
+
+    try:
+        folder = find_environment(env_name)
+        manifest = load_manifest(Path(folder) / "environment.toml")
+        module = manifest.entrypoint.split(":")[0]
+        factory = import_package_attr(folder, f"{module}:oracle_policy")
+    except (AgentrlError, AttributeError, ImportError):
+        return None
+    policy = factory()
+    script = getattr(policy, "script", None)
+    if not callable(script):
+        return None
+
+    def reply(messages: list[Message]) -> str:
+        answer = script(messages, None)
+        return answer if isinstance(answer, str) else getattr(answer, "content", str(answer))
+
+    return reply
+
+
+def demonstrations(environment: Any, tasks: list[Task], *, renderer: Any,
+                   oracle: Callable[[list[Message]], str] | None) -> list[TrainingSample]:
+    """Play each task with the teacher through the environment's rollout; return the token samples."""
+    sampling = SamplingConfig(max_tokens=4096)
+
+    async def one(task: Task) -> TrainingSample | None:
+        reply = oracle or (lambda messages, answer=task.answer: answer)
+        client = TeacherClient(reply, renderer=renderer)
+        try:
+            rollout = await environment.rollout(client, task, sampling=sampling)
+        finally:
+            await client.aclose()
+        if rollout.error or not rollout.turns:
+            return None
+        return rollout.sample()
+
+    async def run() -> list[TrainingSample | None]:
+        return list(await asyncio.gather(*(one(task) for task in tasks)))
+
+    samples = [s for s in asyncio.run(run()) if s is not None]
+    if not samples:
+        raise AgentrlError("sft: no demonstration could be played; does the environment have answers or an oracle?")
+    return samples
+
+
+def run_sft(config: SFTConfig, *, on_step: Callable[[dict[str, float]], None] | None = None) -> Path:
+    """Train the model on demonstrations for `config.steps` steps and export it to `config.output`."""
+    if config.trainer.loss.mode != "sft":
+        raise AgentrlError("sft: trainer.loss.mode must be 'sft'")
+    from agentrl.chat import ChatRenderer
+    from agentrl.loader import load_environment
+    from agentrl.models import ensure_model
+    from agentrl.trainer.trainer import Trainer
+
+    if config.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.torch_threads)
+    model_dir = Path(ensure_model(config.model))
+    environment = load_environment(config.env, **config.env_args)
+    renderer = ChatRenderer.from_pretrained(model_dir)
+    tasks = environment.tasks(config.split, seed=config.seed)
+    samples = demonstrations(environment, tasks, renderer=renderer, oracle=_oracle(config.env))
+    trainer_config = config.trainer.model_copy(update={"model": str(model_dir)})
+    trainer = Trainer(trainer_config, model_dir=model_dir)
+    rng = random.Random(config.seed)
+    order: list[int] = []
+    started = time.monotonic()
+    history = []
+    for step in range(config.steps):
+        if len(order) < config.batch_size:
+            more = list(range(len(samples)))
+            rng.shuffle(more)
+            order += more
+        batch = [samples[i] for i in order[: config.batch_size]]
+        del order[: config.batch_size]
+        metrics = trainer.train_on_samples(batch)
+        metrics["step"] = step
+        metrics["elapsed_s"] = time.monotonic() - started
+        history.append(metrics)
+        if on_step is not None:
+            on_step(metrics)
+    output = Path(config.output)
+    trainer.export_hf(output, dtype=None)
+    (output / "agentrl_sft.json").write_text(json.dumps({
+        "env": config.env, "model": config.model, "steps": config.steps, "batch_size": config.batch_size,
+        "seed": config.seed, "demonstrations": len(samples), "final_nll": history[-1].get("nll"),
+        "lr": config.trainer.optimizer.lr,
+    }, indent=2))
+    return output
