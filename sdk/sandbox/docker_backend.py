@@ -237,18 +237,25 @@ class DockerSandbox(Sandbox):
         max_output: int,
     ) -> RawExecResult:
         server = self._server
-        if server is not None and server.wait_ready(self.config.startup_timeout_s):
-            return self._exec_via_server(server, argv, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
-                                         max_output=max_output)
+        if server is not None and server.alive:
+            # No need to wait for the server's hello: requests queue on its stdin meanwhile.
+            result = self._exec_via_server(server, argv, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
+                                           max_output=max_output)
+            if result is not None:
+                return result
         return self._exec_via_docker(argv, timeout=timeout, cwd=cwd, env=env, stdin=stdin, max_output=max_output)
 
     def _exec_via_server(
         self, server: ServerConnection, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str],
         stdin: bytes | None, max_output: int,
-    ) -> RawExecResult:
+    ) -> RawExecResult | None:
+        """Run through sandboxd; None when it turned out never to have served (fall back)."""
         marker = os.urandom(8).hex()
         answer = server.request(argv=argv, cwd=cwd, env=env, stdin=stdin, timeout=timeout, max_output=max_output,
                                 marker=marker, wait=timeout + HARD_DEADLINE_GRACE_S + 2.0)
+        if answer is None and not server.hello.is_set() and not server.alive:
+            self._server = None  # it never served (no python3 in the image): nothing ran, use docker exec
+            return None
         if answer is None:
             for _ in range(10 if not server.alive else 1):  # dockerd may lag behind a crashed sandbox
                 dead = self._why_dead()

@@ -27,7 +27,7 @@ _SOURCE = (Path(__file__).with_name("sandboxd.py")).read_text()
 # If python3 is missing or the server ends, the container stays up for `docker exec`.
 _LAUNCH = (
     "if command -v python3 >/dev/null 2>&1; then "
-    "python3 -c 'import sys, json; exec(compile(json.loads(sys.stdin.buffer.readline()), \"sandboxd\", \"exec\"))'; "
+    "python3 -I -S -c 'import sys, json; exec(compile(json.loads(sys.stdin.buffer.readline()), \"sandboxd\", \"exec\"))'; "
     "fi; echo '{\"gone\": 1}'; exec sleep infinity"
 )
 
@@ -44,7 +44,8 @@ class ServerConnection:
         self.api = api
         self.container_id = container_id
         self.alive = False
-        self.ready = threading.Event()
+        self.ready = threading.Event()  # set on hello or when the server is gone
+        self.hello = threading.Event()  # set once sandboxd said it serves requests
         self._ids = itertools.count()
         self._waiting: dict[int, list] = {}
         self._lock = threading.Lock()
@@ -74,7 +75,7 @@ class ServerConnection:
     def wait_ready(self, timeout: float) -> bool:
         """Wait for sandboxd's hello (or its 'gone'); True when it serves requests."""
         self.ready.wait(timeout)
-        return self.alive and self.ready.is_set()
+        return self.alive and self.hello.is_set()
 
     def _read_loop(self, pending: bytes) -> None:
         line_buffer = bytearray()
@@ -111,6 +112,7 @@ class ServerConnection:
         except ValueError:
             return
         if "ready" in message:
+            self.hello.set()
             self.ready.set()
             return
         if "gone" in message:

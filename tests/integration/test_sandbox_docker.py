@@ -176,3 +176,19 @@ async def test_docker_exec_fallback_when_server_is_gone():
         await sandbox.write_file("f.txt", "through exec")
         assert await sandbox.read_file("f.txt") == "through exec"
         assert sandbox.server_execs == served  # the pkill took its own answer down with the server
+
+
+@needs_docker
+async def test_image_without_python_uses_docker_exec():
+    tag = f"agentrl-test-nopython:{uuid.uuid4().hex[:8]}"
+    build = subprocess.run(["docker", "build", "--network", "none", "-q", "-t", tag, "-"],
+                           input="FROM agentrl-base:bookworm\nRUN rm -f /usr/bin/python3*\n",
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    try:
+        async with create_sandbox(SandboxConfig(image=tag, owner=owner())) as sandbox:
+            result = await sandbox.exec("echo no python here; command -v python3 || echo none")
+            assert result.stdout == "no python here\nnone\n"
+            assert sandbox.server_execs == 0
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
