@@ -126,3 +126,12 @@ def test_serve_plan_cli_prints_commands_and_rejects_bad_fields(capsys):
     assert "vllm-router" in out and "--vllm-pd-disaggregation" in out and "validated 9 command line(s)" in out
     assert main(["serve", "--plan", "--set", "kind=bogus"]) == 2
     assert "kind" in capsys.readouterr().err
+
+
+def test_gpu_replicas_get_distinct_ports_and_gpus_per_node():
+    plan = build_plan(GLM_AIR, DeploymentConfig(kind="replicas", replicas=8, nodes=2, gpus_per_node=8, tensor_parallel_size=2))
+    placements = [(server.node, server.url, tuple(server.gpus)) for server in plan.servers]
+    assert len(set(placements)) == 8 and {node for node, _, _ in placements} == {0, 1}
+    assert [gpus for node, _, gpus in placements if node == 1] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert len({url for _, url, _ in placements}) == 8
+    validate_plan(plan)
