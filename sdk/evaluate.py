@@ -217,13 +217,31 @@ async def _make_client(config: EvalConfig, base_url: str, *, started_here: bool)
             kind = "token" if spec is not None and (started_here or await _has_token_endpoint(base_url)) else "openai"
     connections = max(8, config.max_concurrent)
     if kind == "token":
-        return "token", TokenClient(
-            base_url, model=config.model, served_model_name=spec.name if spec else None,
-            max_connections=connections, api_key=config.api_key,
-        )
+        # The generate endpoint needs no model name: the server's one model answers.
+        return "token", TokenClient(base_url, model=config.model, max_connections=connections, api_key=config.api_key)
+    name = spec.name if spec else config.model
     return "openai", OpenAIClient(
-        base_url, model=spec.name if spec else config.model, api_key=config.api_key, max_connections=connections,
+        base_url, model=await _served_name(base_url, name, api_key=config.api_key), api_key=config.api_key,
+        max_connections=connections,
     )
+
+
+async def _served_name(base_url: str, wanted: str, *, api_key: str | None) -> str:
+    """`wanted` if the server lists it (or lists nothing); else the server's only model."""
+    base = base_url.rstrip("/")
+    base = base if base.endswith("/v1") else base + "/v1"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=10.0, headers=headers) as http:
+            response = await http.get(f"{base}/models")
+        served = [entry["id"] for entry in response.json().get("data", [])] if response.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        served = []
+    if not served or wanted in served:
+        return wanted
+    if len(served) == 1:
+        return served[0]
+    raise AgentrlError(f"{base_url} does not serve model {wanted!r}; it serves: {', '.join(served)}")
 
 
 async def evaluate_async(

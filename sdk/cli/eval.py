@@ -36,19 +36,23 @@ def summary_table(summary):
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_command(
-        env: str = typer.Option("reverse-text", "--env", "-e", help="Environment name or package folder."),
-        model: str = typer.Option("tiny-moe", "--model", "-m",
-                                  help="Preset, local HF folder or HF repo id (served model name with --base-url)."),
-        n: int = typer.Option(64, "-n", "--num-tasks", help="Number of tasks drawn from the split."),
-        rollouts: int = typer.Option(4, "-r", "--rollouts-per-task", help="Rollouts per task (k of avg@k, pass@k)."),
-        split: str = typer.Option("test", help="Dataset split."),
+        env: Optional[str] = typer.Option(None, "--env", "-e",
+                                          help="Environment name or package folder (default: reverse-text)."),
+        model: Optional[str] = typer.Option(None, "--model", "-m",
+                                            help="Preset, local HF folder or HF repo id (served model name with "
+                                                 "--base-url) (default: tiny-moe)."),
+        n: Optional[int] = typer.Option(None, "-n", "--num-tasks",
+                                        help="Number of tasks drawn from the split (default: 64)."),
+        rollouts: Optional[int] = typer.Option(None, "-r", "--rollouts-per-task",
+                                               help="Rollouts per task, the k of avg@k and pass@k (default: 4)."),
+        split: Optional[str] = typer.Option(None, help="Dataset split (default: test)."),
         base_url: Optional[str] = typer.Option(None, help="A running OpenAI-compatible/vLLM server; "
                                                           "default: start a vLLM server for the run."),
         api_key: Optional[str] = typer.Option(None, help="API key for --base-url (default: $OPENAI_API_KEY)."),
-        client: Optional[str] = typer.Option(None, help="auto, token (vLLM token in/out) or openai."),
-        max_tokens: Optional[int] = typer.Option(None, help="Most tokens per model call."),
-        temperature: Optional[float] = typer.Option(None, help="Sampling temperature (0: greedy)."),
-        max_concurrent: Optional[int] = typer.Option(None, help="Most rollouts in flight."),
+        client: Optional[str] = typer.Option(None, help="auto, token (vLLM token in/out) or openai (default: auto)."),
+        max_tokens: Optional[int] = typer.Option(None, help="Most tokens per model call (default: 128)."),
+        temperature: Optional[float] = typer.Option(None, help="Sampling temperature, 0 is greedy (default: 1.0)."),
+        max_concurrent: Optional[int] = typer.Option(None, help="Most rollouts in flight (default: 128)."),
         output: Optional[Path] = typer.Option(None, "--output", "-o",
                                               help="Results folder (default runs/eval-<env>-<model>-<time>/)."),
         config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with EvalConfig keys."),
@@ -62,23 +66,40 @@ def register(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
-        from agentrl.config import dump_config, load_config
+        from agentrl.config import config_from_dict, dump_config
         from agentrl.evaluate import EvalConfig, run_evaluation
 
-        flags = [f"env={env!r}", f"model={model!r}", f"n={n}", f"rollouts_per_task={rollouts}", f"split={split!r}"]
-        optional = {"base_url": base_url, "api_key": api_key, "client": client, "max_concurrent": max_concurrent,
-                    "output": str(output) if output else None, "sampling.max_tokens": max_tokens,
-                    "sampling.temperature": temperature}
-        flags += [f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
-                  for key, value in optional.items() if value is not None]
-        resolved = load_config(EvalConfig, config, overrides=[f.replace("'", '"') for f in flags] + list(overrides))
+        # Flags given on the command line win over the TOML file; --set wins over both.
+        flags = {"env": env, "model": model, "n": n, "rollouts_per_task": rollouts, "split": split,
+                 "base_url": base_url, "api_key": api_key, "client": client, "max_concurrent": max_concurrent,
+                 "output": str(output) if output else None}
+        sampling = {"max_tokens": max_tokens, "temperature": temperature}
+        data, text, source = {}, "", "<defaults>"
+        if config is not None:
+            import tomllib
+
+            from agentrl.errors import ConfigError
+
+            if not config.is_file():
+                raise ConfigError(f"{config}: config file not found")
+            text, source = config.read_text(), str(config)
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as error:
+                raise ConfigError(f"{config}: malformed TOML: {error}") from None
+        data.update({key: value for key, value in flags.items() if value is not None})
+        if any(value is not None for value in sampling.values()):
+            table = data.setdefault("sampling", {})
+            if isinstance(table, dict):
+                table.update({key: value for key, value in sampling.items() if value is not None})
+        resolved = config_from_dict(EvalConfig, data, source=source, text=text, overrides=list(overrides))
         console = Console()
         if dry_run:
             console.print(dump_config(resolved), markup=False)
             raise typer.Exit(0)
 
         def on_server(server) -> None:
-            console.print(f"starting vLLM for {resolved.model} on {server.url} (log {server.log_path or 'temp file'})")
+            console.print(f"starting vLLM for {resolved.model} on {server.url} (about a minute on a 2-core CPU)")
 
         summary = run_evaluation(resolved, progress=True, on_server=on_server)
         console.print(summary_table(summary))

@@ -45,6 +45,20 @@ def test_eval_refuses_to_overwrite_results(tmp_path):
     assert (tmp_path / "results.jsonl").read_text() == '{"kept": true}\n'
 
 
+def test_eval_dry_run_config_precedence_and_errors(tmp_path):
+    config = tmp_path / "eval.toml"
+    config.write_text('n = 5\nmodel = "tiny-moe"\n[sampling]\ntemperature = 0.5\nmax_tokens = 3\n')
+    out = subprocess.run(AGENTRL + ["eval", "--dry-run", "-c", str(config), "--max-tokens", "7",
+                                    "--set", "sampling.top_p=0.9"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    resolved = out.stdout
+    assert "n = 5" in resolved and "max_tokens = 7" in resolved and "temperature = 0.5" in resolved
+    assert "top_p = 0.9" in resolved
+    config.write_text("\n\nnum_task = 5\n")
+    out = subprocess.run(AGENTRL + ["eval", "-c", str(config)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and f"{config}:3: unknown key 'num_task'" in out.stderr
+
+
 # ---------------------------------------------------------------------------- own servers
 # These run before the session server is created, so only one server of this file runs at a time.
 def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
