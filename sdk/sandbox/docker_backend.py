@@ -51,7 +51,8 @@ _startup_gc_done = False
 EXEC_MARKER = "AGENTRL_EXEC_ID"
 # Kill every process that inherited one exec's marker variable (its escaped children too).
 _KILL_EXEC = 'for d in /proc/[0-9]*; do grep -qz "^{marker}={exec_id}$" "$d/environ" 2>/dev/null && kill -9 "${{d#/proc/}}" 2>/dev/null; done; true'
-_seed_cache: dict[tuple[str, str], bytes | None] = {}
+_seed_cache: dict[tuple[str, str], bytes | None] = {}  # (image, workdir) -> tar of the image's workdir
+SEED_CACHE_ENTRIES = 32
 
 
 async def in_thread(fn, /, *args, **kwargs):
@@ -174,6 +175,8 @@ class DockerSandbox(Sandbox):
                 data = b"".join(stream)
                 with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                     empty = all(member.name in (".", "./") for member in tar.getmembers())
+                if len(_seed_cache) >= SEED_CACHE_ENTRIES:
+                    _seed_cache.pop(next(iter(_seed_cache)))
                 _seed_cache[key] = None if empty else data
             except docker.errors.NotFound:
                 _seed_cache[key] = None

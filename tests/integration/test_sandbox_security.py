@@ -248,3 +248,26 @@ async def test_gc_after_kill_9_leaves_no_sandbox(backend):
             proc.kill()
             proc.wait()
         subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--owner", owner], capture_output=True)
+
+
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine")
+async def test_next_process_start_up_removes_orphans():
+    owner = f"test-startup-gc-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "docker", "runc", owner], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        # A fresh process's first sandbox reaps the orphans of dead processes before starting.
+        run = subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "run", "--", "true"],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        labelled = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
+                                  capture_output=True, text=True).stdout.split()
+        assert labelled == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--owner", owner], capture_output=True)
