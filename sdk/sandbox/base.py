@@ -27,6 +27,7 @@ from agentrl.errors import AgentrlError
 __all__ = ["SandboxConfig", "ExecResult", "RawExecResult", "Sandbox", "SandboxError", "default_owner", "cap_bytes"]
 
 BASE_IMAGE = "agentrl-base:bookworm"
+QUICK_READ_BYTES = 4 * 1024 * 1024  # reads try this cap first (fast paths), then max_file_bytes
 
 
 class SandboxError(AgentrlError):
@@ -256,10 +257,18 @@ class Sandbox(ABC):
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.config.workdir.rstrip('/')}/{path}"
 
+    async def _read_output(self, argv: list[str]) -> RawExecResult:
+        """Run an idempotent reading command: first with a small output cap, again with the full one if cut."""
+        quick = min(self.config.max_file_bytes, QUICK_READ_BYTES)
+        raw = await self.exec_bytes(argv, max_output=quick)
+        if raw.stdout_truncated and raw.exit_code == 0 and self.config.max_file_bytes > quick:
+            raw = await self.exec_bytes(argv, max_output=self.config.max_file_bytes)
+        return raw
+
     async def read_bytes(self, path: str) -> bytes:
         """The content of a file in the sandbox (NotFound as a SandboxError)."""
         target = self._abs(path)
-        raw = await self.exec_bytes(["cat", "--", target], max_output=self.config.max_file_bytes)
+        raw = await self._read_output(["cat", "--", target])
         if raw.exit_code != 0:
             raise SandboxError(f"read_file {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
         if raw.stdout_truncated:
@@ -298,7 +307,7 @@ class Sandbox(ABC):
     async def download(self, remote_dir: str, local_dir: str | Path) -> None:
         """Copy `remote_dir`'s contents from the sandbox into a local folder (links leading out are skipped)."""
         target = self._abs(remote_dir)
-        raw = await self.exec_bytes(["tar", "-c", "-C", target, "-f", "-", "."], max_output=self.config.max_file_bytes)
+        raw = await self._read_output(["tar", "-c", "-C", target, "-f", "-", "."])
         if raw.exit_code != 0:
             raise SandboxError(f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
         if raw.stdout_truncated:

@@ -42,6 +42,8 @@ HARD_DEADLINE_GRACE_S = 3.0
 # limit; without headroom it crashes on ordinary use. A fork bomb past the limit kills the
 # whole gVisor sandbox (instead of failing fork()), which still stops it.
 RUNSC_PIDS_HEADROOM = 128
+SERVER_MAX_STDIN_BYTES = 8 * 1024 * 1024
+SERVER_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 _EXECUTOR = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agentrl-sandbox")
 _client_lock = threading.Lock()
 _client = None
@@ -240,7 +242,10 @@ class DockerSandbox(Sandbox):
         max_output: int,
     ) -> RawExecResult:
         server = self._server
-        if server is not None and server.alive:
+        # Large stdin or output (uploads, image seeds, big reads) streams through docker exec
+        # instead of travelling as one JSON line.
+        if (server is not None and server.alive and max_output <= SERVER_MAX_OUTPUT_BYTES
+                and (stdin is None or len(stdin) <= SERVER_MAX_STDIN_BYTES)):
             # No need to wait for the server's hello: requests queue on its stdin meanwhile.
             result = self._exec_via_server(server, argv, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
                                            max_output=max_output)

@@ -88,12 +88,14 @@ class ServerConnection:
                         break
                     payload = bytes(frames[8 : 8 + size])
                     del frames[: 8 + size]
-                    if stream_type == 1:
-                        line_buffer += payload
-                        while b"\n" in line_buffer:
-                            line, _, rest = bytes(line_buffer).partition(b"\n")
-                            line_buffer = bytearray(rest)
-                            self._dispatch(line)
+                    if stream_type == 1:  # answers are JSON lines; a long one spans many frames
+                        start = 0
+                        while (newline := payload.find(b"\n", start)) >= 0:
+                            line_buffer += payload[start:newline]
+                            self._dispatch(bytes(line_buffer))
+                            line_buffer.clear()
+                            start = newline + 1
+                        line_buffer += payload[start:]
                 readable, _, _ = select.select([self._sock], [], [], 5.0)
                 if not readable:
                     continue
