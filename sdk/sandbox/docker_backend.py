@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from agentrl.errors import NotFoundError, require
 from agentrl.sandbox.base import CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
 from agentrl.sandbox.docker_server import ServerConnection, server_command
+from agentrl.sandbox.gvisor_compat import SHIM_TARGET, statx_shim
 from agentrl.sandbox.labels import sandbox_labels
 
 __all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
@@ -148,6 +149,12 @@ class DockerSandbox(Sandbox):
                 for path in self._tmpfs_paths()
             }
         host["log_config"] = {"Type": "none", "Config": {}}  # commands' output is not kept on the host's disk
+        environment = dict(cfg.env)
+        if cfg.runtime == "runsc":
+            shim = statx_shim()
+            if shim is not None:  # see gvisor_compat: makes ls/stat work under Debian's gVisor
+                host["binds"] = {str(shim): {"bind": SHIM_TARGET, "mode": "ro"}}
+                environment.setdefault("LD_PRELOAD", SHIM_TARGET)
         create = dict(
             image=cfg.image,
             command=server_command(),
@@ -156,7 +163,7 @@ class DockerSandbox(Sandbox):
             hostname="sandbox",
             labels=sandbox_labels(owner=self.owner, backend="docker"),
             working_dir=cfg.workdir,
-            environment=cfg.env,
+            environment=environment,
         )
         return create, host
 

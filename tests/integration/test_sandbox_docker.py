@@ -192,3 +192,18 @@ async def test_image_without_python_uses_docker_exec():
             assert sandbox.server_execs == 0
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+
+
+@needs_docker
+async def test_coreutils_work_under_gvisor():
+    runtimes = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True).stdout
+    if "runsc" not in runtimes:
+        pytest.skip("gVisor runtime runsc not registered")
+    async with create_sandbox(SandboxConfig(runtime="runsc", owner=owner())) as sandbox:
+        await sandbox.write_file("a.txt", "12345")
+        result = await sandbox.exec("ls; stat -c %s a.txt; ls -la / | grep -c workspace")
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout == "a.txt\n5\n1\n"
+        runtime = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.Runtime}}", sandbox.id],
+                                 capture_output=True, text=True).stdout.strip()
+        assert runtime == "runsc"
