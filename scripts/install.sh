@@ -14,6 +14,9 @@ for pkg_bin in docker.io:dockerd runsc:runsc bubblewrap:bwrap debootstrap:deboot
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   command -v "$bin" >/dev/null 2>&1 || need+=("$pkg")
 done
+# A C compiler builds the sandboxes' statx shim for gVisor (agentrl.sandbox.gvisor_compat).
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+dpkg -s libc6-dev >/dev/null 2>&1 || need+=(libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   apt-get update -qq
