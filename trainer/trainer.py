@@ -33,7 +33,7 @@ from agentrl.trainer.loss import compute_loss
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments
 from agentrl.trainer.models.glm4_moe import build_model, init_weights
-from agentrl.trainer.models.state_dict import load_hf_weights
+from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_sharded
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
 from agentrl.types import TrainingSample
@@ -85,11 +85,12 @@ class Trainer:
             logprob_chunk_tokens=config.logprob_chunk_tokens,
         )
         torch.manual_seed(config.seed)
-        model = build_model(self.args, device=self.device)
-        if self.model_dir is not None:
-            load_hf_weights(model, self.model_dir)
-        else:
-            init_weights(model, seed=config.seed)
+        # Several ranks: build on the meta device, shard, then materialise only this rank's
+        # shards and read only those tensors from the checkpoint (no rank holds the full model).
+        sharded = self.world > 1
+        model = build_model(self.args, device="meta" if sharded else self.device)
+        if not sharded:
+            self._fill_weights(model)
         model.logprob_chunk_tokens = config.logprob_chunk_tokens
         self.meshes = build_meshes(self.plan, device_type=self.device.type)
         self.ep_rank = self.meshes.ep.get_local_rank() if self.plan.ep > 1 else None
@@ -99,6 +100,9 @@ class Trainer:
             param_dtype=compute_dtype if self.world > 1 else None,
             reduce_dtype=_DTYPES[parallel.reduce_dtype] if self.device.type == "cuda" else None,
         )
+        if sharded:
+            self.model.to_empty(device=self.device)
+            self._fill_weights(self.model, sharded=True)
         self._autocast = self.world == 1 and compute_dtype == torch.bfloat16
         experts = [p for n, p in self.model.named_parameters() if ".experts.w" in n]
         expert_ids = {id(p) for p in experts}
@@ -110,6 +114,14 @@ class Trainer:
                                            **({"fused": True} if self.device.type == "cuda" and self.world == 1
                                               else {"foreach": self.device.type == "cuda"}))
         self.step_count = 0
+
+    def _fill_weights(self, model: torch.nn.Module, *, sharded: bool = False) -> None:
+        if self.model_dir is None:
+            init_weights(model, seed=self.config.seed)
+        elif sharded:
+            load_hf_weights_sharded(model, self.model_dir)
+        else:
+            load_hf_weights(model, self.model_dir)
 
     # ------------------------------------------------------------------ stepping
     def pack(self, samples: Sequence[TrainingSample]) -> TrainBatch:

@@ -241,20 +241,25 @@ def build_model(args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype
     return model.to(dtype=dtype)
 
 
-def init_weights(model: MoEDecoder, *, std: float = 0.02, seed: int = 0) -> None:
-    """Random initialisation (normal(0, std) matrices, zero biases, unit norms) for runs without a checkpoint."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+def init_weights(model: nn.Module, *, std: float = 0.02, seed: int = 0) -> None:
+    """Random initialisation (normal(0, std) matrices, zero biases and correction bias, unit norms).
+
+    Works on plain and on sharded (FSDP DTensor) parameters; each rank draws its own shard.
+    """
+    from torch.distributed.tensor import DTensor
+
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for index, (name, param) in enumerate(model.named_parameters()):
+            local = param.to_local() if isinstance(param, DTensor) else param
             if param.dim() >= 2:
-                values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, std, generator=generator) \
-                    if param.numel() < (1 << 26) else None
-                if values is None:  # large tensors: draw on the device (still seeded)
-                    torch.manual_seed(seed + zlib.crc32(name.encode()) % 10_000)
-                    param.normal_(0.0, std)
-                else:
-                    param.copy_(values)
+                rank_offset = torch.distributed.get_rank() if isinstance(param, DTensor) else 0
+                generator = torch.Generator(device=local.device).manual_seed(
+                    seed * 1_000_003 + zlib.crc32(name.encode()) + 7919 * rank_offset)
+                local.normal_(0.0, std, generator=generator)
             elif name.endswith("bias"):
-                param.zero_()
+                local.zero_()
             else:
-                param.fill_(1.0)
+                local.fill_(1.0)
+        for name, buffer in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buffer.zero_()

@@ -23,7 +23,8 @@ import torch
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.trainer.models.args import MoEModelArgs
 
-__all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "save_hf_weights"]
+__all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "load_hf_weights_sharded",
+           "HFCheckpointReader", "save_hf_weights"]
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -152,6 +153,96 @@ def load_hf_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor.copy_(native[name].to(tensor.dtype))
+
+
+class HFCheckpointReader:
+    """Lazy access to a HF folder's tensors by HF name (only what is asked for is read)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from safetensors import safe_open
+
+        self.model_dir = Path(model_dir)
+        self._handles = []
+        self._where: dict[str, object] = {}
+        for path in _safetensor_files(self.model_dir):
+            if not path.is_file():
+                raise NotFoundError(f"{path}: listed in the safetensors index but missing")
+            handle = safe_open(str(path), framework="pt")
+            self._handles.append(handle)
+            for key in handle.keys():
+                self._where[key] = handle
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._where
+
+    def get(self, key: str) -> torch.Tensor:
+        handle = self._where.get(key)
+        if handle is None:
+            raise AgentrlError(f"{self.model_dir}: tensor {key!r} is missing from the checkpoint")
+        return handle.get_tensor(key)  # type: ignore[attr-defined]
+
+    def native(self, name: str, args: MoEModelArgs, *, expert_range: tuple[int, int] | None = None) -> torch.Tensor:
+        """The trainer tensor ``name`` (experts: only ``expert_range``, stacked)."""
+        if ".mlp.experts.w" in name:
+            _, layer, _ = name.split(".", 2)
+            param = name.rsplit(".", 1)[1]
+            lo, hi = expert_range or (0, args.num_experts)
+            proj = {v: k for k, v in _EXPERT_PARAM.items()}[param]
+            per_expert = f"model.layers.{layer}.mlp.experts.{lo}.{proj}.weight"
+            if per_expert in self:
+                return torch.stack([self.get(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight") for e in range(lo, hi)])
+            if proj == "down_proj":
+                return self.get(f"model.layers.{layer}.mlp.experts.down_proj")[lo:hi]
+            gate, up = self.get(f"model.layers.{layer}.mlp.experts.gate_up_proj")[lo:hi].chunk(2, dim=1)
+            return gate if proj == "gate_proj" else up
+        (hf_name,) = native_to_hf({name: torch.empty(0)}, args).keys()
+        return self.get(hf_name)
+
+
+def load_hf_weights_sharded(model: torch.nn.Module, model_dir: str | Path) -> None:
+    """Fill a parallelised model (FSDP DTensors, EP-sliced experts) from a HF folder.
+
+    Each rank reads only the tensors it holds a part of, one at a time, and copies its
+    FSDP shard (dim-0 chunk, as ``fully_shard`` lays it out); experts are read for the
+    rank's own expert range only. Use after ``fully_shard`` on a meta-device model and
+    ``model.to_empty(device=...)``.
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    args: MoEModelArgs = model.args  # type: ignore[assignment]
+    reader = HFCheckpointReader(model_dir)
+    ranges = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "expert_range"):
+            ranges[_clean(name)] = module.expert_range
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            clean = _clean(name)
+            if args.tie_word_embeddings and clean == "lm_head.weight":
+                continue
+            block = clean.rsplit(".experts.", 1)[0] if ".experts." in clean else None
+            full = reader.native(clean, args, expert_range=ranges.get(block))
+            if isinstance(tensor, DTensor):
+                local = tensor.to_local()
+                mesh = tensor.device_mesh
+                (placement,) = tensor.placements
+                if not isinstance(placement, Shard) or placement.dim != 0:
+                    raise AgentrlError(f"{clean}: unexpected placement {placement}; expected FSDP's Shard(0)")
+                chunks = full.chunk(mesh.size(), dim=0)
+                index = mesh.get_local_rank()
+                part = chunks[index] if index < len(chunks) else full[:0]
+            else:
+                local, part = tensor, full
+            if tuple(part.shape) != tuple(local.shape):
+                raise AgentrlError(f"{model_dir}: {clean} has shape {tuple(full.shape)}, which does not fit "
+                                   f"this model ({tuple(local.shape)} per rank); check config.json")
+            local.copy_(part.to(local.dtype))
+
+
+def _clean(name: str) -> str:
+    for prefix in ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
 
 
 def _shards(hf: Mapping[str, torch.Tensor], max_shard_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
