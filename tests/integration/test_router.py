@@ -15,7 +15,14 @@ import uuid
 import httpx
 import pytest
 
-from agentrl.inference.router import SESSION_HEADER, RouterError, VLLMRouter, session_headers
+from agentrl.inference.router import (
+    SESSION_HEADER,
+    RouterError,
+    VLLMRouter,
+    attach_session_affinity,
+    session_headers,
+    trajectory_session,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -91,6 +98,27 @@ async def test_router_relays_token_generation_unchanged(router, replicas):
     assert routed["choices"][0]["token_ids"] == direct["choices"][0]["token_ids"]  # greedy, same weights
     assert direct["choices"][0]["routed_experts"] is None  # agentrl's vLLM plugin is inert without its env var
     assert SESSION_HEADER == "X-Session-ID"
+
+
+async def test_token_client_rollouts_stick_through_the_context_session(router, replicas):
+    from agentrl.client import TokenClient
+    from agentrl.models import ensure_model
+    from agentrl.sampling import SamplingConfig
+
+    sampling = SamplingConfig(max_tokens=3, temperature=0)
+
+    async def rollout(client, trajectory: str, turns: int) -> None:
+        with trajectory_session(trajectory):
+            for turn in range(turns):
+                await client.generate([3, 30 + turn, 31, 32], sampling=sampling)
+
+    async with TokenClient(router.url, model=ensure_model("tiny-moe")) as client, httpx.AsyncClient() as metrics:
+        attach_session_affinity(client.http)
+        for trajectory in ("ctx-a", "ctx-b", "ctx-c"):
+            start = await _counts(metrics, replicas)
+            await asyncio.gather(rollout(client, trajectory, 4), rollout(client, trajectory + "-other", 3))
+            delta = [after - begin for after, begin in zip(await _counts(metrics, replicas), start)]
+            assert sorted(delta) in ([0, 7], [3, 4]), delta  # two concurrent rollouts, each whole on one replica
 
 
 def test_router_start_errors_are_one_line(tmp_path):
