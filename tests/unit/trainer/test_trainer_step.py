@@ -1,0 +1,77 @@
+"""Trainer steps in one process: SFT learns, HF export loads in transformers, one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.models.attention import build_segments
+from agentrl.trainer.packing import pack_samples
+from agentrl.trainer.trainer import Trainer
+from trainer_helpers import make_samples
+
+
+def _trainer(model_dir, **overrides) -> Trainer:
+    values = {"row_tokens": 64, "optimizer": {"lr": 1e-2}}
+    values.update(overrides)
+    return Trainer(TrainerConfig(**values), model_dir=model_dir, device="cpu")
+
+
+def test_sft_steps_lower_the_nll(tiny_glm_dir):
+    trainer = _trainer(tiny_glm_dir, loss={"mode": "sft"})
+    batch = trainer.pack(make_samples(with_experts=False))
+    nll = [trainer.step(batch)["nll"] for _ in range(4)]
+    assert nll[-1] < nll[0] - 0.1, nll
+    assert trainer.step_count == 4
+
+
+def test_rl_step_metrics_and_export_loads_in_transformers(tiny_glm_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    trainer = _trainer(tiny_glm_dir)
+    metrics = trainer.train_on_samples(make_samples())
+    for key in ("loss", "mismatch_kl", "masked_fraction", "grad_norm", "tokens", "loss_tokens", "importance_ratio"):
+        assert key in metrics
+    assert metrics["mismatch_kl"] > 0 and 0 <= metrics["masked_fraction"] <= 1
+    out = trainer.export_hf(tmp_path / "hf")
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(12)
+    with torch.no_grad():
+        ours = trainer.model(ids, positions, build_segments(positions))
+        theirs = exported(ids[None]).logits[0]
+        original = AutoModelForCausalLM.from_pretrained(tiny_glm_dir).eval()(ids[None]).logits[0]
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+    assert (theirs - original).abs().max() > 1e-3  # the export carries the trained weights
+
+
+def test_step_errors_are_one_line(tiny_glm_dir, tmp_path):
+    trainer = _trainer(tiny_glm_dir)
+    with pytest.raises(AgentrlError, match="row has 32 tokens; this trainer packs rows of trainer.row_tokens=64"):
+        trainer.step(pack_samples(make_samples(with_experts=False), row_tokens=32))
+    empty = pack_samples(make_samples(with_experts=False), row_tokens=64)
+    empty.rows = []
+    with pytest.raises(AgentrlError, match="the batch has no rows"):
+        trainer.step(empty)
+    with pytest.raises(NotFoundError, match="not an agentrl checkpoint"):
+        trainer.load_checkpoint(tmp_path)
+    with pytest.raises(NotFoundError, match="unknown model .*: use a preset"):
+        Trainer(TrainerConfig(model=str(tmp_path / "missing")), device="cpu")
+
+
+def test_checkpoint_restores_weights_optimizer_and_step(tiny_glm_dir, tmp_path):
+    trainer = _trainer(tiny_glm_dir)
+    samples = make_samples()
+    trainer.train_on_samples(samples)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    after_save = trainer.train_on_samples(samples)
+    assert not (tmp_path / "ckpt.tmp").exists()
+    fresh = _trainer(tiny_glm_dir)
+    assert fresh.load_checkpoint(tmp_path / "ckpt") == 1
+    replay = fresh.train_on_samples(samples)
+    assert replay["loss"] == pytest.approx(after_save["loss"], rel=1e-6)
+    assert replay["grad_norm"] == pytest.approx(after_save["grad_norm"], rel=1e-6)
+    for (name, a), (_, b) in zip(trainer.model.state_dict().items(), fresh.model.state_dict().items()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
