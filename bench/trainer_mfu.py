@@ -104,6 +104,7 @@ def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: li
 
 
 def _measure(seq, cp, args, world, rank, steps, peak_rate) -> dict:
+    """One configuration: ``seq`` tokens per packed row, each row split over ``cp`` GPUs."""
     import torch
     import torch.distributed as dist
 
@@ -111,48 +112,47 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate) -> dict:
     from agentrl.trainer.trainer import Trainer
     from agentrl.types import TrainingSample
 
-    if True:  # one configuration: ``seq`` tokens per packed row, rows split over ``cp`` GPUs
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=2048,
-                               parallel={"ep": "auto", "cp": cp, "activation_checkpointing": True,
-                                         "gpu_memory_gib": 139.0})
-        trainer = Trainer(config, model_args=args)
-        generator = torch.Generator().manual_seed(rank)
-        samples = []
-        for _ in range(world // cp):
-            tokens = torch.randint(0, args.vocab_size, (seq + 1,), generator=generator).tolist()
-            mask = [i > seq // 2 for i in range(seq + 1)]
-            samples.append(TrainingSample(token_ids=tokens, loss_mask=mask,
-                                          inference_logprobs=[-11.0 if m else 0.0 for m in mask],
-                                          policy_versions=[0 if m else -1 for m in mask], advantage=1.0))
-        batch = trainer.pack(samples)
-        for _ in range(2):  # warm-up
-            trainer.step(batch)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=2048,
+                           parallel={"ep": "auto", "cp": cp, "activation_checkpointing": True,
+                                     "gpu_memory_gib": 139.0})
+    trainer = Trainer(config, model_args=args)
+    generator = torch.Generator().manual_seed(rank)
+    samples = []
+    for _ in range(world // cp):
+        tokens = torch.randint(0, args.vocab_size, (seq + 1,), generator=generator).tolist()
+        mask = [i > seq // 2 for i in range(seq + 1)]
+        samples.append(TrainingSample(token_ids=tokens, loss_mask=mask,
+                                      inference_logprobs=[-11.0 if m else 0.0 for m in mask],
+                                      policy_versions=[0 if m else -1 for m in mask], advantage=1.0))
+    batch = trainer.pack(samples)
+    for _ in range(2):  # warm-up
+        trainer.step(batch)
+    torch.cuda.synchronize()
+    if world > 1:
+        dist.barrier()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        metrics = trainer.step(batch)
         torch.cuda.synchronize()
-        if world > 1:
-            dist.barrier()
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            metrics = trainer.step(batch)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        times.sort()
-        step_time = times[len(times) // 2]
-        peak = torch.cuda.max_memory_allocated()
-        tokens = seq * (world // cp)
-        flops = args.training_flops_per_token(mean_context=seq / 2) * tokens
-        result = {
-            "gpus": world, "seq": seq, "cp": cp, "step_s": step_time, "tokens_per_s": tokens / step_time,
-            "tflops_per_gpu": flops / step_time / world / 1e12, "matmul_tflops": peak_rate / 1e12,
-            "mfu": flops / step_time / world / peak_rate, "mfu_datasheet": flops / step_time / world / DATASHEET_BF16,
-            "peak_memory_gib": peak / 1024**3, "estimate_gib": trainer.plan.estimated_bytes / 1024**3,
-            "estimate_parts_gib": {k: v / 1024**3 for k, v in trainer.plan.memory.items()},
-            "plan": trainer.plan.describe(), "loss": metrics["loss"], "params": args.param_counts(),
-        }
-        del trainer, batch
-        return result
+        times.append(time.perf_counter() - start)
+    times.sort()
+    step_time = times[len(times) // 2]
+    peak = torch.cuda.max_memory_allocated()
+    tokens = seq * (world // cp)
+    flops = args.training_flops_per_token(mean_context=seq / 2) * tokens
+    result = {
+        "gpus": world, "seq": seq, "cp": cp, "step_s": step_time, "tokens_per_s": tokens / step_time,
+        "tflops_per_gpu": flops / step_time / world / 1e12, "matmul_tflops": peak_rate / 1e12,
+        "mfu": flops / step_time / world / peak_rate, "mfu_datasheet": flops / step_time / world / DATASHEET_BF16,
+        "peak_memory_gib": peak / 1024**3, "estimate_gib": trainer.plan.estimated_bytes / 1024**3,
+        "estimate_parts_gib": {k: v / 1024**3 for k, v in trainer.plan.memory.items()},
+        "plan": trainer.plan.describe(), "loss": metrics["loss"], "params": args.param_counts(),
+    }
+    del trainer, batch
+    return result
 
 
 def main() -> None:

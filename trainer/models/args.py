@@ -219,11 +219,10 @@ class MoEModelArgs:
         ``mean_context`` is the average number of keys a query attends to (L/2 for one
         causal document of length L). Embedding lookups are not counted.
         """
-        counts = self.param_counts()
-        embed = self.vocab_size * self.hidden_size
-        matmul_params = counts["active"] - (0 if self.tie_word_embeddings else 0)
+        # "active" holds the LM head but not the embedding lookup; a tied head is the embedding
+        matmul_params = self.param_counts()["active"]
         if self.tie_word_embeddings:
-            matmul_params += embed
+            matmul_params += self.vocab_size * self.hidden_size
         dense_flops = 6.0 * matmul_params
         attention_flops = 12.0 * self.num_hidden_layers * self.num_attention_heads * self.head_dim * mean_context
         return dense_flops + attention_flops
