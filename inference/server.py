@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -196,8 +198,14 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_handle = open(self.log_path, "ab")
         started = time.monotonic()
+        launcher: list[str] = []
+        setpriv = shutil.which("setpriv")
+        if setpriv and threading.current_thread() is threading.main_thread():
+            # A server must not outlive a parent that was killed: it gets SIGTERM then. Only from
+            # the main thread, because the signal fires when the forking *thread* exits.
+            launcher = [setpriv, "--pdeathsig", "TERM", "--"]
         self.process = subprocess.Popen(
-            command, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            launcher + command, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.environment(), start_new_session=True,
         )
         try:

@@ -33,6 +33,16 @@ def summary_table(summary):
     return table
 
 
+def _interrupt_on_sigterm() -> None:
+    """Treat SIGTERM like Ctrl-C so the vLLM server started here is stopped, not orphaned."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_command(
@@ -101,6 +111,7 @@ def register(app: typer.Typer) -> None:
         def on_server(server) -> None:
             console.print(f"starting vLLM for {resolved.model} on {server.url} (about a minute on a 2-core CPU)")
 
+        _interrupt_on_sigterm()
         summary = run_evaluation(resolved, progress=True, on_server=on_server)
         console.print(summary_table(summary))
         if summary.errors:

@@ -8,6 +8,16 @@ from typing import Optional
 import typer
 
 
+def _interrupt_on_sigterm() -> None:
+    """Treat SIGTERM like Ctrl-C so the vLLM server started here is stopped, not orphaned."""
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_command(
@@ -39,6 +49,7 @@ def register(app: typer.Typer) -> None:
             return
         from agentrl.inference.server import VLLMServer, log_tail
 
+        _interrupt_on_sigterm()
         server = VLLMServer(model, host=host, port=port, max_model_len=max_model_len, dtype=dtype,
                             compile=compile, log_path=log, extra_args=extra)
         typer.echo(f"starting vLLM for {model} on {server.url} (log: {server.log_path or 'temporary file'})")
