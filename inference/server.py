@@ -62,7 +62,10 @@ def detect_device() -> Literal["cpu", "cuda"]:
 def _vllm_installed() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("vllm") is not None
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["vllm"] is None: imports of it are blocked
+        return False
 
 
 def log_tail(path: Path, *, lines: int = 20) -> str:

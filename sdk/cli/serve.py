@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
             return
         from agentrl.inference.server import VLLMServer, log_tail
 
+        from agentrl.models import resolve_model
+
+        resolve_model(model)  # unknown names fail here, with the list of presets
         _interrupt_on_sigterm()
         server = VLLMServer(model, host=host, port=port, max_model_len=max_model_len, dtype=dtype,
                             compile=compile, log_path=log, extra_args=extra)

@@ -136,3 +136,28 @@ def test_vllm_launch_flags_per_device(tiny_path):
     command = cuda.command()
     assert "--enable-return-routed-experts" in command  # MoE on CUDA: Router Replay
     assert "--kv-cache-memory-bytes" not in command and "--enforce-eager" not in command
+
+
+def test_missing_vllm_names_the_extra(monkeypatch, tiny_path):
+    import sys
+
+    from agentrl.errors import MissingExtraError
+    from agentrl.inference.server import VLLMServer
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # Python's way of making a module unimportable
+    with pytest.raises(MissingExtraError, match=r"pip install 'agentrl\[cpu\]'"):
+        VLLMServer("tiny-moe", device="cpu").start()
+    with pytest.raises(MissingExtraError, match=r"pip install 'agentrl\[vllm\]'"):
+        VLLMServer("tiny-moe", device="cuda").start()
+
+
+def test_serve_unknown_model_is_one_line_error():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "agentrl.cli", "serve", "--model", "nope"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "error: unknown model 'nope': use a preset (tiny-moe, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
+        "a local HF model folder or an HF repo id"]
