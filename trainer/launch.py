@@ -214,6 +214,8 @@ class InferenceActor:
 
     def start(self) -> str:
         self.server.start()
+        self._sentinel = _reap_with_parent(os.getpgid(self.server.process.pid))
+        (self.server.log_path.parent / "vllm.pid").write_text(str(self.server.process.pid))
         return self.server.url
 
     def node(self) -> str:
@@ -221,6 +223,47 @@ class InferenceActor:
 
     def stop(self) -> None:
         self.server.stop()
+        sentinel = getattr(self, "_sentinel", None)
+        if sentinel is not None:
+            sentinel.kill()
+            sentinel.wait()
+
+
+_SENTINEL_CODE = """
+import os, signal, sys
+group = int(sys.argv[1])
+def reap(*_):
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, reap)
+if os.getppid() != int(sys.argv[2]):
+    reap()
+while True:
+    signal.pause()
+"""
+
+
+def _reap_with_parent(process_group: int):
+    """A sentinel process that kills `process_group` when this process dies, even by SIGKILL.
+
+    The vLLM server runs in its own session (so it can be stopped as a group); without this,
+    a `kill -9` of the run would leave it serving. The sentinel gets SIGTERM from the kernel
+    when its parent dies (PR_SET_PDEATHSIG) and then kills the server's group.
+    """
+    import ctypes
+    import signal
+    import subprocess
+    import sys
+
+    def arm() -> None:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return subprocess.Popen([sys.executable, "-c", _SENTINEL_CODE, str(process_group), str(os.getpid())],
+                            preexec_fn=arm, stdin=subprocess.DEVNULL)
 
 
 class TrainerActor:
@@ -286,6 +329,24 @@ class RolloutWorker:
 
     async def run_group(self, task: Task, n: int, sampling: Any) -> list[Rollout]:
         return await self.environment.run_group(self.client, task, n=n, sampling=sampling)
+
+
+def _write_placement(path: Path, placement: dict[str, str]) -> None:
+    """Record which Ray node (id, address, custom resources) each actor landed on."""
+    import json
+
+    import ray
+
+    nodes = {node["NodeID"]: node for node in ray.nodes()}
+    described = {}
+    for role, node_id in placement.items():
+        node = nodes.get(node_id, {})
+        resources = sorted(k for k in node.get("Resources", {})
+                           if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")
+                           and not k.startswith("bundle_group"))
+        described[role] = {"node_id": node_id, "address": node.get("NodeManagerAddress"),
+                           "node_manager_port": node.get("NodeManagerPort"), "resources": resources}
+    path.write_text(json.dumps(described, indent=2))
 
 
 def _node_id() -> str:
@@ -422,6 +483,7 @@ def run_training(
         actors.append(inference)
         trainer = ray.remote(TrainerActor).options(**place(1), num_gpus=config.launch.trainer_gpus).remote(
             config.trainer, model_dir=str(start_weights), staging_dir=str(staging),
+            threads=config.launch.trainer_threads if not config.launch.trainer_gpus else None,
         )
         actors.append(trainer)
         status("starting the vLLM server and the trainer")
@@ -439,6 +501,7 @@ def run_training(
         for index, worker in enumerate(workers):
             placement[f"rollout-{index}"] = ray.get(worker.node.remote())
         status(f"placement: {placement}")
+        _write_placement(folder.path / "placement.json", placement)
 
         async def checkpoint(step: int, current: OrchestratorState) -> None:
             partial = begin_checkpoint(checkpoint_root, step)

@@ -361,11 +361,6 @@ class Orchestrator:
                 push_s = time.monotonic() - push_start
                 self.inference_version = step + 1
                 await self._wake_producer()
-                if self.checkpoint is not None and (
-                    (self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0)
-                    or self.state.step == self.config.max_steps
-                ):
-                    await self.checkpoint(self.state.step, self.state)
                 now = time.monotonic()
                 step_s = now - last_step_end
                 last_step_end = now
@@ -392,6 +387,12 @@ class Orchestrator:
                     result = self.on_step(metrics)
                     if asyncio.iscoroutine(result):
                         await result
+                # After the step's metrics are on disk: a checkpoint never runs ahead of its metrics.
+                if self.checkpoint is not None and (
+                    (self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0)
+                    or self.state.step == self.config.max_steps
+                ):
+                    await self.checkpoint(self.state.step, self.state)
         finally:
             self._stopping = True
             await self._wake_producer()

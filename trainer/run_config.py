@@ -11,8 +11,10 @@
 
 `load_run_config(path, overrides, env=..., model=...)` reads TOML through
 `agentrl.config.load_config` (one-line errors naming file, line and key) and fills in the
-model-dependent defaults: the trainer's model folder and, for `tiny-moe`, the committed
-SFT warm start (`cookbook/cpu-default/tiny-moe-sft`) as the starting checkpoint.
+model-dependent defaults: with no file for reverse-text on tiny-moe, the CPU default
+recipe (`cookbook/cpu-default/train.toml`); for tiny-moe the committed SFT warm start
+(`cookbook/cpu-default/tiny-moe-sft`) as the starting checkpoint; for GPU-sized presets
+a GPU deployment and a trainer with enough GPUs for its layout to fit.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ __all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfi
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The committed SFT warm start of tiny-moe (reproduced by cookbook/cpu-default/sft.toml).
 TINY_MOE_SFT = REPO_ROOT / "cookbook" / "cpu-default" / "tiny-moe-sft"
+#: The embedded default run (`agentrl train` with no arguments).
+CPU_DEFAULT_RECIPE = REPO_ROOT / "cookbook" / "cpu-default" / "train.toml"
 
 
 class EnvSection(BaseConfig):
@@ -74,6 +78,8 @@ class LaunchConfig(BaseConfig):
     """Extra Ray resources each rollout worker's bundle asks for."""
     startup_timeout_s: float = 600.0
     """Most seconds to wait for the inference server to become healthy."""
+    trainer_threads: int = 1
+    """CPU threads of a CPU trainer (0: torch's default; 1 leaves cores to vLLM on small machines)."""
 
 
 class RunSection(BaseConfig):
@@ -113,6 +119,8 @@ class RunConfig(BaseConfig):
         """The HF folder the policy starts from (init checkpoint, warm start, or the model)."""
         if self.model.init_checkpoint:
             path = Path(self.model.init_checkpoint).expanduser()
+            if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+                path = REPO_ROOT / path  # recipe paths are relative to the repository
             if not (path / "config.json").is_file():
                 raise ConfigError(
                     f"model.init_checkpoint={self.model.init_checkpoint!r}: no HF folder (config.json) there; "
@@ -141,6 +149,9 @@ def load_run_config(
         shortcuts.append(f"env.name={_toml_string(env)}")
     if model is not None:
         shortcuts.append(f"model.name={_toml_string(model)}")
+    if path is None and (env or "reverse-text") == "reverse-text" and (model or "tiny-moe") == "tiny-moe" \
+            and CPU_DEFAULT_RECIPE.is_file():
+        path = CPU_DEFAULT_RECIPE  # `agentrl train` with no arguments is the CPU default recipe
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)
     _gpu_defaults(config)
     if config.model.init_checkpoint is None:

@@ -64,11 +64,12 @@ class SFTConfig(BaseConfig):
 class TeacherClient:
     """A ChatClient that answers with a teacher's text, tokenized by the model's own template."""
 
-    def __init__(self, reply: Callable[[list[Message]], str], *, renderer: Any) -> None:
+    def __init__(self, reply: Callable[[list[Message]], str], *, renderer: Any, tokens: Any = None) -> None:
         from agentrl.client import TokenClient
 
         self.reply = reply
-        self._tokens = TokenClient("http://127.0.0.1:9", renderer=renderer)  # only its token rendering is used
+        # Only the token client's prompt rendering (with multi-turn extension) is used; no request is sent.
+        self._tokens = tokens or TokenClient("http://127.0.0.1:9", renderer=renderer)
         self.renderer = renderer
 
     async def chat(self, messages: list[Message], *, tools: list[dict[str, Any]] | None = None,
@@ -112,19 +113,21 @@ def demonstrations(environment: Any, tasks: list[Task], *, renderer: Any,
     """Play each task with the teacher through the environment's rollout; return the token samples."""
     sampling = SamplingConfig(max_tokens=4096)
 
-    async def one(task: Task) -> TrainingSample | None:
-        reply = oracle or (lambda messages, answer=task.answer: answer)
-        client = TeacherClient(reply, renderer=renderer)
-        try:
-            rollout = await environment.rollout(client, task, sampling=sampling)
-        finally:
-            await client.aclose()
-        if rollout.error or not rollout.turns:
-            return None
-        return rollout.sample()
-
     async def run() -> list[TrainingSample | None]:
-        return list(await asyncio.gather(*(one(task) for task in tasks)))
+        shared = TeacherClient(lambda messages: "", renderer=renderer)
+
+        async def one(task: Task) -> TrainingSample | None:
+            reply = oracle or (lambda messages, answer=task.answer: answer)
+            client = TeacherClient(reply, renderer=renderer, tokens=shared._tokens)
+            rollout = await environment.rollout(client, task, sampling=sampling)
+            if rollout.error or not rollout.turns:
+                return None
+            return rollout.sample()
+
+        try:
+            return list(await asyncio.gather(*(one(task) for task in tasks)))
+        finally:
+            await shared.aclose()
 
     samples = [s for s in asyncio.run(run()) if s is not None]
     if not samples:
