@@ -3,7 +3,10 @@
 - `ServerSupervisor` watches one `VLLMServer`: a background thread polls the process and
   `/health`; when the process exits or `failure_threshold` health checks in a row fail,
   it restarts the server on the same port (at most `max_restarts` times; after that the
-  supervisor is `failed` and says why). Every death and restart is recorded in `events`.
+  supervisor is `failed` and says why), then runs `after_restart(url)` (pass a weight
+  publisher's `restore`, so the restarted server serves the latest published weights and
+  version, not the original checkpoint) before requests go through again. Every death and
+  restart is recorded in `events`.
 - `SupervisedClient` wraps a `ChatClient` (the token client): a call that fails because
   the server died waits for the supervisor to bring it back and retries (a completion is
   only ever returned whole, so a retry cannot duplicate tokens); when retries run out, or
@@ -88,8 +91,10 @@ class ServerSupervisor:
         failure_threshold: int = 3,
         max_restarts: int = 3,
         on_event: Callable[[SupervisorEvent], None] | None = None,
+        after_restart: Callable[[str], Any] | None = None,
     ) -> None:
         self.server = server
+        self.after_restart = after_restart
         self.health_interval_s = health_interval_s
         self.failure_threshold = failure_threshold
         self.max_restarts = max_restarts
@@ -165,6 +170,14 @@ class ServerSupervisor:
                 except Exception as error:  # the next loop turn sees the dead process again
                     self._record("restart_failed", str(error).splitlines()[0][:300])
                     continue
+                if self.after_restart is not None:
+                    # e.g. `publisher.restore`: the latest weights go back in before any request does.
+                    try:
+                        self.after_restart(self.server.url)
+                    except Exception as error:
+                        self._record("restore_failed", str(error).splitlines()[0][:300])
+                        self.server.stop()  # seen as dead on the next turn: restart again, no stale serving
+                        continue
                 self._record("restarted", f"in {time.monotonic() - started:.1f}s")
                 self._healthy.set()
 

