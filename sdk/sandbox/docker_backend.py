@@ -283,7 +283,7 @@ class DockerSandbox(Sandbox):
             self._server = None  # the server is gone (killed from inside): docker exec from now on
             return RawExecResult(exit_code=-1, stdout=b"", stderr=b"sandbox command server stopped during the command\n")
         if "error" in answer:
-            return RawExecResult(exit_code=126, stdout=b"", stderr=(answer["error"] + "\n").encode())
+            return RawExecResult(exit_code=126, stdout=b"", stderr=base64.b64decode(answer["error"]) + b"\n")
         self.server_execs += 1
         out, err = base64.b64decode(answer["stdout"]), base64.b64decode(answer["stderr"])
         return RawExecResult(
@@ -388,6 +388,9 @@ class DockerSandbox(Sandbox):
             self.client.api.remove_container(self.id, force=True, v=True)
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as error:
+            if error.status_code != 409:  # 409: another process (a gc) is already removing it
+                raise
 
     async def _close(self) -> None:
         # Shielded: a cancelled rollout must still remove its container.

@@ -4,16 +4,18 @@ The container's main process is `sandboxd` (when the image has python3), started
 stdin open. Before the container starts, the host attaches to its stdin/stdout/stderr
 (one hijacked connection); requests go out as JSON lines on stdin, answers come back as
 JSON lines on stdout inside Docker's multiplexed frames, matched to waiting callers by id.
-A reader thread owns the socket's read side. When the server is gone (no python3 in the
+Requests are `marshal`-encoded (written by the host, read by sandboxd); answers are JSON
+parsed on the host (never unmarshalled: the sandbox is untrusted). A reader thread owns the
+socket's read side. When the server is gone (no python3 in the
 image, the model killed it, the connection dropped), `alive` turns False and the sandbox
 falls back to `docker exec`.
 """
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
+import marshal
 import select
 import socket
 import struct
@@ -22,19 +24,35 @@ from pathlib import Path
 
 __all__ = ["ServerConnection", "server_command"]
 
-_SOURCE = (Path(__file__).with_name("sandboxd.py")).read_text()
-# sandboxd's source arrives as the first JSON line on stdin (a short command line in `ps`).
-# If python3 is missing or the server ends, the container stays up for `docker exec`.
-_LAUNCH = (
-    "if command -v python3 >/dev/null 2>&1; then "
-    "python3 -I -S -c 'import sys, json; exec(compile(json.loads(sys.stdin.buffer.readline()), \"sandboxd\", \"exec\"))'; "
-    "fi; echo '{\"gone\": 1}'; exec sleep infinity"
+_SOURCE = (Path(__file__).with_name("sandboxd.py")).read_bytes()
+HEADER = 12  # every message to sandboxd: a 12-digit length, then the bytes
+# The launcher reads sandboxd's source from stdin (a short command line in `ps`), unbuffered
+# so that no request is swallowed. If python3 is missing or the server ends, the container
+# stays up for `docker exec`.
+_READ_SOURCE = (
+    "import os\n"
+    "def read(n):\n"
+    "    data = b''\n"
+    "    while len(data) < n:\n"
+    "        chunk = os.read(0, n - len(data))\n"
+    "        if not chunk: raise SystemExit(1)\n"
+    "        data += chunk\n"
+    "    return data\n"
+    f"exec(compile(read(int(read({HEADER}))), 'sandboxd', 'exec'))\n"
 )
+_LAUNCH = (
+    "if command -v python3 >/dev/null 2>&1; then python3 -I -S -c \"$0\"; fi; "
+    "echo '{\"gone\": 1}'; exec sleep infinity"
+)
+
+
+def _frame(payload: bytes) -> bytes:
+    return b"%012d" % len(payload) + payload
 
 
 def server_command() -> list[str]:
     """The container command that runs sandboxd."""
-    return ["/bin/sh", "-c", _LAUNCH]
+    return ["/bin/sh", "-c", _LAUNCH, _READ_SOURCE]
 
 
 class ServerConnection:
@@ -67,7 +85,7 @@ class ServerConnection:
             initial = None
         self._sock.setblocking(True)
         self.alive = True
-        self._sock.sendall((json.dumps(_SOURCE) + "\n").encode())  # read by the launcher once it starts
+        self._sock.sendall(_frame(_SOURCE))  # read by the launcher once it starts
         self._thread = threading.Thread(target=self._read_loop, args=(initial or b"",), daemon=True,
                                         name=f"sandboxd-{self.container_id[:12]}")
         self._thread.start()
@@ -143,9 +161,9 @@ class ServerConnection:
         slot: list = [threading.Event(), None]
         with self._lock:
             self._waiting[request_id] = slot
-        message = {"id": request_id, "marker": marker, "argv": argv, "cwd": cwd, "env": env, "timeout": timeout,
-                   "max_output": max_output, "stdin": base64.b64encode(stdin).decode() if stdin is not None else None}
-        data = (json.dumps(message) + "\n").encode()
+        message = {"id": request_id, "marker": marker, "argv": list(argv), "cwd": cwd, "env": dict(env),
+                   "timeout": float(timeout), "max_output": int(max_output), "stdin": stdin}
+        data = _frame(marshal.dumps(message))
         try:
             with self._write_lock:
                 self._sock.sendall(data)

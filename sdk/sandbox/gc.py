@@ -58,19 +58,30 @@ def list_sandboxes(*, include_docker: bool = True, include_bwrap: bool = True) -
     return found
 
 
-def remove_orphan_containers(client, *, owner: str | None = None, everything: bool = False) -> list[str]:
-    """Remove labelled containers whose owner died (or of `owner`, or all); returns their ids."""
+def _remove(client, container_id: str) -> bool:
+    """Force-remove a container; False when it was already gone or another process is removing it."""
     import docker.errors
 
+    try:
+        client.api.remove_container(container_id, force=True, v=True)
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as error:
+        if "already in progress" in str(error) or error.status_code == 409:
+            return False
+        raise
+    return True
+
+
+def remove_orphan_containers(client, *, owner: str | None = None, everything: bool = False) -> list[str]:
+    """Remove labelled containers whose owner died (or of `owner`, or all); returns their ids."""
     removed = []
     for container in _docker_containers(client):
         labels = container.labels or {}
         if everything or (owner is not None and labels.get("agentrl.owner") == owner) or (
             owner is None and not owner_alive(labels)
         ):
-            try:
-                container.remove(force=True, v=True)
-            except docker.errors.NotFound:
+            if not _remove(client, container.id):
                 continue
             removed.append(container.id[:12])
     return removed
@@ -84,13 +95,9 @@ def collect_garbage(*, owner: str | None = None, everything: bool = False, docke
         if not (everything or (owner is not None and info.owner == owner) or (owner is None and info.orphan)):
             continue
         if info.backend == "docker":
-            import docker as docker_sdk
-
             from agentrl.sandbox.docker_backend import docker_client
 
-            try:
-                docker_client().api.remove_container(info.id, force=True, v=True)
-            except docker_sdk.errors.NotFound:
+            if not _remove(docker_client(), info.id):
                 continue
         else:
             from agentrl.sandbox.bwrap_backend import workspace_root
