@@ -15,6 +15,7 @@ import uuid
 import httpx
 import pytest
 
+from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.router import (
     SESSION_HEADER,
     RouterError,
@@ -38,8 +39,12 @@ def replicas(tmp_path_factory):
     from agentrl.models import ensure_model
 
     model = ensure_model("tiny-moe")
+    args, env = cpu_server_options(routed_experts=False)
     servers = [
-        VLLMServer(model, max_num_seqs=16, log_path=tmp_path_factory.mktemp(f"replica{index}") / "vllm.log")
+        VLLMServer(
+            model, max_num_seqs=16, dtype="float32", extra_args=args, env=env,
+            log_path=tmp_path_factory.mktemp(f"replica{index}") / "vllm.log",
+        )
         for index in range(2)
     ]
     try:
@@ -119,6 +124,30 @@ async def test_token_client_rollouts_stick_through_the_context_session(router, r
             await asyncio.gather(rollout(client, trajectory, 4), rollout(client, trajectory + "-other", 3))
             delta = [after - begin for after, begin in zip(await _counts(metrics, replicas), start)]
             assert sorted(delta) in ([0, 7], [3, 4]), delta  # two concurrent rollouts, each whole on one replica
+
+
+async def test_publish_reaches_every_replica_behind_the_router(router, replicas, tmp_path):
+    """Weights go to all replicas at once; afterwards every path serves the new version (runs last: weights change)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from agentrl.inference.weights import FilesystemWeightPublisher
+    from agentrl.models import ensure_model
+
+    base = load_file(str(ensure_model("tiny-moe") / "model.safetensors"))
+    generator = torch.Generator().manual_seed(5)
+    weights = {name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator) for name, tensor in base.items()}
+    publisher = FilesystemWeightPublisher([server.url for server in replicas], staging_dir=tmp_path)
+    result = await publisher.apublish(weights, version=3)
+    assert result.servers == 2
+    async with httpx.AsyncClient() as client:
+        assert [(await client.get(f"{server.url}/weight_info")).json()["weight_version"] for server in replicas] == ["3", "3"]
+        answers = [await _generate(client, server.url, "any", 2) for server in replicas]
+        for trajectory in ("p", "q", "r", "s"):
+            routed = await _generate(client, router.url, trajectory, 2)
+            assert routed["choices"][0]["weight_versions"] == [{"version": "3", "start": 0, "end": 4}]
+            assert routed["choices"][0]["token_ids"] == answers[0]["choices"][0]["token_ids"]
+    assert answers[0]["choices"][0]["token_ids"] == answers[1]["choices"][0]["token_ids"]
 
 
 def test_router_start_errors_are_one_line(tmp_path):
