@@ -43,13 +43,20 @@ SYSTEM_PROMPT = (
     "`str_replace` edits a file by replacing one exact occurrence of a text, `submit` hands in your changes. "
     "Find the cause, fix the source code (not the tests), check with the tests, then call submit."
 )
+COMPACT_SYSTEM_PROMPT = "Fix the bug in /testbed with the tools, then call submit."
+COMPACT_PROBLEM_CHARS = 200
+COMPACT_TOOL_OUTPUT_CHARS = 300
+COMPACT_MAX_TURNS = 3
 
 
-def task_row(instance: SweInstance) -> dict[str, Any]:
-    """A verifiers-style row (prompt, answer, info, task) for one instance."""
+def task_row(instance: SweInstance, *, max_problem_chars: int | None = None) -> dict[str, Any]:
+    """A verifiers-style row (prompt, answer, info, task) for one instance (statement cut to `max_problem_chars`)."""
     info = instance.model_dump()
+    statement = instance.problem_statement
+    if max_problem_chars is not None and len(statement) > max_problem_chars:
+        statement = statement[:max_problem_chars].rstrip() + " ..."
     return {
-        "prompt": [{"role": "user", "content": instance.problem_statement}],
+        "prompt": [{"role": "user", "content": statement}],
         "answer": instance.patch,
         "info": json.dumps(info),
         "task": "swe",
@@ -108,12 +115,12 @@ class SweEnv(ToolEnv):
 
     def __init__(self, *, command_timeout_s: float = 60.0, test_timeout_s: float = 180.0,
                  max_parallel_sandboxes: int = 2, runtime: str = "runc", cpus: float = 1.0,
-                 memory_mb: int = 2048, **kwargs: Any) -> None:
+                 memory_mb: int = 2048, compact_tools: bool = False, **kwargs: Any) -> None:
         rubric = Rubric(
             funcs=[solved, fail_to_pass, pass_to_pass, patch_applied, empty_patch, tests_timed_out, submitted],
             weights=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
         )
-        tools: list[Tool] = make_tools(command_timeout_s=command_timeout_s)
+        tools: list[Tool] = make_tools(command_timeout_s=command_timeout_s, compact=compact_tools)
         super().__init__(tools=tools, rubric=rubric, **kwargs)
         self.test_timeout_s = test_timeout_s
         """Wall-clock limit of the grading test run."""
@@ -196,12 +203,11 @@ class SweEnv(ToolEnv):
         if rollout.error is not None and "diff" not in rollout.state:
             return GradeResult(error=rollout.error)
         instance = self.instance(rollout.task)
+        options = dict(timeout_s=self.test_timeout_s, cpus=self.cpus, memory_mb=self.memory_mb, runtime=self.runtime)
         if self._gate is None:
-            return await grade(instance, rollout.state.get("diff", ""), timeout_s=self.test_timeout_s,
-                               cpus=self.cpus, memory_mb=self.memory_mb)
+            return await grade(instance, rollout.state.get("diff", ""), **options)
         async with self._gate:
-            return await grade(instance, rollout.state.get("diff", ""), timeout_s=self.test_timeout_s,
-                               cpus=self.cpus, memory_mb=self.memory_mb)
+            return await grade(instance, rollout.state.get("diff", ""), **options)
 
     async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
         results = await asyncio.gather(*(self.grade_rollout(rollout) for rollout in rollouts))
@@ -223,25 +229,40 @@ def oracle_policy(*, data_dir: str | Path | None = None, data_path: str | Path |
     return oracle_policy_for(instances, mode=mode)
 
 
-def load_environment(*, data_path: str | None = None, data_dir: str | None = None, max_turns: int = 30,
+def load_environment(*, data_path: str | None = None, data_dir: str | None = None, max_turns: int | None = None,
                      max_completion_tokens: int | None = 32768, max_seconds: float | None = 1200.0,
                      command_timeout_s: float = 60.0, test_timeout_s: float = 180.0,
-                     max_parallel_sandboxes: int = 2, runtime: str = "runc", system_prompt: str = SYSTEM_PROMPT,
-                     ) -> SweEnv:
-    """The swe environment: the committed splits, or SWE-bench style rows from `data_path` (as 'test' and 'train')."""
+                     max_parallel_sandboxes: int = 2, runtime: str = "runc", system_prompt: str | None = None,
+                     compact: bool = False, max_problem_chars: int | None = None) -> SweEnv:
+    """The swe environment: the committed splits, or SWE-bench style rows from `data_path` (as 'test' and 'train').
+
+    `compact=True` fits small-context models (e.g. tiny-moe's 2048 tokens): a one-line
+    system prompt, only the bash and submit tools with short schemas, problem statements
+    cut to COMPACT_PROBLEM_CHARS (or `max_problem_chars`), tool output cut to
+    COMPACT_TOOL_OUTPUT_CHARS, and COMPACT_MAX_TURNS turns unless `max_turns` is given.
+    """
+    if max_turns is None:
+        max_turns = COMPACT_MAX_TURNS if compact else 30
+    if system_prompt is None:
+        system_prompt = COMPACT_SYSTEM_PROMPT if compact else SYSTEM_PROMPT
+    if compact and max_problem_chars is None:
+        max_problem_chars = COMPACT_PROBLEM_CHARS
+
+    def rows_of(path: Path):
+        return lambda: rows_to_dataset([task_row(i, max_problem_chars=max_problem_chars) for i in load_instances(path)])
+
     if data_path:
         path = Path(data_path)
         if not path.exists():
             raise AgentrlError(f"swe: data_path {path} does not exist; give a jsonl of SWE-bench style rows")
-        rows = lambda: rows_to_dataset([task_row(i) for i in load_instances(path)])  # noqa: E731
-        splits: dict[str, Any] = {"train": rows, "test": rows}
+        splits: dict[str, Any] = {"train": rows_of(path), "test": rows_of(path)}
     else:
         folder = Path(data_dir) if data_dir else DATA_DIR
-        splits = {split: (lambda split=split: rows_to_dataset(
-            [task_row(i) for i in load_instances(folder / f"{split}.jsonl")])) for split in ("train", "test")}
+        splits = {split: rows_of(folder / f"{split}.jsonl") for split in ("train", "test")}
     return SweEnv(
         name="swe", splits=splits, system_prompt=system_prompt, max_turns=max_turns,
         max_completion_tokens=max_completion_tokens, max_seconds=max_seconds,
         command_timeout_s=command_timeout_s, test_timeout_s=test_timeout_s,
-        max_parallel_sandboxes=max_parallel_sandboxes, runtime=runtime,
+        max_parallel_sandboxes=max_parallel_sandboxes, runtime=runtime, compact_tools=compact,
+        **({"max_tool_output_chars": COMPACT_TOOL_OUTPUT_CHARS} if compact else {}),
     )

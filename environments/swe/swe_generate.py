@@ -123,7 +123,8 @@ def problem_statement(project: Project, site: MutationSite, docstring: str, fail
     kind = "method" if "." in site.function else "function"
     lines = [
         f"`{site.function}` in `{site.path}` ({project.name} {project.version}) does not behave as documented: "
-        f"{len(failing)} test{'s' if len(failing) != 1 else ''} of the project's own suite fail.",
+        f"{len(failing)} test{'s' if len(failing) != 1 else ''} of the project's own suite "
+        f"fail{'s' if len(failing) == 1 else ''}.",
         "",
     ]
     if docstring.strip():

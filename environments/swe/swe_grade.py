@@ -83,11 +83,11 @@ async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout
 
 
 async def grade(instance: SweInstance, diff: str, *, timeout_s: float = 180.0, cpus: float = 1.0,
-                memory_mb: int = 1024) -> GradeResult:
+                memory_mb: int = 1024, runtime: str = "runc") -> GradeResult:
     """Grade `diff` in a fresh sandbox started from the task's image."""
     started = time.monotonic()
     try:
-        async with open_sandbox(instance.image_name, cpus=cpus, memory_mb=memory_mb) as sandbox:
+        async with open_sandbox(instance.image_name, cpus=cpus, memory_mb=memory_mb, runtime=runtime) as sandbox:
             await prepare_repository(sandbox, instance)
             result = await grade_in_sandbox(sandbox, instance, diff, timeout_s=timeout_s)
     except AgentrlError as exc:

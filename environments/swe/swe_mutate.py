@@ -51,11 +51,15 @@ class MutationSite:
     """0-based UTF-8 byte column of the mutated node."""
     index: int
     """Position of the site among all sites of the file (source order)."""
+    occurrence: int = 0
+    """How many earlier sites share path, function, operator and start (nested nodes such as `a + b + c`)."""
 
     @property
     def site_id(self) -> str:
-        """Stable short id from the path, function, operator and position."""
+        """Stable short id from the path, function, operator, position (and occurrence when > 0)."""
         key = f"{self.path}:{self.function}:{self.operator}:{self.line}:{self.col}"
+        if self.occurrence:
+            key += f":{self.occurrence}"
         return hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
@@ -106,6 +110,7 @@ def enumerate_sites(source: str, path: str) -> list[MutationSite]:
     """Every mutation site of a module, in source order (deterministic)."""
     tree = ast.parse(source)
     sites: list[MutationSite] = []
+    seen: dict[tuple[str, str, int, int], int] = {}
     for qualname, function in _functions(tree):
         parents: dict[int, ast.AST] = {}
         for node in ast.walk(function):
@@ -115,8 +120,11 @@ def enumerate_sites(source: str, path: str) -> list[MutationSite]:
             if not hasattr(node, "lineno"):
                 continue
             for operator in _operators_for(node, parents.get(id(node))):
-                sites.append(MutationSite(path=path, function=qualname, operator=operator,
-                                          line=node.lineno, col=node.col_offset, index=len(sites)))
+                key = (qualname, operator, node.lineno, node.col_offset)
+                occurrence = seen.get(key, 0)
+                seen[key] = occurrence + 1
+                sites.append(MutationSite(path=path, function=qualname, operator=operator, line=node.lineno,
+                                          col=node.col_offset, index=len(sites), occurrence=occurrence))
     return sites
 
 
@@ -146,10 +154,13 @@ def _find_node(tree: ast.Module, site: MutationSite) -> tuple[ast.AST, ast.AST]:
         for node in ast.walk(function):
             for child in ast.iter_child_nodes(node):
                 parents[id(child)] = node
+        matches = 0
         for node in _body_nodes(function):
             if (getattr(node, "lineno", None) == site.line and node.col_offset == site.col
                     and site.operator in _operators_for(node, parents.get(id(node)))):
-                return node, parents[id(node)]
+                if matches == site.occurrence:
+                    return node, parents[id(node)]
+                matches += 1
     raise LookupError(f"mutation site {site.site_id} not found in {site.path}")
 
 

@@ -99,16 +99,26 @@ async def submit(sandbox) -> str:
     return "submitted"
 
 
-def make_tools(*, command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S) -> list[Tool]:
-    """The four tools, with `sandbox` hidden from the model."""
+def _compact(tool: Tool) -> Tool:
+    """Cut the schema to the first sentence and no argument descriptions (for small-context models)."""
+    tool.description = tool.description.split(". ")[0].rstrip(".")
+    for spec in tool.parameters.get("properties", {}).values():
+        spec.pop("description", None)
+    return tool
+
+
+def make_tools(*, command_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S, compact: bool = False) -> list[Tool]:
+    """The four tools, with `sandbox` hidden from the model (`compact`: bash and submit, shortest schemas)."""
 
     async def bash_tool(command: str, sandbox) -> str:
         return await bash(command, sandbox, timeout_s=command_timeout_s)
 
     bash_tool.__doc__ = bash.__doc__
-    return [
+    tools = [
         Tool(bash_tool, name="bash", hidden=("sandbox",)),
         Tool(view, hidden=("sandbox",)),
         Tool(str_replace, hidden=("sandbox",)),
         Tool(submit, hidden=("sandbox",)),
     ]
+    # compact: bash (which can view and edit too) and submit only, with the shortest schemas
+    return [_compact(tools[0]), _compact(tools[3])] if compact else tools

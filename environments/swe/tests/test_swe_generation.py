@@ -66,6 +66,22 @@ def test_applied_mutations_parse_change_one_spot_and_keep_the_rest():
             assert '"""Clamp value into [low, high]."""' in mutated
 
 
+def test_nested_sites_starting_at_one_place_get_their_own_ids_and_nodes():
+    source = "def total(a, b, c):\n    return a + b + c\n"
+    outer, inner = [s for s in enumerate_sites(source, "m.py") if s.operator == "swap_operator"]
+    assert outer.site_id != inner.site_id and (outer.line, outer.col) == (inner.line, inner.col)
+    assert apply_site(source, outer).splitlines()[1] == "    return a + b - c"
+    assert apply_site(source, inner).splitlines()[1] == "    return a - b + c"
+
+
+def test_site_ids_are_unique_in_every_project():
+    for project in PROJECTS:
+        sources = project_sources(project)
+        ids = [site.site_id for path in sources if path in project.packages or any(
+            path.startswith(root + "/") for root in project.packages) for site in enumerate_sites(sources[path], path)]
+        assert ids and len(ids) == len(set(ids)), project.name
+
+
 def test_flip_and_swap_edit_only_the_operator_or_arguments():
     sites = enumerate_sites(SOURCE, "m.py")
     flip = next(s for s in sites if s.operator == "flip_comparison" and s.line == 4)
@@ -138,7 +154,7 @@ def test_committed_data_meets_the_targets_and_splits_share_no_function():
         # the statement describes the failure, never the fix
         assert row["patch"] not in row["problem_statement"]
         removed = [line[1:].strip() for line in row["bug_patch"].splitlines()
-                   if line.startswith("-") and not line.startswith("---") and len(line.strip()) > 12]
+                   if line.startswith("-") and not line.startswith("---") and len(line[1:].strip()) > 12]
         assert not any(text in row["problem_statement"] for text in removed), row["instance_id"]
 
 
@@ -172,3 +188,28 @@ def test_swe_bench_rows_load_with_json_encoded_test_lists():
     assert instance.FAIL_TO_PASS == ["astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"]
     assert instance.image_name == "sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
     assert instance.test_files == ["astropy/modeling/tests/test_separable.py"]
+
+
+def test_oracle_turns_each_hunk_into_a_str_replace_edit():
+    from swe_oracle import patch_edits
+
+    patch = (
+        "diff --git a/pkg/m.py b/pkg/m.py\nindex 1..2 100644\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
+        "@@ -1,3 +1,3 @@\n def f(x):\n-    return x >= 0\n+    return x < 0\n \n"
+        "@@ -10,2 +10,3 @@ def g():\n     a = 1\n+    b = 2\n     return a\n"
+    )
+    assert patch_edits(patch) == [
+        ("pkg/m.py", "def f(x):\n    return x >= 0\n\n", "def f(x):\n    return x < 0\n\n"),
+        ("pkg/m.py", "    a = 1\n    return a\n", "    a = 1\n    b = 2\n    return a\n"),
+    ]
+
+
+def test_compact_mode_fits_small_context_models():
+    import agentrl
+
+    full = agentrl.load_environment("swe")
+    compact = agentrl.load_environment("swe", compact=True)
+    assert [t["function"]["name"] for t in compact.tool_schemas] == ["bash", "submit"]
+    assert len(json.dumps(compact.tool_schemas)) < len(json.dumps(full.tool_schemas)) / 2
+    task = compact.tasks("test", n=1)[0]
+    assert len(task.prompt[-1].content) <= 210 and compact.max_turns == 3
