@@ -9,9 +9,10 @@
    Target: create_ratio = agentrl p50 / baseline p50 <= 1.2.
 2. pooled exec: `exec("true")` on a sandbox taken from a warm `SandboxPool`, with `docker exec`
    (CLI) on a running container as a reference. Target: p50 < 50 ms.
-3. concurrency: 64 sandboxes created at once, each running a short command, then destroyed;
-   failures counted (target 0) and peak host memory used above the idle level sampled from
-   /proc/meminfo every 50 ms.
+3. concurrency: 64 sandboxes created at once, each running a short command, all held alive
+   together, then destroyed; failures counted (target 0); memory: the 64 containers' cgroup
+   usage summed while all are alive, and the host's peak used memory (MemTotal - MemAvailable,
+   sampled every 50 ms; on a shared machine other processes move it too).
 With --runsc, step 1 is repeated under gVisor against `docker run --runtime runsc`.
 
 Prints a rich table and writes bench/results/sandbox.json (`create_ratio`,
@@ -118,6 +119,17 @@ async def bench_pooled_exec(count: int) -> dict:
     return {"agentrl_exec": summary(times), "docker_exec_cli": summary(cli)}
 
 
+def container_memory_mb(container_id: str) -> float | None:
+    """A container's memory use (cgroup v1 or v2), or None when its cgroup is not found."""
+    for path in (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes",
+                 f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current"):
+        try:
+            return int(Path(path).read_text()) / 2**20
+        except OSError:
+            continue
+    return None
+
+
 async def bench_concurrent(count: int) -> dict:
     idle = used_memory_mb()
     peak = [idle]
@@ -132,15 +144,28 @@ async def bench_concurrent(count: int) -> dict:
     sampler.start()
     config = SandboxConfig(owner="bench-sandbox", memory_mb=256)
     started = time.perf_counter()
+    live: list[str] = []
+    all_up = asyncio.Event()
+    sandbox_memory: list[float] = []
 
     async def one(index: int) -> bool:
+        ok = False
         try:
             async with create_sandbox(config) as sandbox:
                 result = await sandbox.exec(f"echo sandbox-{index}", timeout=120)
-            return result.exit_code == 0 and result.stdout == f"sandbox-{index}\n"
+                ok = result.exit_code == 0 and result.stdout == f"sandbox-{index}\n"
+                live.append(sandbox.id)
+                if len(live) == count:
+                    all_up.set()
+                try:  # hold the sandbox until all are up, to measure them side by side
+                    await asyncio.wait_for(all_up.wait(), timeout=120)
+                except asyncio.TimeoutError:
+                    pass
+                if index == 0 and all_up.is_set():
+                    sandbox_memory.extend(m for m in map(container_memory_mb, live) if m is not None)
         except Exception as error:  # counted as a failure, shown once
             print(f"sandbox {index} failed: {error}", file=sys.stderr)
-            return False
+        return ok
 
     outcomes = await asyncio.gather(*(one(i) for i in range(count)))
     wall = time.perf_counter() - started
@@ -149,8 +174,11 @@ async def bench_concurrent(count: int) -> dict:
     left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=agentrl.owner=bench-sandbox"],
                           capture_output=True, text=True).stdout.split()
     return {"sandboxes": count, "failures": outcomes.count(False), "wall_s": round(wall, 2),
-            "idle_used_mb": round(idle), "peak_used_mb": round(peak[0]), "peak_above_idle_mb": round(peak[0] - idle),
-            "left_behind": len(left)}
+            "all_alive_at_once": all_up.is_set(),
+            "sandboxes_memory_mb_total": round(sum(sandbox_memory)),
+            "sandbox_memory_mb_mean": round(sum(sandbox_memory) / len(sandbox_memory), 1) if sandbox_memory else None,
+            "host_idle_used_mb": round(idle), "host_peak_used_mb": round(peak[0]),
+            "host_peak_above_idle_mb": round(peak[0] - idle), "left_behind": len(left)}
 
 
 async def main() -> None:
@@ -181,7 +209,8 @@ async def main() -> None:
     table.add_row("agentrl pooled exec", f"{pooled['agentrl_exec']['p50_ms']}", f"{pooled['agentrl_exec']['p95_ms']}",
                   "p50 < 50", "")
     table.add_row(f"{concurrent['sandboxes']} concurrent sandboxes", f"wall {concurrent['wall_s']} s", "",
-                  "0 failures", f"{concurrent['failures']} failures, peak +{concurrent['peak_above_idle_mb']} MB")
+                  "0 failures", f"{concurrent['failures']} failures; sandboxes {concurrent['sandboxes_memory_mb_total']} MB, "
+                  f"host peak {concurrent['host_peak_used_mb']} MB (+{concurrent['host_peak_above_idle_mb']})")
     console.print(table)
 
     results = {
