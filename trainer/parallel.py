@@ -10,8 +10,9 @@ Layout over ``world`` ranks (rank = dp_rank * cp + cp_rank):
   ``num_experts / ep`` experts, and tokens travel with torchtitan's all-to-all token
   dispatcher. Experts are FSDP-sharded over the ``world / ep`` ranks holding the same
   experts (torchtitan's "edp" mesh).
-* Context parallel (CP): the ``cp`` ranks of a group share a packed row, each taking a
-  contiguous chunk; attention all-gathers K/V (`models.attention`).
+* Context parallel (CP): the ``cp`` ranks of a group share a packed row, each taking two
+  of its ``2 cp`` chunks (zigzag, balanced causal work); attention all-gathers K/V
+  (`models.attention`).
 * Activation checkpointing: each decoder layer is recomputed in backward.
 
 `plan_layout` picks ``ep`` (``auto``: the largest divisor of the world size that divides
@@ -150,7 +151,7 @@ def plan_layout(
                                activation_checkpointing=activation_checkpointing, compute_bytes=compute_bytes,
                                logprob_chunk_tokens=logprob_chunk_tokens)
     if cp == "auto":
-        candidates = [d for d in _divisors(world) if row_tokens % d == 0]
+        candidates = [d for d in _divisors(world) if d == 1 or row_tokens % (2 * d) == 0]
         for degree in candidates:
             if sum(_estimate(degree).values()) <= gpu_memory_bytes:
                 cp = degree
@@ -162,9 +163,10 @@ def plan_layout(
                 f"~{best / GIB:.1f} GiB; use more GPUs or lower trainer.row_tokens ({row_tokens})"
             )
     cp = int(cp)
-    if cp < 1 or world % cp or row_tokens % cp:
+    if cp < 1 or world % cp or (cp > 1 and row_tokens % (2 * cp)):
         raise AgentrlError(
-            f"trainer.parallel.cp={cp}: must divide the world size ({world}) and trainer.row_tokens ({row_tokens})"
+            f"trainer.parallel.cp={cp}: must divide the world size ({world}), and 2 x cp must divide "
+            f"trainer.row_tokens ({row_tokens})"
         )
     return LayoutPlan(world=world, cp=cp, ep=ep, row_tokens=row_tokens, memory=_estimate(cp))
 

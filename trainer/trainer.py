@@ -31,7 +31,7 @@ from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.loss import compute_loss
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.attention import build_segments
+from agentrl.trainer.models.attention import build_segments, cp_token_index
 from agentrl.trainer.models.glm4_moe import build_model, init_weights
 from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_sharded
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
@@ -154,8 +154,8 @@ class Trainer:
         self.model.train()
         rows = self._my_rows(batch)
         cp, cp_rank = self.plan.cp, self.meshes.cp_rank
-        chunk = self.config.row_tokens // cp
-        window = slice(cp_rank * chunk, (cp_rank + 1) * chunk)
+        window = cp_token_index(self.config.row_tokens, cp_rank=cp_rank, cp_size=cp) if cp > 1 \
+            else slice(0, self.config.row_tokens)
         local_loss_tokens = sum(int(row.loss_mask[window].sum()) for row in rows)
         total = torch.tensor([float(local_loss_tokens)], device=self.device)
         if self.world > 1:

@@ -12,11 +12,12 @@ last key). Two kernels consume it:
 * Otherwise (CPU, or GQA without varlen GQA support): one flash/SDPA
   `scaled_dot_product_attention` call per segment with ``enable_gqa``.
 
-Context parallelism (CP): each CP rank holds a contiguous chunk of the row's tokens.
-Keys and values are all-gathered across the CP group (autograd-aware), and every
-segment's keys run from the document's start to the end of the local query range, so
-attention is exact and needs no mask beyond the segments. Gathering K/V (not Q) is the
-all-gather CP of Llama 3; with GQA the K/V are the small tensors.
+Context parallelism (CP): the row is cut into 2 x cp chunks and rank *r* holds chunks *r*
+and 2cp-1-r (zigzag), which gives every rank the same causal-attention work. Keys and
+values are all-gathered across the CP group (autograd-aware), and every segment's keys
+run from the document's start to the end of its query range, so attention is exact and
+needs no mask beyond the segments. Gathering K/V (not Q) is the all-gather CP of Llama 3;
+with GQA the K/V are the small tensors.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-__all__ = ["AttentionSegments", "build_segments", "segment_attention", "gather_kv"]
+__all__ = ["AttentionSegments", "build_segments", "cp_chunks", "cp_token_index", "segment_attention", "gather_kv"]
 
 
 @dataclass
@@ -71,37 +72,62 @@ def _document_bounds(positions: list[int]) -> list[tuple[int, int]]:
     return list(zip(starts, ends))
 
 
+def cp_chunks(total: int, *, cp_rank: int, cp_size: int) -> list[tuple[int, int]]:
+    """The (start, end) token ranges a CP rank holds, in local order (load-balanced zigzag).
+
+    The row is cut into ``2 * cp_size`` equal chunks; rank *r* takes chunks *r* and
+    ``2 * cp_size - 1 - r``, so every rank gets the same causal-attention work.
+    """
+    if cp_size == 1:
+        return [(0, total)]
+    if total % (2 * cp_size):
+        raise ValueError(f"row length {total} is not divisible by 2 x cp = {2 * cp_size}")
+    chunk = total // (2 * cp_size)
+    return [(r * chunk, (r + 1) * chunk) for r in (cp_rank, 2 * cp_size - 1 - cp_rank)]
+
+
+def cp_token_index(total: int, *, cp_rank: int, cp_size: int) -> torch.Tensor:
+    """Row positions of this CP rank's tokens, in local order."""
+    return torch.cat([torch.arange(lo, hi) for lo, hi in cp_chunks(total, cp_rank=cp_rank, cp_size=cp_size)])
+
+
 def build_segments(
     positions_T: torch.Tensor, *, cp_rank: int = 0, cp_size: int = 1, cp_group: object | None = None
 ) -> AttentionSegments:
     """Segments for a packed row whose positions restart at 0 at each sample.
 
-    ``positions_T`` is the whole row (all CP ranks' tokens); with ``cp_size > 1`` the
-    row is split into ``cp_size`` equal contiguous chunks and this rank's queries are
-    chunk ``cp_rank``.
+    ``positions_T`` is the whole row (all CP ranks' tokens); with ``cp_size > 1`` this
+    rank's queries are its `cp_chunks` (load-balanced), and the keys of each segment run
+    from its document's start to the query range's end, addressed in the K/V gathered from
+    all ranks (rank-major, each rank's tokens in its local order).
     """
     positions = positions_T.tolist()
     total = len(positions)
-    if total % cp_size:
-        raise ValueError(f"row length {total} is not divisible by cp={cp_size}")
-    chunk = total // cp_size
-    lo, hi = cp_rank * chunk, (cp_rank + 1) * chunk
+    documents = _document_bounds(positions)
     q_bounds: list[tuple[int, int]] = []
     k_bounds: list[tuple[int, int]] = []
     kv_index: list[torch.Tensor] = []
+    gathered_position = None
+    if cp_size > 1:
+        order = torch.cat([cp_token_index(total, cp_rank=r, cp_size=cp_size) for r in range(cp_size)])
+        gathered_position = torch.empty(total, dtype=torch.long)
+        gathered_position[order] = torch.arange(total)
     k_cursor = 0
-    for start, end in _document_bounds(positions):
-        q_start, q_end = max(start, lo), min(end, hi)
-        if q_start >= q_end:
-            continue
-        q_bounds.append((q_start - lo, q_end - lo))
-        if cp_size == 1:
-            k_bounds.append((q_start, q_end))
-        else:
-            length = q_end - start
-            k_bounds.append((k_cursor, k_cursor + length))
-            kv_index.append(torch.arange(start, q_end))
-            k_cursor += length
+    local_base = 0
+    for lo, hi in cp_chunks(total, cp_rank=cp_rank, cp_size=cp_size):
+        for start, end in documents:
+            q_start, q_end = max(start, lo), min(end, hi)
+            if q_start >= q_end:
+                continue
+            q_bounds.append((local_base + q_start - lo, local_base + q_end - lo))
+            if cp_size == 1:
+                k_bounds.append((q_start, q_end))
+            else:
+                length = q_end - start
+                k_bounds.append((k_cursor, k_cursor + length))
+                kv_index.append(gathered_position[start:q_end])
+                k_cursor += length
+        local_base += hi - lo
     q_lens = [e - s for s, e in q_bounds]
     k_lens = [e - s for s, e in k_bounds]
     cu_q = torch.tensor([0] + q_lens, dtype=torch.int64).cumsum(0).to(torch.int32)

@@ -136,3 +136,25 @@ def test_bad_inputs_give_one_line_errors(tmp_path, tiny_glm_dir):
     model = build_model(MoEModelArgs.from_hf_dir(broken))
     with pytest.raises(AgentrlError, match="layer 1 up_proj: found experts 7 of 8"):
         load_hf_weights(model, broken)
+
+
+@pytest.mark.parametrize("cp_size", [2, 3])
+def test_zigzag_cp_segments_give_the_same_attention(cp_size):
+    from agentrl.trainer.models.attention import _sdpa_attention, cp_chunks, cp_token_index
+
+    total = 12 * cp_size
+    positions = torch.cat([torch.arange(n) for n in (5, 2 * cp_size + 3, total - 2 * cp_size - 8)])
+    assert positions.numel() == total
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(total, 4, 8, generator=generator) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]  # GQA: 4 query heads, 2 KV heads
+    reference = _sdpa_attention(q, k, v, build_segments(positions), 8**-0.5)
+    indices = [cp_token_index(total, cp_rank=r, cp_size=cp_size) for r in range(cp_size)]
+    assert sorted(torch.cat(indices).tolist()) == list(range(total))  # every token on exactly one rank
+    gathered_k, gathered_v = torch.cat([k[i] for i in indices]), torch.cat([v[i] for i in indices])  # all-gather
+    for rank, index in enumerate(indices):
+        chunks = cp_chunks(total, cp_rank=rank, cp_size=cp_size)
+        assert chunks[0][0] == rank * total // (2 * cp_size) and chunks[1][1] == total - rank * total // (2 * cp_size)
+        segments = build_segments(positions, cp_rank=rank, cp_size=cp_size)
+        out = _sdpa_attention(q[index], gathered_k[segments.kv_index], gathered_v[segments.kv_index], segments, 8**-0.5)
+        torch.testing.assert_close(out, reference[index], atol=1e-5, rtol=0)

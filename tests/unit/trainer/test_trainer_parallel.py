@@ -59,7 +59,7 @@ def test_impossible_layouts_are_one_line_errors():
     args = _air()
     with pytest.raises(AgentrlError, match=r"trainer.parallel.ep=3: must divide the world size \(4\)"):
         plan_layout(args, world=4, row_tokens=8192, ep=3)
-    with pytest.raises(AgentrlError, match=r"trainer.parallel.cp=2: must divide .* trainer.row_tokens \(8191\)"):
-        plan_layout(args, world=2, row_tokens=8191, cp=2)
+    with pytest.raises(AgentrlError, match=r"trainer.parallel.cp=2: .* 2 x cp must divide trainer.row_tokens \(8190\)"):
+        plan_layout(args, world=2, row_tokens=8190, cp=2)
     with pytest.raises(AgentrlError, match="no layout fits 1 GiB/GPU"):
         plan_layout(args, world=2, row_tokens=8192, cp="auto", gpu_memory_bytes=1 * GIB)
