@@ -36,10 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from agentrl.sandbox import SandboxConfig, SandboxPool, create_sandbox  # noqa: E402
+from agentrl.sandbox import SandboxConfig, SandboxPool, create_sandbox
+from rich.console import Console
+from rich.table import Table
 
 RESULTS = ROOT / "bench" / "results" / "sandbox.json"
 IMAGE = "agentrl-base:bookworm"
@@ -159,7 +158,7 @@ async def bench_concurrent(count: int) -> dict:
                     all_up.set()
                 try:  # hold the sandbox until all are up, to measure them side by side
                     await asyncio.wait_for(all_up.wait(), timeout=120)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 if index == 0 and all_up.is_set():
                     sandbox_memory.extend(m for m in map(container_memory_mb, live) if m is not None)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Optional
 
 import typer
-
 from agentrl.errors import ConfigError
 
 app = typer.Typer(help="Sandboxes: run commands, build the base image, list and garbage-collect.", no_args_is_help=True)
@@ -26,8 +24,8 @@ def run(
     workdir: str = typer.Option("/workspace", "--workdir", help="Working directory inside the sandbox."),
 ) -> None:
     """Run one command in a fresh sandbox and print its output: agentrl sandbox run --image IMG -- CMD."""
-    from agentrl.sandbox import SandboxConfig, create_sandbox
     from agentrl.config import config_from_dict
+    from agentrl.sandbox import SandboxConfig, create_sandbox
 
     argv = list(ctx.args)
     if not argv:
@@ -63,19 +61,18 @@ def build_base(
     typer.echo(f"{info.tag} {state} (recipe {info.recipe_hash}, {info.image_id[:19]}, rootfs {info.rootfs})")
 
 
-def _backends(backend: Optional[str]) -> dict[str, bool]:
+def _backends(backend: str | None) -> dict[str, bool]:
     if backend not in (None, "docker", "bwrap"):
         raise ConfigError(f"--type {backend!r}: expected docker or bwrap")
     return {"docker": backend in (None, "docker"), "bwrap": backend in (None, "bwrap")}
 
 
 @app.command("ls")
-def ls(backend: Optional[str] = typer.Option(None, "--type", help="Only this backend: docker or bwrap.")) -> None:
+def ls(backend: str | None = typer.Option(None, "--type", help="Only this backend: docker or bwrap.")) -> None:
     """List agentrl sandboxes on this machine, with their owner and whether they are orphans."""
+    from agentrl.sandbox.gc import list_sandboxes
     from rich.console import Console
     from rich.table import Table
-
-    from agentrl.sandbox.gc import list_sandboxes
 
     kinds = _backends(backend)
     found = list_sandboxes(include_docker=kinds["docker"], include_bwrap=kinds["bwrap"])
@@ -88,9 +85,9 @@ def ls(backend: Optional[str] = typer.Option(None, "--type", help="Only this bac
 
 @app.command("gc")
 def gc(
-    owner: Optional[str] = typer.Option(None, "--owner", help="Remove this run's sandboxes (alive or not)."),
+    owner: str | None = typer.Option(None, "--owner", help="Remove this run's sandboxes (alive or not)."),
     everything: bool = typer.Option(False, "--all", help="Remove every agentrl sandbox on this machine."),
-    backend: Optional[str] = typer.Option(None, "--type", help="Only this backend: docker or bwrap."),
+    backend: str | None = typer.Option(None, "--type", help="Only this backend: docker or bwrap."),
 ) -> None:
     """Remove sandboxes whose owning process died (default), a run's (--owner) or all (--all)."""
     from agentrl.sandbox.gc import collect_garbage

@@ -14,7 +14,7 @@ from typing import Any
 
 from agentrl.sandbox.base import ExecResult, RawExecResult, Sandbox, SandboxConfig, SandboxError
 
-__all__ = ["create_sandbox", "Sandbox", "SandboxConfig", "ExecResult", "RawExecResult", "SandboxError", "SandboxPool"]
+__all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "SandboxPool", "create_sandbox"]
 
 
 def create_sandbox(spec: SandboxConfig | dict[str, Any] | None = None, **overrides: Any) -> Sandbox:

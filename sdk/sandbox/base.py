@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
+from pydantic import Field
 
-__all__ = ["SandboxConfig", "ExecResult", "RawExecResult", "Sandbox", "SandboxError", "default_owner", "cap_bytes"]
+__all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner", "extract_safely"]
 
 BASE_IMAGE = "agentrl-base:bookworm"
 QUICK_READ_BYTES = 4 * 1024 * 1024  # reads try this cap first (fast paths), then max_file_bytes
@@ -117,7 +116,7 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
     @classmethod
-    def from_raw(cls, raw: RawExecResult) -> "ExecResult":
+    def from_raw(cls, raw: RawExecResult) -> ExecResult:
         return cls(
             exit_code=raw.exit_code,
             stdout=raw.stdout.decode("utf-8", errors="replace"),
@@ -152,11 +151,6 @@ class CappedBuffer:
 
     def getvalue(self) -> bytes:
         return b"".join(self._parts)
-
-
-def cap_bytes(data: bytes, limit: int) -> tuple[bytes, bool]:
-    """Cut `data` to `limit` bytes; returns (kept, truncated)."""
-    return data[:limit], len(data) > limit
 
 
 def _skip_unsafe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
@@ -200,7 +194,7 @@ class Sandbox(ABC):
         """Destroy the sandbox and everything it holds."""
 
     # --- public API ----------------------------------------------------------------
-    async def start(self) -> "Sandbox":
+    async def start(self) -> Sandbox:
         try:
             await self._start()
         except BaseException:
@@ -208,7 +202,7 @@ class Sandbox(ABC):
             raise
         return self
 
-    async def __aenter__(self) -> "Sandbox":
+    async def __aenter__(self) -> Sandbox:
         return await self.start()
 
     async def __aexit__(self, *exc_info) -> None:

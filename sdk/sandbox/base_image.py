@@ -26,13 +26,13 @@ from agentrl.errors import AgentrlError
 __all__ = [
     "BASE_IMAGE_TAG",
     "BASE_RECIPE",
+    "SANDBOX_UID",
+    "SANDBOX_USER",
     "BaseImageInfo",
     "build_base_image",
     "build_rootfs",
     "recipe_hash",
     "rootfs_dir",
-    "SANDBOX_USER",
-    "SANDBOX_UID",
 ]
 
 BASE_IMAGE_TAG = "agentrl-base:bookworm"

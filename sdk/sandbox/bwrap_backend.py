@@ -26,7 +26,7 @@ from pathlib import Path
 from agentrl.sandbox.base import CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
 from agentrl.sandbox.labels import sandbox_labels
 
-__all__ = ["BwrapSandbox", "workspace_root", "list_workspaces"]
+__all__ = ["BwrapSandbox", "list_workspaces", "workspace_root"]
 
 HOST_UID_BASE = 200_000
 HOST_UID_SPAN = 100_000
@@ -175,7 +175,7 @@ class BwrapSandbox(Sandbox):
         work = asyncio.gather(pump(proc.stdout, out), pump(proc.stderr, err), feed(), proc.wait())
         try:
             await asyncio.wait_for(asyncio.shield(work), timeout=timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             self._kill(proc)
             await work

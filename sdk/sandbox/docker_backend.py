@@ -238,7 +238,7 @@ class DockerSandbox(Sandbox):
     async def _start(self) -> None:
         try:
             await asyncio.wait_for(in_thread(self._start_blocking), timeout=self.config.startup_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise SandboxError(
                 f"sandbox did not start within startup_timeout_s={self.config.startup_timeout_s} ({self._limits()})"
             ) from None
@@ -467,12 +467,3 @@ def _startup_gc(client) -> None:
     except Exception:  # best effort: never block a sandbox on garbage collection
         pass
 
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -18,7 +18,15 @@ import tarfile
 from pathlib import Path
 
 from agentrl.errors import require
-from agentrl.sandbox.base import BASE_IMAGE, CappedBuffer, extract_safely, RawExecResult, Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox.base import (
+    BASE_IMAGE,
+    CappedBuffer,
+    RawExecResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    extract_safely,
+)
 from agentrl.sandbox.labels import sandbox_labels
 
 __all__ = ["E2BSandbox"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from agentrl.sandbox.labels import MARKER, owner_alive
 
-__all__ = ["SandboxInfo", "list_sandboxes", "remove_orphan_containers", "collect_garbage"]
+__all__ = ["SandboxInfo", "collect_garbage", "list_sandboxes", "remove_orphan_containers"]
 
 
 @dataclass

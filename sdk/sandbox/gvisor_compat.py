@@ -18,7 +18,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["statx_shim", "SHIM_TARGET"]
+__all__ = ["SHIM_TARGET", "statx_shim"]
 
 SHIM_TARGET = "/usr/lib/agentrl-statx-compat.so"
 SHIM_SOURCE = r"""

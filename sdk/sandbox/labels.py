@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 
-__all__ = ["MARKER", "sandbox_labels", "process_start_time", "owner_alive"]
+__all__ = ["MARKER", "owner_alive", "process_start_time", "sandbox_labels"]
 
 MARKER = "agentrl.sandbox"
 

@@ -39,7 +39,7 @@ class SandboxPool:
         self.start_failures = 0
         self.last_error: BaseException | None = None
 
-    async def __aenter__(self) -> "SandboxPool":
+    async def __aenter__(self) -> SandboxPool:
         await self.fill()
         return self
 

@@ -7,7 +7,6 @@ import subprocess
 import uuid
 
 import pytest
-
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.sandbox import SandboxConfig, SandboxError, SandboxPool, create_sandbox
 

@@ -7,7 +7,6 @@ import subprocess
 import uuid
 
 import pytest
-
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rubric import Rubric
 from agentrl.sampling import SamplingConfig

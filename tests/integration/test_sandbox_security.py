@@ -15,7 +15,6 @@ import time
 import uuid
 
 import pytest
-
 from agentrl.sandbox import SandboxConfig, SandboxError, create_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -25,8 +25,8 @@ import pytest
 
 e2b = pytest.importorskip("e2b")
 
-from agentrl.sandbox import SandboxConfig, SandboxError, create_sandbox  # noqa: E402
-from agentrl.sandbox.e2b_backend import E2BSandbox  # noqa: E402
+from agentrl.sandbox import SandboxConfig, SandboxError, create_sandbox
+from agentrl.sandbox.e2b_backend import E2BSandbox
 
 CommandResult = e2b.CommandResult
 
@@ -41,7 +41,7 @@ class _Handle:
 
 
 class _Commands:
-    def __init__(self, box: "FakeAsyncSandbox") -> None:
+    def __init__(self, box: FakeAsyncSandbox) -> None:
         self.box = box
         self.procs: dict[int, asyncio.subprocess.Process] = {}
 
@@ -70,7 +70,7 @@ class _Commands:
                 await asyncio.wait_for(
                     asyncio.gather(pump(proc.stdout, on_stdout, out_parts), pump(proc.stderr, on_stderr, err_parts),
                                    proc.wait()), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 os.killpg(proc.pid, 9)
                 await proc.wait()
                 raise e2b.TimeoutException("context deadline exceeded") from None
@@ -95,7 +95,7 @@ class _Commands:
 
 
 class _Files:
-    def __init__(self, box: "FakeAsyncSandbox") -> None:
+    def __init__(self, box: FakeAsyncSandbox) -> None:
         self.box = box
 
     async def read(self, path, format="text", user=None, request_timeout=None, gzip=False, stream_idle_timeout=None):
@@ -119,7 +119,7 @@ class _Files:
 class FakeAsyncSandbox:
     """Stands in for e2b.AsyncSandbox (see the module docstring)."""
 
-    created: list["FakeAsyncSandbox"] = []
+    created: list[FakeAsyncSandbox] = []
 
     def __init__(self, **options) -> None:
         self.options = options
@@ -151,7 +151,7 @@ class FakeAsyncSandbox:
 
 
 def test_fake_follows_the_installed_sdk():
-    real, fake = e2b.AsyncSandbox, FakeAsyncSandbox
+    real = e2b.AsyncSandbox
     for name in ("template", "timeout", "metadata", "envs", "allow_internet_access"):
         assert name in inspect.signature(real.create).parameters
     from e2b.sandbox_async.commands.command import Commands
