@@ -209,8 +209,11 @@ def install() -> None:
     if _INSTALLED:
         return
     _INSTALLED = True
-    _patch_scheduler()
     from vllm.platforms import current_platform
 
-    if current_platform.device_type == "cpu":
-        _patch_cpu_model_runner()
+    if current_platform.device_type != "cpu":
+        # CUDA vLLM records routed experts itself: --enable-return-routed-experts.
+        logger.info("agentrl: AGENTRL_ROUTED_EXPERTS ignored on %s", current_platform.device_type)
+        return
+    _patch_scheduler()
+    _patch_cpu_model_runner()
