@@ -1,20 +1,18 @@
 """Docker backend: one container per sandbox, locked down, driven through the docker SDK.
 
-Containers run `sleep infinity` (as root, without capabilities) under Docker's init, with
-`--network none`, CPU/memory/pids limits, `no-new-privileges`, all capabilities dropped,
-the runc or gVisor (`runsc`) runtime, and labels naming the owning run and process (see
-`agentrl.sandbox.gc`). Commands are `docker exec`s as the non-root sandbox user, wrapped in
-`timeout -s KILL` (which kills the command's whole process group); output is read from
-the attach socket frame by frame into capped buffers, so a 100 MB print never sits in
-memory. A command that outlives its deadline (a child escaped the process group) is
-cut off host-side and every process of the sandbox user is killed.
+Containers run with `--network none`, CPU/memory/pids limits, `no-new-privileges`, all
+capabilities dropped, the non-root sandbox user, the runc or gVisor (`runsc`) runtime,
+Docker's init, no log driver, and labels naming the owning run and process (see
+`agentrl.sandbox.gc`). The main process is `sandboxd` (`sandboxd.py`), a command server
+the host talks to over the container's attach socket (`docker_server.py`): a command
+costs a fork inside the sandbox instead of a runc exec. Without python3 in the image, or
+once the server is gone, commands fall back to `docker exec` (`docker_exec.py`).
 
 The disk limit uses `--storage-opt size=` where the engine supports it (overlay2 on xfs
 with pquota, devicemapper, btrfs, zfs); elsewhere the root filesystem is read-only and the
-working directory plus `writable_paths` are size-limited tmpfs mounts, seeded with the
-image's content at those paths.
+working directory plus `writable_paths` are size-limited tmpfs mounts, the working
+directory seeded with the image's content there.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -22,23 +20,20 @@ import base64
 import functools
 import io
 import os
-import select
-import socket
-import struct
 import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.errors import NotFoundError, require
-from agentrl.sandbox.base import CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox.base import RawExecResult, Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox.docker_exec import HARD_DEADLINE_GRACE_S, exec_via_docker, kill_exec_processes
 from agentrl.sandbox.docker_server import ServerConnection, server_command
 from agentrl.sandbox.gvisor_compat import SHIM_TARGET, statx_shim
 from agentrl.sandbox.labels import sandbox_labels
 
 __all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
 
-HARD_DEADLINE_GRACE_S = 3.0
 # gVisor's own host threads (Sentry, gofer, ptrace stubs) count against the container's pids
 # limit; without headroom it crashes on ordinary use. A fork bomb past the limit kills the
 # whole gVisor sandbox (instead of failing fork()), which still stops it.
@@ -51,9 +46,6 @@ _client = None
 _storage_opt: bool | None = None
 _startup_gc_done = False
 
-EXEC_MARKER = "AGENTRL_EXEC_ID"
-# Kill every process that inherited one exec's marker variable (its escaped children too).
-_KILL_EXEC = 'for d in /proc/[0-9]*; do grep -qz "^{marker}={exec_id}$" "$d/environ" 2>/dev/null && kill -9 "${{d#/proc/}}" 2>/dev/null; done; true'
 _seed_cache: dict[tuple[str, str], bytes | None] = {}  # (image, workdir) -> tar of the image's workdir
 SEED_CACHE_ENTRIES = 32
 
@@ -296,62 +288,13 @@ class DockerSandbox(Sandbox):
         self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,
         max_output: int,
     ) -> RawExecResult:
-        api = self.client.api
-        wrapped = ["timeout", "-s", "KILL", f"{timeout:.3f}", *argv]
-        marker = os.urandom(8).hex()
-        started = time.monotonic()
-        exec_id = api.exec_create(
-            self.id, wrapped, stdin=stdin is not None, user=self.config.user or "",
-            environment={**env, EXEC_MARKER: marker}, workdir=cwd,
-        )["Id"]
-        raw = api.exec_start(exec_id, socket=True)
-        sock: socket.socket = raw._sock
-        reader = raw._response.raw._fp.fp if hasattr(raw, "_response") else raw
-        out, err = CappedBuffer(max_output), CappedBuffer(max_output)
-        cut_off = False
-        try:
-            frames = _FrameReader(reader, sock, out, err, alive=lambda: self._why_dead() is None)
-            if stdin is not None:  # written beside the reads: a command echoing its input must not deadlock
-                threading.Thread(target=_send_stdin, args=(sock, stdin), daemon=True).start()
-            finished = frames.read_until(started + timeout + 0.5)
-            if not finished and api.exec_inspect(exec_id).get("Running"):
-                finished = frames.read_until(started + timeout + HARD_DEADLINE_GRACE_S)
-            # Not finished: the command is dead but an escaped child still holds its output open.
-            cut_off = not finished
-        finally:
-            try:
-                raw._response.close() if hasattr(raw, "_response") else None
-            finally:
-                raw.close()
-        exit_code = -1
-        for _ in range(50):
-            info = api.exec_inspect(exec_id)
-            if not info.get("Running"):
-                exit_code = info.get("ExitCode", -1)
-                break
-            time.sleep(0.02)
-        if exit_code is None or exit_code < 0 or exit_code >= 126:
-            # A crashed sandbox (gVisor past its pids limit reports 128 before dockerd sees it stop).
-            for _ in range(10 if exit_code in (None, -1, 128) else 1):
-                dead = self._why_dead()
-                if dead:
-                    break
-                time.sleep(0.2)
-            if dead:
-                raise SandboxError(f"sandbox {self.id[:12]}: {dead}")
-        elapsed = time.monotonic() - started
-        timed_out = cut_off or (exit_code == 137 and elapsed >= timeout * 0.98)
-        if timed_out:  # children that left the process group (setsid, daemons) die too
-            self._kill_exec_processes(marker)
-        return RawExecResult(
-            exit_code=exit_code, stdout=out.getvalue(), stderr=err.getvalue(), stdout_truncated=out.truncated,
-            stderr_truncated=err.truncated, timed_out=timed_out,
+        return exec_via_docker(
+            self.client.api, self.id, user=self.config.user or "", argv=argv, timeout=timeout, cwd=cwd, env=env,
+            stdin=stdin, max_output=max_output, why_dead=self._why_dead,
         )
 
     def _kill_exec_processes(self, marker: str) -> None:
-        script = _KILL_EXEC.format(marker=EXEC_MARKER, exec_id=marker)
-        exec_id = self.client.api.exec_create(self.id, ["/bin/sh", "-c", script], user=self.config.user or "")["Id"]
-        self.client.api.exec_start(exec_id)
+        kill_exec_processes(self.client.api, self.id, user=self.config.user or "", marker=marker)
 
     async def _run(
         self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,
@@ -395,63 +338,6 @@ class DockerSandbox(Sandbox):
     async def _close(self) -> None:
         # Shielded: a cancelled rollout must still remove its container.
         await asyncio.shield(in_thread(self._close_blocking))
-
-
-class _FrameReader:
-    """Demultiplexes Docker's attach stream (8-byte headers) into two capped buffers."""
-
-    IDLE_CHECK_S = 2.0
-
-    def __init__(self, reader, sock: socket.socket, out: CappedBuffer, err: CappedBuffer, *, alive) -> None:
-        self.sock, self.out, self.err = sock, out, err
-        self.alive = alive  # called after IDLE_CHECK_S without data: False ends the read
-        self.pending = b""
-        # The HTTP parser may have buffered the stream's first bytes; take them without
-        # blocking, then read the socket itself (select + recv survive idle timeouts).
-        sock.setblocking(False)
-        try:
-            initial = reader.read1(65536)
-        except (BlockingIOError, OSError):
-            initial = None
-        sock.setblocking(True)
-        if initial:
-            self._feed(initial)
-
-    def read_until(self, deadline: float) -> bool:
-        """Read until the stream ends or the sandbox died (True) or the deadline passes (False)."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            readable, _, _ = select.select([self.sock], [], [], min(remaining, self.IDLE_CHECK_S))
-            if not readable:
-                if not self.alive():
-                    return True
-                continue
-            try:
-                chunk = self.sock.recv(65536)
-            except OSError:
-                return True
-            if not chunk:
-                return True
-            self._feed(chunk)
-
-    def _feed(self, chunk: bytes) -> None:
-        self.pending += chunk
-        while len(self.pending) >= 8:
-            stream_type, size = struct.unpack(">BxxxL", self.pending[:8])
-            if len(self.pending) < 8 + size:
-                break
-            payload, self.pending = self.pending[8 : 8 + size], self.pending[8 + size :]
-            (self.err if stream_type == 2 else self.out).write(payload)
-
-
-def _send_stdin(sock: socket.socket, data: bytes) -> None:
-    try:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:  # the command exited without reading all of it
-        pass
 
 
 def _startup_gc(client) -> None:
