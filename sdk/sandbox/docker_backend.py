@@ -142,6 +142,8 @@ class DockerSandbox(Sandbox):
             }
         host["log_config"] = {"Type": "none", "Config": {}}  # commands' output is not kept on the host's disk
         environment = dict(cfg.env)
+        if self.disk_mode == "tmpfs" and "/home/agent" in self._tmpfs_paths():
+            environment.setdefault("HOME", "/home/agent")  # writable even when the image lacks the user
         if cfg.runtime == "runsc":
             shim = statx_shim()
             if shim is not None:  # see gvisor_compat: makes ls/stat work under Debian's gVisor

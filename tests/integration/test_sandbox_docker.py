@@ -59,6 +59,19 @@ async def test_exec_files_and_transfer(backend, tmp_path):
         await sandbox.exec("true")
 
 
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+async def test_concurrent_commands_in_one_sandbox(backend):
+    async with create_sandbox(SandboxConfig(type=backend, owner=owner())) as sandbox:
+        results = await asyncio.gather(*(
+            sandbox.exec(f"sleep 0.{index % 3}; echo out-{index}; echo err-{index} >&2; exit {index}")
+            for index in range(12)
+        ))
+        home = await sandbox.exec("touch $HOME/.probe && echo $HOME")
+    for index, result in enumerate(results):
+        assert (result.exit_code, result.stdout, result.stderr) == (index, f"out-{index}\n", f"err-{index}\n")
+    assert home.exit_code == 0 and home.stdout.strip() == "/home/agent"
+
+
 @needs_docker
 async def test_docker_limits_and_disk_are_applied():
     cfg = SandboxConfig(cpus=0.5, memory_mb=300, pids_limit=50, disk_mb=64, owner=owner())
