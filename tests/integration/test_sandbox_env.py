@@ -41,6 +41,7 @@ def oracle_script() -> list:
             tool_call("bash", command="python3 calc.py", timeout_s=5),
             tool_call("write_file", path="notes/done.txt", content="fixed"),
             tool_call("str_replace", path="calc.py", old="nope", new="x"),
+            tool_call("read_file", path="missing.py"),
         ]},
         {"content": "", "tool_calls": [tool_call("submit", answer="5")]},
         "never reached",
@@ -61,7 +62,9 @@ def check_rollout(rollout) -> None:
     assert tool_outputs[3] == "exit code: 0\n5"
     assert tool_outputs[4] == "wrote 5 bytes to notes/done.txt"
     assert tool_outputs[5].startswith("Error: old text not found")
-    assert tool_outputs[6] == "submitted"
+    assert tool_outputs[6].startswith("Error: read_file raised SandboxError: read_file /workspace/missing.py:")
+    assert "No such file" in tool_outputs[6]
+    assert tool_outputs[7] == "submitted"
     assert rollout.state["submitted"] and rollout.state["submission"] == "5"
     assert rollout.reward == 1.0
     assert rollout.state["stop_reason"] == "completed"
