@@ -134,6 +134,18 @@ async def test_requests_fail_clearly_when_the_supervisor_gives_up(supervisor):
     assert all("gave up" in str(error) and "\n" not in str(error) for error in failures)
     assert supervisor.failed and supervisor.events[-1].kind == "gave_up" and not supervisor.server.is_running()
 
+    # An environment turns the failure into a failed rollout (Rollout.error), not a lost one.
+    from agentrl import load_environment
+    from agentrl.sampling import SamplingConfig
+
+    environment = load_environment("reverse-text")
+    task = environment.tasks("test", n=1)[0]
+    async with TokenClient(supervisor.url, model=ensure_model("tiny-moe")) as token_client:
+        rollout = await environment.rollout(
+            SupervisedClient(token_client, supervisor), task, sampling=SamplingConfig(max_tokens=8)
+        )
+    assert rollout.error and "gave up" in rollout.error, rollout.error
+
 
 def test_plan_needing_gpus_is_refused_on_this_machine():
     from agentrl.inference.supervisor import visible_gpus
