@@ -16,6 +16,7 @@ directory seeded with the image's content there.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import functools
 import io
@@ -46,6 +47,7 @@ _client = None
 _storage_opt: bool | None = None
 _startup_gc_done = False
 
+_live: set[str] = set()  # containers this process created and has not removed yet
 _seed_cache: dict[tuple[str, str], bytes | None] = {}  # (image, workdir) -> tar of the image's workdir
 SEED_CACHE_ENTRIES = 32
 
@@ -194,6 +196,7 @@ class DockerSandbox(Sandbox):
         create, host = self._create_args()
         try:
             self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
+            _live.add(self.id)
         except docker.errors.ImageNotFound:
             raise NotFoundError(
                 f"sandbox image {self.config.image!r} is not in the local Docker engine; build it "
@@ -329,6 +332,7 @@ class DockerSandbox(Sandbox):
             self._server.close()
         if not self.id or self.client is None:
             return
+        _live.discard(self.id)
         try:
             self.client.api.remove_container(self.id, force=True, v=True)
         except docker.errors.NotFound:
@@ -340,6 +344,19 @@ class DockerSandbox(Sandbox):
     async def _close(self) -> None:
         # Shielded: a cancelled rollout must still remove its container.
         await asyncio.shield(in_thread(self._close_blocking))
+
+
+@atexit.register
+def _remove_leftovers() -> None:
+    """At interpreter exit, remove sandboxes that were never closed (a crash is left to gc)."""
+    if not _live or _client is None:
+        return
+    for container_id in list(_live):
+        try:
+            _client.api.remove_container(container_id, force=True, v=True)
+        except Exception:  # already gone, or the engine went away first
+            pass
+    _live.clear()
 
 
 def _startup_gc(client) -> None:

@@ -274,3 +274,24 @@ async def test_next_process_start_up_removes_orphans():
             proc.kill()
             proc.wait()
         subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--owner", owner], capture_output=True)
+
+
+@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine")
+def test_unclosed_sandbox_is_removed_at_interpreter_exit():
+    owner = f"test-atexit-{uuid.uuid4().hex[:8]}"
+    script = (
+        "import asyncio, sys\n"
+        "from agentrl.sandbox import SandboxConfig, create_sandbox\n"
+        "async def main():\n"
+        "    sandbox = await create_sandbox(SandboxConfig(owner=sys.argv[1])).start()\n"
+        "    print(sandbox.id, flush=True)\n"
+        "asyncio.run(main())\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", script, owner], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip(), out.stderr
+        labelled = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
+                                  capture_output=True, text=True).stdout.split()
+        assert labelled == []
+    finally:
+        subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--owner", owner], capture_output=True)
