@@ -111,10 +111,18 @@ def estimate_memory(
         unsharded = compute_bytes * head if compute_bytes < 4 else 0.0
         residual_bytes = 4  # autocast keeps the residual stream in fp32
     moe_working = tokens * K * D * MOE_WORKING_BYTES * (compute_bytes / 2 if compute_bytes < 4 else 1.5)
+    # A recomputed layer keeps its attention inputs/outputs for the attention backward while
+    # the MoE backward runs: q and o, and the keys/values each query segment reads. Under CP a
+    # rank reads keys from the document start ((2cp+1)/(2cp) of the row for one document) and,
+    # where varlen has no GQA (torch 2.11), K/V are repeated to every query head.
+    heads_q, hd = args.num_attention_heads, args.head_dim
+    keys = tokens if cp == 1 else row_tokens * (2 * cp + 1) / (2 * cp)
+    kv_heads = args.num_key_value_heads if cp == 1 else heads_q
+    attention_saved = compute_bytes * hd * (2 * tokens * heads_q + 2 * keys * kv_heads)
     logits = min(tokens, logprob_chunk_tokens) * args.vocab_size * 4 * 3
     saved_inputs = args.num_hidden_layers * tokens * D * residual_bytes
     if activation_checkpointing:
-        activations = saved_inputs + max(moe_working, logits)
+        activations = saved_inputs + max(moe_working + attention_saved, logits)
     else:
         activations = args.num_hidden_layers * moe_working + logits
     return {"states": states, "unsharded_params": unsharded, "activations": activations}
