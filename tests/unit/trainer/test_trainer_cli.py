@@ -15,7 +15,7 @@ def test_trainer_plan_prints_layout_and_memory(capsys):
 
 def test_trainer_plan_cp_auto_and_bad_degrees(capsys):
     assert main(["trainer-plan", "glm-4.5-air", "--gpus", "16", "--row-tokens", "131072", "--cp", "auto"]) == 0
-    assert "dp=4 cp=4 ep=16" in capsys.readouterr().out  # the smallest cp whose estimate fits 139 GiB
+    assert "dp=2 cp=8 ep=16" in capsys.readouterr().out  # the smallest cp whose estimate fits 139 GiB
     assert main(["trainer-plan", "glm-4.5-air", "--gpus", "6", "--ep", "4"]) == 2
     assert "must divide the world size (6)" in capsys.readouterr().err
     assert main(["trainer-plan", "glm-4.5-air", "--ep", "many"]) == 2
