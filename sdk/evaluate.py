@@ -307,12 +307,23 @@ def evaluate(
     output: str | Path | None = None,
     progress: bool = False,
     server_log: Path | None = None,
+    checkpoint: str | Path | None = None,
+    baseline: str | None = None,
     **options: Any,
 ) -> EvalSummary:
     """Evaluate `model` on `env` (a name, a folder or an Environment); see `EvalConfig` for options.
 
     Starts a vLLM server for the model unless `base_url` is given, and stops it afterwards.
+    With `checkpoint` (a `RUN/checkpoints/step_N` folder of `agentrl train`), evaluates it
+    and `baseline` (default: the model its run started from) on the same tasks and returns
+    an `agentrl.compare.Comparison` of the two (see `agentrl.compare`).
     """
+    if checkpoint is not None:
+        from agentrl.compare import compare_checkpoint
+
+        return compare_checkpoint(env, checkpoint=checkpoint, baseline=baseline, n=n,
+                                  rollouts_per_task=rollouts_per_task, sampling=sampling, output=output,
+                                  progress=progress, **options)
     environment = None
     env_name = env
     if not isinstance(env, (str, Path)):

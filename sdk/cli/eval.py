@@ -43,6 +43,22 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _compare_with_baseline(resolved, summary, console, on_server) -> None:
+    """For a `agentrl train` checkpoint (RUN/checkpoints/step_N): evaluate the run's base model too, one table."""
+    from agentrl.compare import Comparison, comparison_table, run_baseline
+
+    baseline = run_baseline(resolved.model) if resolved.base_url is None else None
+    if baseline is None:
+        return
+    from agentrl.evaluate import run_evaluation
+
+    console.print(f"baseline: {baseline} (the model this run started from)")
+    output = Path(summary.output_dir).with_name(Path(summary.output_dir).name + "-baseline") if summary.output_dir else None
+    base = run_evaluation(resolved.model_copy(update={"model": baseline, "output": output}), progress=True,
+                          on_server=on_server)
+    console.print(comparison_table(Comparison(checkpoint=summary, baseline=base)))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_command(
@@ -116,3 +132,4 @@ def register(app: typer.Typer) -> None:
         console.print(summary_table(summary))
         if summary.errors:
             console.print(f"[yellow]{summary.errors} rollouts failed; first error: {summary.first_error}")
+        _compare_with_baseline(resolved, summary, console, on_server)

@@ -169,3 +169,24 @@ def test_config_roundtrips_through_toml(tmp_path):
     again = load_run_config(path)
     assert again.orchestrator.max_steps == 4
     assert isinstance(again, RunConfig)
+
+
+def test_run_baseline_of_a_checkpoint(tmp_path):
+    from agentrl.compare import compare_checkpoint, run_baseline
+    from agentrl.config import dump_config
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_3").mkdir(parents=True)
+    config = load_run_config(overrides=[f'model.init_checkpoint="{tmp_path}"'])
+    (run / "config.toml").write_text(dump_config(config))
+    assert run_baseline(run / "checkpoints" / "step_3") == str(tmp_path)
+    assert run_baseline(tmp_path) is None  # not a run checkpoint
+    with pytest.raises(NotFoundError) as info:
+        compare_checkpoint("reverse-text", checkpoint=run / "checkpoints" / "step_3")
+    assert "config.json" in str(info.value)
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    (lonely / "config.json").write_text("{}")
+    with pytest.raises(NotFoundError) as info:
+        compare_checkpoint("reverse-text", checkpoint=lonely)
+    assert "baseline" in str(info.value)

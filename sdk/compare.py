@@ -1,0 +1,101 @@
+"""Evaluate a training checkpoint against its base model, on the same tasks, in one table.
+
+    agentrl.evaluate("reverse-text", checkpoint="runs/x/checkpoints/step_40")          # baseline from the run
+    agentrl.evaluate("reverse-text", checkpoint="runs/x/checkpoints/step_40", baseline="tiny-moe")
+    agentrl eval --model runs/x/checkpoints/step_40                                     # CLI: table of both
+
+A checkpoint folder written by `agentrl train` (`RUN/checkpoints/step_N`) is a Hugging
+Face folder vLLM serves directly. Its baseline defaults to the model the run started
+from (the run's `config.toml`: `model.init_checkpoint`, else `model.name`). Both are
+evaluated with the same tasks, seed and sampling, one vLLM server at a time.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from agentrl.errors import NotFoundError
+
+__all__ = ["Comparison", "run_baseline", "compare_checkpoint", "comparison_table"]
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_baseline(checkpoint: str | Path) -> str | None:
+    """The model a run checkpoint started from, or None when the folder is not a run checkpoint."""
+    folder = Path(checkpoint).expanduser()
+    run_config = folder.parent.parent / "config.toml"
+    if folder.parent.name != "checkpoints" or not run_config.is_file():
+        return None
+    try:
+        data = tomllib.loads(run_config.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    model = data.get("model") or {}
+    start = model.get("init_checkpoint")
+    if start:
+        path = Path(start).expanduser()
+        if not path.is_absolute() and not path.exists() and (_REPO_ROOT / path).exists():
+            path = _REPO_ROOT / path
+        return str(path)
+    return model.get("name")
+
+
+class Comparison(BaseModel):
+    """A checkpoint's evaluation next to its baseline's."""
+
+    checkpoint: Any
+    """EvalSummary of the checkpoint."""
+    baseline: Any
+    """EvalSummary of the baseline model."""
+
+    @property
+    def reward_delta(self) -> float:
+        """Mean reward of the checkpoint minus the baseline's."""
+        return self.checkpoint.mean_reward - self.baseline.mean_reward
+
+
+def comparison_table(comparison: Comparison):
+    """A rich table with the checkpoint and the baseline side by side."""
+    from rich.table import Table
+
+    ckpt, base = comparison.checkpoint, comparison.baseline
+    table = Table(title=f"{ckpt.env}: checkpoint vs baseline, {ckpt.num_tasks} tasks x {ckpt.rollouts_per_task}")
+    table.add_column("metric")
+    table.add_column(f"checkpoint\n{Path(ckpt.model).name}", justify="right")
+    table.add_column(f"baseline\n{Path(base.model).name}", justify="right")
+    table.add_column("delta", justify="right")
+    rows = [("mean reward", ckpt.mean_reward, base.mean_reward), (f"avg@{ckpt.rollouts_per_task}", ckpt.avg_at_k,
+                                                                  base.avg_at_k)]
+    rows += [(f"pass@{k}", value, base.pass_at_k.get(k, float("nan"))) for k, value in ckpt.pass_at_k.items()]
+    rows += [(f"metric {name}", value, base.metrics.get(name, float("nan"))) for name, value in ckpt.metrics.items()]
+    for name, a, b in rows:
+        table.add_row(name, f"{a:.4f}", f"{b:.4f}", f"{a - b:+.4f}")
+    table.add_row("completion tokens", str(ckpt.completion_tokens), str(base.completion_tokens),
+                  f"{ckpt.completion_tokens - base.completion_tokens:+d}")
+    table.add_row("errors", str(ckpt.errors), str(base.errors), f"{ckpt.errors - base.errors:+d}")
+    return table
+
+
+def compare_checkpoint(
+    env: Any = "reverse-text", *, checkpoint: str | Path, baseline: str | None = None, **options: Any
+) -> Comparison:
+    """Evaluate `checkpoint` and `baseline` (default: what its run started from) with the same settings."""
+    from agentrl.evaluate import evaluate
+
+    folder = Path(checkpoint).expanduser()
+    if not (folder / "config.json").is_file():
+        raise NotFoundError(f"checkpoint {checkpoint}: no config.json there; pass RUN/checkpoints/step_N")
+    baseline = baseline or run_baseline(folder)
+    if baseline is None:
+        raise NotFoundError(f"checkpoint {checkpoint}: not inside a run folder; pass baseline=... (a model or folder)")
+    output = options.pop("output", None)
+    results = {}
+    for role, model in (("checkpoint", str(folder)), ("baseline", baseline)):
+        role_output = Path(output) / role if output else None
+        results[role] = evaluate(env, model=model, output=role_output, **options)
+    return Comparison(checkpoint=results["checkpoint"], baseline=results["baseline"])
