@@ -148,12 +148,30 @@ class BwrapSandbox(Sandbox):
             raise SandboxError("bwrap sandbox is not started")
         loop = asyncio.get_running_loop()
         started = loop.time()
-        proc = await asyncio.create_subprocess_exec(
-            *self._bwrap_argv(argv, cwd=cwd, env=env),
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            preexec_fn=self._limits(timeout), start_new_session=True,
-        )
+        # bwrap's options (host paths, environment) go through a pipe (`--args FD`), so the
+        # sandbox's /proc/1/cmdline shows only the command.
+        full = self._bwrap_argv(argv, cwd=cwd, env=env)
+        split = full.index("--")
+        options = b"".join(arg.encode() + b"\0" for arg in full[1:split])
+        read_end, write_end = os.pipe()
+        try:
+            if len(options) > 60000:  # beyond a pipe's buffer: keep them on the command line
+                command = full
+            else:
+                os.write(write_end, options)
+                command = ["bwrap", "--args", str(read_end), *full[split:]]
+            os.close(write_end)
+            write_end = -1
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                preexec_fn=self._limits(timeout), start_new_session=True, pass_fds=(read_end,),
+            )
+        finally:
+            os.close(read_end)
+            if write_end >= 0:
+                os.close(write_end)
         self._procs.add(proc)
         out, err = CappedBuffer(max_output), CappedBuffer(max_output)
 
