@@ -5,8 +5,9 @@ PyPI projects by validated AST mutation; see README.md) or from any SWE-bench / 
 R2E-Gym style jsonl a user passes as `data_path` (its images must exist locally).
 
 Each rollout starts a sandbox from the task's image, puts /testbed in the task's start
-state, and lets the model work with four tools (bash, view, str_replace, submit) under
-budgets of turns, completion tokens and wall-clock seconds. The episode ends on `submit`
+state, and lets the model work with the sandbox tools of `agentrl.sandbox_env.SandboxEnv`
+(bash, read_file, write_file, str_replace, submit) under budgets of turns, completion
+tokens, wall-clock seconds and command time. The episode ends on `submit`
 (or a reply without tool calls, or a budget); its final state is the repository diff.
 Scoring grades that diff in a fresh sandbox (swe_grade.py): reward 1.0 only when every
 FAIL_TO_PASS and PASS_TO_PASS test passes.
@@ -15,33 +16,35 @@ FAIL_TO_PASS and PASS_TO_PASS test passes.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
 from agentrl.environment import rows_to_dataset
 from agentrl.errors import AgentrlError
 from agentrl.rubric import Rubric
-from agentrl.tool_env import ToolEnv
+from agentrl.sandbox_env import SandboxEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
 
 from swe_grade import GradeResult, grade
 from swe_oracle import oracle_policy_for
-from swe_sandbox import open_sandbox
-from swe_task import SweInstance, load_instances, prepare_repository
-from swe_tools import DIFF_COMMAND, REPO_DIR, make_tools
+from swe_sandbox import sandbox_config
+from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
 __all__ = ["SweEnv", "load_environment", "build_dataset", "oracle_policy", "task_row"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MAX_DIFF_BYTES = 1_000_000
+# Staging first includes files the agent created; --no-color keeps the diff appliable.
+DIFF_COMMAND = "git add -A >/dev/null 2>&1; git diff --cached --no-color --no-ext-diff HEAD"
 SYSTEM_PROMPT = (
     "You are a software engineer fixing a bug in a Python repository checked out at /testbed. "
-    "Use the tools: `bash` runs a command in /testbed (no network), `view` shows a file with line numbers, "
-    "`str_replace` edits a file by replacing one exact occurrence of a text, `submit` hands in your changes. "
-    "Find the cause, fix the source code (not the tests), check with the tests, then call submit."
+    "Use the tools: `bash` runs a command in /testbed (no network), `read_file` shows a file with line numbers, "
+    "`str_replace` edits a file by replacing one exact occurrence of a text, `write_file` writes a whole file, "
+    "`submit` hands in your changes. Find the cause, fix the source code (not the tests), check with the tests, "
+    "then call submit."
 )
 COMPACT_SYSTEM_PROMPT = "Fix the bug in /testbed with the tools, then call submit."
 COMPACT_PROBLEM_CHARS = 200
@@ -110,100 +113,116 @@ def submitted(state: dict[str, Any]) -> float:
     return 1.0 if state.get("submitted") else 0.0
 
 
-class SweEnv(ToolEnv):
-    """The multi-turn tool environment over task sandboxes, scored by executable grading."""
+_TASK_IMAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar("swe_task_image", default=None)
 
-    def __init__(self, *, command_timeout_s: float = 60.0, test_timeout_s: float = 180.0,
-                 max_parallel_sandboxes: int = 2, runtime: str = "runc", cpus: float = 1.0,
-                 memory_mb: int = 2048, compact_tools: bool = False, **kwargs: Any) -> None:
+
+def _compact_schema(tool: Tool) -> None:
+    """Cut a tool's schema to its first sentence and no argument descriptions."""
+    tool.description = tool.description.split(". ")[0].rstrip(".")
+    for spec in tool.parameters.get("properties", {}).values():
+        spec.pop("description", None)
+
+
+class SweEnv(SandboxEnv):
+    """SandboxEnv over per-task images (repository at /testbed), scored by executable grading.
+
+    The sandbox tools (bash, read_file, write_file, str_replace, submit) and command-time
+    budgets come from `agentrl.sandbox_env.SandboxEnv`; this class picks each task's image,
+    puts the repository in the task's start state, ends the episode as soon as the model
+    calls submit, keeps the final `git diff`, and grades it in a fresh sandbox.
+    """
+
+    def __init__(self, *, command_timeout_s: float = 60.0, max_total_command_s: float | None = 1800.0,
+                 test_timeout_s: float = 180.0, max_parallel_sandboxes: int = 2, runtime: str = "runc",
+                 cpus: float = 1.0, memory_mb: int = 2048, compact_tools: bool = False, **kwargs: Any) -> None:
         rubric = Rubric(
             funcs=[solved, fail_to_pass, pass_to_pass, patch_applied, empty_patch, tests_timed_out, submitted],
             weights=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
         )
-        tools: list[Tool] = make_tools(command_timeout_s=command_timeout_s, compact=compact_tools)
-        super().__init__(tools=tools, rubric=rubric, **kwargs)
+        config = sandbox_config("agentrl-swe/unset:0", cpus=cpus, memory_mb=memory_mb,
+                                default_timeout_s=command_timeout_s, runtime=runtime)
+        super().__init__(sandbox=config, rubric=rubric, max_command_timeout_s=command_timeout_s,
+                         max_total_command_s=max_total_command_s, **kwargs)
+        if compact_tools:  # bash (which can read and edit too) and submit, with the shortest schemas
+            for name in ("read_file", "write_file", "str_replace"):
+                self.tools.pop(name, None)
+            for tool in self.tools.values():
+                _compact_schema(tool)
         self.test_timeout_s = test_timeout_s
         """Wall-clock limit of the grading test run."""
-        self.runtime = runtime
-        """Docker runtime of the sandboxes ('runc' or 'runsc' for gVisor)."""
-        self.cpus = cpus
-        """CPU limit of each sandbox."""
-        self.memory_mb = memory_mb
-        """Memory limit of each sandbox in MiB."""
         self._gate = asyncio.Semaphore(max_parallel_sandboxes) if max_parallel_sandboxes > 0 else None
-        self._live: dict[str, Any] = {}
+
+    @property
+    def sandbox_config(self):
+        """The sandbox config; during a rollout's set-up, with that task's image."""
+        image = _TASK_IMAGE.get()
+        return self._base_sandbox_config.model_copy(update={"image": image}) if image else self._base_sandbox_config
+
+    @sandbox_config.setter
+    def sandbox_config(self, value) -> None:
+        self._base_sandbox_config = value
 
     @staticmethod
     def instance(task: Task) -> SweInstance:
         """The SWE-bench fields of a task (from its info)."""
         return SweInstance.from_row(task.info, where=f"task {task.example_id}")
 
-    def _open(self, image: str):
-        return open_sandbox(image, cpus=self.cpus, memory_mb=self.memory_mb, runtime=self.runtime)
-
     async def setup_state(self, task: Task) -> dict[str, Any]:
         instance = self.instance(task)
-        key = uuid.uuid4().hex
         if self._gate is not None:
             await self._gate.acquire()
+        token = _TASK_IMAGE.set(instance.image_name)
         try:
-            context = self._open(instance.image_name)
-            sandbox = await context.__aenter__()
+            state = await super().setup_state(task)
         except BaseException:
             if self._gate is not None:
                 self._gate.release()
             raise
-        self._live[key] = (context, sandbox)
-        try:
-            await prepare_repository(sandbox, instance)
-        except BaseException:
-            await self._release(key)
-            raise
-        return {"sandbox_key": key, "instance_id": instance.instance_id}
-
-    async def _release(self, key: str) -> None:
-        """Destroy a rollout's sandbox and free its slot."""
-        entry = self._live.pop(key, None)
-        if entry is None:
-            return
-        try:
-            await entry[0].__aexit__(None, None, None)
         finally:
-            if self._gate is not None:
-                self._gate.release()
+            _TASK_IMAGE.reset(token)
+        state["instance_id"] = instance.instance_id
+        state["holds_slot"] = self._gate is not None
+        return state
 
-    def hidden_tool_args(self, tool: Tool, state: dict[str, Any]) -> dict[str, Any]:
-        return {"sandbox": self._live[state["sandbox_key"]][1], "state": state}
+    async def setup_sandbox(self, sandbox, task: Task, state: dict[str, Any]) -> None:
+        await prepare_repository(sandbox, self.instance(task))
 
     def is_completed(self, messages: list[Message], state: dict[str, Any]) -> bool:
         last = messages[-1] if messages else None
         if last is not None and last.role == "assistant" and any(
                 call.function.name == "submit" for call in last.tool_calls or []):
-            state["submitted"] = True
+            state["submitted"] = True  # end now: no extra model call after submit
             return True
         return super().is_completed(messages, state)
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
-        key = state.get("sandbox_key")
-        entry = self._live.get(key) if key else None
-        if entry is None:
-            return
         try:
-            result = await entry[1].exec(DIFF_COMMAND, timeout=60, cwd=REPO_DIR)
-            diff = result.stdout if result.exit_code == 0 else ""
-            if len(diff.encode()) > MAX_DIFF_BYTES:
-                state["diff_too_large"] = True
-                diff = ""
-            state["diff"] = diff
+            if state.get("sandbox_key"):
+                try:
+                    sandbox = self.sandbox_of(state)
+                except KeyError:
+                    sandbox = None
+                if sandbox is not None and "diff" not in state:
+                    result = await sandbox.exec(DIFF_COMMAND, timeout=60, cwd=REPO_DIR)
+                    diff = result.stdout if result.exit_code == 0 and not result.stdout_truncated else ""
+                    if len(diff.encode()) > MAX_DIFF_BYTES or result.stdout_truncated:
+                        state["diff_too_large"] = True
+                        diff = ""
+                    state["diff"] = diff
         finally:
-            await self._release(key)
+            try:
+                await super().cleanup_state(state)
+            finally:
+                if state.pop("holds_slot", False) and self._gate is not None:
+                    self._gate.release()
 
     async def grade_rollout(self, rollout: Rollout) -> GradeResult:
         """Grade the rollout's final diff in a fresh sandbox (also when the agent ran out of budget)."""
         if rollout.error is not None and "diff" not in rollout.state:
             return GradeResult(error=rollout.error)
         instance = self.instance(rollout.task)
-        options = dict(timeout_s=self.test_timeout_s, cpus=self.cpus, memory_mb=self.memory_mb, runtime=self.runtime)
+        config = self._base_sandbox_config
+        options = dict(timeout_s=self.test_timeout_s, cpus=config.cpus, memory_mb=config.memory_mb, runtime=config.runtime)
         if self._gate is None:
             return await grade(instance, rollout.state.get("diff", ""), **options)
         async with self._gate:
@@ -231,9 +250,10 @@ def oracle_policy(*, data_dir: str | Path | None = None, data_path: str | Path |
 
 def load_environment(*, data_path: str | None = None, data_dir: str | None = None, max_turns: int | None = None,
                      max_completion_tokens: int | None = 32768, max_seconds: float | None = 1200.0,
-                     command_timeout_s: float = 60.0, test_timeout_s: float = 180.0,
-                     max_parallel_sandboxes: int = 2, runtime: str = "runc", system_prompt: str | None = None,
-                     compact: bool = False, max_problem_chars: int | None = None) -> SweEnv:
+                     command_timeout_s: float = 60.0, max_total_command_s: float | None = 1800.0,
+                     test_timeout_s: float = 180.0, max_parallel_sandboxes: int = 2, runtime: str = "runc",
+                     system_prompt: str | None = None, compact: bool = False,
+                     max_problem_chars: int | None = None) -> SweEnv:
     """The swe environment: the committed splits, or SWE-bench style rows from `data_path` (as 'test' and 'train').
 
     `compact=True` fits small-context models (e.g. tiny-moe's 2048 tokens): a one-line
@@ -262,7 +282,7 @@ def load_environment(*, data_path: str | None = None, data_dir: str | None = Non
     return SweEnv(
         name="swe", splits=splits, system_prompt=system_prompt, max_turns=max_turns,
         max_completion_tokens=max_completion_tokens, max_seconds=max_seconds,
-        command_timeout_s=command_timeout_s, test_timeout_s=test_timeout_s,
+        command_timeout_s=command_timeout_s, max_total_command_s=max_total_command_s, test_timeout_s=test_timeout_s,
         max_parallel_sandboxes=max_parallel_sandboxes, runtime=runtime, compact_tools=compact,
         **({"max_tool_output_chars": COMPACT_TOOL_OUTPUT_CHARS} if compact else {}),
     )

@@ -80,10 +80,10 @@ def oracle_policy_for(instances: list[Any], *, mode: str = "edit") -> ScriptedPo
         steps: list[Any] = [tool_call("bash", command="git status --short && git log --oneline -1")]
         edits = patch_edits(instance.patch) if mode == "edit" else []
         if edits:
-            steps += [tool_call("str_replace", path=path, old_str=old, new_str=new) for path, old, new in edits]
+            steps += [tool_call("str_replace", path=path, old=old, new=new) for path, old, new in edits]
         else:
             steps.append(tool_call("bash", command=_apply_command(instance.patch)))
-        steps += [tool_call("bash", command="git diff --stat"), tool_call("submit")]
+        steps += [tool_call("bash", command="git diff --stat"), tool_call("submit", answer="applied the fix")]
         return steps
 
     def reply(messages: list[Message], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def oracle_policy_for(instances: list[Any], *, mode: str = "edit") -> ScriptedPo
             done = sum(1 for message in messages if message.role == "assistant")
         else:  # an edit was refused: reset and apply the whole patch, then finish
             steps = [tool_call("bash", command=_apply_command(instance.patch)),
-                     tool_call("bash", command="git diff --stat"), tool_call("submit")]
+                     tool_call("bash", command="git diff --stat"), tool_call("submit", answer="applied the fix")]
             done = sum(1 for message in messages[refusal:] if message.role == "assistant")
         return {"content": "", "tool_calls": [steps[min(done, len(steps) - 1)]]}
 

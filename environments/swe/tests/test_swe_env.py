@@ -52,7 +52,7 @@ def test_tasks_are_verifiers_rows(env):
     for task in tasks:
         assert task.prompt[0].role == "system" and task.prompt[-1].role == "user"
         assert task.answer == task.info["patch"] and task.info["FAIL_TO_PASS"]
-    assert {tool["function"]["name"] for tool in env.tool_schemas} == {"bash", "view", "str_replace", "submit"}
+    assert {tool["function"]["name"] for tool in env.tool_schemas} == {"bash", "read_file", "write_file", "str_replace", "submit"}
 
 
 @pytest.mark.parametrize("mode", ["edit", "apply"])
@@ -71,17 +71,18 @@ async def test_oracle_reaches_reward_one_through_the_tools(env, sample_file, mod
 async def test_tools_report_errors_and_give_up_scores_zero(env):
     task = env.tasks("test")[0]
     policy = ScriptedPolicy([
-        {"tool_calls": [tool_call("view", path="no/such/file.py")]},
-        {"tool_calls": [tool_call("str_replace", path=task.info["mutation"]["file"], old_str="@@nothing@@", new_str="x")]},
+        {"tool_calls": [tool_call("read_file", path="no/such/file.py")]},
+        {"tool_calls": [tool_call("str_replace", path=task.info["mutation"]["file"], old="@@nothing@@", new="x")]},
         {"tool_calls": [tool_call("bash", command="python3 -c 'print(6 * 7)'; exit 3")]},
-        {"tool_calls": [tool_call("submit")]},
+        {"tool_calls": [tool_call("submit", answer="nothing to change")]},
     ])
     (rollout,) = await env.run_group(policy, task, n=1, sampling=SAMPLING)
     tool_texts = [m.content for m in rollout.messages if m.role == "tool"]
-    assert tool_texts[0].startswith("Error: no/such/file.py does not exist")
-    assert tool_texts[1].startswith("Error: old_str occurs 0 times")
+    assert tool_texts[0].startswith("Error: read_file raised") and "no/such/file.py" in tool_texts[0]
+    assert tool_texts[1].startswith("Error: old text not found")
     assert tool_texts[2].startswith("exit code: 3") and "42" in tool_texts[2]
-    assert rollout.reward == 0.0 and rollout.metrics["empty_patch"] == 1.0
+    assert rollout.reward == 0.0 and rollout.metrics["empty_patch"] == 1.0 and rollout.metrics["submitted"] == 1.0
+    assert len(rollout.turns) == 4  # submit ends the episode at once
 
 
 async def test_turn_budget_truncates_and_the_diff_is_still_graded(env, sample_file):
