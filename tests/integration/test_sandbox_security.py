@@ -99,9 +99,12 @@ async def test_host_files_are_invisible(backend, tmp_path):
             "do if [ -e $p ]; then echo VISIBLE $p; else echo hidden $p; fi; done; "
             "cat /proc/1/root/etc/hostname 2>/dev/null | grep -v sandbox || true"
         )
+        init = await sandbox.exec("tr '\\0' ' ' < /proc/1/cmdline")
     assert result.exit_code == 0, result.stderr
     assert "VISIBLE" not in result.stdout, result.stdout
     assert result.stdout.count("hidden") == 6
+    assert init.exit_code == 0 and init.stdout
+    assert "/var/cache" not in init.stdout and "/work" not in init.stdout  # no host paths via pid 1
 
 
 FORK_BOMB = textwrap.dedent("""
