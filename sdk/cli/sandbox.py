@@ -22,6 +22,7 @@ def run(
     cpus: float = typer.Option(1.0, "--cpus", help="CPU limit in cores."),
     network: bool = typer.Option(False, "--network/--no-network", help="Allow network access (off by default)."),
     workdir: str = typer.Option("/workspace", "--workdir", help="Working directory inside the sandbox."),
+    env: list[str] = typer.Option([], "--env", "-e", help="Environment variable KEY=VALUE (repeatable)."),
 ) -> None:
     """Run one command in a fresh sandbox and print its output: agentrl sandbox run --image IMG -- CMD."""
     from agentrl.config import config_from_dict
@@ -30,9 +31,15 @@ def run(
     argv = list(ctx.args)
     if not argv:
         raise ConfigError("sandbox run: no command given; usage: agentrl sandbox run --image IMG -- CMD [ARGS...]")
+    variables = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"sandbox run --env {item!r}: expected KEY=VALUE")
+        variables[key] = value
     config = config_from_dict(SandboxConfig, {
         "type": backend, "image": image, "runtime": runtime, "memory_mb": memory_mb, "cpus": cpus,
-        "network": network, "workdir": workdir,
+        "network": network, "workdir": workdir, "env": variables,
     }, source="agentrl sandbox run")
 
     async def go():

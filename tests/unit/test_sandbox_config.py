@@ -77,6 +77,9 @@ def test_cli_run_without_command_is_one_line_error():
     out = subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "run"], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip() == "error: sandbox run: no command given; usage: agentrl sandbox run --image IMG -- CMD [ARGS...]"
+    bad_env = subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "run", "--env", "NOEQUALS", "--", "true"],
+                             capture_output=True, text=True)
+    assert bad_env.returncode == 2 and "--env 'NOEQUALS': expected KEY=VALUE" in bad_env.stderr
     bad = subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--type", "lxc"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "expected docker or bwrap" in bad.stderr
