@@ -71,7 +71,7 @@ class Trainer:
             self.args = MoEModelArgs.from_hf_dir(self.model_dir)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         if device is None:
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
