@@ -86,7 +86,8 @@ def ls(backend: str | None = typer.Option(None, "--type", help="Only this backen
     table = Table("backend", "id", "owner", "pid", "status", "image", "orphan")
     for info in found:
         table.add_row(info.backend, info.id, info.owner, info.pid, info.status, info.image, "yes" if info.orphan else "")
-    Console().print(table)
+    console = Console()
+    Console(width=max(console.width, 150)).print(table)  # ids and owners are never cut off
     typer.echo(f"{len(found)} sandbox(es)")
 
 

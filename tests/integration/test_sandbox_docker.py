@@ -219,3 +219,35 @@ async def test_coreutils_work_under_gvisor():
         runtime = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.Runtime}}", sandbox.id],
                                  capture_output=True, text=True).stdout.strip()
         assert runtime == "runsc"
+
+
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+def test_cli_run_and_ls(backend):
+    import sys
+
+    cli = [sys.executable, "-m", "agentrl.cli", "sandbox"]
+    ran = subprocess.run([*cli, "run", "--type", backend, "-e", "WHO=cli", "--", "bash", "-c", "echo hi $WHO; exit 4"],
+                         capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout) == (4, "hi cli\n"), ran.stderr
+    slow = subprocess.run([*cli, "run", "--type", backend, "--timeout", "1", "--", "sleep", "30"],
+                          capture_output=True, text=True)
+    assert slow.returncode == 137 and "killed after 1s timeout" in slow.stderr
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import asyncio, sys\nfrom agentrl.sandbox import SandboxConfig, create_sandbox\n"
+         "async def main():\n"
+         f"    async with create_sandbox(SandboxConfig(type={backend!r}, owner='cli-ls-test')) as sb:\n"
+         "        print(sb.id, flush=True)\n        await asyncio.sleep(60)\n"
+         "asyncio.run(main())\n"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        sandbox_id = holder.stdout.readline().strip()
+        listing = subprocess.run([*cli, "ls", "--type", backend], capture_output=True, text=True)
+        assert listing.returncode == 0
+        row = [line for line in listing.stdout.splitlines() if "cli-ls-test" in line]
+        assert len(row) == 1 and sandbox_id[:12] in row[0] and "yes" not in row[0]  # alive, not an orphan
+    finally:
+        holder.kill()
+        holder.wait()
+        subprocess.run([*cli, "gc", "--owner", "cli-ls-test"], capture_output=True)
