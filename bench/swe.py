@@ -26,12 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "environments" / "swe"))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from swe_grade import grade  # noqa: E402
-from swe_images import build_images  # noqa: E402
-from swe_task import SweInstance  # noqa: E402
+from rich.console import Console
+from rich.table import Table
+from swe_grade import grade
+from swe_images import build_images
+from swe_task import SweInstance
 
 DATA_DIR = ROOT / "environments" / "swe" / "data"
 RESULTS = ROOT / "bench" / "results" / "swe.json"
@@ -53,7 +52,7 @@ def _sample(rows: list[dict], per_project: int) -> list[SweInstance]:
 
 def _percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
 
 
 async def _grade_all(instances: list[SweInstance], parallel: int) -> tuple[float, list[float], int]:

@@ -27,13 +27,12 @@ from agentrl.rubric import Rubric
 from agentrl.sandbox_env import SandboxEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
-
 from swe_grade import GradeResult, grade
 from swe_oracle import oracle_policy_for
 from swe_sandbox import sandbox_config
 from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
-__all__ = ["SweEnv", "load_environment", "build_dataset", "oracle_policy", "task_row"]
+__all__ = ["SweEnv", "build_dataset", "load_environment", "oracle_policy", "task_row"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MAX_DIFF_BYTES = 1_000_000
@@ -222,7 +221,8 @@ class SweEnv(SandboxEnv):
             return GradeResult(error=rollout.error)
         instance = self.instance(rollout.task)
         config = self._base_sandbox_config
-        options = dict(timeout_s=self.test_timeout_s, cpus=config.cpus, memory_mb=config.memory_mb, runtime=config.runtime)
+        options = {"timeout_s": self.test_timeout_s, "cpus": config.cpus, "memory_mb": config.memory_mb,
+                   "runtime": config.runtime}
         if self._gate is None:
             return await grade(instance, rollout.state.get("diff", ""), **options)
         async with self._gate:

@@ -122,9 +122,9 @@ def problem_statement(project: Project, site: MutationSite, docstring: str, fail
     """An issue text from the failing tests' output and the function's docstring (never the fix)."""
     kind = "method" if "." in site.function else "function"
     lines = [
-        f"`{site.function}` in `{site.path}` ({project.name} {project.version}) does not behave as documented: "
-        f"{len(failing)} test{'s' if len(failing) != 1 else ''} of the project's own suite "
-        f"fail{'s' if len(failing) == 1 else ''}.",
+        (f"`{site.function}` in `{site.path}` ({project.name} {project.version}) does not behave as documented: "
+         f"{len(failing)} test{'s' if len(failing) != 1 else ''} of the project's own suite "
+         f"fail{'s' if len(failing) == 1 else ''}."),
         "",
     ]
     if docstring.strip():
@@ -262,10 +262,8 @@ async def generate(projects: list[Project], *, seed: int, limit: int, parallel: 
     results = await asyncio.gather(*(one(project) for project in projects))
     rows = sorted((row for project_rows, _ in results for row in project_rows), key=lambda row: row["instance_id"])
     for split in ("train", "test"):
-        with open(out_dir / f"{split}.jsonl", "w") as handle:
-            for row in rows:
-                if row["split"] == split:
-                    handle.write(json.dumps(row, sort_keys=True) + "\n")
+        lines = [json.dumps(row, sort_keys=True) + "\n" for row in rows if row["split"] == split]
+        (out_dir / f"{split}.jsonl").write_text("".join(lines))
     stats = {
         "seed": seed, "per_project_candidates": limit,
         "projects": {project.name: stat for project, (_, stat) in zip(projects, results)},

@@ -22,7 +22,7 @@ from agentrl.errors import AgentrlError
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.types import Message
 
-__all__ = ["patch_edits", "oracle_policy_for"]
+__all__ = ["oracle_policy_for", "patch_edits"]
 
 _FILE_RE = re.compile(r"^diff --git [ab]/(\S+) [ab]/(\S+)$")
 

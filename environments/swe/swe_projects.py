@@ -144,7 +144,7 @@ def fetch_sdist(project: Project) -> Path:
             sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
             "--dest", str(cache), f"{project.name}=={project.version}",
         ]
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0 or not path.exists():
             tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
             raise AgentrlError(

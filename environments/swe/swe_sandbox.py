@@ -20,7 +20,7 @@ from typing import Any
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["TestRun", "SANDBOX_ENV", "sandbox_config", "open_sandbox", "run_pytest", "REPORT_PLUGIN"]
+__all__ = ["REPORT_PLUGIN", "SANDBOX_ENV", "TestRun", "open_sandbox", "run_pytest", "sandbox_config"]
 
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "HOME": "/tmp", "GIT_CONFIG_NOSYSTEM": "1"}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = ["REPO_DIR", "SweInstance", "load_instances", "prepare_repository", "task_commit_script"]
 
@@ -90,8 +90,8 @@ class SweInstance(BaseModel):
             data["image_name"] = f"sweb.eval.x86_64.{str(data['instance_id']).lower().replace('__', '_1776_')}:latest"
         try:
             return cls.model_validate(data)
-        except Exception as exc:
-            first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": ("?",), "msg": str(exc)}
+        except ValidationError as exc:
+            first = exc.errors()[0]
             field = ".".join(str(part) for part in first["loc"])
             raise ConfigError(f"swe: {where}: field {field!r}: {first['msg']}") from None
 

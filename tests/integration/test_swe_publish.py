@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 import agentrl
+import pytest
 from agentrl.hub.images import check_package_images, registry_has
 from agentrl.hub.local import LocalHub
 from agentrl.hub.publish import pull_package, push_package
+
 from tests.fakes.hub_fixtures import docker_client, registry, remove_images  # noqa: F401
 
 SWE_DIR = Path(__file__).resolve().parents[2] / "environments" / "swe"
@@ -20,10 +20,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_swe_images_and_package_publish(tmp_path, monkeypatch, registry, remove_images):  # noqa: F811
-    sys.path.insert(0, str(SWE_DIR / "tests"))
-    from swe_testlib import build_sample_images
-
+    sys.path[:0] = [str(SWE_DIR), str(SWE_DIR / "tests")]
     from swe_images import push_images
+    from swe_testlib import build_sample_images
 
     images = build_sample_images()
     pushed = push_images(list(images), registry=registry.address)

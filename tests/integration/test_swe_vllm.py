@@ -12,9 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 import agentrl
+import pytest
 from agentrl.sampling import SamplingConfig
 
 SWE_TESTS = Path(__file__).resolve().parents[2] / "environments" / "swe" / "tests"

@@ -37,7 +37,6 @@ def sample_rows(per_project: int = 1) -> list[dict]:
 def build_sample_images() -> tuple[str, ...]:
     """Build (or reuse, by content hash) the base image and the CI projects' images."""
     import docker
-
     from swe_images import base_image, build_images
 
     client = docker.from_env()

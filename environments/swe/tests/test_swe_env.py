@@ -15,15 +15,13 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
 
 import json
 
-import pytest
-
-from swe_testlib import build_sample_images, sample_rows  # noqa: E402
-
 import agentrl
+import pytest
 from agentrl.errors import AgentrlError
 from agentrl.loader import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
+from swe_testlib import build_sample_images, sample_rows
 
 pytestmark = pytest.mark.integration
 SAMPLING = SamplingConfig(max_tokens=100_000)

@@ -14,12 +14,10 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
         sys.path.insert(0, str(_folder))
 
 import pytest
-
-from swe_testlib import build_sample_images, sample_rows  # noqa: E402
-
 from swe_grade import grade
 from swe_sandbox import open_sandbox
 from swe_task import SweInstance, prepare_repository
+from swe_testlib import build_sample_images, sample_rows
 
 pytestmark = pytest.mark.integration
 
