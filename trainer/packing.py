@@ -88,7 +88,7 @@ def _segment(sample: TrainingSample, index: int) -> dict:
 
 
 def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None, top_k: int | None,
-               pad_token_id: int) -> PackedRow:
+               pad_token_id: int, layer_indices: list[int] | None = None, num_layers: int | None = None) -> PackedRow:
     tokens, positions, targets, mask, logprobs, advantages, versions = [], [], [], [], [], [], []
     experts = [] if moe_layers else None
     replay = []
@@ -106,6 +106,8 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
             routed = sample.routed_experts or []
             for j in range(n):
                 per_layer = routed[j] if j < len(routed) else []
+                if layer_indices is not None and len(per_layer) == num_layers and num_layers != moe_layers:
+                    per_layer = [per_layer[i] for i in layer_indices]  # vLLM's layout: every layer, dense ones zero
                 known = len(per_layer) == moe_layers and all(len(ids) == top_k for ids in per_layer)
                 experts.append(per_layer if known else [[0] * top_k for _ in range(moe_layers)])
                 replay.append(known)
@@ -142,10 +144,15 @@ def pack_samples(
     top_k: int | None = None,
     pad_token_id: int = 0,
     min_rows: int = 1,
+    moe_layer_indices: list[int] | None = None,
+    num_layers: int | None = None,
 ) -> TrainBatch:
     """Pack samples first-fit-decreasing into rows of exactly ``row_tokens`` tokens.
 
-    Pass ``moe_layers`` and ``top_k`` to carry routed experts for Router Replay.
+    Pass ``moe_layers`` and ``top_k`` to carry routed experts for Router Replay. A
+    sample's per-token expert lists may hold one entry per MoE layer, or one per layer of
+    the model (vLLM's layout, dense layers included) when ``num_layers`` and
+    ``moe_layer_indices`` say which layers are MoE.
     ``min_rows`` pads the batch with empty rows (e.g. to the data-parallel degree).
     """
     if row_tokens < 2:
@@ -172,7 +179,8 @@ def pack_samples(
             space.append(row_tokens - seg["length"])
     while len(bins) < min_rows:
         bins.append([])
-    rows = [_build_row(b, row_tokens=row_tokens, moe_layers=moe_layers, top_k=top_k, pad_token_id=pad_token_id)
+    rows = [_build_row(b, row_tokens=row_tokens, moe_layers=moe_layers, top_k=top_k, pad_token_id=pad_token_id,
+                       layer_indices=moe_layer_indices, num_layers=num_layers)
             for b in bins]
     versions = [v for s in samples for v in s.policy_versions if v >= 0]
     return TrainBatch(rows=rows, policy_version=max(versions, default=0), num_samples=len(samples))

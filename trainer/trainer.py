@@ -14,7 +14,8 @@ are summed across ranks, so the step equals a single-process step on the whole b
 Metrics: ``loss`` (the step's objective), ``mismatch_kl`` (mean KL(inference || trainer)
 estimate over loss tokens), ``masked_fraction`` (loss tokens outside the trust region),
 ``grad_norm`` (before clipping), ``tokens`` (non-padding tokens), ``loss_tokens``,
-``importance_ratio`` (mean), ``step``, ``policy_version``.
+``importance_ratio`` (mean), ``replayed_fraction`` (loss tokens whose experts were replayed
+from inference, R3), ``step``, ``policy_version``.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ class Trainer:
         replay = self.config.router_replay and any(s.routed_experts for s in samples)
         return pack_samples(samples, row_tokens=self.config.row_tokens,
                             moe_layers=len(self.args.moe_layers) if replay else None,
-                            top_k=self.args.top_k if replay else None, min_rows=self.plan.dp)
+                            top_k=self.args.top_k if replay else None, min_rows=self.plan.dp,
+                            moe_layer_indices=self.args.moe_layers, num_layers=self.args.num_hidden_layers)
 
     def train_on_samples(self, samples: Sequence[TrainingSample]) -> dict[str, float]:
         """Pack and take one step."""
@@ -183,6 +185,8 @@ class Trainer:
             )
             loss.backward()
             objective += loss.detach()
+            replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
+            stats["replayed_tokens"] = torch.tensor(float(replayed), device=self.device)
             for key, value in stats.items():
                 sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value
         grad_norm = clip_grad_norm([p for g in self.optimizer.param_groups for p in g["params"]],
@@ -204,6 +208,7 @@ class Trainer:
             "step": float(self.step_count),
             "policy_version": float(batch.policy_version),
         }
+        metrics["replayed_fraction"] = reduced.get("replayed_tokens", 0.0) / loss_tokens
         if self.config.loss.mode == "rl":
             metrics["mismatch_kl"] = reduced["mismatch_kl_sum"] / loss_tokens
             metrics["masked_fraction"] = reduced["masked_tokens"] / loss_tokens

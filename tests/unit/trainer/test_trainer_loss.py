@@ -109,3 +109,15 @@ def test_packing_errors_name_the_sample():
     broken = TrainingSample(token_ids=[1, 2, 3], loss_mask=[True], inference_logprobs=[0.0] * 3, policy_versions=[0] * 3)
     with pytest.raises(AgentrlError, match="sample 0: loss_mask has 1 entries for 3 tokens"):
         pack_samples([broken], row_tokens=8)
+
+
+def test_packing_reads_vllm_all_layer_expert_layout():
+    # vLLM reports experts for every layer (dense layer 0 holds zeros); the trainer replays MoE layers 1 and 2
+    all_layers = [[[0, 0], [1, 2], [3, 4]], [[0, 0], [5, 6], [7, 0]], [[0, 0], [1, 1], [2, 2]]]
+    sample = _sample([1, 2, 3], [False, True, True], advantage=1.0, experts=all_layers)
+    row = pack_samples([sample], row_tokens=4, moe_layers=2, top_k=2, moe_layer_indices=[1, 2], num_layers=3).rows[0]
+    assert row.replay_mask.tolist() == [True, True, False, False]
+    assert row.routed_experts[:2].tolist() == [[[1, 2], [3, 4]], [[5, 6], [7, 0]]]
+    # without the layer map the 3-layer lists do not fit 2 MoE layers: those tokens are routed live
+    row = pack_samples([sample], row_tokens=4, moe_layers=2, top_k=2).rows[0]
+    assert row.replay_mask.tolist() == [False, False, False, False]

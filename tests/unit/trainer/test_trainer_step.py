@@ -75,3 +75,11 @@ def test_checkpoint_restores_weights_optimizer_and_step(tiny_glm_dir, tmp_path):
     assert replay["grad_norm"] == pytest.approx(after_save["grad_norm"], rel=1e-6)
     for (name, a), (_, b) in zip(trainer.model.state_dict().items(), fresh.model.state_dict().items()):
         torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+
+
+def test_replayed_fraction_reports_router_replay(tiny_glm_dir):
+    trainer = _trainer(tiny_glm_dir)
+    with_experts = trainer.train_on_samples(make_samples())
+    assert 0.3 < with_experts["replayed_fraction"] < 0.8  # half the samples carry experts
+    without = trainer.train_on_samples(make_samples(with_experts=False))
+    assert without["replayed_fraction"] == 0.0
