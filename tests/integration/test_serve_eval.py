@@ -62,18 +62,20 @@ def test_eval_dry_run_config_precedence_and_errors(tmp_path):
 # ---------------------------------------------------------------------------- own servers
 # These run before the session server is created, so only one server of this file runs at a time.
 def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
-    import selectors
+    """The process's output until `marker` appears (or it exits, or time runs out)."""
+    import queue
+    import threading
 
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     seen = ""
     deadline = time.monotonic() + timeout_s
-    while marker not in seen:
-        if time.monotonic() > deadline or process.poll() is not None:
-            break
-        if selector.select(timeout=1.0):
-            line = process.stdout.readline()
-            seen += line
+    while marker not in seen and time.monotonic() < deadline:
+        try:
+            seen += lines.get(timeout=1.0)
+        except queue.Empty:
+            if process.poll() is not None:
+                break
     return seen
 
 
