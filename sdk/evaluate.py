@@ -345,6 +345,15 @@ def run_evaluation(
     from agentrl.loader import load_environment
     from agentrl.models import resolve_model
 
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise AgentrlError(
+            "agentrl.evaluate() blocks and cannot run inside an event loop; "
+            "use `await agentrl.evaluate.evaluate_async(EvalConfig(..., base_url=...))` there"
+        )
     if environment is None:
         environment = load_environment(config.env, **config.env_args)  # unknown names fail before any server
     server = None

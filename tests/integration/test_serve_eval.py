@@ -59,6 +59,14 @@ def test_eval_dry_run_config_precedence_and_errors(tmp_path):
     assert out.returncode == 2 and f"{config}:3: unknown key 'num_task'" in out.stderr
 
 
+async def test_evaluate_inside_an_event_loop_says_what_to_use():
+    import agentrl
+    from agentrl.errors import AgentrlError
+
+    with pytest.raises(AgentrlError, match="evaluate_async"):
+        agentrl.evaluate("reverse-text", n=1, base_url="http://127.0.0.1:9")
+
+
 # ---------------------------------------------------------------------------- own servers
 # These run before the session server is created, so only one server of this file runs at a time.
 def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
