@@ -57,6 +57,8 @@ class SFTConfig(BaseConfig):
     """Folder the HF export is written to."""
     trainer: TrainerConfig = Field(default_factory=_sft_trainer)
     """Trainer settings (loss.mode must be 'sft')."""
+    export_every: int = Field(default=0, ge=0)
+    """Also export (overwriting `output`) every this many steps, so a long run leaves usable weights (0: only at the end)."""
     torch_threads: int = Field(default=1, ge=0)
     """CPU threads torch may use (0: torch's default; 1 avoids oversubscribing a small shared CPU)."""
 
@@ -172,11 +174,17 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[dict[str, float]], None] | 
         history.append(metrics)
         if on_step is not None:
             on_step(metrics)
+        if config.export_every and (step + 1) % config.export_every == 0 and step + 1 < config.steps:
+            _export(trainer, config, history, len(samples))
+    return _export(trainer, config, history, len(samples))
+
+
+def _export(trainer: Any, config: SFTConfig, history: list[dict[str, float]], demonstrations: int) -> Path:
     output = Path(config.output)
     trainer.export_hf(output, dtype=None)
     (output / "agentrl_sft.json").write_text(json.dumps({
-        "env": config.env, "model": config.model, "steps": config.steps, "batch_size": config.batch_size,
-        "seed": config.seed, "demonstrations": len(samples), "final_nll": history[-1].get("nll"),
-        "lr": config.trainer.optimizer.lr,
+        "env": config.env, "model": config.model, "steps_done": len(history), "steps": config.steps,
+        "batch_size": config.batch_size, "seed": config.seed, "demonstrations": demonstrations,
+        "final_nll": history[-1].get("nll"), "lr": config.trainer.optimizer.lr,
     }, indent=2))
     return output
