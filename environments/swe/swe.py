@@ -107,6 +107,11 @@ def tests_timed_out(state: dict[str, Any]) -> float:
     return _grade_of(state).get("timed_out", 0.0)
 
 
+def test_files_reverted(state: dict[str, Any]) -> float:
+    """How many test files or conftest.py files the diff touched (undone before grading)."""
+    return _grade_of(state).get("test_files_reverted", 0.0)
+
+
 def submitted(state: dict[str, Any]) -> float:
     """1.0 when the agent called submit (rather than running out of budget)."""
     return 1.0 if state.get("submitted") else 0.0
@@ -135,8 +140,9 @@ class SweEnv(SandboxEnv):
                  test_timeout_s: float = 180.0, max_parallel_sandboxes: int = 2, runtime: str = "runc",
                  cpus: float = 1.0, memory_mb: int = 2048, compact_tools: bool = False, **kwargs: Any) -> None:
         rubric = Rubric(
-            funcs=[solved, fail_to_pass, pass_to_pass, patch_applied, empty_patch, tests_timed_out, submitted],
-            weights=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            funcs=[solved, fail_to_pass, pass_to_pass, patch_applied, empty_patch, tests_timed_out,
+                   test_files_reverted, submitted],
+            weights=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
         )
         config = sandbox_config("agentrl-swe/unset:0", cpus=cpus, memory_mb=memory_mb,
                                 default_timeout_s=command_timeout_s, runtime=runtime)

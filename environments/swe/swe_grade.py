@@ -1,9 +1,11 @@
 """Grade a repository diff for a `swe` task by running the task's tests in a fresh sandbox.
 
 `grade(instance, diff)` starts a sandbox from the task's image, puts the repository in its
-start state (swe_task.prepare_repository), applies the diff with `git apply` (then the
-row's test_patch, as SWE-bench does), runs the files holding FAIL_TO_PASS and PASS_TO_PASS
-with a timeout, and reads every test's outcome from the pytest report plugin. The reward
+start state (swe_task.prepare_repository), applies the diff with `git apply`, puts back any
+test file or conftest.py the diff touched (the tests decide the reward, so the diff may not
+change them), applies the row's test_patch (as SWE-bench does), runs the files holding
+FAIL_TO_PASS and PASS_TO_PASS with a timeout, and reads every test's outcome from the
+pytest report plugin. The reward
 is 1.0 only when the patch applied and every FAIL_TO_PASS and PASS_TO_PASS test passed.
 Nothing random is involved (PYTHONHASHSEED is fixed in the images), so the same diff gets
 the same reward.
@@ -11,6 +13,7 @@ the same reward.
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import asdict, dataclass
 
@@ -39,6 +42,8 @@ class GradeResult:
     """1.0 when the diff was empty."""
     timed_out: float = 0.0
     """1.0 when the test run hit its timeout."""
+    test_files_reverted: float = 0.0
+    """How many test files or conftest.py files the diff touched (they are put back before the run)."""
     grade_s: float = 0.0
     """Wall-clock seconds the grading took."""
     error: str = ""
@@ -55,6 +60,26 @@ def _share(tests: list[str], outcomes: dict[str, str]) -> float:
     return sum(1 for node in tests if outcomes.get(node) == "passed") / len(tests)
 
 
+def _is_test_file(path: str, instance: SweInstance) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return path in instance.test_files or name == "conftest.py" or (name.startswith("test_") and name.endswith(".py"))
+
+
+async def _revert_test_files(sandbox, instance: SweInstance) -> int:
+    """Put back every test file and conftest.py the diff changed or added (as SWE-bench resets test files).
+
+    The tests decide the reward, so a diff may not edit them: changes are undone, new ones removed.
+    """
+    listing = await sandbox.exec("git diff --name-only HEAD; git ls-files --others --exclude-standard",
+                                 timeout=60, cwd=REPO_DIR)
+    touched = sorted({path for path in listing.stdout.splitlines() if path and _is_test_file(path, instance)})
+    for path in touched:
+        quoted = shlex.quote(path)
+        await sandbox.exec(f"git cat-file -e HEAD:{quoted} 2>/dev/null && git checkout -q HEAD -- {quoted} || rm -f -- {quoted}",
+                           timeout=60, cwd=REPO_DIR)
+    return len(touched)
+
+
 async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout_s: float = 180.0) -> GradeResult:
     """Grade `diff` in a sandbox that is already in the task's start state."""
     result = GradeResult(empty_patch=float(not diff.strip()))
@@ -65,6 +90,7 @@ async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout
             result.error = "patch does not apply: " + " ".join(applied.stderr.split())[:300]
             return result
     result.patch_applied = 1.0
+    result.test_files_reverted = float(await _revert_test_files(sandbox, instance))
     if instance.test_patch.strip():
         await sandbox.write_file(_TEST_PATCH_PATH, instance.test_patch)
         applied = await sandbox.exec(f"git apply --whitespace=nowarn {_TEST_PATCH_PATH}", timeout=60, cwd=REPO_DIR)

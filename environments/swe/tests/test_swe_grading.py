@@ -81,3 +81,32 @@ async def test_missing_image_is_a_clear_error(instances):
     instance = instances[0].model_copy(update={"image_name": "agentrl-swe/does-not-exist:0"})
     result = await grade(instance, instance.patch)
     assert result.reward == 0.0 and "does-not-exist" in result.error and "\n" not in result.error
+
+
+FORCE_PASS_CONFTEST = '''import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+'''
+
+
+async def test_diffs_that_edit_the_tests_are_undone_before_grading(instances):
+    from swe_sandbox import run_pytest
+
+    instance = instances[0]
+    first_test_file = instance.FAIL_TO_PASS[0].split("::")[0]
+    script = (f"cat > conftest.py <<'EOF'\n{FORCE_PASS_CONFTEST}EOF\n"
+              f"printf '\\ndef test_extra():\\n    pass\\n' >> {first_test_file} && git add -A")
+    async with open_sandbox(instance.image_name) as sandbox:
+        await prepare_repository(sandbox, instance)
+        result = await sandbox.exec(f"{script} && git diff --cached", timeout=60)
+        gamed = result.stdout
+        # the hack works when nothing stops it: every FAIL_TO_PASS test reports passed
+        run = await run_pytest(sandbox, instance.test_files)
+        assert all(run.passed(node) for node in instance.FAIL_TO_PASS)
+    result = await grade(instance, gamed)
+    assert result.patch_applied == 1.0 and result.test_files_reverted == 2.0
+    assert result.reward == 0.0 and result.fail_to_pass == 0.0
