@@ -60,13 +60,19 @@ def _share(tests: list[str], outcomes: dict[str, str]) -> float:
     return sum(1 for node in tests if outcomes.get(node) == "passed") / len(tests)
 
 
+# Files that change how tests run rather than what they test: shadowing pytest or hooking the interpreter.
+_PROTECTED_NAMES = {"conftest.py", "pytest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini"}
+
+
 def _is_test_file(path: str, instance: SweInstance) -> bool:
     name = path.rsplit("/", 1)[-1]
-    return path in instance.test_files or name == "conftest.py" or (name.startswith("test_") and name.endswith(".py"))
+    top = path.split("/", 1)[0]
+    return (path in instance.test_files or name in _PROTECTED_NAMES or top in ("pytest", "_pytest")
+            or (name.startswith("test_") and name.endswith(".py")))
 
 
 async def _revert_test_files(sandbox, instance: SweInstance) -> int:
-    """Put back every test file and conftest.py the diff changed or added (as SWE-bench resets test files).
+    """Put back every test file, conftest.py or pytest shadow the diff changed or added (SWE-bench resets test files).
 
     The tests decide the reward, so a diff may not edit them: changes are undone, new ones removed.
     """
