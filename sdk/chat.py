@@ -2,9 +2,10 @@
 
 `ChatRenderer` turns messages (and tool schemas) into prompt token ids with the
 tokenizer's chat template. For multi-turn rollouts it never re-tokenizes what the model
-already saw or produced: `extend(previous_ids, messages, new_from=k)` renders only the
-messages added since the last assistant turn and appends their tokens, bridging the
-assistant's end-of-turn markup exactly as the template would have written it.
+already saw or produced: `extend(previous_ids, messages, last_assistant=k)` renders only
+what the template writes after assistant message k (its closing markup, the new messages,
+the generation prompt) and appends those tokens, without repeating end-of-turn special
+tokens the model already generated.
 
 `parse_tool_calls(text)` reads hermes-style `<tool_call>{"name": ..., "arguments": {...}}
 </tool_call>` blocks (the format of the tiny-moe template, Qwen and many others) into
@@ -107,6 +108,16 @@ class ChatRenderer:
         return self.encode(self.render_text(messages, tools=tools))
 
     # ------------------------------------------------------------------ extension
+    def special_ids(self) -> set[int]:
+        """Ids of special tokens: the named ones and every added token flagged special."""
+        if not hasattr(self, "_special"):
+            ids = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+            for token_id, token in (getattr(self.tokenizer, "added_tokens_decoder", {}) or {}).items():
+                if getattr(token, "special", False):
+                    ids.add(int(token_id))
+            self._special = ids
+        return self._special
+
     def assistant_closing(self) -> str:
         """The text the template writes after an assistant message's content (e.g. '<|im_end|>\\n')."""
         if self._closing is None:
@@ -118,15 +129,13 @@ class ChatRenderer:
             self._closing = text[index + len(_SENTINEL):]
         return self._closing
 
-    def suffix_text(
+    def new_text(
         self, messages: list[Message] | list[dict[str, Any]], *, last_assistant: int,
-        completion_text: str, tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Text to append after the tokens of the assistant turn at index `last_assistant`.
+        """What the template writes after the content of the assistant message at `last_assistant`.
 
-        `completion_text` is the raw decoded completion (special tokens kept). The result
-        closes that turn the way the template would (only what the model did not already
-        write, e.g. the newline after its `<|im_end|>`) and then renders the new messages
+        That is the assistant's closing markup (e.g. `<|im_end|>\\n`), the messages added since,
         and the generation prompt.
         """
         dicts = self._dicts(messages)
@@ -139,20 +148,25 @@ class ChatRenderer:
                 "chat template re-renders earlier messages differently when new ones are added; "
                 "multi-turn token extension needs a prefix-stable template"
             )
-        closing = self.assistant_closing()
-        bridge = closing
-        for overlap in range(len(closing), 0, -1):
-            if completion_text.endswith(closing[:overlap]):
-                bridge = closing[overlap:]
-                break
-        return bridge + full[len(head):]
+        return self.assistant_closing() + full[len(head):]
 
     def extend(
         self, previous_ids: list[int], messages: list[Message] | list[dict[str, Any]], *,
-        last_assistant: int, completion_text: str, tools: list[dict[str, Any]] | None = None,
+        last_assistant: int, tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """`previous_ids` (last prompt + its completion) followed by the new messages' tokens."""
-        suffix = self.suffix_text(
-            messages, last_assistant=last_assistant, completion_text=completion_text, tools=tools,
-        )
-        return list(previous_ids) + self.encode(suffix)
+        """`previous_ids` (last prompt + its completion) followed by the new messages' tokens.
+
+        The model's own end-of-turn tokens are kept: where the completion already ends with
+        special tokens the template would write next (`<|im_end|>` in ChatML, `<|observation|>`
+        in GLM's template), they are not added again. Only special tokens can overlap, so a
+        completion cut by the length limit never merges with the template's text.
+        """
+        added = self.encode(self.new_text(messages, last_assistant=last_assistant, tools=tools))
+        special = self.special_ids()
+        overlap = 0
+        for size in range(min(len(added), len(previous_ids)), 0, -1):
+            head = added[:size]
+            if all(token in special for token in head) and list(previous_ids[-size:]) == head:
+                overlap = size
+                break
+        return list(previous_ids) + added[overlap:]

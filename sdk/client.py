@@ -139,11 +139,9 @@ class TokenClient:
         last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
         if last_assistant is None:
             raise ValueError("previous turn given but the conversation has no assistant message")
-        completion_ids = previous.completion.token_ids
-        raw_text = self.renderer.decode(completion_ids, skip_special_tokens=False)
         return self.renderer.extend(
-            previous.prompt_token_ids + completion_ids, messages,
-            last_assistant=last_assistant, completion_text=raw_text, tools=tools,
+            previous.prompt_token_ids + previous.completion.token_ids, messages,
+            last_assistant=last_assistant, tools=tools,
         )
 
     async def generate(self, prompt_ids: list[int], *, sampling: SamplingConfig) -> tuple[Completion, Any]:

@@ -122,6 +122,32 @@ def test_extension_when_model_keeps_talking_after_user_reply(renderer):
     assert ids == renderer.render(conversation)
 
 
+GLM_STYLE = (  # like GLM-4.5: no end-of-turn marker, the model stops on the next role token
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_extension_keeps_model_stop_token_that_opens_the_next_turn(renderer):
+    import copy
+
+    glm = ChatRenderer(copy.deepcopy(renderer.tokenizer))
+    glm.tokenizer.chat_template = GLM_STYLE
+    start = glm.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    messages = [Message(role="user", content="hi")]
+    prompt = glm.render(messages)
+    completion = glm.encode("yo") + [start]  # stopped on the role token
+    conversation = messages + [Message(role="assistant", content="yo"), Message(role="user", content="more")]
+    ids = glm.extend(prompt + completion, conversation, last_assistant=1)
+    assert ids[: len(prompt) + 3] == prompt + completion
+    assert ids == glm.render(conversation)  # the role token is not doubled
+    # A completion cut by the length limit that happens to end with '<' does not merge with markup.
+    cut = glm.encode("yo<")
+    ids = glm.extend(prompt + cut, messages + [Message(role="assistant", content="yo<"),
+                                                Message(role="user", content="x")], last_assistant=1)
+    assert ids[len(prompt) + 3] == start
+
+
 def test_previous_without_assistant_message_is_an_error(renderer):
     client = TokenClient("http://127.0.0.1:9", renderer=renderer)
     previous = _turn(renderer, [Message(role="user", content="x")], "y", eos=True)
