@@ -21,6 +21,7 @@ from inference, R3), ``step``, ``policy_version``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,8 @@ from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_
 from agentrl.types import TrainingSample
 
 __all__ = ["Trainer", "resolve_model_dir"]
+
+logger = logging.getLogger("agentrl.trainer")
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -85,6 +88,8 @@ class Trainer:
             compute_bytes=2 if compute_dtype == torch.bfloat16 else 4,
             logprob_chunk_tokens=config.logprob_chunk_tokens,
         )
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            logger.info("trainer layout: %s", self.plan.describe())
         torch.manual_seed(config.seed)
         # Several ranks: build on the meta device, shard, then materialise only this rank's
         # shards and read only those tensors from the checkpoint (no rank holds the full model).

@@ -83,3 +83,20 @@ def test_replayed_fraction_reports_router_replay(tiny_glm_dir):
     assert 0.3 < with_experts["replayed_fraction"] < 0.8  # half the samples carry experts
     without = trainer.train_on_samples(make_samples(with_experts=False))
     assert without["replayed_fraction"] == 0.0
+
+
+def test_trainer_from_model_args_with_random_weights():
+    from agentrl.trainer.models.args import MoEModelArgs
+
+    args = MoEModelArgs(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        rotary_dim=8, num_experts=4, top_k=2, num_shared_experts=1, dense_layers=[0])
+    trainer = Trainer(TrainerConfig(row_tokens=64, loss={"mode": "sft"}, optimizer={"lr": 1e-2}),
+                      model_args=args, device="cpu")
+    assert trainer.model_dir is None
+    samples = make_samples(vocab=64, moe_layers=1, num_experts=4, with_experts=False)
+    first = trainer.train_on_samples(samples)["nll"]
+    assert first == pytest.approx(torch.log(torch.tensor(64.0)).item(), rel=0.1)  # random init: ~uniform
+    for _ in range(3):
+        last = trainer.train_on_samples(samples)["nll"]
+    assert last < first
