@@ -93,16 +93,21 @@ def split_of(project: Project, path: str, function: str) -> str:
     return "test" if digest[0] < 256 * TEST_SHARE else "train"
 
 
-def _docstring(source: str, function: str) -> str:
+def _docstring(source: str, function: str) -> tuple[str, str]:
+    """(docstring, whose): the function's own docstring ('own'), else its class's ('class'), else ('', '')."""
     tree = ast.parse(source)
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
-            return ast.get_docstring(node) or ""
+            text = ast.get_docstring(node) or ""
+            return text, "own" if text else ""
         if isinstance(node, ast.ClassDef) and function.startswith(node.name + "."):
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and f"{node.name}.{item.name}" == function:
-                    return ast.get_docstring(item) or ast.get_docstring(node) or ""
-    return ""
+                    if ast.get_docstring(item):
+                        return ast.get_docstring(item), "own"
+                    text = ast.get_docstring(node) or ""
+                    return text, "class" if text else ""
+    return "", ""
 
 
 def _failure_excerpts(output: str, failing: list[str]) -> list[str]:
@@ -118,7 +123,8 @@ def _failure_excerpts(output: str, failing: list[str]) -> list[str]:
     return excerpts
 
 
-def problem_statement(project: Project, site: MutationSite, docstring: str, failing: list[str], output: str) -> str:
+def problem_statement(project: Project, site: MutationSite, docstring: tuple[str, str], failing: list[str],
+                      output: str) -> str:
     """An issue text from the failing tests' output and the function's docstring (never the fix)."""
     kind = "method" if "." in site.function else "function"
     lines = [
@@ -127,9 +133,12 @@ def problem_statement(project: Project, site: MutationSite, docstring: str, fail
          f"fail{'s' if len(failing) == 1 else ''}."),
         "",
     ]
-    if docstring.strip():
-        doc = "\n".join(docstring.strip().splitlines()[:15])
-        lines += [f"What the {kind} is meant to do (its docstring):", "", "    " + doc.replace("\n", "\n    "), ""]
+    text, whose = docstring
+    if text.strip():
+        doc = "\n".join(text.strip().splitlines()[:15])
+        heading = (f"What the {kind} is meant to do (its docstring):" if whose == "own" else
+                   f"What its class `{site.function.split('.')[0]}` is meant to do (the class docstring):")
+        lines += [heading, "", "    " + doc.replace("\n", "\n    "), ""]
     lines += ["Failing tests:"] + [f"- {node}" for node in failing[:MAX_FAIL_TO_PASS_SHOWN]]
     if len(failing) > MAX_FAIL_TO_PASS_SHOWN:
         lines.append(f"- ... and {len(failing) - MAX_FAIL_TO_PASS_SHOWN} more")

@@ -211,3 +211,17 @@ def test_compact_mode_fits_small_context_models():
     assert len(json.dumps(compact.tool_schemas)) < len(json.dumps(full.tool_schemas)) / 2
     task = compact.tasks("test", n=1)[0]
     assert len(task.prompt[-1].content) <= 210 and compact.max_turns == 3
+
+
+@pytest.mark.integration
+async def test_generation_in_a_sandbox_reproduces_the_committed_rows():
+    from swe_generate import generate_project
+    from swe_testlib import build_sample_images
+
+    build_sample_images()
+    project = get_project("parse")
+    committed = {row["instance_id"]: row for row in committed_rows()}
+    rows, stats = await generate_project(project, seed=0, limit=3, log=lambda message: None)
+    assert stats.candidates == 3 and stats.validated == len(rows) >= 1
+    for row in rows:
+        assert json.loads(json.dumps(row, sort_keys=True)) == committed[row["instance_id"]]
