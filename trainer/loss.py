@@ -10,7 +10,8 @@ RL (``mode="rl"``), per loss token *t* with trainer logprob ``lp``, inference lo
     loss      = sum_t loss_t / N                       # N = loss tokens over all ranks and rows
 
 The gradient of ``-ratio_t * A_t`` is ``-ratio_t * A_t * grad lp_t``: REINFORCE
-importance-weighted towards the inference policy that sampled the tokens. The mismatch
+importance-weighted towards the inference policy that sampled the tokens. A token whose
+inference logprob is not finite is masked (counted in ``masked_tokens``). The mismatch
 KL reported every step is the mean of ``k3_t`` over all loss tokens, masked ones included.
 SFT (``mode="sft"``): ``loss = -sum_t lp_t / N`` over loss tokens.
 
@@ -28,6 +29,8 @@ from pydantic import model_validator
 from agentrl.config import BaseConfig
 
 __all__ = ["LossConfig", "compute_loss"]
+
+_MAX_LOG_RATIO = 20.0
 
 
 class LossConfig(BaseConfig):
@@ -74,10 +77,14 @@ def compute_loss(
         loss = token_loss.sum() / denominator
         stats = {"loss_tokens": mask.sum().float(), "nll_sum": token_loss.detach().sum()}
         return loss, stats
-    log_ratio = logprobs - inference_logprobs
-    log_ratio = torch.where(mask, log_ratio, zero)
+    # A non-finite inference logprob (a broken response) masks its token instead of
+    # poisoning the gradient; the log-ratio is clamped so exp() stays finite (NaN x 0 = NaN
+    # would otherwise flow back through the masked branch).
+    finite = torch.isfinite(inference_logprobs)
+    inference_logprobs = torch.where(finite, inference_logprobs, logprobs.detach())
+    log_ratio = torch.where(mask, logprobs - inference_logprobs, zero).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
-    in_region = (ratio >= config.ratio_low) & (ratio <= config.ratio_high)
+    in_region = (ratio >= config.ratio_low) & (ratio <= config.ratio_high) & finite
     keep = mask & in_region
     k3 = ratio - 1.0 - log_ratio
     pg = -ratio * advantages

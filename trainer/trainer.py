@@ -14,7 +14,8 @@ are summed across ranks, so the step equals a single-process step on the whole b
 Metrics: ``loss`` (the step's objective), ``mismatch_kl`` (mean KL(inference || trainer)
 estimate over loss tokens), ``masked_fraction`` (loss tokens outside the trust region),
 ``grad_norm`` (before clipping), ``tokens`` (non-padding tokens), ``loss_tokens``,
-``importance_ratio`` (mean), ``replayed_fraction`` (loss tokens whose experts were replayed
+``importance_ratio`` (mean), ``skipped`` (1 when a non-finite gradient norm skipped the
+update), ``replayed_fraction`` (loss tokens whose experts were replayed
 from inference, R3), ``step``, ``policy_version``.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -196,7 +198,11 @@ class Trainer:
                 sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value
         grad_norm = clip_grad_norm([p for g in self.optimizer.param_groups for p in g["params"]],
                                    self.config.optimizer.max_grad_norm, world=self.world)
-        self.optimizer.step()
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # never let a NaN/inf gradient reach the weights or the Adam moments
+            logger.warning("trainer step %d: gradient norm is %s; the update is skipped", self.step_count + 1, grad_norm)
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         keys = sorted(sums)
@@ -211,6 +217,7 @@ class Trainer:
             "grad_norm": grad_norm,
             "tokens": float(sum(_real_tokens(r) for r in batch.rows)),
             "step": float(self.step_count),
+            "skipped": float(skipped),
             "policy_version": float(batch.policy_version),
         }
         metrics["replayed_fraction"] = reduced.get("replayed_tokens", 0.0) / loss_tokens

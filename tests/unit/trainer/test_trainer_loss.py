@@ -121,3 +121,16 @@ def test_packing_reads_vllm_all_layer_expert_layout():
     # without the layer map the 3-layer lists do not fit 2 MoE layers: those tokens are routed live
     row = pack_samples([sample], row_tokens=4, moe_layers=2, top_k=2).rows[0]
     assert row.replay_mask.tolist() == [False, False, False, False]
+
+
+def test_non_finite_inference_logprobs_are_masked_not_propagated():
+    logprobs = torch.tensor([-1.0, -2.0, -0.5, -1.5], requires_grad=True)
+    inference = torch.tensor([-1.0, float("nan"), float("-inf"), -1e30])
+    loss, stats = compute_loss(logprobs, inference_logprobs=inference, advantages=torch.ones(4),
+                               loss_mask=torch.ones(4, dtype=torch.bool), total_loss_tokens=4,
+                               config=LossConfig(kl_coef=0.1))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprobs.grad).all()
+    assert stats["masked_tokens"].item() == 3  # NaN, -inf, and a ratio far outside the region
+    assert loss.item() == pytest.approx(-1.0 / 4)  # only token 0 (ratio 1, A = 1) counts
+    torch.testing.assert_close(logprobs.grad, torch.tensor([-0.25, 0.0, 0.0, 0.0]))

@@ -100,3 +100,16 @@ def test_trainer_from_model_args_with_random_weights():
     for _ in range(3):
         last = trainer.train_on_samples(samples)["nll"]
     assert last < first
+
+
+def test_non_finite_gradient_skips_the_update(tiny_glm_dir):
+    trainer = _trainer(tiny_glm_dir)
+    embed = trainer.model.embed_tokens.weight
+    with torch.no_grad():
+        embed[:, 0] = float("nan")  # every token's hidden state, hence the gradient, becomes NaN
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    metrics = trainer.train_on_samples(make_samples(with_experts=False))
+    assert metrics["skipped"] == 1.0 and trainer.step_count == 1
+    assert not trainer.optimizer.state  # Adam moments never saw the NaN gradient
+    for name, param in trainer.model.named_parameters():
+        assert torch.equal(param.detach().nan_to_num(7.0), before[name].nan_to_num(7.0)), name
