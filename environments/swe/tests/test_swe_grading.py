@@ -110,3 +110,35 @@ async def test_diffs_that_edit_the_tests_are_undone_before_grading(instances):
     result = await grade(instance, gamed)
     assert result.patch_applied == 1.0 and result.test_files_reverted == 2.0
     assert result.reward == 0.0 and result.fail_to_pass == 0.0
+
+
+async def test_swe_bench_style_row_with_test_patch_is_graded_through_the_same_code():
+    """A row as SWE-bench publishes it: no bug patch, the image already at base_commit, the new
+    test arriving in test_patch, FAIL_TO_PASS / PASS_TO_PASS as JSON strings."""
+    import json
+
+    build_sample_images()
+    image = "agentrl-swe/inflection:0.5.1"
+    async with open_sandbox(image) as sandbox:
+        head = (await sandbox.exec("git rev-parse HEAD", timeout=30)).stdout.strip()
+        await sandbox.exec("printf '\\n\\ndef shout(word):\\n    return word.upper() + \"!\"\\n' >> inflection/__init__.py", timeout=30)
+        gold = (await sandbox.exec("git diff", timeout=30)).stdout
+        await sandbox.exec("git checkout -q -- . && printf 'import inflection\\n\\n\\ndef test_shout():\\n"
+                           "    assert inflection.shout(\"hi\") == \"HI!\"\\n' > test_shout.py && git add -N test_shout.py",
+                           timeout=30)
+        test_patch = (await sandbox.exec("git diff", timeout=30)).stdout
+    assert "def shout" in gold and "test_shout.py" in test_patch
+    row = {
+        "instance_id": "jpvanhal__inflection-1", "repo": "jpvanhal/inflection", "version": "0.5.1",
+        "base_commit": head, "patch": gold, "test_patch": test_patch, "image_name": image,
+        "problem_statement": "Add inflection.shout(word): the word in capitals followed by '!'.",
+        "FAIL_TO_PASS": json.dumps(["test_shout.py::test_shout"]),
+        "PASS_TO_PASS": json.dumps(["test_inflection.py::test_titleize[Action web service-Action Web Service]"]),
+    }
+    instance = SweInstance.from_row(row)
+    solved = await grade(instance, instance.patch)
+    assert solved.reward == 1.0 and solved.fail_to_pass == 1.0 and solved.pass_to_pass == 1.0, solved
+    unsolved = await grade(instance, "")
+    assert unsolved.reward == 0.0 and unsolved.fail_to_pass == 0.0 and unsolved.pass_to_pass == 1.0
+    elsewhere = await grade(instance.model_copy(update={"base_commit": "0" * 40}), instance.patch)
+    assert elsewhere.reward == 0.0 and "lacks base_commit 000000000000" in elsewhere.error
