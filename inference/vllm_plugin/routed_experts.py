@@ -20,7 +20,7 @@ pieces from the V1 CPU runner:
 
 The rows of prefix-cached tokens are never computed, so the plan turns prefix caching off
 on servers that use this (`--no-enable-prefix-caching`); a server started with it on fails
-at start-up with a one-line message.
+as soon as its engine config is built, with a one-line message.
 """
 
 from __future__ import annotations
@@ -109,10 +109,7 @@ def _patch_scheduler() -> None:
         if self.aux_output_connector is not None:
             return  # vLLM's own connector (CUDA, --enable-return-routed-experts) is in charge
         if self.cache_config.enable_prefix_caching:
-            raise RuntimeError(
-                "AGENTRL_ROUTED_EXPERTS=1 needs --no-enable-prefix-caching on the CPU"
-                " (cached tokens are never recomputed, so their experts are unknown)"
-            )
+            raise RuntimeError(_PREFIX_CACHING_MESSAGE)
         self.aux_output_connector = CpuRoutedExpertsSchedulerConnector()
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -123,6 +120,27 @@ def _patch_scheduler() -> None:
 
     Scheduler.__init__ = __init__
     Scheduler.update_from_output = update_from_output
+
+
+_PREFIX_CACHING_MESSAGE = (
+    "AGENTRL_ROUTED_EXPERTS=1 needs --no-enable-prefix-caching on the CPU"
+    " (cached tokens are never recomputed, so their experts are unknown)"
+)
+
+
+def _patch_engine_args() -> None:
+    """Refuse prefix caching when the engine config is built: the API server fails in seconds."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+
+    def create_engine_config(self, *args, **kwargs):
+        config = original(self, *args, **kwargs)
+        if config.cache_config.enable_prefix_caching and not config.aux_output_config.enabled:
+            raise ValueError(_PREFIX_CACHING_MESSAGE)
+        return config
+
+    EngineArgs.create_engine_config = create_engine_config
 
 
 def _patch_cpu_model_runner() -> None:
@@ -215,5 +233,6 @@ def install() -> None:
         # CUDA vLLM records routed experts itself: --enable-return-routed-experts.
         logger.info("agentrl: AGENTRL_ROUTED_EXPERTS ignored on %s", current_platform.device_type)
         return
+    _patch_engine_args()
     _patch_scheduler()
     _patch_cpu_model_runner()
