@@ -444,7 +444,9 @@ def run_training(
         info = latest_checkpoint(checkpoint_root)
         if info is not None:
             state = load_orchestrator_state(info)
-            start_weights = info.path
+            # Trainer and server still start from the run's starting weights (a checkpoint folder
+            # may be pruned later); the trainer then loads the checkpoint and the orchestrator's
+            # first push serves those weights as version `step`.
             status(f"resuming from {info.path} (step {info.step})")
         folder.truncate_metrics(before_step=state.step)
         if state.step >= config.orchestrator.max_steps:

@@ -85,6 +85,7 @@ def register(app: typer.Typer) -> None:
             task = progress.add_task("starting", total=total)
 
             def on_status(message: str) -> None:
+                progress.console.print(message, markup=False, highlight=False)
                 progress.update(task, description=message)
 
             def on_step(metrics: dict) -> None:

@@ -1,0 +1,89 @@
+"""`agentrl train --resume` after `kill -9`: no step trained twice or skipped.
+
+The run is killed with SIGKILL (its whole process group: CLI, Ray, actors) once a
+checkpoint exists and a later step has started; the vLLM server, which runs in its own
+session, must die with it. The resumed run restarts at the last complete checkpoint:
+metrics.jsonl ends up with each step exactly once, and the trainer's own optimizer-step
+counter (restored from the checkpoint, reported as `train/step`) is step + 1 at every
+step, so no optimizer step was applied twice or skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.trainer.report import read_metrics
+from agentrl.trainer.resume import latest_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
+
+
+def _train(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agentrl.cli", "train", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.e2e
+def test_resume_after_kill_9(tmp_path):
+    run_dir = tmp_path / "run"
+    steps = 6
+    first = _train("--config", str(CI_CONFIG), "-o", str(run_dir), "--set", f"orchestrator.max_steps={steps}")
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            info = latest_checkpoint(run_dir / "checkpoints")
+            if info is not None and info.step >= 2 and len(read_metrics(run_dir / "metrics.jsonl")) >= 2:
+                break
+            assert first.poll() is None, first.communicate()[0][-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail("no checkpoint within 10 minutes")
+    finally:
+        _kill_group(first)
+    killed_at = len(read_metrics(run_dir / "metrics.jsonl"))
+    assert killed_at < steps, "the run finished before it could be killed"
+    server_pid = int((run_dir / "logs" / "vllm.pid").read_text())
+    gone = _wait_gone(server_pid, 60)
+    if not gone:
+        os.killpg(os.getpgid(server_pid), signal.SIGKILL)
+    assert gone, "the vLLM server survived kill -9 of the run"
+
+    second = _train("--resume", str(run_dir))
+    try:
+        output, _ = second.communicate(timeout=700)
+    finally:
+        if second.poll() is None:
+            _kill_group(second)
+    assert second.returncode == 0, output[-3000:]
+    assert "resuming from" in output
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [row["step"] for row in rows] == list(range(steps))
+    assert [int(row["train/step"]) for row in rows] == [step + 1 for step in range(steps)]
+    assert latest_checkpoint(run_dir / "checkpoints").step == steps
