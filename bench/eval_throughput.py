@@ -114,18 +114,20 @@ def main(
         runs = []
         with tempfile.TemporaryDirectory() as scratch:
             for repeat in range(repeats):
+                cpu = time.process_time()
                 tokens, seconds = asyncio.run(raw_arm(base_url, bodies, concurrency=concurrency))
                 runs.append({"arm": "raw", "repeat": repeat, "completion_tokens": tokens, "seconds": seconds,
-                             "tokens_per_s": tokens / seconds})
+                             "tokens_per_s": tokens / seconds, "client_cpu_s": time.process_time() - cpu})
                 console.print(f"raw      #{repeat}: {tokens} tokens in {seconds:.1f}s = {tokens / seconds:.1f} tok/s")
                 config = EvalConfig(env=env, model=model, n=n, rollouts_per_task=rollouts_per_task, base_url=base_url,
                                     max_concurrent=concurrency, sampling=sampling, client="token",
                                     output=Path(scratch) / f"run{repeat}")
-                started = time.monotonic()
+                started, cpu = time.monotonic(), time.process_time()
                 summary = asyncio.run(evaluate_async(config, environment=environment))
                 seconds = time.monotonic() - started
                 runs.append({"arm": "agentrl", "repeat": repeat, "completion_tokens": summary.completion_tokens,
                              "seconds": seconds, "tokens_per_s": summary.completion_tokens / seconds,
+                             "client_cpu_s": time.process_time() - cpu,
                              "mean_reward": summary.mean_reward, "errors": summary.errors})
                 console.print(f"agentrl  #{repeat}: {summary.completion_tokens} tokens in {seconds:.1f}s = "
                               f"{summary.completion_tokens / seconds:.1f} tok/s")
@@ -133,6 +135,8 @@ def main(
         if server is not None:
             server.stop()
 
+    # Each agentrl run is paired with the raw run just before it: machine load drifts between pairs.
+    pair_ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs[0::2], runs[1::2])]
     raw = statistics.median(r["tokens_per_s"] for r in runs if r["arm"] == "raw")
     ours = statistics.median(r["tokens_per_s"] for r in runs if r["arm"] == "agentrl")
     ratio = ours / raw
@@ -141,7 +145,7 @@ def main(
         "target_ratio": 0.9, "meets_target": ratio >= 0.9, "model": model, "env": env, "machine": machine,
         "config": {"n": n, "rollouts_per_task": rollouts_per_task, "max_tokens": max_tokens,
                    "concurrency": concurrency, "repeats": repeats, "temperature": sampling.temperature},
-        "runs": runs, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "paired_ratios": pair_ratios, "paired_ratio_median": statistics.median(pair_ratios), "runs": runs, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
@@ -151,11 +155,15 @@ def main(
     table.add_column("arm")
     table.add_column("completion tokens/s (median)", justify="right")
     table.add_column("runs", justify="right")
-    table.add_row("raw httpx -> /inference/v1/generate", f"{raw:.1f}",
-                  ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs if r["arm"] == "raw"))
-    table.add_row("agentrl.evaluate", f"{ours:.1f}",
-                  ", ".join(f"{r['tokens_per_s']:.0f}" for r in runs if r["arm"] == "agentrl"))
-    table.add_row("ratio (target >= 0.9)", f"{ratio:.3f}", "ok" if ratio >= 0.9 else "BELOW TARGET")
+    table.add_column("client CPU s (median)", justify="right")
+    for arm, label in (("raw", "raw httpx -> /inference/v1/generate"), ("agentrl", "agentrl.evaluate")):
+        mine = [r for r in runs if r["arm"] == arm]
+        table.add_row(label, f"{statistics.median(r['tokens_per_s'] for r in mine):.1f}",
+                      ", ".join(f"{r['tokens_per_s']:.0f}" for r in mine),
+                      f"{statistics.median(r['client_cpu_s'] for r in mine):.1f}")
+    table.add_row("ratio of medians (target >= 0.9)", f"{ratio:.3f}", "ok" if ratio >= 0.9 else "BELOW TARGET", "")
+    table.add_row("paired ratios (run after run)", f"{statistics.median(pair_ratios):.3f}",
+                  ", ".join(f"{value:.2f}" for value in pair_ratios), "")
     console.print(table)
     console.print(f"machine: {machine['cpu']} x{machine['cores']}; written to {output}")
 

@@ -218,7 +218,9 @@ async def _make_client(config: EvalConfig, base_url: str, *, started_here: bool)
     connections = max(8, config.max_concurrent)
     if kind == "token":
         # The generate endpoint needs no model name: the server's one model answers.
-        return "token", TokenClient(base_url, model=config.model, max_connections=connections, api_key=config.api_key)
+        client = TokenClient(base_url, model=config.model, max_connections=connections, api_key=config.api_key)
+        await asyncio.to_thread(lambda: client.renderer)  # load the tokenizer before the clock starts
+        return "token", client
     name = spec.name if spec else config.model
     return "openai", OpenAIClient(
         base_url, model=await _served_name(base_url, name, api_key=config.api_key), api_key=config.api_key,
@@ -244,6 +246,43 @@ async def _served_name(base_url: str, wanted: str, *, api_key: str | None) -> st
     raise AgentrlError(f"{base_url} does not serve model {wanted!r}; it serves: {', '.join(served)}")
 
 
+def _slot_scheduled_group(env: Any, client: Any, config: EvalConfig) -> Callable[[Any], Any]:
+    """`task -> scored group`, keeping at most `max_concurrent` rollouts in flight.
+
+    Slots are per rollout, not per group, so a group waiting for its slowest member does not
+    hold idle slots. This is `Environment.run_group` (same seeds: seed + i for member i) with
+    the rollouts scheduled one by one; an environment that overrides `run_group` keeps its
+    own, with whole groups scheduled instead.
+    """
+    from agentrl.environment import Environment
+
+    rollout_slots = asyncio.Semaphore(config.max_concurrent)
+    size = config.rollouts_per_task
+    if type(env).run_group is not Environment.run_group:
+        group_slots = asyncio.Semaphore(max(1, config.max_concurrent // size))
+
+        async def whole_group(task: Any) -> list[Rollout]:
+            async with group_slots:
+                return await env.run_group(client, task, n=size, sampling=config.sampling)
+
+        return whole_group
+
+    def sampling_for(member: int) -> SamplingConfig:
+        if config.sampling.seed is None:
+            return config.sampling
+        return config.sampling.model_copy(update={"seed": config.sampling.seed + member})
+
+    async def one(task: Any, member: int) -> Rollout:
+        async with rollout_slots:
+            return await env.rollout(client, task, sampling=sampling_for(member))
+
+    async def group(task: Any) -> list[Rollout]:
+        rollouts = await asyncio.gather(*(one(task, member) for member in range(size)))
+        return await env.score(list(rollouts))
+
+    return group
+
+
 async def evaluate_async(
     config: EvalConfig, *, environment: Any = None, on_group: Callable[[list[Rollout]], None] | None = None,
     on_start: Callable[[int], None] | None = None, server_startup_s: float | None = None,
@@ -266,13 +305,12 @@ async def evaluate_async(
     kind, client = await _make_client(config, config.base_url, started_here=server_startup_s is not None)
     if on_start is not None:
         on_start(len(tasks) * config.rollouts_per_task)
-    groups_in_flight = asyncio.Semaphore(max(1, config.max_concurrent // config.rollouts_per_task))
     groups: list[list[Rollout] | None] = [None] * len(tasks)
     started = time.monotonic()
+    run_group = _slot_scheduled_group(env, client, config)
 
     async def run(index: int) -> None:
-        async with groups_in_flight:
-            group = await env.run_group(client, tasks[index], n=config.rollouts_per_task, sampling=config.sampling)
+        group = await run_group(tasks[index])
         groups[index] = group
         with open(results_file, "a") as handle:
             for member, rollout in enumerate(group):
