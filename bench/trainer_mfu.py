@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "trainer_mfu.json"
 DATASHEET_BF16 = 989.4e12
+LOGPROB_CHUNK_TOKENS = 2048  # trainer.logprob_chunk_tokens of every benchmark run (the planner needs it too)
 
 
 def air_args(layers: int):
@@ -103,8 +104,9 @@ def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: li
         dist.destroy_process_group()
 
 
-def _measure(seq, cp, args, world, rank, steps, peak_rate) -> dict:
-    """One configuration: ``seq`` tokens per packed row, each row split over ``cp`` GPUs."""
+def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2) -> dict:
+    """One configuration: ``seq`` tokens per packed row, each row split over ``cp`` GPUs;
+    ``warmup`` untimed steps, then the median of ``steps`` timed steps."""
     import torch
     import torch.distributed as dist
 
@@ -114,7 +116,7 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate) -> dict:
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=2048,
+    config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=LOGPROB_CHUNK_TOKENS,
                            parallel={"ep": "auto", "cp": cp, "activation_checkpointing": True,
                                      "gpu_memory_gib": 139.0})
     trainer = Trainer(config, model_args=args)
@@ -127,7 +129,7 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate) -> dict:
                                       inference_logprobs=[-11.0 if m else 0.0 for m in mask],
                                       policy_versions=[0 if m else -1 for m in mask], advantage=1.0))
     batch = trainer.pack(samples)
-    for _ in range(2):  # warm-up
+    for _ in range(warmup):
         trainer.step(batch)
     torch.cuda.synchronize()
     if world > 1:
