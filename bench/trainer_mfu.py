@@ -53,10 +53,19 @@ def _key(row: dict) -> str:
     return f"{row['gpus']}gpu_{row['seq']}" + (f"_cp{row['cp']}" if row.get("cp", 1) > 1 else "")
 
 
-def matmul_rate() -> float:
+def matmul_rate(*, size: int = 8192) -> float:
+    """bf16 ``size``^3 GEMM rate of this rank's GPU (FLOP/s); float32 on a CPU (the x8 bench's CPU smoke mode)."""
     import torch
 
-    size = 8192
+    if not torch.cuda.is_available():
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return 2 * size**3 / sorted(times)[len(times) // 2]
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     for _ in range(5):
@@ -114,8 +123,10 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2) -
     from agentrl.trainer.trainer import Trainer
     from agentrl.types import TrainingSample
 
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    cuda = torch.cuda.is_available()  # False only in the x8 bench's CPU smoke mode (tiny model, gloo)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=LOGPROB_CHUNK_TOKENS,
                            parallel={"ep": "auto", "cp": cp, "activation_checkpointing": True,
                                      "gpu_memory_gib": 139.0})
@@ -131,25 +142,27 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2) -
     batch = trainer.pack(samples)
     for _ in range(warmup):
         trainer.step(batch)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     if world > 1:
         dist.barrier()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         metrics = trainer.step(batch)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     times.sort()
     step_time = times[len(times) // 2]
-    peak = torch.cuda.max_memory_allocated()
+    peak = torch.cuda.max_memory_allocated() if cuda else None
     tokens = seq * (world // cp)
     flops = args.training_flops_per_token(mean_context=seq / 2) * tokens
     result = {
         "gpus": world, "seq": seq, "cp": cp, "step_s": step_time, "tokens_per_s": tokens / step_time,
         "tflops_per_gpu": flops / step_time / world / 1e12, "matmul_tflops": peak_rate / 1e12,
         "mfu": flops / step_time / world / peak_rate, "mfu_datasheet": flops / step_time / world / DATASHEET_BF16,
-        "peak_memory_gib": peak / 1024**3, "estimate_gib": trainer.plan.estimated_bytes / 1024**3,
+        "peak_memory_gib": peak / 1024**3 if cuda else None, "estimate_gib": trainer.plan.estimated_bytes / 1024**3,
         "estimate_parts_gib": {k: v / 1024**3 for k, v in trainer.plan.memory.items()},
         "plan": trainer.plan.describe(), "loss": metrics["loss"], "params": args.param_counts(),
     }

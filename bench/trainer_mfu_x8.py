@@ -25,6 +25,10 @@ Writes ``bench/results/trainer_mfu_x8.json`` after every launch (a launch cut sh
 time limit keeps the rows before it). The run stops starting configurations whose
 estimated time would pass ``--time-limit-s`` (skipped rows say so) so that one device
 call (10 minutes) always ends with results.
+
+``--cpu-smoke`` runs the same launches, workers and summary on CPU ranks (gloo, 1, 2 and
+``--world`` processes) with a tiny MoE model and 64/256-token rows, into a temporary file
+(``--results``): it checks the orchestration before a GPU call, not performance.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +54,7 @@ MEASURED_1_2_GPU = ROOT / "bench" / "results" / "trainer_mfu.json"
 GIB = 1024**3
 BASELINE_LAYERS = 2
 SHORT_TOKENS, LONG_TOKENS = 32768, 131072
+SMOKE_TOKENS, SMOKE_LAYERS = (64, 256), 3  # --cpu-smoke: row tokens (short, long) and deep-model layers
 LAUNCH_OVERHEAD_S = 40.0  # process start, imports, NCCL init and the matmul-rate measurement
 BUILD_S_PER_LAYER = 1.5  # meta build, materialise, random init and first optimizer allocation
 
@@ -72,10 +79,23 @@ class RunConfig:
     estimated_step_s: float = 0.0
     estimated_total_s: float = 0.0
     role: str = ""
+    model: str = "air"
+    """'air' (GLM-4.5-Air-shaped layers) or 'tiny' (the --cpu-smoke model)."""
 
     @property
     def key(self) -> str:
         return f"{self.gpus}gpu_{self.seq}" + (f"_cp{self.cp}" if self.cp > 1 else "") + f"_L{self.layers}"
+
+
+def model_args(model: str, layers: int):
+    """GLM-4.5-Air-shaped layers (``trainer_mfu.air_args``) or the tiny --cpu-smoke model."""
+    if model == "air":
+        return air_args(layers)
+    from agentrl.trainer.models.args import MoEModelArgs
+
+    return MoEModelArgs(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                        rotary_dim=16, attention_bias=True, num_experts=8, top_k=2, num_shared_experts=1)
 
 
 def measured_rates(path: Path = MEASURED_1_2_GPU) -> dict[str, float]:
@@ -98,7 +118,7 @@ def estimate(config: RunConfig, *, gpu_memory_gib: float, rates: dict[str, float
     """Fill the planner's memory estimate and a time estimate (from measured TFLOP/s per GPU)."""
     from agentrl.trainer.parallel import plan_layout
 
-    args = air_args(config.layers)
+    args = model_args(config.model, config.layers)
     plan = plan_layout(args, world=config.gpus, row_tokens=config.seq, ep=config.ep, cp=config.cp,
                        gpu_memory_bytes=gpu_memory_gib * GIB, logprob_chunk_tokens=LOGPROB_CHUNK_TOKENS)
     config.estimate_gib = plan.estimated_bytes / GIB
@@ -130,12 +150,17 @@ def max_layers(*, world: int, shapes: list[tuple[int, int]], budget_gib: float, 
 
 def plan_runs(*, world: int = 8, layers: int | str = "auto", gpu_memory_gib: float = 139.0,
               memory_fraction: float = 0.93, long_cps: tuple[int, ...] = (4, 2), steps: int = 2,
-              warmup: int = 1) -> dict[int, list[RunConfig]]:
-    """The configurations of one scaling run, grouped by launch (GPU count), with estimates."""
+              warmup: int = 1, cpu_smoke: bool = False) -> dict[int, list[RunConfig]]:
+    """The configurations of one scaling run, grouped by launch (GPU count), with estimates.
+
+    ``cpu_smoke``: the tiny model, ``SMOKE_TOKENS`` rows and ``SMOKE_LAYERS`` deep layers."""
     from agentrl.errors import AgentrlError
 
-    if world < 4 or 128 % world:
-        raise BenchInputError(f"--world {world}: need a GPU count of at least 4 that divides 128 (the expert count)")
+    model = "tiny" if cpu_smoke else "air"
+    experts = model_args(model, 1).num_experts
+    if world < 4 or experts % world:
+        raise BenchInputError(f"--world {world}: need a GPU count of at least 4 that divides {experts} "
+                              "(the expert count)")
     for cp in long_cps:
         if cp < 2 or world % cp:
             raise BenchInputError(f"--long-cp {cp}: must be at least 2 and divide --world ({world})")
@@ -144,7 +169,10 @@ def plan_runs(*, world: int = 8, layers: int | str = "auto", gpu_memory_gib: flo
     if steps < 1 or warmup < 0:
         raise BenchInputError(f"--steps {steps} / --warmup {warmup}: need at least 1 timed step and no negative warm-up")
     budget = gpu_memory_gib * memory_fraction
-    shapes = [(SHORT_TOKENS, 1)] + [(LONG_TOKENS, cp) for cp in long_cps]
+    short, long = SMOKE_TOKENS if cpu_smoke else (SHORT_TOKENS, LONG_TOKENS)
+    shapes = [(short, 1)] + [(long, cp) for cp in long_cps]
+    if layers == "auto" and cpu_smoke:
+        layers = SMOKE_LAYERS
     if layers == "auto":
         layers = max_layers(world=world, shapes=shapes, budget_gib=budget)
         if layers < 1:
@@ -154,12 +182,14 @@ def plan_runs(*, world: int = 8, layers: int | str = "auto", gpu_memory_gib: flo
     if layers < 1:
         raise BenchInputError(f"--layers {layers}: need at least one MoE layer (or 'auto')")
     rates = measured_rates()
+    base = {"warmup": warmup + 1, "steps": steps + 1, "model": model}
+    deep = {"warmup": warmup, "steps": steps, "model": model}
     runs = {
-        1: [RunConfig(1, BASELINE_LAYERS, SHORT_TOKENS, 1, 1, warmup + 1, steps + 1, role="baseline")],
-        2: [RunConfig(2, BASELINE_LAYERS, SHORT_TOKENS, 1, 2, warmup + 1, steps + 1, role="baseline")],
-        world: [RunConfig(world, BASELINE_LAYERS, SHORT_TOKENS, 1, world, warmup + 1, steps + 1, role="weak scaling"),
-                RunConfig(world, layers, SHORT_TOKENS, 1, world, warmup, steps, role="deep")]
-        + [RunConfig(world, layers, LONG_TOKENS, cp, world, warmup, steps, role="deep long") for cp in long_cps],
+        1: [RunConfig(1, BASELINE_LAYERS, short, 1, 1, role="baseline", **base)],
+        2: [RunConfig(2, BASELINE_LAYERS, short, 1, 2, role="baseline", **base)],
+        world: [RunConfig(world, BASELINE_LAYERS, short, 1, world, role="weak scaling", **base),
+                RunConfig(world, layers, short, 1, world, role="deep", **deep)]
+        + [RunConfig(world, layers, long, cp, world, role="deep long", **deep) for cp in long_cps],
     }
     for group in runs.values():
         for config in group:
@@ -181,7 +211,8 @@ def estimated_wall_s(runs: dict[int, list[RunConfig]]) -> float:
 def print_plan(runs: dict[int, list[RunConfig]], *, gpu_memory_gib: float, time_limit_s: float) -> None:
     from rich.table import Table
 
-    table = Table(title=f"trainer scaling run plan (GLM-4.5-Air-shaped layers, {gpu_memory_gib:g} GiB/GPU)")
+    shape = "tiny model, CPU ranks" if next(iter(runs.values()))[0].model == "tiny" else "GLM-4.5-Air-shaped layers"
+    table = Table(title=f"trainer scaling run plan ({shape}, {gpu_memory_gib:g} GiB/GPU)")
     for column in ("GPUs", "role", "layers", "row tokens", "EP", "CP", "DP", "warm+timed", "est. GiB/GPU",
                    "states/params/act.", "est. step s", "est. s"):
         table.add_column(column, justify="right")
@@ -213,11 +244,13 @@ def worker(configs: list[dict], out: Path, deadline: float) -> None:
     import torch.distributed as dist
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1:
-        dist.init_process_group("nccl", timeout=timedelta(seconds=240))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=240))
     rank = dist.get_rank() if world > 1 else 0
-    peak_rate = matmul_rate()
+    peak_rate = matmul_rate() if cuda else matmul_rate(size=256)
     rows: list[dict] = []
     for raw in configs:
         config = RunConfig(**raw)
@@ -228,15 +261,16 @@ def worker(configs: list[dict], out: Path, deadline: float) -> None:
             rows.append({**_identity(config), "error": "skipped: its estimated time would pass --time-limit-s"})
         else:
             try:
-                row = _measure(config.seq, config.cp, air_args(config.layers), world, rank, config.steps, peak_rate,
-                               warmup=config.warmup)
+                row = _measure(config.seq, config.cp, model_args(config.model, config.layers), world, rank,
+                               config.steps, peak_rate, warmup=config.warmup)
                 rows.append({**_identity(config), **row, "estimated_step_s": config.estimated_step_s})
             except torch.OutOfMemoryError as exc:
                 rows.append({**_identity(config), "error": f"out of memory: {str(exc).splitlines()[0]}"})
             import gc
 
             gc.collect()
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
         if rank == 0:
             out.write_text(json.dumps(rows, indent=2))
     if world > 1:
@@ -248,9 +282,15 @@ def _identity(config: RunConfig) -> dict:
             "seq": config.seq, "cp": config.cp, "ep": config.ep}
 
 
-def _launch(gpus: int, configs: list[RunConfig], *, deadline: float, port: int) -> list[dict]:
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(gpus: int, configs: list[RunConfig], *, deadline: float, results: Path) -> list[dict]:
     """One launch (1 process, or torchrun over ``gpus`` GPUs); the rows it wrote, even when cut short."""
-    out = ROOT / "bench" / "results" / f".trainer_mfu_x8_{gpus}gpu.json"
+    out = results.parent / f".{results.stem}_{gpus}gpu.json"
     out.unlink(missing_ok=True)
     worker_args = [str(Path(__file__).resolve()), "--worker-out", str(out), "--deadline", str(deadline),
                    "--worker-configs", json.dumps([asdict(c) for c in configs])]
@@ -260,7 +300,7 @@ def _launch(gpus: int, configs: list[RunConfig], *, deadline: float, port: int) 
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(gpus),
-                   "--master_addr", "127.0.0.1", "--master_port", str(port)] + worker_args
+                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port())] + worker_args
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         code = proc.wait(timeout=max(1.0, deadline + 30 - time.time()))
@@ -282,8 +322,8 @@ def summarize(rows: list[dict], *, layers: int, world: int, command: str) -> dic
     """The results JSON: per-row figures, scaling efficiencies, the chosen layer count."""
     ok = [r for r in rows if "error" not in r]
 
-    def row(gpus: int, layer_count: int, seq: int = SHORT_TOKENS, cp: int = 1) -> dict | None:
-        return next((r for r in ok if (r["gpus"], r["layers"], r["seq"], r["cp"]) == (gpus, layer_count, seq, cp)), None)
+    def row(gpus: int, role: str) -> dict | None:
+        return next((r for r in ok if (r["gpus"], r["role"]) == (gpus, role)), None)
 
     def ratio(a: dict | None, b: dict | None, field: str, per_gpu: bool) -> float | None:
         if a is None or b is None:
@@ -291,8 +331,8 @@ def summarize(rows: list[dict], *, layers: int, world: int, command: str) -> dic
         scale_a, scale_b = (a["gpus"], b["gpus"]) if per_gpu else (1, 1)
         return (a[field] / scale_a) / (b[field] / scale_b)
 
-    one, two = row(1, BASELINE_LAYERS), row(2, BASELINE_LAYERS)
-    weak, deep = row(world, BASELINE_LAYERS), row(world, layers)
+    one, two = row(1, "baseline"), row(2, "baseline")
+    weak, deep = row(world, "weak scaling"), row(world, "deep")
     return {
         "layers": layers,
         "world": world,
@@ -315,7 +355,7 @@ def summarize(rows: list[dict], *, layers: int, world: int, command: str) -> dic
 def print_results(summary: dict) -> None:
     from rich.table import Table
 
-    table = Table(title=f"trainer scaling, GLM-4.5-Air-shaped layers (deep model: {summary['layers']} MoE layers)")
+    table = Table(title=f"trainer scaling on {summary.get('device', '?')} (deep model: {summary['layers']} MoE layers)")
     for column in ("GPUs", "layers", "row tokens", "step s", "tokens/s", "TFLOP/s/GPU", "matmul TFLOP/s", "MFU",
                    "MFU (989T)", "peak GiB", "est. GiB", "est/peak"):
         table.add_column(column, justify="right")
@@ -326,11 +366,16 @@ def print_results(summary: dict) -> None:
             continue
         table.add_row(label, str(r["layers"]), str(r["seq"]), f"{r['step_s']:.2f}", f"{r['tokens_per_s']:.0f}",
                       f"{r['tflops_per_gpu']:.0f}", f"{r['matmul_tflops']:.0f}", f"{r['mfu']:.1%}",
-                      f"{r['mfu_datasheet']:.1%}", f"{r['peak_memory_gib']:.1f}", f"{r['estimate_gib']:.1f}",
-                      f"{r['estimate_gib'] / r['peak_memory_gib']:.2f}")
+                      f"{r['mfu_datasheet']:.1%}", *_memory_cells(r))
     _console().print(table)
     for name, value in summary["scaling_efficiency"].items():
         print(f"scaling efficiency {name}: " + ("n/a" if value is None else f"{value:.2f}"))
+
+
+def _memory_cells(row: dict) -> tuple[str, str, str]:
+    peak = row["peak_memory_gib"]  # None on CPU ranks
+    return ("n/a" if peak is None else f"{peak:.1f}", f"{row['estimate_gib']:.1f}",
+            "n/a" if peak is None else f"{row['estimate_gib'] / peak:.2f}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -349,6 +394,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per deep configuration (+1 for baselines)")
     parser.add_argument("--time-limit-s", type=float, default=500.0,
                         help="configurations whose estimated time would pass this (from start) are skipped")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="run the launches on CPU ranks (gloo) with a tiny model: checks the orchestration")
+    parser.add_argument("--results", type=Path,
+                        help="results JSON (default bench/results/trainer_mfu_x8.json; a temporary file with "
+                             "--cpu-smoke)")
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker-configs", help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -371,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = plan_runs(world=options.world, layers=options.layers, gpu_memory_gib=options.gpu_memory_gib,
                          memory_fraction=options.memory_fraction, long_cps=options.long_cp, steps=options.steps,
-                         warmup=options.warmup)
+                         warmup=options.warmup, cpu_smoke=options.cpu_smoke)
     except BenchInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -380,8 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    results = options.results or (Path(tempfile.gettempdir()) / "trainer_mfu_x8_cpu_smoke.json"
+                                  if options.cpu_smoke else RESULTS)
     available = torch.cuda.device_count()
-    if available < options.world:
+    if available < options.world and not options.cpu_smoke:
         print(f"error: found {available} CUDA GPUs; this run needs {options.world} (--world), or use --dry-run; "
               "see docs/gpu.md", file=sys.stderr)
         return 2
@@ -389,14 +441,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     deep_layers = runs[options.world][-1].layers
     command = "python3 bench/trainer_mfu_x8.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    for index, (gpus, group) in enumerate(runs.items()):
-        rows += _launch(gpus, group, deadline=deadline, port=29621 + index)
+    device = "cpu (--cpu-smoke)" if options.cpu_smoke else torch.cuda.get_device_name(0)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    for gpus, group in runs.items():
+        rows += _launch(gpus, group, deadline=deadline, results=results)
         summary = summarize(rows, layers=deep_layers, world=options.world, command=command.strip())
-        summary.update(device=torch.cuda.get_device_name(0), torch=torch.__version__, wall_s=time.time() - started)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(summary, indent=2))
+        summary.update(device=device, torch=torch.__version__, wall_s=time.time() - started)
+        results.write_text(json.dumps(summary, indent=2))
     print_results(summary)
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
     return 0
 
 

@@ -10,6 +10,7 @@ one-line errors, and the scaling efficiencies are computed as documented.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,13 +121,16 @@ def test_without_gpus_the_real_run_refuses_in_one_line(capsys):
 
 
 def test_summary_scaling_efficiency_by_hand():
-    def row(gpus, layers, tokens_per_s, mfu, seq=32768, cp=1):
-        return {"key": f"{gpus}_{layers}_{seq}_{cp}", "gpus": gpus, "layers": layers, "seq": seq, "cp": cp, "ep": gpus,
+    def row(gpus, layers, tokens_per_s, mfu, role, seq=32768, cp=1):
+        return {"key": f"{gpus}_{layers}_{seq}_{cp}", "role": role, "gpus": gpus, "layers": layers, "seq": seq,
+                "cp": cp, "ep": gpus,
                 "tokens_per_s": tokens_per_s, "mfu": mfu, "peak_memory_gib": 1.0, "estimate_gib": 1.0,
                 "matmul_tflops": 700.0}
-    rows = [row(1, 2, 1000.0, 0.40), row(2, 2, 1900.0, 0.38), row(8, 2, 7200.0, 0.30), row(8, 15, 900.0, 0.34),
-            row(8, 15, 300.0, 0.30, seq=131072, cp=2), {"key": "8_15_131072_4", "gpus": 8, "layers": 15,
-                                                        "seq": 131072, "cp": 4, "ep": 8, "error": "skipped"}]
+    rows = [row(1, 2, 1000.0, 0.40, "baseline"), row(2, 2, 1900.0, 0.38, "baseline"),
+            row(8, 2, 7200.0, 0.30, "weak scaling"), row(8, 15, 900.0, 0.34, "deep"),
+            row(8, 15, 300.0, 0.30, "deep long", seq=131072, cp=2),
+            {"key": "8_15_131072_4", "role": "deep long", "gpus": 8, "layers": 15, "seq": 131072, "cp": 4, "ep": 8,
+             "error": "skipped"}]
     summary = x8.summarize(rows, layers=15, world=8, command="x")
     eff = summary["scaling_efficiency"]
     assert eff["weak_vs_1gpu"] == pytest.approx((7200 / 8) / 1000)
@@ -136,3 +140,30 @@ def test_summary_scaling_efficiency_by_hand():
     assert "8_15_131072_4" not in summary["tokens_per_s"] and len(summary["runs"]) == 6
     empty = x8.summarize([], layers=15, world=8, command="x")["scaling_efficiency"]
     assert set(empty.values()) == {None}
+
+
+def test_cpu_smoke_runs_every_launch_and_summarizes(tmp_path):
+    """The real launches (1 process, torchrun 2 and 4 gloo ranks), workers and summary, on a tiny model."""
+    results = tmp_path / "smoke.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "trainer_mfu_x8.py"), "--cpu-smoke", "--world", "4",
+                           "--results", str(results)], check=False, capture_output=True, text=True, timeout=400,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(results.read_text())
+    rows = summary["runs"]
+    assert [r.get("error") for r in rows] == [None] * 6, rows
+    assert [(r["gpus"], r["role"], r["seq"], r["cp"]) for r in rows] == [
+        (1, "baseline", 64, 1), (2, "baseline", 64, 1), (4, "weak scaling", 64, 1), (4, "deep", 64, 1),
+        (4, "deep long", 256, 4), (4, "deep long", 256, 2)]
+    for r in rows:  # each row trained with the layout it names
+        assert f"world={r['gpus']} dp={r['gpus'] // r['cp']} cp={r['cp']} ep={r['gpus']} " in r["plan"]
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] and r["loss"] == r["loss"]
+    one, two, weak, deep = rows[:4]
+    eff = summary["scaling_efficiency"]
+    assert eff["weak_vs_1gpu"] == pytest.approx(weak["tokens_per_s"] / 4 / one["tokens_per_s"])
+    assert eff["weak_vs_2gpu"] == pytest.approx((weak["tokens_per_s"] / 4) / (two["tokens_per_s"] / 2))
+    assert eff["deep_mfu_vs_1gpu"] == pytest.approx(deep["mfu"] / one["mfu"])
+    assert summary["layers"] == x8.SMOKE_LAYERS and summary["device"] == "cpu (--cpu-smoke)"
+    assert not list(tmp_path.glob(".smoke_*"))  # per-launch files cleaned up
+    assert "scaling efficiency weak_vs_1gpu:" in proc.stdout
