@@ -23,8 +23,9 @@ Scaling efficiency (in the JSON's ``scaling_efficiency``):
 
 Writes ``bench/results/trainer_mfu_x8.json`` after every launch (a launch cut short by the
 time limit keeps the rows before it). The run stops starting configurations whose
-estimated time would pass ``--time-limit-s`` (skipped rows say so) so that one device
-call (10 minutes) always ends with results.
+estimated time would pass ``--time-limit-s`` (skipped rows say so) and kills a launch
+still running ``KILL_GRACE_S`` after it, so that one device call (10 minutes) always ends
+with results.
 
 ``--cpu-smoke`` runs the same launches, workers and summary on CPU ranks (gloo, 1, 2 and
 ``--world`` processes) with a tiny MoE model and 64/256-token rows, into a temporary file
@@ -56,6 +57,7 @@ BASELINE_LAYERS = 2
 SHORT_TOKENS, LONG_TOKENS = 32768, 131072
 SMOKE_TOKENS, SMOKE_LAYERS = (64, 256), 3  # --cpu-smoke: row tokens (short, long) and deep-model layers
 LAUNCH_OVERHEAD_S = 40.0  # process start, imports, NCCL init and the matmul-rate measurement
+KILL_GRACE_S = 20.0  # a launch still running this long after --time-limit-s is killed
 BUILD_S_PER_LAYER = 1.5  # meta build, materialise, random init and first optimizer allocation
 
 
@@ -303,7 +305,7 @@ def _launch(gpus: int, configs: list[RunConfig], *, deadline: float, results: Pa
                    "--master_addr", "127.0.0.1", "--master_port", str(_free_port())] + worker_args
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     try:
-        code = proc.wait(timeout=max(1.0, deadline + 30 - time.time()))
+        code = proc.wait(timeout=max(1.0, deadline + KILL_GRACE_S - time.time()))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -392,7 +394,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="context-parallel degree for the 131k-token rows (repeatable; default 4 and 2)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per deep configuration (+1 for baselines)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per deep configuration (+1 for baselines)")
-    parser.add_argument("--time-limit-s", type=float, default=500.0,
+    parser.add_argument("--time-limit-s", type=float, default=530.0,
                         help="configurations whose estimated time would pass this (from start) are skipped")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="run the launches on CPU ranks (gloo) with a tiny model: checks the orchestration")

@@ -24,9 +24,10 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     2>&1 | tee "$out/gpu_tests.log" | tail -25
 fi
 if [ "$x8" = 1 ]; then
-  # the bench stops starting rows past --time-limit-s (500 s) and writes its JSON after every launch
-  timeout "${BENCH_TIMEOUT:-575}" python3 bench/trainer_mfu_x8.py "$@" 2>&1 | tee "$out/bench_x8.log" | tail -40
-  cp bench/results/trainer_mfu_x8.json "$out/" 2>/dev/null || true
+  # the bench starts no row past --time-limit-s (530 s), kills a launch 20 s after it, and
+  # writes its JSON straight into $OUT after every launch (kept even if the call is cut short)
+  timeout "${BENCH_TIMEOUT:-575}" python3 bench/trainer_mfu_x8.py --results "$out/trainer_mfu_x8.json" "$@" \
+    2>&1 | tee "$out/bench_x8.log" | tail -40
   exit 0
 fi
 timeout "${BENCH_TIMEOUT:-330}" python3 bench/trainer_mfu.py "$@" 2>&1 | tee "$out/bench.log" | tail -40
