@@ -70,17 +70,29 @@ class RunConfig:
     """One measured configuration."""
 
     gpus: int
+    """Ranks of the launch (one per GPU)."""
     layers: int
+    """MoE layers of the model."""
     seq: int
+    """Tokens per packed row (one document); each data-parallel rank trains one row per step."""
     cp: int
+    """Context-parallel degree (ranks sharing a row)."""
     ep: int
+    """Expert-parallel degree (the trainer's ep=auto picks it: the GPU count here)."""
     warmup: int
+    """Untimed steps."""
     steps: int
+    """Timed steps (the median is reported)."""
     estimate_gib: float = 0.0
+    """The trainer planner's per-GPU memory estimate."""
     estimate_parts_gib: dict | None = None
+    """That estimate by part (states, unsharded params, activations)."""
     estimated_step_s: float = 0.0
+    """Step time from the TFLOP/s per GPU measured on 1-2 GPUs."""
     estimated_total_s: float = 0.0
+    """Warm-up + timed steps + model build."""
     role: str = ""
+    """baseline, weak scaling, deep or deep long."""
     model: str = "air"
     """'air' (GLM-4.5-Air-shaped layers) or 'tiny' (the --cpu-smoke model)."""
 
