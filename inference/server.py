@@ -177,6 +177,8 @@ class VLLMServer:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # The model is always a local folder here: never wait on the Hub for anything.
+        env.setdefault("HF_HUB_OFFLINE", "1")
         if self.device == "cpu":
             # Leave cores to the other processes of a run (orchestrator, sandboxes, trainer).
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

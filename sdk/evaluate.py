@@ -320,7 +320,11 @@ async def evaluate_async(
             on_group(group)
 
     try:
-        await asyncio.gather(*(run(index) for index in range(len(tasks))))
+        async with asyncio.TaskGroup() as task_group:  # one failure cancels the rest
+            for index in range(len(tasks)):
+                task_group.create_task(run(index))
+    except BaseExceptionGroup as failures:  # show the first failure itself (one line when it is ours)
+        raise failures.exceptions[0] from None
     finally:
         await client.aclose()
     elapsed = time.monotonic() - started
