@@ -23,9 +23,8 @@ import platform
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
 
 import httpx
 import typer
@@ -70,7 +69,7 @@ async def raw_arm(base_url: str, bodies: list[dict], *, concurrency: int) -> tup
 
 
 def main(
-    base_url: Optional[str] = typer.Option(None, help="A running tiny-moe server; default: start one."),
+    base_url: str | None = typer.Option(None, help="A running tiny-moe server; default: start one."),
     env: str = typer.Option("reverse-text", help="Environment."),
     model: str = typer.Option("tiny-moe", help="Model."),
     n: int = typer.Option(64, "-n", help="Tasks."),
@@ -145,7 +144,7 @@ def main(
         "target_ratio": 0.9, "meets_target": ratio >= 0.9, "model": model, "env": env, "machine": machine,
         "config": {"n": n, "rollouts_per_task": rollouts_per_task, "max_tokens": max_tokens,
                    "concurrency": concurrency, "repeats": repeats, "temperature": sampling.temperature},
-        "paired_ratios": pair_ratios, "paired_ratio_median": statistics.median(pair_ratios), "runs": runs, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "paired_ratios": pair_ratios, "paired_ratio_median": statistics.median(pair_ratios), "runs": runs, "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")

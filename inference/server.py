@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
-
 from agentrl.errors import AgentrlError, MissingExtraError
 
-__all__ = ["VLLMServer", "ServerStartupError", "free_port", "detect_device", "log_tail"]
+__all__ = ["ServerStartupError", "VLLMServer", "detect_device", "free_port", "log_tail"]
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -189,7 +188,7 @@ class VLLMServer:
         return env
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "VLLMServer":
+    def start(self) -> VLLMServer:
         """Launch the server and block until `/health` answers (or raise with the log tail)."""
         if self.process is not None:
             return self
@@ -277,7 +276,7 @@ class VLLMServer:
             self._log_handle.close()
             self._log_handle = None
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from agentrl.errors import AgentrlError, require
 from agentrl.types import FunctionCall, Message, ToolCall
 
-__all__ = ["ChatRenderer", "parse_tool_calls", "assistant_message"]
+__all__ = ["ChatRenderer", "assistant_message", "parse_tool_calls"]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _SENTINEL = "\u2063AGENTRL\u2063"
@@ -74,7 +74,7 @@ class ChatRenderer:
         self._closing: str | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "ChatRenderer":
+    def from_pretrained(cls, path: str | Path) -> ChatRenderer:
         """Load the tokenizer of a local model folder."""
         transformers = require("transformers", "cpu")
         return cls(transformers.AutoTokenizer.from_pretrained(str(path)))

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from agentrl.chat import ChatRenderer, assistant_message
 from agentrl.errors import AgentrlError
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
 
-__all__ = ["TokenClient", "OpenAIClient", "InferenceError", "decode_routed_experts", "expand_weight_versions"]
+__all__ = ["InferenceError", "OpenAIClient", "TokenClient", "decode_routed_experts", "expand_weight_versions"]
 
 
 class InferenceError(AgentrlError):
@@ -73,7 +72,7 @@ def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[
         "max_tokens": max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "top_k": sampling.top_k if sampling.top_k > 0 else 0,
+        "top_k": max(0, sampling.top_k),
         "logprobs": 0,  # the sampled token's logprob only
     }
     if sampling.seed is not None:
@@ -210,7 +209,7 @@ class TokenClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def __aenter__(self) -> "TokenClient":
+    async def __aenter__(self) -> TokenClient:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -298,7 +297,7 @@ class OpenAIClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def __aenter__(self) -> "OpenAIClient":
+    async def __aenter__(self) -> OpenAIClient:
         return self
 
     async def __aexit__(self, *exc_info) -> None:

@@ -24,19 +24,18 @@ import sys
 import time
 import types
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, Field
-
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Rollout
+from pydantic import BaseModel, Field
 
-__all__ = ["EvalConfig", "EvalSummary", "evaluate", "evaluate_async", "pass_at_k", "default_output_dir"]
+__all__ = ["EvalConfig", "EvalSummary", "default_output_dir", "evaluate", "evaluate_async", "pass_at_k"]
 
 
 class EvalConfig(BaseConfig):
@@ -150,7 +149,7 @@ def _slug(text: str) -> str:
 
 def default_output_dir(env: str, model: str) -> Path:
     """runs/eval-<env>-<model>-<UTC timestamp>/ under the current folder."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"eval-{_slug(env)}-{_slug(model)}-{stamp}"
 
 
@@ -418,7 +417,14 @@ def run_evaluation(
 async def _with_progress(config: EvalConfig, environment: Any, progress: bool, startup_s: float | None):
     if not progress:
         return await evaluate_async(config, environment=environment, server_startup_s=startup_s)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (
         TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TextColumn("reward {task.fields[reward]:.3f}"),

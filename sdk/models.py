@@ -15,11 +15,10 @@ import os
 import re
 from pathlib import Path
 
+from agentrl.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.errors import NotFoundError
-
-__all__ = ["ModelSpec", "PRESETS", "resolve_model", "ensure_model", "list_presets"]
+__all__ = ["PRESETS", "ModelSpec", "ensure_model", "list_presets", "resolve_model"]
 
 
 class ModelSpec(BaseModel):

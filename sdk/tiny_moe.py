@@ -28,8 +28,13 @@ from typing import Any
 from agentrl.errors import require
 
 __all__ = [
-    "TINY_MOE_VERSION", "TINY_MOE_CONFIG", "SPECIAL_TOKENS", "CHAT_TEMPLATE",
-    "create_tiny_moe", "ensure_tiny_moe", "build_tokenizer",
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "TINY_MOE_CONFIG",
+    "TINY_MOE_VERSION",
+    "build_tokenizer",
+    "create_tiny_moe",
+    "ensure_tiny_moe",
 ]
 
 # Bump when the architecture, vocabulary, template or init changes: a new cache folder results.

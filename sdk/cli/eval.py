@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -62,26 +61,26 @@ def _compare_with_baseline(resolved, summary, console, on_server) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_command(
-        env: Optional[str] = typer.Option(None, "--env", "-e",
+        env: str | None = typer.Option(None, "--env", "-e",
                                           help="Environment name or package folder (default: reverse-text)."),
-        model: Optional[str] = typer.Option(None, "--model", "-m",
+        model: str | None = typer.Option(None, "--model", "-m",
                                             help="Preset, local HF folder or HF repo id (served model name with "
                                                  "--base-url) (default: tiny-moe)."),
-        n: Optional[int] = typer.Option(None, "-n", "--num-tasks",
+        n: int | None = typer.Option(None, "-n", "--num-tasks",
                                         help="Number of tasks drawn from the split (default: 64)."),
-        rollouts: Optional[int] = typer.Option(None, "-r", "--rollouts-per-task",
+        rollouts: int | None = typer.Option(None, "-r", "--rollouts-per-task",
                                                help="Rollouts per task, the k of avg@k and pass@k (default: 4)."),
-        split: Optional[str] = typer.Option(None, help="Dataset split (default: test)."),
-        base_url: Optional[str] = typer.Option(None, help="A running OpenAI-compatible/vLLM server; "
+        split: str | None = typer.Option(None, help="Dataset split (default: test)."),
+        base_url: str | None = typer.Option(None, help="A running OpenAI-compatible/vLLM server; "
                                                           "default: start a vLLM server for the run."),
-        api_key: Optional[str] = typer.Option(None, help="API key for --base-url (default: $OPENAI_API_KEY)."),
-        client: Optional[str] = typer.Option(None, help="auto, token (vLLM token in/out) or openai (default: auto)."),
-        max_tokens: Optional[int] = typer.Option(None, help="Most tokens per model call (default: 128)."),
-        temperature: Optional[float] = typer.Option(None, help="Sampling temperature, 0 is greedy (default: 1.0)."),
-        max_concurrent: Optional[int] = typer.Option(None, help="Most rollouts in flight (default: 128)."),
-        output: Optional[Path] = typer.Option(None, "--output", "-o",
+        api_key: str | None = typer.Option(None, help="API key for --base-url (default: $OPENAI_API_KEY)."),
+        client: str | None = typer.Option(None, help="auto, token (vLLM token in/out) or openai (default: auto)."),
+        max_tokens: int | None = typer.Option(None, help="Most tokens per model call (default: 128)."),
+        temperature: float | None = typer.Option(None, help="Sampling temperature, 0 is greedy (default: 1.0)."),
+        max_concurrent: int | None = typer.Option(None, help="Most rollouts in flight (default: 128)."),
+        output: Path | None = typer.Option(None, "--output", "-o",
                                               help="Results folder (default runs/eval-<env>-<model>-<time>/)."),
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML file with EvalConfig keys."),
+        config: Path | None = typer.Option(None, "--config", "-c", help="TOML file with EvalConfig keys."),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. sampling.top_p=0.9."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
     ) -> None:
@@ -90,10 +89,9 @@ def register(app: typer.Typer) -> None:
         Without --base-url a vLLM server for the model is started and stopped around the run.
         Prints mean reward, avg@k, pass@k, tokens and time.
         """
-        from rich.console import Console
-
         from agentrl.config import config_from_dict, dump_config
         from agentrl.evaluate import EvalConfig, run_evaluation
+        from rich.console import Console
 
         # Flags given on the command line win over the TOML file; --set wins over both.
         flags = {"env": env, "model": model, "n": n, "rollouts_per_task": rollouts, "split": split,

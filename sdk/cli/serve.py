@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -23,14 +22,14 @@ def register(app: typer.Typer) -> None:
     def serve_command(
         model: str = typer.Option("tiny-moe", "--model", "-m", help="Preset name, local HF folder or cached HF repo id."),
         host: str = typer.Option("127.0.0.1", help="Address to bind (keep 127.0.0.1 unless you mean to expose it)."),
-        port: Optional[int] = typer.Option(None, help="Port (default: a free one)."),
+        port: int | None = typer.Option(None, help="Port (default: a free one)."),
         max_model_len: int = typer.Option(2048, help="Longest sequence (prompt + completion) in tokens."),
         dtype: str = typer.Option("auto", help="Weight dtype: auto, bfloat16, float16, float32."),
         compile: bool = typer.Option(False, "--compile/--eager", help="torch.compile the model (slow start-up on CPU)."),
-        log: Optional[Path] = typer.Option(None, help="Server log file (default: a temporary file)."),
+        log: Path | None = typer.Option(None, help="Server log file (default: a temporary file)."),
         extra: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to vLLM (repeatable)."),
         plan: bool = typer.Option(False, "--plan", help="Print the deployment plan (commands and environment per node and GPU) and exit."),
-        deployment: Optional[Path] = typer.Option(None, "--deployment", help="With --plan: TOML file of DeploymentConfig fields (kind, nodes, gpus_per_node, ...)."),
+        deployment: Path | None = typer.Option(None, "--deployment", help="With --plan: TOML file of DeploymentConfig fields (kind, nodes, gpus_per_node, ...)."),
         set_: list[str] = typer.Option([], "--set", help="With --plan: override a deployment field, e.g. --set kind=wide_ep --set nodes=8."),
         validate: bool = typer.Option(False, "--validate", help="With --plan: check every command with vLLM's own argument parser."),
     ) -> None:
@@ -48,7 +47,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(plan_for_cli(model, deployment_file=str(deployment) if deployment else None, overrides=set_, validate=validate))
             return
         from agentrl.inference.server import VLLMServer, log_tail
-
         from agentrl.models import resolve_model
 
         resolve_model(model)  # unknown names fail here, with the list of presets

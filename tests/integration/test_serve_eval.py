@@ -13,11 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-
 from agentrl.evaluate import pass_at_k
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Message
@@ -39,7 +37,7 @@ def test_pass_at_k_unbiased_estimator():
 def test_eval_refuses_to_overwrite_results(tmp_path):
     (tmp_path / "results.jsonl").write_text('{"kept": true}\n')
     out = subprocess.run(AGENTRL + ["eval", "--base-url", "http://127.0.0.1:9", "-n", "1", "-o", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2
     assert "already exists" in out.stderr and "Traceback" not in out.stderr
     assert (tmp_path / "results.jsonl").read_text() == '{"kept": true}\n'
@@ -49,13 +47,13 @@ def test_eval_dry_run_config_precedence_and_errors(tmp_path):
     config = tmp_path / "eval.toml"
     config.write_text('n = 5\nmodel = "tiny-moe"\n[sampling]\ntemperature = 0.5\nmax_tokens = 3\n')
     out = subprocess.run(AGENTRL + ["eval", "--dry-run", "-c", str(config), "--max-tokens", "7",
-                                    "--set", "sampling.top_p=0.9"], capture_output=True, text=True, timeout=120)
+                                    "--set", "sampling.top_p=0.9"], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     resolved = out.stdout
     assert "n = 5" in resolved and "max_tokens = 7" in resolved and "temperature = 0.5" in resolved
     assert "top_p = 0.9" in resolved
     config.write_text("\n\nnum_task = 5\n")
-    out = subprocess.run(AGENTRL + ["eval", "-c", str(config)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(AGENTRL + ["eval", "-c", str(config)], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and f"{config}:3: unknown key 'num_task'" in out.stderr
 
 
@@ -133,7 +131,7 @@ def test_server_startup_failure_shows_log_tail(tmp_path):
 def test_eval_cli_starts_and_stops_its_own_server(tmp_path):
     out_dir = tmp_path / "own"
     out = subprocess.run(AGENTRL + ["eval", "-n", "2", "-r", "2", "--max-tokens", "8", "-o", str(out_dir)],
-                         capture_output=True, text=True, timeout=500)
+                         capture_output=True, text=True, timeout=500, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "starting vLLM for tiny-moe" in out.stdout
     summary = json.loads((out_dir / "summary.json").read_text())
@@ -216,7 +214,7 @@ def test_eval_cli_against_running_server(tiny_moe_server, tmp_path):
     out_dir = tmp_path / "eval"
     command = AGENTRL + ["eval", "--env", "reverse-text", "--model", "tiny-moe", "-n", "4", "-r", "2",
                          "--base-url", tiny_moe_server.url, "--max-tokens", "16", "-o", str(out_dir)]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "pass@2" in out.stdout and "mean reward" in out.stdout
     lines = (out_dir / "results.jsonl").read_text().splitlines()
@@ -255,7 +253,7 @@ def test_evaluate_sdk_with_base_url(tiny_moe_server, tmp_path):
 def test_eval_unknown_names_are_one_line_errors(tmp_path):
     for args, expected in ((["--env", "nope"], "available environments"), (["--model", "nope"], "tiny-moe")):
         out = subprocess.run(AGENTRL + ["eval", *args, "-n", "1", "-o", str(tmp_path / args[1])],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, check=False)
         assert out.returncode == 2, out.stderr
         assert expected in out.stderr and "Traceback" not in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from agentrl.errors import NotFoundError
 from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 
@@ -156,8 +155,8 @@ def test_serve_unknown_model_is_one_line_error():
     import sys
 
     out = subprocess.run([sys.executable, "-m", "agentrl.cli", "serve", "--model", "nope"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        "error: unknown model 'nope': use a preset (tiny-moe, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
-        "a local HF model folder or an HF repo id"]
+        ("error: unknown model 'nope': use a preset (tiny-moe, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
+         "a local HF model folder or an HF repo id")]
