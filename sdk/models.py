@@ -65,12 +65,12 @@ class ModelSpec(BaseModel):
 
     def local_path(self) -> Path:
         """The local model folder, created for tiny-moe, or a clear error when missing."""
+        if self.path is not None:
+            return self.path
         if self.name == "tiny-moe" and self.hf_repo is None:
             from agentrl.tiny_moe import ensure_tiny_moe
 
             return ensure_tiny_moe()
-        if self.path is not None:
-            return self.path
         found = _hf_cache_path(self.hf_repo) if self.hf_repo else None
         if found is None:
             raise NotFoundError(

@@ -80,6 +80,15 @@ def test_tiny_moe_folder_is_a_glm45_moe(tiny_path):
     assert ensure_model("tiny-moe") == tiny_path  # cached, not re-created
 
 
+def test_folder_wins_over_preset_for_a_copied_model(tiny_path, tmp_path):
+    import shutil
+
+    copy = tmp_path / "models" / "tiny-moe"  # a checkpoint folder that happens to carry the preset's name
+    shutil.copytree(tiny_path, copy)
+    spec = resolve_model(str(copy))
+    assert spec.path == copy.resolve() and spec.local_path() == copy.resolve()
+
+
 def test_tiny_moe_creation_is_deterministic(tiny_path, tmp_path):
     from agentrl.tiny_moe import create_tiny_moe
 
