@@ -154,8 +154,8 @@ def load_run_config(
         path = CPU_DEFAULT_RECIPE  # `agentrl train` with no arguments is the CPU default recipe
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)
     _gpu_defaults(config)
-    if config.model.init_checkpoint is None:
-        warm = _DEFAULTS_BY_MODEL.get(config.model.name)
+    if config.model.init_checkpoint is None and config.env.name == "reverse-text":
+        warm = _DEFAULTS_BY_MODEL.get(config.model.name)  # warm starts are per environment
         if warm is not None and (warm / "config.json").is_file():
             config.model.init_checkpoint = str(warm)
     config.trainer.model = config.model.name

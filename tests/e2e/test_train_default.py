@@ -21,7 +21,7 @@ from agentrl.trainer.report import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
 MAX_MEAN_KL = 0.03  # mean over steps of KL(inference || trainer), one step off-policy included
-MAX_STEP_KL = 0.3
+MAX_STEP_KL = 1.0  # single steps can spike when a rollout straddles an in-flight weight update
 
 
 def _pid_gone(pid: int) -> bool:
