@@ -312,9 +312,12 @@ class Orchestrator:
         rewards: list[float] = []
         completion_tokens = 0
         errors = 0
+        first_error: str | None = None
         for group in groups:
             usable = [r for r in group.rollouts if r.error is None and r.turns]
             errors += len(group.rollouts) - len(usable)
+            if first_error is None:
+                first_error = next((r.error for r in group.rollouts if r.error), None)
             rewards += [r.reward for r in group.rollouts]
             advantages = group_advantages([r.reward for r in usable], normalize=self.config.normalize_advantages)
             for rollout, advantage in zip(usable, advantages):
@@ -326,8 +329,11 @@ class Orchestrator:
         self.state.rollout_errors_total += errors
         mean = sum(rewards) / len(rewards) if rewards else 0.0
         std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
-        return samples, {"reward": mean, "reward_std": std, "completion_tokens": float(completion_tokens),
-                         "samples": float(len(samples)), "rollout_errors": float(errors)}
+        metrics: dict[str, Any] = {"reward": mean, "reward_std": std, "completion_tokens": float(completion_tokens),
+                                   "samples": float(len(samples)), "rollout_errors": float(errors)}
+        if first_error is not None:
+            metrics["first_error"] = first_error[:500]
+        return samples, metrics
 
     async def run(self) -> list[dict[str, Any]]:
         """Run until `max_steps` steps are done; return each step's metrics."""

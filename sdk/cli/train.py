@@ -90,6 +90,9 @@ def register(app: typer.Typer) -> None:
 
             def on_step(metrics: dict) -> None:
                 progress.console.print(_step_line(metrics), markup=False, highlight=False)
+                if metrics.get("rollout_errors"):
+                    progress.console.print(f"  {int(metrics['rollout_errors'])} rollouts failed; first error: "
+                                           f"{metrics.get('first_error')}", markup=False, highlight=False)
                 progress.update(task, completed=metrics["step"] + 1, description=f"reward {metrics['reward']:.3f}")
 
             result = run_training(resolved, run_dir=run_dir, resume=resume is not None, on_step=on_step,

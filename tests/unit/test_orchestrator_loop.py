@@ -215,6 +215,7 @@ async def test_environment_errors_are_counted_not_raised():
     orch = _orchestrator(policy, Broken(), max_steps=2, groups_per_step=6, rollouts_per_group=2)
     history = await orch.run()
     assert sum(m["rollout_errors"] for m in history) >= 2
+    assert any("sandbox died" in m.get("first_error", "") for m in history)
     assert orch.state.rollout_errors_total == sum(m["rollout_errors"] for m in history)
 
 
