@@ -76,7 +76,7 @@ def main(
     rollouts_per_task: int = typer.Option(4, "-r", help="Rollouts per task."),
     max_tokens: int = typer.Option(96, help="max_tokens of every request."),
     concurrency: int = typer.Option(64, help="Requests in flight in both arms."),
-    repeats: int = typer.Option(2, help="Runs of each arm (alternating)."),
+    repeats: int = typer.Option(3, help="Runs of each arm (alternating)."),
     output: Path = typer.Option(RESULTS, help="Where the JSON goes."),
 ) -> None:
     """Compare agentrl.evaluate's completion tokens/s with raw concurrent requests to the same server."""
@@ -108,10 +108,15 @@ def main(
                 seeded = sampling.model_copy(update={"seed": sampling.seed + index})
                 bodies.append({"token_ids": prompt, "output_mode": "tokens",
                                "sampling_params": _vllm_sampling_params(seeded, max_tokens=max_tokens)})
-        asyncio.run(raw_arm(base_url, bodies[:concurrency], concurrency=concurrency))  # warm-up
+        # Warm both arms up (server caches, first-call costs in this process) before measuring.
+        asyncio.run(raw_arm(base_url, bodies[:concurrency], concurrency=concurrency))
 
         runs = []
         with tempfile.TemporaryDirectory() as scratch:
+            warm = EvalConfig(env=env, model=model, n=max(1, concurrency // rollouts_per_task),
+                              rollouts_per_task=rollouts_per_task, base_url=base_url, max_concurrent=concurrency,
+                              sampling=sampling, client="token", output=Path(scratch) / "warm-up")
+            asyncio.run(evaluate_async(warm, environment=environment))
             for repeat in range(repeats):
                 cpu = time.process_time()
                 tokens, seconds = asyncio.run(raw_arm(base_url, bodies, concurrency=concurrency))
