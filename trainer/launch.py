@@ -208,6 +208,11 @@ class InferenceActor:
         env: dict[str, str] = {}
         if detect_device() == "cpu":
             extra_args, env = cpu_server_options(routed_experts=routed_experts)
+        env = dict(env)
+        if max_model_len and max_model_len > _max_positions(model_dir):
+            # A longer context than the checkpoint was trained for (e.g. tiny-moe with SWE's tool
+            # schemas): RoPE extrapolates; vLLM asks for this opt-in.
+            env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         self.server = VLLMServer(model_dir, served_model_name=served_name, extra_args=extra_args, env=env,
                                  log_path=Path(log_path), startup_timeout_s=startup_timeout_s,
                                  max_model_len=max_model_len or 2048)
@@ -227,6 +232,16 @@ class InferenceActor:
         if sentinel is not None:
             sentinel.kill()
             sentinel.wait()
+
+
+def _max_positions(model_dir: str) -> int:
+    import json
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 1 << 30
+    return int(config.get("max_position_embeddings") or (1 << 30))
 
 
 _SENTINEL_CODE = """
