@@ -71,31 +71,10 @@ def trainer_plan(config: RunConfig):
                        compute_bytes=2 if parallel.param_dtype == "bfloat16" else 4)
 
 
-#: config.json values of presets whose weights are not on this machine (from their HF repos),
-#: enough for the trainer's layout planner and memory estimate.
-PRESET_HF_CONFIGS: dict[str, dict[str, Any]] = {
-    "glm-4.5-air": {
-        "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944,
-        "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_attention_heads": 96,
-        "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-5, "attention_bias": True, "use_qk_norm": False, "n_routed_experts": 128,
-        "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
-        "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "tie_word_embeddings": False,
-    },
-    "qwen3-30b-a3b": {
-        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
-        "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
-        "mlp_only_layers": [], "tie_word_embeddings": False,
-    },
-}
-
-
 def _model_args(config: RunConfig):
     """Model shape from the local folder, or from the preset's recorded config when the weights are not here."""
     from agentrl.models import resolve_model
-    from agentrl.trainer.models.args import MoEModelArgs
+    from agentrl.trainer.models.args import PRESET_HF_CONFIGS, MoEModelArgs
 
     spec = resolve_model(config.model.name)
     try:
