@@ -170,27 +170,19 @@ class VLLMRouter:
         return self
 
     def _wait_ready(self) -> None:
-        from agentrl.inference.server import log_tail
+        from agentrl.inference.server import log_tail, wait_for_health
 
         deadline = time.monotonic() + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = self.process.poll()
-                if code is not None:
-                    raise RouterError(
-                        f"vllm-router exited with status {code}; last lines of {self.log_path}: {log_tail(self.log_path, lines=5)}"
-                    )
-                try:
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RouterError(
-                        f"vllm-router not ready after {self.startup_timeout_s:.0f}s; last lines of {self.log_path}:"
-                        f" {log_tail(self.log_path, lines=5)}"
-                    )
-                time.sleep(0.3)
+        state = wait_for_health(self.process, f"{self.url}/health", deadline=deadline, poll_s=0.3)
+        if state == "exited":
+            raise RouterError(
+                f"vllm-router exited with status {self.process.poll()}; last lines of {self.log_path}: {log_tail(self.log_path, lines=5)}"
+            )
+        if state == "timeout":
+            raise RouterError(
+                f"vllm-router not ready after {self.startup_timeout_s:.0f}s; last lines of {self.log_path}:"
+                f" {log_tail(self.log_path, lines=5)}"
+            )
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -77,6 +77,23 @@ def log_tail(path: Path, *, lines: int = 20) -> str:
     return "\n".join(tail)
 
 
+def wait_for_health(process: subprocess.Popen, health_url: str, *, deadline: float, poll_s: float) -> str:
+    """Poll `health_url` until it answers 200 ('healthy'), the process exits ('exited'), or
+    `deadline` (a `time.monotonic()` value) passes ('timeout')."""
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            if process.poll() is not None:
+                return "exited"
+            try:
+                if client.get(health_url).status_code == 200:
+                    return "healthy"
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                return "timeout"
+            time.sleep(poll_s)
+
+
 class VLLMServer:
     """A vLLM server process for one model; use as a context manager or call start/stop."""
 
@@ -221,26 +238,17 @@ class VLLMServer:
         return self
 
     def _wait_healthy(self, started: float) -> None:
-        deadline = started + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = self.process.poll()
-                if code is not None:
-                    raise ServerStartupError(
-                        f"vLLM server for {self.model!r} exited with status {code} during start-up; "
-                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-                    )
-                try:
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServerStartupError(
-                        f"vLLM server for {self.model!r} not healthy after {self.startup_timeout_s:.0f}s; "
-                        f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-                    )
-                time.sleep(0.5)
+        state = wait_for_health(self.process, f"{self.url}/health", deadline=started + self.startup_timeout_s, poll_s=0.5)
+        if state == "exited":
+            raise ServerStartupError(
+                f"vLLM server for {self.model!r} exited with status {self.process.poll()} during start-up; "
+                f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+            )
+        if state == "timeout":
+            raise ServerStartupError(
+                f"vLLM server for {self.model!r} not healthy after {self.startup_timeout_s:.0f}s; "
+                f"last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+            )
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
