@@ -53,8 +53,9 @@ def test_short_default_run_learns(tmp_path):
     # the same tasks, so epoch means compare like with like. Epoch 0 is the warm start's reward
     # (its first steps are sampled from policy versions 0 and 1).
     epoch = [sum(row["reward"] for row in rows[i: i + 8]) / 8 for i in range(0, 24, 8)]
+    # (A single step's reward is one draw of 8 tasks: comparing single steps, step 0 against a
+    # later one, measures which tasks were drawn more than learning; epochs compare like with like.)
     assert epoch[-1] > epoch[0] + 0.02, f"reward did not rise over epochs: {[round(e, 3) for e in epoch]}"
-    assert max(row["reward"] for row in rows[-8:]) > rows[0]["reward"]
     kls = [row["mismatch_kl"] for row in rows]
     assert all(kl is not None and 0 <= kl < MAX_STEP_KL for kl in kls), kls
     assert sum(kls) / len(kls) < MAX_MEAN_KL, kls
