@@ -21,7 +21,7 @@ from agentrl.inference.supervisor import InsufficientGpusError, ServerSupervisor
 from agentrl.inference.weights import FilesystemWeightPublisher
 
 REQUESTS = 6
-MAX_TOKENS = 48
+MAX_TOKENS = 1024  # long enough (seconds of decoding) to be in flight when the server is killed
 FIXED_TOKENS = [3, 20, 35, 41, 50, 62, 70, 88]
 
 
