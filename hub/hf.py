@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
-from agentrl.hub.refs import PackageRef, sort_versions
+from agentrl.hub.refs import PackageRef, resolve_version, sort_versions
 
 __all__ = ["HFHub", "PACKAGE_TAG", "TAG_DELAY_ENV"]
 
@@ -96,16 +96,11 @@ class HFHub:
         return sort_versions(tag.name for tag in refs.tags)
 
     def resolve(self, ref: PackageRef) -> PackageRef:
-        versions = self.versions(ref)
-        if not versions:
-            raise NotFoundError(f"{ref.repo_id}: no such package on the Hugging Face Hub ({self.api.endpoint}); "
-                                "push it with `agentrl env push --hub hf` or check HF_TOKEN for private repos")
-        if ref.version is None:
-            return PackageRef(ref.owner, ref.name, versions[-1])
-        if ref.version not in versions:
-            raise NotFoundError(f"{ref.repo_id}: no version {ref.version!r} on the Hugging Face Hub "
-                                f"(versions: {', '.join(versions)})")
-        return ref
+        return resolve_version(
+            ref, self.versions(ref), hub="on the Hugging Face Hub",
+            hub_detail=f"on the Hugging Face Hub ({self.api.endpoint})",
+            hint="push it with `agentrl env push --hub hf` or check HF_TOKEN for private repos",
+        )
 
     def _download(self, ref: PackageRef, relative: str) -> Path:
         folder = Path(tempfile.mkdtemp(prefix="agentrl-hf-"))

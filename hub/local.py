@@ -23,7 +23,7 @@ from pathlib import Path
 
 from agentrl.errors import NotFoundError
 from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
-from agentrl.hub.refs import PackageRef, hub_root, sort_versions
+from agentrl.hub.refs import PackageRef, hub_root, resolve_version, sort_versions
 
 __all__ = ["LocalHub", "installed_environment_dirs"]
 
@@ -74,16 +74,10 @@ class LocalHub:
 
     def resolve(self, ref: PackageRef) -> PackageRef:
         """The same reference with its version filled in (the latest when none was given)."""
-        versions = self.versions(ref)
-        if not versions:
-            raise NotFoundError(f"{ref.repo_id}: no such package in the local hub {self.root}; "
-                                "push it with `agentrl env push` or list packages with `agentrl env list`")
-        if ref.version is None:
-            return PackageRef(ref.owner, ref.name, versions[-1])
-        if ref.version not in versions:
-            raise NotFoundError(f"{ref.repo_id}: no version {ref.version!r} in the local hub "
-                                f"(versions: {', '.join(versions)})")
-        return ref
+        return resolve_version(
+            ref, self.versions(ref), hub="in the local hub", hub_detail=f"in the local hub {self.root}",
+            hint="push it with `agentrl env push` or list packages with `agentrl env list`",
+        )
 
     def lock_of(self, ref: PackageRef) -> PackageLock | None:
         """The lock file of a published version, or None when that version does not exist."""

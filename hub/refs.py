@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agentrl.errors import AgentrlError, NotFoundError
 
-__all__ = ["PackageRef", "parse_ref", "sort_versions", "hub_root", "installed_root", "default_owner",
+__all__ = ["PackageRef", "parse_ref", "sort_versions", "resolve_version", "hub_root", "installed_root", "default_owner",
            "find_installed", "list_installed"]
 
 _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-_.]{0,95}$")
@@ -70,6 +70,20 @@ def sort_versions(versions) -> list[str]:
     """Versions oldest first (semantic order; unparsable ones first, by text)."""
     return sorted(versions, key=_version_key)
 
+
+def resolve_version(ref: PackageRef, versions: list[str], *, hub: str, hub_detail: str, hint: str) -> PackageRef:
+    """`ref` with its version filled in from a hub's sorted `versions` (the latest when none was given).
+
+    `hub` names the hub in messages ("in the local hub"), `hub_detail` adds where it is, and
+    `hint` says what to do when the package is missing.
+    """
+    if not versions:
+        raise NotFoundError(f"{ref.repo_id}: no such package {hub_detail}; {hint}")
+    if ref.version is None:
+        return PackageRef(ref.owner, ref.name, versions[-1])
+    if ref.version not in versions:
+        raise NotFoundError(f"{ref.repo_id}: no version {ref.version!r} {hub} (versions: {', '.join(versions)})")
+    return ref
 
 def hub_root() -> Path:
     """The local hub directory: `AGENTRL_HUB`, else `~/.agentrl/hub`."""
