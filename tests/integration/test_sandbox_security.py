@@ -20,6 +20,12 @@ from agentrl.sandbox import SandboxConfig, SandboxError, create_sandbox
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
+def _labelled_containers(owner: str) -> list[str]:
+    """Ids of the Docker containers (running or not) labelled with this owner."""
+    return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
+                          capture_output=True, text=True).stdout.split()
+
+
 def _docker_ok() -> bool:
     return shutil.which("docker") is not None and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
 
@@ -246,8 +252,7 @@ async def test_gc_after_kill_9_leaves_no_sandbox(backend):
             time.sleep(0.2)
         assert [s for s in list_sandboxes() if s.owner == owner] == []
         if backend["type"] == "docker":
-            labelled = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
-                                      capture_output=True, text=True).stdout.split()
+            labelled = _labelled_containers(owner)
             assert labelled == []
     finally:
         if proc.poll() is None:
@@ -269,8 +274,7 @@ async def test_next_process_start_up_removes_orphans():
         run = subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "run", "--", "true"],
                              capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
-        labelled = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
-                                  capture_output=True, text=True).stdout.split()
+        labelled = _labelled_containers(owner)
         assert labelled == []
     finally:
         if proc.poll() is None:
@@ -293,8 +297,7 @@ def test_unclosed_sandbox_is_removed_at_interpreter_exit():
     try:
         out = subprocess.run([sys.executable, "-c", script, owner], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.strip(), out.stderr
-        labelled = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
-                                  capture_output=True, text=True).stdout.split()
+        labelled = _labelled_containers(owner)
         assert labelled == []
     finally:
         subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--owner", owner], capture_output=True)
