@@ -76,7 +76,7 @@ def main(
     rollouts_per_task: int = typer.Option(4, "-r", help="Rollouts per task."),
     max_tokens: int = typer.Option(96, help="max_tokens of every request."),
     concurrency: int = typer.Option(64, help="Requests in flight in both arms."),
-    repeats: int = typer.Option(3, help="Runs of each arm (alternating)."),
+    repeats: int = typer.Option(5, help="Runs of each arm (alternating)."),
     output: Path = typer.Option(RESULTS, help="Where the JSON goes."),
 ) -> None:
     """Compare agentrl.evaluate's completion tokens/s with raw concurrent requests to the same server."""

@@ -6,7 +6,7 @@ session key, read from the `X-Session-ID` header (it also accepts `session_param
 or `user` in the body), so every turn of a trajectory lands on the same replica and
 reuses that replica's prefix cache. Clients send the trajectory id with
 `session_headers(trajectory_id)`, or, without touching call sites, by attaching
-`attach_session_affinity` to the client's `httpx.AsyncClient` and running each rollout
+`attach_session_affinity` to the client's HTTP client and running each rollout
 inside `with trajectory_session(rollout_id):` (a context variable, so concurrent asyncio
 rollouts each send their own id). The router binds 127.0.0.1 unless told otherwise,
 runs in its own process group and is stopped by process group.
@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -64,8 +65,9 @@ def trajectory_session(trajectory_id: str):
         _TRAJECTORY.reset(token)
 
 
-def attach_session_affinity(http: httpx.AsyncClient) -> httpx.AsyncClient:
-    """Make `http` send the current `trajectory_session` id as `X-Session-ID` on every request."""
+def attach_session_affinity(http: Any) -> Any:
+    """Make `http` (an `httpx.AsyncClient`, or a client's `ShardedAsyncClient`) send the current
+    `trajectory_session` id as `X-Session-ID` on every request."""
 
     async def add_session_header(request: httpx.Request) -> None:
         trajectory_id = _TRAJECTORY.get()

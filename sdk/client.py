@@ -15,6 +15,7 @@ tokens of the newly added messages only, so nothing the model saw is re-tokenize
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 from agentrl.chat import ChatRenderer, assistant_message
 from agentrl.errors import AgentrlError
+from agentrl.http_pool import ShardedAsyncClient
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
 
@@ -32,10 +34,6 @@ __all__ = ["InferenceError", "OpenAIClient", "TokenClient", "decode_routed_exper
 
 class InferenceError(AgentrlError):
     """The inference server refused or failed a request."""
-
-
-def _limits(max_connections: int) -> httpx.Limits:
-    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
 
 
 def expand_weight_versions(spans: list[dict[str, Any]] | None, length: int) -> list[int] | None:
@@ -103,11 +101,13 @@ class TokenClient:
         self.served_model_name = served_model_name
         self.parse_tools = parse_tools
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(
+        self.http = ShardedAsyncClient(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
-            limits=_limits(max_connections), headers=headers,
+            max_connections=max_connections, headers=headers,
         )
         self.max_model_len: int | None = None
+        self._context_lookup: asyncio.Lock | None = None
+        self._context_looked_up = False
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -119,13 +119,20 @@ class TokenClient:
         return self._renderer
 
     async def _context_length(self) -> int | None:
-        if self.max_model_len is None:
-            try:
-                response = await self.http.get("/v1/models")
-                response.raise_for_status()
-                self.max_model_len = int(response.json()["data"][0].get("max_model_len") or 0) or None
-            except (httpx.HTTPError, KeyError, IndexError, ValueError):
-                return None
+        """The server's max_model_len, asked once per client (concurrent first calls share one GET)."""
+        if self.max_model_len is not None or self._context_looked_up:
+            return self.max_model_len
+        if self._context_lookup is None:
+            self._context_lookup = asyncio.Lock()
+        async with self._context_lookup:
+            if not self._context_looked_up:
+                try:
+                    response = await self.http.get("/v1/models")
+                    response.raise_for_status()
+                    self.max_model_len = int(response.json()["data"][0].get("max_model_len") or 0) or None
+                except (httpx.HTTPError, KeyError, IndexError, ValueError):
+                    pass  # unknown: the server enforces its own limit and answers with an error
+                self._context_looked_up = True
         return self.max_model_len
 
     # ------------------------------------------------------------------ tokens
@@ -235,9 +242,9 @@ class OpenAIClient:
         self.return_token_ids = return_token_ids
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.AsyncClient(
+        self.http = ShardedAsyncClient(
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
-            limits=_limits(max_connections), headers=headers,
+            max_connections=max_connections, headers=headers,
         )
 
     async def chat(
