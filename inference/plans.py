@@ -107,7 +107,7 @@ class DeploymentConfig(BaseConfig):
     gpu_memory_utilization: float | None = None
     """Share of GPU memory (on the CPU: of RAM) vLLM reserves; None: 0.9 on GPU, 0.2 on CPU."""
     dtype: str | None = None
-    """Weight/activation dtype passed to vLLM (None: the checkpoint's own)."""
+    """Weight/activation dtype passed to vLLM (None: vLLM's "auto"; `agentrl train` uses the trainer's dtype)."""
     kv_cache_memory_bytes: int | None = None
     """KV-cache size per server in bytes (None: 256 MiB on the CPU, from gpu_memory_utilization on GPU)."""
     max_num_seqs: int | None = None

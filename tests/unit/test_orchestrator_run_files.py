@@ -37,6 +37,16 @@ def test_defaults_are_the_embedded_cpu_run():
     assert config.trainer.model == "tiny-moe"
 
 
+def test_inference_serves_in_the_trainers_dtype():
+    # vLLM's "auto" would serve the float32 checkpoint in bfloat16 on the CPU: a mismatch KL of
+    # ~1e-4 per token against the float32 trainer. The run passes the trainer's dtype instead.
+    assert load_run_config().inference_dtype() == "float32"
+    assert load_run_config(overrides=["trainer.parallel.param_dtype=bfloat16"]).inference_dtype() == "bfloat16"
+    assert load_run_config(overrides=["inference.dtype=float16"]).inference_dtype() == "float16"
+    gpu = load_run_config(overrides=["launch.trainer_gpus=2"])
+    assert gpu.trainer.parallel.param_dtype is None and gpu.inference_dtype() == "bfloat16"
+
+
 def test_toml_overrides_and_shortcuts(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[orchestrator]\nmax_steps = 7\nmax_off_policy_steps = 0\n[sampling]\ntemperature = 0.7\n')

@@ -108,7 +108,9 @@ class MoEBlock(nn.Module):
             self.last_expert_ids = expert_ids_TK.detach().clone()
         counts_E = torch.bincount(expert_ids_TK.reshape(-1), minlength=self.num_experts)
         routed_RD, local_counts, metadata = self.dispatcher.dispatch(x_TD, weights_TK, expert_ids_TK, counts_E)
-        routed_out_RD = self.experts(routed_RD, local_counts)
+        # Under autocast the experts answer in bfloat16 while the residual stream stays float32;
+        # the combine's scatter_add needs one dtype (a no-op without autocast).
+        routed_out_RD = self.experts(routed_RD, local_counts).to(x_TD.dtype)
         out_TD = self.dispatcher.combine(routed_out_RD, metadata, x_TD)
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
