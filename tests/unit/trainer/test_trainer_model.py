@@ -158,3 +158,32 @@ def test_zigzag_cp_segments_give_the_same_attention(cp_size):
         segments = build_segments(positions, cp_rank=rank, cp_size=cp_size)
         out = _sdpa_attention(q[index], gathered_k[segments.kv_index], gathered_v[segments.kv_index], segments, 8**-0.5)
         torch.testing.assert_close(out, reference[index], atol=1e-5, rtol=0)
+
+
+def test_packed_attention_and_its_gradients_equal_one_document_at_a_time():
+    from agentrl.trainer.models.attention import _sdpa_attention, _split_sizes
+
+    assert _split_sizes([(0, 3), (3, 5)], 7) == ([3, 2, 2], [0, 1])  # a trailing gap is a piece
+    assert _split_sizes([(2, 4)], 4) == ([2, 2], [1])  # a leading gap too
+    assert _split_sizes([(0, 4), (2, 6)], 6) is None  # overlapping keys (CP) fall back to slices
+    lengths = (5, 9, 1, 7)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(positions.numel(), 4, 8, generator=generator, requires_grad=True) for _ in range(3))
+    packed = _sdpa_attention(q, k, v, build_segments(positions), 8**-0.5)
+    (packed * torch.arange(packed.numel()).reshape(packed.shape).sin()).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    start = 0
+    pieces = []
+    for n in lengths:  # each document alone: plain causal attention
+        qd, kd, vd = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
+        pieces.append(torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=8**-0.5)
+                      .transpose(0, 1))
+        start += n
+    alone = torch.cat(pieces)
+    (alone * torch.arange(alone.numel()).reshape(alone.shape).sin()).sum().backward()
+    torch.testing.assert_close(packed, alone, atol=1e-6, rtol=0)
+    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
