@@ -198,7 +198,7 @@ class InferenceActor:
 
     def start(self) -> str:
         self.server.start()
-        self._sentinel = _reap_with_parent(os.getpgid(self.server.process.pid))
+        _reap_when_gone(os.getpgid(self.server.process.pid), os.getpid(), self.server.process.pid)
         (self.server.log_path.parent / "vllm.pid").write_text(str(self.server.process.pid))
         return self.server.url
 
@@ -206,11 +206,7 @@ class InferenceActor:
         return _node_id()
 
     def stop(self) -> None:
-        self.server.stop()
-        sentinel = getattr(self, "_sentinel", None)
-        if sentinel is not None:
-            sentinel.kill()
-            sentinel.wait()
+        self.server.stop()  # the sentinel then sees the API server end and exits
 
 
 def _max_positions(model_dir: str) -> int:
@@ -224,40 +220,41 @@ def _max_positions(model_dir: str) -> int:
 
 
 _SENTINEL_CODE = """
-import os, signal, sys
-group = int(sys.argv[1])
-def reap(*_):
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except OSError:
-        pass
-    os._exit(0)
-signal.signal(signal.SIGTERM, reap)
-if os.getppid() != int(sys.argv[2]):
-    reap()
-while True:
-    signal.pause()
+import os, select, signal, sys
+group, watched = int(sys.argv[1]), [int(pid) for pid in sys.argv[2:]]
+try:
+    handles = [os.pidfd_open(pid) for pid in watched]
+except ProcessLookupError:
+    handles = None  # one is gone already: reap now
+if handles is not None:
+    if os.fork():
+        os._exit(0)  # the launcher exits at once; the sentinel is nobody's child
+    os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    select.select(handles, [], [])  # a pidfd turns readable when its process ends
+try:
+    os.killpg(group, signal.SIGKILL)
+except OSError:
+    pass
 """
 
 
-def _reap_with_parent(process_group: int):
-    """A sentinel process that kills `process_group` when this process dies, even by SIGKILL.
+def _reap_when_gone(process_group: int, *watched: int) -> None:
+    """Start a sentinel that kills `process_group` as soon as any `watched` process ends.
 
-    The vLLM server runs in its own session (so it can be stopped as a group); without this,
-    a `kill -9` of the run would leave it serving. The sentinel gets SIGTERM from the kernel
-    when its parent dies (PR_SET_PDEATHSIG) and then kills the server's group.
+    The vLLM server runs in its own session (so it can be stopped as a group) and its API
+    process starts an engine-core process. When the run is killed with SIGKILL, Ray kills its
+    workers' children, the API server among them, and nothing stops the engine core. The
+    sentinel watches the inference actor and the API server through pidfds and kills the
+    whole server group when either ends. It is double-forked, in a session of its own, so
+    neither a `kill -9` of the run's process group nor Ray's clean-up of a worker's children
+    reaches it; after a normal stop it finds the group gone and exits.
     """
-    import ctypes
-    import signal
     import subprocess
     import sys
 
-    def arm() -> None:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-    return subprocess.Popen([sys.executable, "-c", _SENTINEL_CODE, str(process_group), str(os.getpid())],
-                            preexec_fn=arm, stdin=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-c", _SENTINEL_CODE, str(process_group), *map(str, watched)],
+                   stdin=subprocess.DEVNULL, check=False, timeout=60)
 
 
 class TrainerActor:
@@ -286,7 +283,10 @@ class TrainerActor:
         return self.trainer.load_checkpoint(path)
 
     def train_step(self, samples: list[TrainingSample], step: int) -> dict[str, float]:
+        started = time.monotonic()
         metrics = self.trainer.train_on_samples(samples)
+        # Packing + forward/backward + optimizer, without the transfer of the samples to this actor.
+        metrics["compute_s"] = time.monotonic() - started
         return metrics
 
     def publish(self, version: int) -> float:

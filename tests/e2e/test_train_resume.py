@@ -2,7 +2,7 @@
 
 The run is killed with SIGKILL (its whole process group: CLI, Ray, actors) once a
 checkpoint exists and a later step has started; the vLLM server, which runs in its own
-session, must die with it. The resumed run restarts at the last complete checkpoint:
+session, must die with it (every process of that session: the API server and the engine core). The resumed run restarts at the last complete checkpoint:
 metrics.jsonl ends up with each step exactly once, and the trainer's own optimizer-step
 counter (restored from the checkpoint, reported as `train/step`) is step + 1 at every
 step, so no optimizer step was applied twice or skipped.
@@ -39,11 +39,12 @@ def _kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
+def _wait_group_gone(group: int, timeout_s: float) -> bool:
+    """True once no process is left in process group `group` (the vLLM server's API and engine core)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
+            os.killpg(group, 0)
         except ProcessLookupError:
             return True
         time.sleep(0.5)
@@ -69,11 +70,11 @@ def test_resume_after_kill_9(tmp_path):
         _kill_group(first)
     killed_at = len(read_metrics(run_dir / "metrics.jsonl"))
     assert killed_at < steps, "the run finished before it could be killed"
-    server_pid = int((run_dir / "logs" / "vllm.pid").read_text())
-    gone = _wait_gone(server_pid, 60)
+    server_group = int((run_dir / "logs" / "vllm.pid").read_text())  # the server leads its own session
+    gone = _wait_group_gone(server_group, 60)
     if not gone:
-        os.killpg(os.getpgid(server_pid), signal.SIGKILL)
-    assert gone, "the vLLM server survived kill -9 of the run"
+        os.killpg(server_group, signal.SIGKILL)
+    assert gone, "a vLLM server process (API server or engine core) survived kill -9 of the run"
 
     second = _train("--resume", str(run_dir))
     try:
