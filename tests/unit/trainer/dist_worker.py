@@ -9,28 +9,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 sys.path.insert(0, str(Path(__file__).parent))
-from trainer_helpers import run_steps  # noqa: E402
+from trainer_helpers import run_steps, save_rank_results  # noqa: E402
 
 LAYOUTS = {"fsdp": (1, 1), "ep": (2, 1), "cp": (1, 2), "epcp": (2, 2)}
 
 
 def main() -> None:
     model_dir, out_file, ckpt_dir, layouts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    results = {}
-    try:
-        for name in layouts:
-            ep, cp = LAYOUTS[name]
-            results[name] = run_steps(model_dir, ep=ep, cp=cp, checkpoint_dir=f"{ckpt_dir}/{name}")
-        if dist.get_rank() == 0:
-            torch.save(results, out_file)
-    finally:
-        dist.destroy_process_group()
+
+    def train(name: str) -> dict:
+        ep, cp = LAYOUTS[name]
+        return run_steps(model_dir, ep=ep, cp=cp, checkpoint_dir=f"{ckpt_dir}/{name}")
+
+    save_rank_results(out_file, layouts, train)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainer_helpers import run_steps
+from trainer_helpers import run_steps, save_rank_results
 
 
 def _groups(model_dir: str, ep: int, cp: int) -> dict:
@@ -38,17 +37,12 @@ def _groups(model_dir: str, ep: int, cp: int) -> dict:
 
 def main() -> None:
     model_dir, out_file, layouts = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    results = {}
-    try:
-        for layout in layouts:
-            ep, cp = (int(x) for x in layout.split(":"))
-            results[layout] = {**_groups(model_dir, ep, cp), **run_steps(model_dir, steps=2, ep=ep, cp=cp)}
-        if dist.get_rank() == 0:
-            torch.save(results, out_file)
-    finally:
-        dist.destroy_process_group()
+
+    def train(layout: str) -> dict:
+        ep, cp = (int(x) for x in layout.split(":"))
+        return {**_groups(model_dir, ep, cp), **run_steps(model_dir, steps=2, ep=ep, cp=cp)}
+
+    save_rank_results(out_file, layouts, train)
 
 
 if __name__ == "__main__":

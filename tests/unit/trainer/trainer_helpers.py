@@ -83,3 +83,45 @@ def run_steps(model_dir, *, steps: int = 3, ep=1, cp=1, row_tokens: int = 32, ch
         trainer.load_checkpoint(checkpoint_dir)
         resumed = trainer.train_on_samples(batches[-1])
     return {"metrics": metrics, "resumed": resumed, "state": full_state_dict(trainer), "plan": trainer.plan.describe()}
+
+
+def launch_ranks(worker, nproc: int, *args: str, timeout: int) -> None:
+    """Run the torchrun `worker` script on `nproc` CPU ranks (gloo, 127.0.0.1); fail with its stderr."""
+    import os
+    import subprocess
+    import sys
+
+    from agentrl.inference.server import free_port
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(worker), *map(str, args)]
+    proc = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def save_rank_results(out_file, layouts, train) -> None:
+    """The body of a torchrun worker: a gloo group, `train(layout)` for each layout, rank 0 saves them."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        results = {layout: train(layout) for layout in layouts}
+        if dist.get_rank() == 0:
+            torch.save(results, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def assert_matches_single_process(result, single, label) -> None:
+    """A multi-rank run's per-step metrics (1e-5 relative) and final weights (2e-3) equal one process's."""
+    import pytest
+
+    for step, (got, want) in enumerate(zip(result["metrics"], single["metrics"], strict=True)):
+        for key in ("loss", "mismatch_kl", "masked_fraction", "loss_tokens", "tokens"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (label, step, key)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5), (label, step)
+    assert set(result["state"]) == set(single["state"])
+    for key, tensor in single["state"].items():
+        torch.testing.assert_close(result["state"][key], tensor, atol=2e-3, rtol=0, msg=f"{label} {key}")
