@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +36,19 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "trainer_mfu.json"
 DATASHEET_BF16 = 989.4e12
 LOGPROB_CHUNK_TOKENS = 2048  # trainer.logprob_chunk_tokens of every benchmark run (the planner needs it too)
+
+
+def gpu_launch(gpus: int, worker_args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Command and environment for a worker on `gpus` GPUs: one process on GPU 0, else torchrun."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpus == 1:
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        return [sys.executable, *worker_args], env
+    with socket.socket() as sock:  # a free rendezvous port on 127.0.0.1
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(gpus),
+            "--master_addr", "127.0.0.1", "--master_port", str(port), *worker_args], env
 
 
 def air_args(layers: int):
@@ -198,13 +212,7 @@ def main() -> None:
         base = [str(Path(__file__).resolve()), "--layers", str(options.layers), "--steps", str(options.steps),
                 "--worker-out", str(out)] + [x for s in seqs for x in ("--seq", str(s))] \
             + [x for s in options.cp2_seq for x in ("--cp2-seq", str(s))]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if gpus == 1:
-            command = [sys.executable] + base
-            env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-        else:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(gpus),
-                       "--master_addr", "127.0.0.1", "--master_port", "29611"] + base
+        command, env = gpu_launch(gpus, base)
         proc = subprocess.run(command, env=env)
         if proc.returncode != 0 or not out.exists():
             print(f"{gpus}-GPU run failed (exit {proc.returncode})")

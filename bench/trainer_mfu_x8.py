@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_mfu import LOGPROB_CHUNK_TOKENS, _measure, air_args, matmul_rate
+from trainer_mfu import LOGPROB_CHUNK_TOKENS, _measure, air_args, gpu_launch, matmul_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "trainer_mfu_x8.json"
@@ -296,25 +295,13 @@ def _identity(config: RunConfig) -> dict:
             "seq": config.seq, "cp": config.cp, "ep": config.ep}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(gpus: int, configs: list[RunConfig], *, deadline: float, results: Path) -> list[dict]:
     """One launch (1 process, or torchrun over ``gpus`` GPUs); the rows it wrote, even when cut short."""
     out = results.parent / f".{results.stem}_{gpus}gpu.json"
     out.unlink(missing_ok=True)
     worker_args = [str(Path(__file__).resolve()), "--worker-out", str(out), "--deadline", str(deadline),
                    "--worker-configs", json.dumps([asdict(c) for c in configs])]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if gpus == 1:
-        command = [sys.executable] + worker_args
-        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(gpus),
-                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port())] + worker_args
+    command, env = gpu_launch(gpus, worker_args)
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     try:
         code = proc.wait(timeout=max(1.0, deadline + KILL_GRACE_S - time.time()))
