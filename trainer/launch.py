@@ -68,7 +68,7 @@ def trainer_plan(config: RunConfig):
     return plan_layout(args, world=world, row_tokens=config.trainer.row_tokens, ep=parallel.ep, cp=parallel.cp,
                        gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
                        activation_checkpointing=parallel.activation_checkpointing,
-                       compute_bytes=2 if parallel.compute_dtype("cuda" if config.launch.trainer_gpus else "cpu") == "bfloat16" else 4)
+                       compute_bytes=2 if config.trainer_compute_dtype() == "bfloat16" else 4)
 
 
 def _model_args(config: RunConfig):

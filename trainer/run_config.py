@@ -131,17 +131,18 @@ class RunConfig(BaseConfig):
 
         return Path(ensure_model(self.model.name))
 
+    def trainer_compute_dtype(self) -> str:
+        """The trainer's forward/backward dtype: `trainer.parallel.param_dtype`, unset bf16 on GPUs, fp32 on the CPU."""
+        return self.trainer.parallel.compute_dtype("cuda" if self.launch.trainer_gpus else "cpu")
+
     def inference_dtype(self) -> str:
         """vLLM's `--dtype`: `inference.dtype`, else the trainer's compute dtype.
 
-        That is `trainer.parallel.param_dtype`; unset, float32 for a CPU trainer and bfloat16 on GPUs.
-        Serving in the same dtype keeps the sampled logprobs on the trainer's numerics (vLLM's
-        own "auto" would serve a float32 checkpoint in bfloat16 on the CPU, a mismatch KL of
-        about 1e-4 per token on tiny-moe before any routing difference).
+        Serving in the trainer's dtype keeps the sampled logprobs on the trainer's numerics
+        (vLLM's own "auto" would serve a float32 checkpoint in bfloat16 on the CPU, a mismatch
+        KL of about 1e-4 per token on tiny-moe before any routing difference).
         """
-        if self.inference.dtype:
-            return self.inference.dtype
-        return self.trainer.parallel.compute_dtype("cuda" if self.launch.trainer_gpus else "cpu")
+        return self.inference.dtype or self.trainer_compute_dtype()
 
 
 _DEFAULTS_BY_MODEL = {"tiny-moe": TINY_MOE_SFT}
