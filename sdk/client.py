@@ -77,6 +77,8 @@ def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[
         params["seed"] = sampling.seed
     if sampling.stop:
         params["stop"] = list(sampling.stop)
+    if sampling.ignore_eos:
+        params["ignore_eos"] = True
     return params
 
 
@@ -271,6 +273,8 @@ class OpenAIClient:
             body["stop"] = list(sampling.stop)
         if sampling.top_k > 0:
             body["top_k"] = sampling.top_k  # vLLM extension
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True  # vLLM extension
         if self.return_token_ids:
             body["return_token_ids"] = True  # vLLM extension
         try:

@@ -32,6 +32,8 @@ class SamplingConfig(BaseConfig):
     """Per-request seed for reproducible sampling."""
     stop: list[str] = []
     """Strings that end a completion."""
+    ignore_eos: bool = False
+    """Keep generating past end-of-sequence tokens up to max_tokens (vLLM's ignore_eos; load tests, benchmarks)."""
 
 
 @runtime_checkable
