@@ -163,9 +163,8 @@ class Trainer:
         self.model.train()
         rows = self._my_rows(batch)
         cp, cp_rank = self.plan.cp, self.meshes.cp_rank
-        window = cp_token_index(self.config.row_tokens, cp_rank=cp_rank, cp_size=cp) if cp > 1 \
-            else slice(0, self.config.row_tokens)
-        local_loss_tokens = sum(int(row.loss_mask[window].sum()) for row in rows)
+        cp_window = cp_token_index(self.config.row_tokens, cp_rank=cp_rank, cp_size=cp) if cp > 1 else None
+        local_loss_tokens = sum(int(row.loss_mask[_window(row, cp_window)].sum()) for row in rows)
         total = torch.tensor([float(local_loss_tokens)], device=self.device)
         if self.world > 1:
             dist.all_reduce(total)
@@ -173,8 +172,9 @@ class Trainer:
         sums: dict[str, torch.Tensor] = {}
         objective = torch.zeros((), device=self.device)
         for row in rows:
-            segments = build_segments(row.positions, cp_rank=cp_rank, cp_size=cp,
-                                      cp_group=self.meshes.cp_group).to(self.device)
+            window = _window(row, cp_window)
+            segments = build_segments(row.positions if cp > 1 else row.positions[window], cp_rank=cp_rank,
+                                      cp_size=cp, cp_group=self.meshes.cp_group).to(self.device)
             replay = self.config.router_replay and row.routed_experts is not None
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
                 logprobs = self.model(
@@ -249,6 +249,22 @@ class Trainer:
             name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.bfloat16)
         return export_hf(self, out_dir, dtype=dtype)
+
+
+def _window(row: PackedRow, cp_window: torch.Tensor | None) -> torch.Tensor | slice:
+    """The row's tokens this rank computes: its CP share, or (without CP) the row up to its padding.
+
+    Without CP nothing needs rows of equal length (FSDP gathers weights, EP exchanges token
+    counts), so the padding tail is not computed at all: it never reaches the loss, and as
+    one long segment its causal attention cost grows with the square of its length. A row of
+    pure padding (a rank's filler row) keeps a few tokens so every rank still runs the layers.
+    """
+    if cp_window is not None:
+        return cp_window
+    return slice(0, _real_tokens(row) or min(row.num_tokens, _FILLER_TOKENS))
+
+
+_FILLER_TOKENS = 8
 
 
 def _real_tokens(row: PackedRow) -> int:

@@ -38,7 +38,8 @@ class MoERouter(TokenChoiceTopKRouter):
         replay_mask_T: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Route ``(T, D)`` tokens; returns ``(gate weights (T, K) float32, expert ids (T, K))``."""
-        logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+        with torch.autocast(x_TD.device.type, enabled=False):  # float32 gate, as vLLM's and HF's GLM-4.5
+            logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
         if self.score_func == "sigmoid":
             scores_TE = torch.sigmoid(logits_TE)
         else:

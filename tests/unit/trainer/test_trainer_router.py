@@ -86,3 +86,16 @@ def test_model_replay_reproduces_recorded_routing_and_router_learns(tiny_glm_dir
     for layer, block in enumerate(blocks):
         assert torch.equal(block.last_expert_ids[:5], other[:5, layer])
         assert torch.equal(block.last_expert_ids[5:], recorded[5:, layer])
+
+
+def test_router_logits_stay_float32_under_bf16_autocast():
+    """Like vLLM's GLM-4.5 gate (float32 weights and input): autocast must not round the router's logits."""
+    router = build_router(hidden_size=64, num_experts=8, top_k=2, score_func="sigmoid", num_expert_groups=1,
+                          num_limited_groups=1, route_norm=True, route_scale=1.0)
+    x = torch.randn(256, 64, generator=torch.Generator().manual_seed(0))
+    full_weights, full_ids = router(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        weights, ids = router(x)
+    assert weights.dtype == torch.float32
+    assert torch.equal(ids, full_ids)
+    torch.testing.assert_close(weights, full_weights, atol=1e-6, rtol=1e-6)  # bf16 logits would be ~1e-3 off

@@ -128,3 +128,42 @@ def test_bfloat16_compute_on_the_cpu(tiny_glm_dir):
     assert half_metrics["loss"] != full_metrics["loss"]
     assert half_metrics["loss"] == pytest.approx(full_metrics["loss"], rel=0.05, abs=1e-3)
     assert half_metrics["mismatch_kl"] == pytest.approx(full_metrics["mismatch_kl"], rel=0.2)
+
+
+def test_padding_is_not_computed_and_changes_nothing(tiny_glm_dir):
+    """Rows are cut at their padding: the same samples in rows of 64 or 512 tokens give the same step."""
+    samples = make_samples()
+    short, long = _trainer(tiny_glm_dir), _trainer(tiny_glm_dir, row_tokens=512)
+    short_batch, long_batch = short.pack(samples), long.pack(samples)
+    assert len(long_batch.rows) == 1 and long_batch.rows[0].num_tokens == 512  # mostly padding
+    seen: list[int] = []
+    hook = long.model.embed_tokens.register_forward_hook(lambda module, args, out: seen.append(args[0].numel()))
+    grads: dict[int, dict[str, torch.Tensor]] = {}
+    for trainer in (short, long):  # the gradients the optimizer is handed
+        trainer.optimizer.step = lambda t=trainer: grads.setdefault(id(t), {
+            n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
+    short_metrics, long_metrics = short.step(short_batch), long.step(long_batch)
+    hook.remove()
+    assert seen == [sum(len(s.token_ids) - 1 for s in samples)]  # real tokens only, no padding tail
+    assert long_metrics["loss"] == pytest.approx(short_metrics["loss"], rel=1e-5)
+    assert long_metrics["mismatch_kl"] == pytest.approx(short_metrics["mismatch_kl"], rel=1e-5)
+    assert long_metrics["grad_norm"] == pytest.approx(short_metrics["grad_norm"], rel=1e-5)
+    short_grads, long_grads = grads[id(short)], grads[id(long)]
+    assert short_grads.keys() == long_grads.keys() and short_grads
+    for name, grad in short_grads.items():
+        torch.testing.assert_close(long_grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_a_filler_row_of_padding_still_runs_the_layers(tiny_glm_dir):
+    """A rank's filler row (pure padding) keeps a few tokens, so collectives see every rank."""
+    from agentrl.trainer.packing import PackedRow
+
+    trainer = _trainer(tiny_glm_dir)
+    batch = trainer.pack(make_samples(with_experts=False))
+    batch.rows.append(PackedRow.padding(64, moe_layers=None, top_k=None))
+    seen: list[int] = []
+    hook = trainer.model.embed_tokens.register_forward_hook(lambda module, args, out: seen.append(args[0].numel()))
+    metrics = trainer.step(batch)
+    hook.remove()
+    assert len(seen) == len(batch.rows) and 0 < seen[-1] < 64
+    assert metrics["loss_tokens"] == batch.loss_tokens
