@@ -79,6 +79,7 @@ def save_checkpoint(trainer, path: str | Path) -> Path:
         "python_rng": random.getstate(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "loss_scale": trainer.loss_scale.state_dict() if trainer.loss_scale else None,
         "layout": trainer.plan.describe(),
     }
     torch.save(extra, tmp / f"extra_rank{_rank()}.pt")
@@ -128,6 +129,8 @@ def load_checkpoint(trainer, path: str | Path) -> int:
     torch.set_rng_state(extra["torch_rng"])
     if extra.get("cuda_rng") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(extra["cuda_rng"])
+    if trainer.loss_scale and extra.get("loss_scale"):
+        trainer.loss_scale.load_state_dict(extra["loss_scale"])
     trainer.step_count = int(extra["step"])
     return trainer.step_count
 

@@ -28,7 +28,7 @@ from pydantic import model_validator
 
 from agentrl.config import BaseConfig
 
-__all__ = ["LossConfig", "compute_loss"]
+__all__ = ["LossConfig", "LossScale", "compute_loss"]
 
 _MAX_LOG_RATIO = 20.0
 
@@ -103,3 +103,39 @@ def compute_loss(
             "ratio_sum": torch.where(mask, ratio, zero).sum(),
         }
     return loss, stats
+
+
+class LossScale:
+    """Dynamic loss scale for float16 compute: gradients that would underflow float16 are scaled up.
+
+    The trainer multiplies the loss by `value` before backward and divides the gradients by it
+    before clipping. A step whose gradient norm is not finite is skipped (the trainer does that
+    for any dtype) and halves the scale; `growth_interval` finite steps in a row double it.
+    The global gradient norm is already reduced over all ranks, so every rank makes the same
+    decision (torch's `GradScaler` checks only local shards).
+    """
+
+    def __init__(self, *, initial: float = 2.0**16, growth_interval: int = 200, minimum: float = 1.0,
+                 maximum: float = 2.0**24) -> None:
+        self.value = float(initial)
+        self.growth_interval = growth_interval
+        self.minimum, self.maximum = minimum, maximum
+        self.good_steps = 0
+
+    def update(self, *, finite: bool) -> None:
+        """After a step: back off on overflow, grow after `growth_interval` clean steps."""
+        if not finite:
+            self.value = max(self.minimum, self.value / 2)
+            self.good_steps = 0
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.value = min(self.maximum, self.value * 2)
+            self.good_steps = 0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+        self.good_steps = int(state["good_steps"])

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.trainer.config import TrainerConfig
-from agentrl.trainer.loss import compute_loss
+from agentrl.trainer.loss import LossScale, compute_loss
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments, cp_token_index
 from agentrl.trainer.models.glm4_moe import build_model, init_weights
@@ -46,7 +46,7 @@ __all__ = ["Trainer", "resolve_model_dir"]
 
 logger = logging.getLogger("agentrl.trainer")
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def resolve_model_dir(name_or_path: str) -> Path:
@@ -87,7 +87,7 @@ class Trainer:
             self.args, world=self.world, row_tokens=config.row_tokens, ep=parallel.ep, cp=parallel.cp,
             gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
             activation_checkpointing=parallel.activation_checkpointing,
-            compute_bytes=2 if compute_dtype == torch.bfloat16 else 4,
+            compute_bytes=compute_dtype.itemsize,
             logprob_chunk_tokens=config.logprob_chunk_tokens,
         )
         if not dist.is_initialized() or dist.get_rank() == 0:
@@ -111,7 +111,9 @@ class Trainer:
         if sharded:
             self.model.to_empty(device=self.device)
             self._fill_weights(self.model, sharded=True)
-        self._autocast = self.world == 1 and compute_dtype == torch.bfloat16
+        self.compute_dtype = compute_dtype
+        self._autocast = self.world == 1 and compute_dtype != torch.float32
+        self.loss_scale = LossScale() if compute_dtype == torch.float16 else None
         experts = [p for n, p in self.model.named_parameters() if ".experts.w" in n]
         expert_ids = {id(p) for p in experts}
         dense = [p for p in self.model.named_parameters() if id(p[1]) not in expert_ids]
@@ -176,7 +178,7 @@ class Trainer:
             segments = build_segments(row.positions if cp > 1 else row.positions[window], cp_rank=cp_rank,
                                       cp_size=cp, cp_group=self.meshes.cp_group).to(self.device)
             replay = self.config.router_replay and row.routed_experts is not None
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
+            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
                 logprobs = self.model(
                     row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
                     targets_T=row.targets[window].to(self.device),
@@ -190,15 +192,21 @@ class Trainer:
                 loss_mask=row.loss_mask[window].to(self.device),
                 total_loss_tokens=total_loss_tokens, config=self.config.loss,
             )
-            loss.backward()
+            (loss * self.loss_scale.value if self.loss_scale else loss).backward()
             objective += loss.detach()
             replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
             stats["replayed_tokens"] = torch.tensor(float(replayed), device=self.device)
             for key, value in stats.items():
                 sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value
-        grad_norm = clip_grad_norm([p for g in self.optimizer.param_groups for p in g["params"]],
-                                   self.config.optimizer.max_grad_norm, world=self.world)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self.loss_scale:
+            for param in params:
+                if param.grad is not None:
+                    param.grad.div_(self.loss_scale.value)
+        grad_norm = clip_grad_norm(params, self.config.optimizer.max_grad_norm, world=self.world)
         skipped = not math.isfinite(grad_norm)
+        if self.loss_scale:
+            self.loss_scale.update(finite=not skipped)
         if skipped:  # never let a NaN/inf gradient reach the weights or the Adam moments
             logger.warning("trainer step %d: gradient norm is %s; the update is skipped", self.step_count + 1, grad_norm)
         else:
@@ -221,6 +229,8 @@ class Trainer:
             "policy_version": float(batch.policy_version),
         }
         metrics["replayed_fraction"] = reduced.get("replayed_tokens", 0.0) / loss_tokens
+        if self.loss_scale:
+            metrics["loss_scale"] = self.loss_scale.value
         if self.config.loss.mode == "rl":
             metrics["mismatch_kl"] = reduced["mismatch_kl_sum"] / loss_tokens
             metrics["masked_fraction"] = reduced["masked_tokens"] / loss_tokens

@@ -167,3 +167,44 @@ def test_a_filler_row_of_padding_still_runs_the_layers(tiny_glm_dir):
     hook.remove()
     assert len(seen) == len(batch.rows) and 0 < seen[-1] < 64
     assert metrics["loss_tokens"] == batch.loss_tokens
+
+
+def test_float16_compute_with_a_dynamic_loss_scale(tiny_glm_dir, tmp_path):
+    """param_dtype=float16: fp16 autocast, fp32 masters, loss scaled up for backward and gradients scaled back."""
+    samples = make_samples()
+    full = _trainer(tiny_glm_dir, optimizer={"lr": 0.0})
+    half = _trainer(tiny_glm_dir, optimizer={"lr": 0.0}, parallel={"param_dtype": "float16"})
+    assert half.compute_dtype == torch.float16 and half._autocast and full.loss_scale is None
+    full_metrics, half_metrics = full.train_on_samples(samples), half.train_on_samples(samples)
+    assert all(p.dtype == torch.float32 for p in half.model.parameters())
+    assert half_metrics["loss_scale"] == 2.0**16 and "loss_scale" not in full_metrics
+    # fp16 keeps 10 mantissa bits: closer to float32 than bf16's 7, and the gradient is unscaled.
+    assert half_metrics["loss"] != full_metrics["loss"]
+    assert half_metrics["loss"] == pytest.approx(full_metrics["loss"], rel=5e-3, abs=1e-4)
+    assert half_metrics["grad_norm"] == pytest.approx(full_metrics["grad_norm"], rel=2e-2)
+    # An overflowing scale: the step is skipped, the scale halves, the weights do not move.
+    half.loss_scale.value = 2.0**127
+    before = [p.detach().clone() for p in half.model.parameters()]
+    overflow = half.train_on_samples(samples)
+    assert overflow["skipped"] == 1.0 and half.loss_scale.value == 2.0**126
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, half.model.parameters()))
+    # The scale is part of the checkpoint.
+    half.save_checkpoint(tmp_path / "ckpt")
+    fresh = _trainer(tiny_glm_dir, optimizer={"lr": 0.0}, parallel={"param_dtype": "float16"})
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    assert fresh.loss_scale.value == 2.0**126
+
+
+def test_loss_scale_backs_off_and_grows():
+    from agentrl.trainer.loss import LossScale
+
+    scale = LossScale(initial=8.0, growth_interval=2, maximum=32.0)
+    scale.update(finite=True)
+    assert scale.value == 8.0
+    scale.update(finite=True)
+    assert scale.value == 16.0
+    scale.update(finite=False)
+    assert scale.value == 8.0 and scale.good_steps == 0
+    for _ in range(10):
+        scale.update(finite=True)
+    assert scale.value == 32.0  # capped
