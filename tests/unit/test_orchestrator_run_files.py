@@ -45,6 +45,20 @@ def test_inference_serves_in_the_trainers_dtype():
     assert load_run_config(overrides=["inference.dtype=float16"]).inference_dtype() == "float16"
     gpu = load_run_config(overrides=["launch.trainer_gpus=2"])
     assert gpu.trainer.parallel.param_dtype is None and gpu.inference_dtype() == "bfloat16"
+    assert load_run_config(overrides=["trainer.parallel.param_dtype=float16"]).inference_dtype() == "float16"
+
+
+def test_the_run_passes_inference_extra_args_to_vllm():
+    """`inference.extra_args` reach the server's command line, after the run's own CPU options."""
+    from agentrl.trainer.launch import InferenceActor
+
+    config = load_run_config(overrides=['inference.extra_args=["--hf-overrides", "{\\"head_dtype\\": \\"float32\\"}"]'])
+    actor = InferenceActor(str(config.starting_weights()), served_name="tiny-moe", routed_experts=True,
+                           log_path="/dev/null", startup_timeout_s=1, max_model_len=None,
+                           dtype=config.inference_dtype(), extra_args=list(config.inference.extra_args))
+    command = actor.server.command()
+    assert command[-2:] == ["--hf-overrides", '{"head_dtype": "float32"}']
+    assert "--no-enable-prefix-caching" in command  # the routed-experts option is still there
 
 
 def test_toml_overrides_and_shortcuts(tmp_path):
