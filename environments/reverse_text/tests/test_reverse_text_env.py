@@ -29,6 +29,19 @@ def test_loads_by_name_with_deterministic_disjoint_splits():
     assert list(other.get_dataset("train")["answer"]) != list(train["answer"])
 
 
+def test_longer_texts_on_request():
+    import pytest
+
+    from agentrl.errors import AgentrlError
+
+    env = agentrl.load_environment("reverse-text", num_train=50, num_test=10, max_words=12, max_chars=96)
+    answers = list(env.get_dataset("train")["answer"])
+    assert all(len(a) <= 96 for a in answers) and max(len(a) for a in answers) > 48
+    assert max(a.count(" ") for a in answers) > 3  # more than the default 4 words
+    with pytest.raises(AgentrlError, match="max_chars=3: need max_words >= 1 and max_chars >= 5"):
+        agentrl.load_environment("reverse-text", max_chars=3)
+
+
 async def test_oracle_gets_reward_one():
     env = agentrl.load_environment("reverse-text", num_train=10, num_test=8)
     for task in env.tasks("test"):
