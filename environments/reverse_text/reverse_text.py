@@ -1,7 +1,7 @@
 """reverse-text: reverse a short lowercase text, character by character (single turn).
 
 Rows are generated deterministically from a seed: 1-4 short common words, at most 24
-characters (`max_words`, `max_chars` make longer texts), so that a tiny character-level
+characters (`min_words`, `max_words`, `max_chars` make longer texts), so that a tiny character-level
 model can learn the task with RL. The reply is
 the reversed text, optionally inside `<answer>...</answer>` (think blocks are ignored);
 the reward is difflib's LCS ratio between the reply and the reversed text, so partial
@@ -29,16 +29,16 @@ _think_parser = ThinkParser()
 MAX_WORDS = 4
 
 
-def make_text(rng: random.Random, *, max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS) -> str:
-    """1 to `max_words` random words joined by spaces, at most `max_chars` characters."""
+def make_text(rng: random.Random, *, min_words: int = 1, max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS) -> str:
+    """`min_words` to `max_words` random words joined by spaces, at most `max_chars` characters."""
     while True:
-        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max_words)))
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words)))
         if len(text) <= max_chars:
             return text
 
 
 def make_rows(count: int, *, seed: int, exclude: set[str] = frozenset(), split: str = "train",
-              max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS) -> list[dict]:
+              min_words: int = 1, max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS) -> list[dict]:
     """`count` distinct rows (texts in `exclude` are skipped), deterministic in `seed`."""
     rng = random.Random(seed)
     rows: list[dict] = []
@@ -48,7 +48,7 @@ def make_rows(count: int, *, seed: int, exclude: set[str] = frozenset(), split: 
         attempts += 1
         if attempts > count * 200:
             raise ValueError(f"cannot make {count} distinct texts from the word list")
-        text = make_text(rng, max_words=max_words, max_chars=max_chars)
+        text = make_text(rng, min_words=min_words, max_words=max_words, max_chars=max_chars)
         if text in seen:
             continue
         seen.add(text)
@@ -63,12 +63,14 @@ def make_rows(count: int, *, seed: int, exclude: set[str] = frozenset(), split: 
 
 
 def build_dataset(*, num_train: int = 2000, num_test: int = 200, seed: int = 0,
-                  max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS) -> dict:
+                  min_words: int = 1, max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS) -> dict:
     """Train and test splits as `datasets.Dataset`s; no test text appears in train."""
-    if max_words < 1 or max_chars < max(len(w) for w in WORDS):
-        raise ValueError(f"reverse-text: max_words={max_words}, max_chars={max_chars}: need max_words >= 1 "
-                         f"and max_chars >= {max(len(w) for w in WORDS)} (the longest word)")
-    lengths = {"max_words": max_words, "max_chars": max_chars}
+    longest = max(len(w) for w in WORDS)
+    if not 1 <= min_words <= max_words or max_chars < min_words * (longest + 1) - 1:
+        raise ValueError(f"reverse-text: min_words={min_words}, max_words={max_words}, max_chars={max_chars}: "
+                         f"need 1 <= min_words <= max_words and max_chars >= {longest + 1} * min_words - 1 "
+                         "(room for min_words of the longest word)")
+    lengths = {"min_words": min_words, "max_words": max_words, "max_chars": max_chars}
     test_rows = make_rows(num_test, seed=seed + 1, split="test", **lengths)
     train_rows = make_rows(num_train, seed=seed, exclude={r["info"]["text"] for r in test_rows}, split="train",
                            **lengths)
@@ -101,11 +103,11 @@ def oracle_policy() -> ScriptedPolicy:
 
 def load_environment(
     *, num_train: int = 2000, num_test: int = 200, seed: int = 0, system_prompt: str = SYSTEM_PROMPT,
-    max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS,
+    min_words: int = 1, max_words: int = MAX_WORDS, max_chars: int = MAX_CHARS,
 ) -> SingleTurnEnv:
-    """The reverse-text environment (`max_words`/`max_chars`: longer texts, a harder task)."""
-    splits = build_dataset(num_train=num_train, num_test=num_test, seed=seed, max_words=max_words,
-                           max_chars=max_chars)
+    """The reverse-text environment (`min_words`/`max_words`/`max_chars`: longer texts, a harder task)."""
+    splits = build_dataset(num_train=num_train, num_test=num_test, seed=seed, min_words=min_words,
+                           max_words=max_words, max_chars=max_chars)
     rubric = Rubric(funcs=[lcs_reward, exact_match], weights=[1.0, 0.0], parser=_answer_parser)
     return SingleTurnEnv(
         name="reverse-text", dataset=splits["train"], eval_dataset=splits["test"],

@@ -38,8 +38,12 @@ def test_longer_texts_on_request():
     answers = list(env.get_dataset("train")["answer"])
     assert all(len(a) <= 96 for a in answers) and max(len(a) for a in answers) > 48
     assert max(a.count(" ") for a in answers) > 3  # more than the default 4 words
-    with pytest.raises(AgentrlError, match="max_chars=3: need max_words >= 1 and max_chars >= 5"):
+    long = agentrl.load_environment("reverse-text", num_train=20, num_test=5, min_words=10, max_words=12, max_chars=96)
+    assert all(a.count(" ") >= 9 for a in long.get_dataset("train")["answer"])
+    with pytest.raises(AgentrlError, match=r"max_chars=3: need 1 <= min_words <= max_words and max_chars >= 6 \* min_words - 1"):
         agentrl.load_environment("reverse-text", max_chars=3)
+    with pytest.raises(AgentrlError, match="min_words=5, max_words=4"):
+        agentrl.load_environment("reverse-text", min_words=5)
 
 
 async def test_oracle_gets_reward_one():
