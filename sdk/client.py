@@ -3,7 +3,7 @@
 `TokenClient` renders messages with the model's own tokenizer and chat template, sends
 prompt token ids to vLLM's `/inference/v1/generate` (the scale-out endpoint, enabled by
 `--enable-scale-out`) and decodes the answer into a `Completion`: completion ids, the
-sampled tokens' logprobs, `routed_experts` (base64 `.npy`, when the server returns them)
+sampled tokens' logprobs, `routed_experts` (base64 `.npy` -> `RoutedExperts`, when the server returns them)
 and per-token `weight_versions` (vLLM reports version spans). Multi-turn: with `previous`
 the prompt is `previous.prompt_token_ids + previous.completion.token_ids` followed by the
 tokens of the newly added messages only, so nothing the model saw is re-tokenized.
@@ -16,8 +16,6 @@ tokens of the newly added messages only, so nothing the model saw is re-tokenize
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,8 @@ import httpx
 from agentrl.chat import ChatRenderer, assistant_message
 from agentrl.errors import AgentrlError
 from agentrl.http_pool import ShardedAsyncClient
+from agentrl.inference.routed_experts import decode_routed_experts_array, split_routed_experts
+from agentrl.routed import RoutedExperts
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
 
@@ -55,14 +55,10 @@ def expand_weight_versions(spans: list[dict[str, Any]] | None, length: int) -> l
     return versions
 
 
-def decode_routed_experts(encoded: str | None) -> list[list[list[int]]] | None:
-    """vLLM's base64 `.npy` routed experts -> nested lists [token][layer][k]."""
-    if not encoded:
-        return None
-    import numpy as np
-
-    array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
-    return array.astype("int64").tolist()
+def decode_routed_experts(encoded: str | None) -> RoutedExperts | None:
+    """vLLM's base64 `.npy` routed experts -> `RoutedExperts` (tokens, layers, top_k); None stays None."""
+    rows = decode_routed_experts_array(encoded)
+    return None if rows is None else RoutedExperts(rows)
 
 
 def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[str, Any]:
@@ -152,7 +148,9 @@ class TokenClient:
             last_assistant=last_assistant, tools=tools,
         )
 
-    async def generate(self, prompt_ids: list[int], *, sampling: SamplingConfig) -> tuple[Completion, Any]:
+    async def generate(
+        self, prompt_ids: list[int], *, sampling: SamplingConfig,
+    ) -> tuple[Completion, RoutedExperts | None]:
         """One `/inference/v1/generate` call; returns the Completion and the prompt's routed experts."""
         max_tokens = sampling.max_tokens
         context = await self._context_length()
@@ -181,16 +179,15 @@ class TokenClient:
         choice = response.json()["choices"][0]
         token_ids = list(choice.get("token_ids") or [])
         logprobs = [entry["logprob"] for entry in ((choice.get("logprobs") or {}).get("content") or [])]
-        experts = decode_routed_experts(choice.get("routed_experts"))
+        rows = decode_routed_experts_array(choice.get("routed_experts"))
         prompt_experts = None
         completion_experts = None
-        if experts is not None:
-            # vLLM covers every forwarded token: prompt + completion minus the last sampled one.
-            prompt_experts = experts[: len(prompt_ids)]
-            completion_experts = experts[len(prompt_ids):]
-            layers = len(experts[0]) if experts else 0
-            while len(completion_experts) < len(token_ids):
-                completion_experts.append([[] for _ in range(layers)])
+        if rows is not None:
+            # vLLM covers every forwarded token: prompt + completion minus the last sampled one (-1 here).
+            prompt_rows, completion_rows = split_routed_experts(
+                rows, prompt_len=len(prompt_ids), completion_len=len(token_ids), strict=False,
+            )
+            prompt_experts, completion_experts = RoutedExperts(prompt_rows), RoutedExperts(completion_rows)
         completion = Completion(
             text=self.renderer.decode(token_ids, skip_special_tokens=True),
             token_ids=token_ids,

@@ -7,9 +7,10 @@ Segments are placed first-fit-decreasing into rows of exactly ``row_tokens`` tok
 positions restart at 0 in every segment (the attention sees sample boundaries from
 them), and each row's tail is padding (its own segment, never in the loss).
 
-Router Replay data: a sample's ``routed_experts[j]`` lists, per MoE layer, the experts
-inference routed token *j* to; tokens without that information (empty lists) get
-``replay_mask = False`` and are routed live.
+Router Replay data: a sample's ``routed_experts`` (`agentrl.routed.RoutedExperts`, one
+(tokens, layers, top_k) array) holds, per token, the experts inference routed it to;
+tokens without that information (-1) or whose layout does not fit the model get
+``replay_mask = False`` and are routed live. Rows are filled by array slicing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from agentrl.errors import AgentrlError
@@ -87,51 +89,60 @@ def _segment(sample: TrainingSample, index: int) -> dict:
     return {"sample": sample, "index": index, "length": n - 1}
 
 
+def _moe_rows(sample: TrainingSample, n: int, *, moe_layers: int, top_k: int, layer_indices: list[int] | None,
+              num_layers: int | None) -> np.ndarray | None:
+    """The sample's first ``n`` expert rows as (rows, moe_layers, top_k), or None when its layout does not fit."""
+    if sample.routed_experts is None:
+        return None
+    rows = sample.routed_experts.array[:n]
+    if layer_indices is not None and rows.shape[1] == num_layers and num_layers != moe_layers:
+        rows = rows[:, layer_indices]  # vLLM's layout: every layer, dense ones zero
+    return rows if rows.shape[1:] == (moe_layers, top_k) else None
+
+
 def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None, top_k: int | None,
                pad_token_id: int, layer_indices: list[int] | None = None, num_layers: int | None = None) -> PackedRow:
-    tokens, positions, targets, mask, logprobs, advantages, versions = [], [], [], [], [], [], []
-    experts = [] if moe_layers else None
-    replay = []
+    tokens = np.full(row_tokens, pad_token_id, dtype=np.int64)
+    targets = tokens.copy()
+    counting = np.arange(row_tokens, dtype=np.int64)
+    positions = counting.copy()
+    mask = np.zeros(row_tokens, dtype=bool)
+    logprobs = np.zeros(row_tokens, dtype=np.float32)
+    advantages = np.zeros(row_tokens, dtype=np.float32)
+    versions = np.full(row_tokens, -1, dtype=np.int64)
+    experts = np.zeros((row_tokens, moe_layers, top_k), dtype=np.int64) if moe_layers else None
+    replay = np.zeros(row_tokens, dtype=bool)
+    start = 0
     for seg in segments:
         sample: TrainingSample = seg["sample"]
         n = seg["length"]
-        tokens += sample.token_ids[:-1]
-        positions += list(range(n))
-        targets += sample.token_ids[1:]
-        mask += sample.loss_mask[1:]
-        logprobs += [lp if m else 0.0 for lp, m in zip(sample.inference_logprobs[1:], sample.loss_mask[1:])]
-        advantages += [sample.advantage] * n
-        versions += sample.policy_versions[1:]
+        stop = start + n
+        ids = np.asarray(sample.token_ids, dtype=np.int64)
+        tokens[start:stop], targets[start:stop] = ids[:-1], ids[1:]
+        positions[start:stop] = counting[:n]
+        mask[start:stop] = sample.loss_mask[1:]
+        logprobs[start:stop] = np.where(mask[start:stop], sample.inference_logprobs[1:], 0.0)
+        advantages[start:stop] = sample.advantage
+        versions[start:stop] = sample.policy_versions[1:]
         if experts is not None:
-            routed = sample.routed_experts or []
-            for j in range(n):
-                per_layer = routed[j] if j < len(routed) else []
-                if layer_indices is not None and len(per_layer) == num_layers and num_layers != moe_layers:
-                    per_layer = [per_layer[i] for i in layer_indices]  # vLLM's layout: every layer, dense ones zero
-                known = len(per_layer) == moe_layers and all(len(ids) == top_k for ids in per_layer)
-                experts.append(per_layer if known else [[0] * top_k for _ in range(moe_layers)])
-                replay.append(known)
-    pad = row_tokens - len(tokens)
-    tokens += [pad_token_id] * pad
-    positions += list(range(pad))
-    targets += [pad_token_id] * pad
-    mask += [False] * pad
-    logprobs += [0.0] * pad
-    advantages += [0.0] * pad
-    versions += [-1] * pad
-    if experts is not None:
-        experts += [[[0] * top_k for _ in range(moe_layers)]] * pad
-        replay += [False] * pad
+            rows = _moe_rows(sample, n, moe_layers=moe_layers, top_k=top_k, layer_indices=layer_indices,
+                             num_layers=num_layers)
+            if rows is not None:
+                known = (rows >= 0).all(axis=(1, 2))
+                experts[start: start + len(rows)][known] = rows[known]
+                replay[start: start + len(rows)] = known
+        start = stop
+    positions[start:] = counting[: row_tokens - start]  # the padding tail is its own segment
     return PackedRow(
-        tokens=torch.tensor(tokens, dtype=torch.long),
-        positions=torch.tensor(positions, dtype=torch.long),
-        targets=torch.tensor(targets, dtype=torch.long),
-        loss_mask=torch.tensor(mask, dtype=torch.bool),
-        inference_logprobs=torch.tensor(logprobs, dtype=torch.float32),
-        advantages=torch.tensor(advantages, dtype=torch.float32),
-        policy_versions=torch.tensor(versions, dtype=torch.long),
-        routed_experts=None if experts is None else torch.tensor(experts, dtype=torch.long).reshape(row_tokens, moe_layers, top_k),
-        replay_mask=None if experts is None else torch.tensor(replay, dtype=torch.bool),
+        tokens=torch.from_numpy(tokens),
+        positions=torch.from_numpy(positions),
+        targets=torch.from_numpy(targets),
+        loss_mask=torch.from_numpy(mask),
+        inference_logprobs=torch.from_numpy(logprobs),
+        advantages=torch.from_numpy(advantages),
+        policy_versions=torch.from_numpy(versions),
+        routed_experts=None if experts is None else torch.from_numpy(experts),
+        replay_mask=None if experts is None else torch.from_numpy(replay),
         sample_indices=[seg["index"] for seg in segments],
     )
 
@@ -150,9 +161,9 @@ def pack_samples(
     """Pack samples first-fit-decreasing into rows of exactly ``row_tokens`` tokens.
 
     Pass ``moe_layers`` and ``top_k`` to carry routed experts for Router Replay. A
-    sample's per-token expert lists may hold one entry per MoE layer, or one per layer of
-    the model (vLLM's layout, dense layers included) when ``num_layers`` and
-    ``moe_layer_indices`` say which layers are MoE.
+    sample's expert rows may hold one entry per MoE layer, or one per layer of the model
+    (vLLM's layout, dense layers included) when ``num_layers`` and ``moe_layer_indices``
+    say which layers are MoE.
     ``min_rows`` pads the batch with empty rows (e.g. to the data-parallel degree).
     """
     if row_tokens < 2:

@@ -89,6 +89,7 @@ async def test_recorded_experts_equal_transformers_routing(experts_server, refer
         prompt_rows, completion_rows = split_routed_experts(rows, prompt_len=len(prompt), completion_len=len(completion))
         assert len(prompt_rows) == len(prompt) and len(completion_rows) == len(completion)
         assert (completion_rows[-1] == -1).all()  # the last sampled token was never forwarded
+        assert (np.concatenate([prompt_rows, completion_rows[:-1]]) == rows).all()
 
 
 async def test_token_client_aligns_experts_with_completion_tokens(experts_server):
@@ -99,11 +100,11 @@ async def test_token_client_aligns_experts_with_completion_tokens(experts_server
     prompt = [3, 50, 51, 52, 53, 54]
     async with TokenClient(experts_server.url, model=ensure_model("tiny-moe")) as client:
         completion, prompt_experts = await client.generate(prompt, sampling=SamplingConfig(max_tokens=8))
-    assert len(completion.routed_experts) == len(completion.token_ids)
-    assert len(prompt_experts) == len(prompt)
-    assert all(len(layer) == 2 for layer in completion.routed_experts[0][1:])
+    assert completion.routed_experts.shape == (len(completion.token_ids), 4, 2)
+    assert prompt_experts.shape == (len(prompt), 4, 2)
+    assert completion.routed_experts.known().tolist() == [True] * (len(completion.token_ids) - 1) + [False]
     reference = reference_routed_experts(ensure_model("tiny-moe"), prompt + completion.token_ids[:-1])
-    served = np.array(prompt_experts + completion.routed_experts[:-1], dtype=np.int64)
+    served = np.concatenate([prompt_experts.array, completion.routed_experts.array[:-1]]).astype(np.int64)
     assert routing_agreement(served, reference, layers=MOE_LAYERS) == 1.0
 
 

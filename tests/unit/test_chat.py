@@ -170,5 +170,6 @@ def test_routed_experts_decode_from_base64_npy():
     buffer = io.BytesIO()
     np.save(buffer, array)
     decoded = decode_routed_experts(base64.b64encode(buffer.getvalue()).decode())
+    assert decoded.array.dtype == np.int16 and decoded.array.tolist() == array.tolist()
     assert decoded == array.tolist()
     assert decode_routed_experts(None) is None

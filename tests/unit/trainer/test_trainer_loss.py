@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -121,6 +122,38 @@ def test_packing_reads_vllm_all_layer_expert_layout():
     # without the layer map the 3-layer lists do not fit 2 MoE layers: those tokens are routed live
     row = pack_samples([sample], row_tokens=4, moe_layers=2, top_k=2).rows[0]
     assert row.replay_mask.tolist() == [False, False, False, False]
+
+
+def test_packing_expert_arrays_with_unknown_rows_match_the_nested_list_form():
+    # vLLM layout: 3 layers (dense layer 0 zeros), top-2; -1 marks what inference did not report
+    a_rows = np.array([[[0, 0], [1, 2], [3, 4]],
+                       [[0, 0], [-1, -1], [-1, -1]],  # unknown token (the old `[[], [], []]`)
+                       [[0, 0], [5, 6], [-1, -1]],  # one MoE layer unknown: routed live
+                       [[0, 0], [7, 1], [2, 3]],
+                       [[-1, -1], [-1, -1], [-1, -1]]])  # the last sampled token (never an input)
+    a = _sample([1, 2, 3, 4, 5], [False, True, True, True, True], advantage=1.0, experts=a_rows)
+    b = _sample([6, 7, 8, 9], [False, False, True, True], advantage=-1.0,
+                experts=np.array([[[0, 0], [4, 5], [6, 7]]]))  # fewer rows than tokens
+    c = _sample([10, 11, 12], [False, True, True], advantage=0.0)  # no experts at all
+    kwargs = {"row_tokens": 10, "moe_layers": 2, "top_k": 2, "moe_layer_indices": [1, 2], "num_layers": 3}
+    batch = pack_samples([a, b, c], **kwargs)
+    assert [row.sample_indices for row in batch.rows] == [[0, 1, 2]]
+    row = batch.rows[0]
+    assert row.routed_experts.dtype == torch.long and row.routed_experts.shape == (10, 2, 2)
+    assert row.replay_mask.tolist() == [True, False, False, True, True, False, False, False, False, False]
+    zero = [[0, 0], [0, 0]]
+    assert row.routed_experts.tolist() == [[[1, 2], [3, 4]], zero, zero, [[7, 1], [2, 3]],
+                                           [[4, 5], [6, 7]], zero, zero, zero, zero, zero]
+    # the same samples in the old nested-list form (unknown = empty lists) pack to the same row
+    ragged = [[[0, 0], [1, 2], [3, 4]], [[], [], []], [[0, 0], [5, 6], []], [[0, 0], [7, 1], [2, 3]], [[], [], []]]
+    old_form = [_sample([1, 2, 3, 4, 5], [False, True, True, True, True], advantage=1.0, experts=ragged),
+                _sample([6, 7, 8, 9], [False, False, True, True], advantage=-1.0, experts=[[[0, 0], [4, 5], [6, 7]]]), c]
+    again = pack_samples(old_form, **kwargs).rows[0]
+    for name in ("tokens", "positions", "targets", "loss_mask", "inference_logprobs", "advantages",
+                 "policy_versions", "routed_experts", "replay_mask"):
+        assert torch.equal(getattr(again, name), getattr(row, name)), name
+    # a layout that fits neither the MoE layers nor the layer map replays nothing
+    assert not pack_samples([a], row_tokens=6, moe_layers=3, top_k=1).rows[0].replay_mask.any()
 
 
 def test_non_finite_inference_logprobs_are_masked_not_propagated():

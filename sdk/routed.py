@@ -1,0 +1,146 @@
+"""Routed experts (Router Replay) as one compact array per sequence.
+
+`RoutedExperts` wraps an `int16` numpy array shaped (tokens, layers, top_k): per token,
+per layer, the expert ids inference routed the token to; -1 marks what is unknown (a
+token whose experts inference did not report, e.g. the last sampled token, which was
+never forwarded). It replaces nested `list[list[list[int]]]` so completions, rollouts and
+training samples validate, pickle (Ray) and pack without per-token Python work.
+
+`RoutedExpertsField` is the pydantic field type: it validates from a `RoutedExperts`, a
+numpy array or nested lists (also the older ragged form where an unknown token is
+`[[], [], ...]` or `[]`), and serializes to nested lists with unknown tokens as
+`[[], [], ...]`, the JSON shape `results.jsonl` has always had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
+
+__all__ = ["EXPERT_DTYPE", "RoutedExperts", "RoutedExpertsField"]
+
+EXPERT_DTYPE = np.int16
+"""Expert ids fit int16 (vLLM sends uint8/uint16; models have at most a few hundred experts)."""
+_MAX_ID = int(np.iinfo(EXPERT_DTYPE).max)
+
+
+class RoutedExperts:
+    """(tokens, layers, top_k) int16 expert ids, -1 where unknown; compares equal by value."""
+
+    __slots__ = ("array",)
+    __hash__ = None  # type: ignore[assignment]  # equal by value, like the lists it replaces
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = _checked(np.asarray(array))
+
+    @classmethod
+    def validate(cls, value: Any) -> RoutedExperts:
+        """A `RoutedExperts` as is; an array or (possibly ragged) nested lists converted."""
+        if isinstance(value, RoutedExperts):
+            return value
+        if isinstance(value, np.ndarray):
+            return cls(value)
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"routed experts: expected an array or nested lists, got {type(value).__name__}")
+        try:
+            array = np.asarray(value)
+            if array.dtype == object:
+                raise ValueError("ragged")
+        except ValueError:  # ragged: some tokens (or layers) have no experts
+            try:
+                array = _from_ragged(value)
+            except TypeError as error:
+                raise ValueError(f"routed experts: expected [token][layer][k] nested lists ({error})") from None
+        return cls(array)
+
+    @classmethod
+    def assemble(cls, tokens: int, parts: Sequence[tuple[int, np.ndarray]]) -> RoutedExperts:
+        """One (tokens, layers, top_k) array from `(start, rows)` parts; rows no part covers are -1.
+
+        Parts without rows are skipped; the others must agree on (layers, top_k).
+        """
+        filled = [(start, rows) for start, rows in parts if len(rows)]
+        layout = filled[0][1].shape[1:] if filled else (0, 0)
+        out = np.full((tokens, *layout), -1, dtype=EXPERT_DTYPE)
+        for start, rows in filled:
+            if rows.shape[1:] != layout:
+                raise ValueError(f"routed experts: rows shaped {rows.shape[1:]} after rows shaped {layout}")
+            if start + len(rows) > tokens:
+                raise ValueError(f"routed experts: rows {start}..{start + len(rows)} past {tokens} tokens")
+            out[start: start + len(rows)] = rows
+        return cls(out)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.array.shape  # type: ignore[return-value]
+
+    def known(self) -> np.ndarray:
+        """(tokens,) bool: True where every layer's experts are reported."""
+        return (self.array >= 0).all(axis=(1, 2))
+
+    def tolist(self) -> list[list[list[int]]]:
+        """Nested lists [token][layer][k]; unknown tokens as `[[], [], ...]` (the JSON shape)."""
+        rows = self.array.tolist()
+        layers = self.array.shape[1]
+        for index in np.flatnonzero(~self.known()).tolist():
+            if (self.array[index] < 0).all():
+                rows[index] = [[] for _ in range(layers)]
+        return rows
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RoutedExperts):
+            try:
+                other = RoutedExperts.validate(other)
+            except ValueError:
+                return NotImplemented
+        return self.array.shape == other.array.shape and bool(np.array_equal(self.array, other.array))
+
+    def __reduce__(self) -> tuple[type, tuple[np.ndarray]]:
+        return RoutedExperts, (self.array,)
+
+    def __repr__(self) -> str:
+        return f"RoutedExperts(shape={self.shape}, known={int(self.known().sum())})"
+
+
+def _checked(array: np.ndarray) -> np.ndarray:
+    if array.size == 0:  # e.g. `[]` or `[[[], []]]`: nothing to check, any dtype
+        shape = array.shape + (0,) * (3 - array.ndim) if array.ndim < 3 else array.shape
+        return np.zeros(shape, dtype=EXPERT_DTYPE)
+    if array.ndim != 3:
+        raise ValueError(f"routed experts: expected (tokens, layers, top_k), got shape {array.shape}")
+    if array.dtype.kind not in "iu":
+        raise ValueError(f"routed experts: expected integer expert ids, got {array.dtype}")
+    low, high = int(array.min()), int(array.max())
+    if low < -1 or high > _MAX_ID:
+        raise ValueError(f"routed experts: ids must lie in -1..{_MAX_ID} (-1: unknown), got {low}..{high}")
+    return array.astype(EXPERT_DTYPE, copy=False)
+
+
+def _from_ragged(rows: Sequence[Any]) -> np.ndarray:
+    """Nested lists where unknown tokens/layers are empty -> dense array with -1 there."""
+    layers = max((len(row) for row in rows), default=0)
+    top_k = max((len(ids) for row in rows for ids in row), default=0)
+    out = np.full((len(rows), layers, top_k), -1, dtype=np.int64)
+    for index, row in enumerate(rows):
+        if len(row) == layers and all(len(ids) == top_k for ids in row):
+            out[index] = row
+        else:
+            for layer, ids in enumerate(row):
+                if len(ids) == top_k:
+                    out[index, layer] = ids
+    return out
+
+
+RoutedExpertsField = Annotated[
+    RoutedExperts,
+    PlainValidator(RoutedExperts.validate),
+    PlainSerializer(RoutedExperts.tolist, return_type=list),
+    WithJsonSchema({"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}}),
+]
+"""Pydantic field type for routed experts (see the module docstring)."""
