@@ -291,11 +291,16 @@ class TrainerActor:
         metrics["compute_s"] = time.monotonic() - started
         return metrics
 
-    def publish(self, version: int) -> float:
+    def stage(self, version: int) -> float:
+        """Export the current weights for `version` (the next step may then change them)."""
         started = time.monotonic()
-        folder = self.staging_dir / f"v{version}"
-        self.trainer.export_hf(folder)
-        self.publisher.publish(folder, version)
+        self.trainer.export_hf(self.staging_dir / f"v{version}")
+        return time.monotonic() - started
+
+    def publish(self, version: int) -> float:
+        """Have the servers load staged `version`; runs while the next step trains (threaded actor)."""
+        started = time.monotonic()
+        self.publisher.publish(self.staging_dir / f"v{version}", version)
         # keep the two newest exports (the server may still be reading the previous one)
         old = self.staging_dir / f"v{version - 2}"
         if old.exists():
@@ -384,7 +389,11 @@ class _RemoteWeights:
         self.actor = actor
         self.last_push_s = 0.0
 
-    async def push(self, *, version: int) -> None:
+    async def push(self, *, version: int) -> Any:
+        await self.actor.stage.remote(version)
+        return self._load(version)
+
+    async def _load(self, version: int) -> None:
         self.last_push_s = await self.actor.publish.remote(version)
 
 
@@ -480,7 +489,9 @@ def run_training(
             extra_args=list(config.inference.extra_args),
         )
         actors.append(inference)
-        trainer = ray.remote(TrainerActor).options(**place(1), num_gpus=config.launch.trainer_gpus).remote(
+        # Two threads: the servers load step N's weights (`publish`) while step N+1 trains.
+        trainer = ray.remote(TrainerActor).options(**place(1), num_gpus=config.launch.trainer_gpus,
+                                                   max_concurrency=2).remote(
             config.trainer, model_dir=str(start_weights), staging_dir=str(staging),
             threads=config.launch.trainer_threads if not config.launch.trainer_gpus else None,
         )

@@ -7,7 +7,8 @@ inference policy with bounded concurrency while the trainer works, and for each 
    group whose oldest token came from a policy older than `step - max_off_policy_steps`;
 2. turns rewards into group advantages and rollouts into `TrainingSample`s;
 3. runs one trainer step, then pushes the new weights to inference while the rollouts
-   that are already running continue (in-flight weight update);
+   that are already running continue (in-flight weight update); the trainer goes on to the
+   next step as soon as its weights are staged, while inference loads them;
 4. logs reward, mismatch KL, the staleness histogram, tokens/s, step time and whether the
    step was trainer-bound or inference-bound, and checkpoints every `checkpoint_every`.
 
@@ -100,8 +101,12 @@ class PolicyTrainer(Protocol):
 class WeightSync(Protocol):
     """Moves the trainer's current weights into the inference servers."""
 
-    async def push(self, *, version: int) -> None:
-        """Make inference serve the trainer's current weights, tagged as policy `version`."""
+    async def push(self, *, version: int) -> Awaitable[None] | None:
+        """Make inference serve the trainer's current weights, tagged as policy `version`.
+
+        Returns once the weights are staged (the trainer may step again), with an awaitable
+        that completes when inference serves them; None when the push is already complete.
+        """
         ...
 
 
@@ -340,8 +345,21 @@ class Orchestrator:
         history: list[dict[str, Any]] = []
         if self.state.step > 0:
             # Resumed: inference must serve the checkpoint's weights, tagged with its step.
-            await self.weight_sync.push(version=self.state.step)
+            loading = await self.weight_sync.push(version=self.state.step)
+            if loading is not None:
+                await loading
             self.inference_version = self.state.step
+        publishing: asyncio.Task | None = None
+        last_push_s = 0.0
+
+        async def finish_push(loading: Awaitable[None] | None, version: int, started: float) -> None:
+            nonlocal last_push_s
+            if loading is not None:
+                await loading
+            last_push_s = time.monotonic() - started
+            self.inference_version = version  # the producer may now start groups for newer steps
+            await self._wake_producer()
+
         producer = asyncio.create_task(self._producer())
         last_step_end = time.monotonic()
         try:
@@ -350,11 +368,20 @@ class Orchestrator:
                 self._counters = _Counters()
                 wait_start = time.monotonic()
                 collect = asyncio.create_task(self._collect(step))
-                done, _ = await asyncio.wait({collect, producer}, return_when=asyncio.FIRST_COMPLETED)
-                if producer in done:
-                    collect.cancel()
-                    producer.result()  # re-raise the producer's failure
-                    raise RuntimeError("rollout producer stopped before the run finished")
+                waiting = {collect, producer} | ({publishing} if publishing is not None else set())
+                while True:
+                    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    if producer in done:
+                        collect.cancel()
+                        producer.result()  # re-raise the producer's failure
+                        raise RuntimeError("rollout producer stopped before the run finished")
+                    if publishing in done:
+                        waiting.discard(publishing)
+                        if publishing.exception() is not None:
+                            collect.cancel()
+                            publishing.result()  # a failed weight load ends the run
+                    if collect in done:
+                        break
                 groups = collect.result()
                 wait_s = time.monotonic() - wait_start
                 samples, batch_metrics = self._samples(groups)
@@ -362,11 +389,15 @@ class Orchestrator:
                 train_metrics = await self.trainer.train_step(samples, step=step) if samples else {}
                 train_s = time.monotonic() - train_start
                 self.state.step = step + 1
+                if publishing is not None:
+                    await publishing  # one load at a time; the previous one is normally long done
                 push_start = time.monotonic()
-                await self.weight_sync.push(version=step + 1)
-                push_s = time.monotonic() - push_start
-                self.inference_version = step + 1
-                await self._wake_producer()
+                loading = await self.weight_sync.push(version=step + 1)
+                stage_s = time.monotonic() - push_start
+                # Inference loads the new weights while the trainer takes the next step; the
+                # producer waits for the new version where the staleness bound asks for it
+                # (with max_off_policy_steps = 0, every group of the next step).
+                publishing = asyncio.create_task(finish_push(loading, step + 1, push_start))
                 now = time.monotonic()
                 step_s = now - last_step_end
                 last_step_end = now
@@ -382,8 +413,9 @@ class Orchestrator:
                     "step_time_s": step_s,
                     "wait_s": wait_s,
                     "train_s": train_s,
-                    "weight_push_s": push_s,
-                    "bound": "inference" if wait_s > train_s + push_s else "trainer",
+                    "weight_stage_s": stage_s,
+                    "weight_push_s": last_push_s,
+                    "bound": "inference" if wait_s > train_s + stage_s else "trainer",
                     "policy_version": self.inference_version,
                     "time": time.time(),
                 }
@@ -394,6 +426,8 @@ class Orchestrator:
                     if asyncio.iscoroutine(result):
                         await result
                 # After the step's metrics are on disk: a checkpoint never runs ahead of its metrics.
+                if self.state.step == self.config.max_steps:
+                    await publishing  # the run ends with inference serving the final weights
                 if self.checkpoint is not None and (
                     (self.config.checkpoint_every and self.state.step % self.config.checkpoint_every == 0)
                     or self.state.step == self.config.max_steps
@@ -404,4 +438,9 @@ class Orchestrator:
             await self._wake_producer()
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
+            if publishing is not None and not publishing.done():
+                publishing.cancel()
+                await asyncio.gather(publishing, return_exceptions=True)
+        if publishing is not None:
+            publishing.result()  # a failed load is the run's failure
         return history

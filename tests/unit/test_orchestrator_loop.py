@@ -240,3 +240,59 @@ def test_bad_orchestrator_config_is_one_line(key, value):
     with pytest.raises(ConfigError) as info:
         OrchestratorConfig(**{key: value})
     assert f"orchestrator.{key}" in str(info.value) and "\n" not in str(info.value)
+
+
+class SlowLoadingPolicy(TabularPolicy):
+    """A push that stages at once and loads into inference later, like the Ray weight sync."""
+
+    def __init__(self, *, load_s: float, fail_at: int | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.load_s = load_s
+        self.fail_at = fail_at
+        self.events: list[tuple[str, int]] = []
+
+    async def train_step(self, samples, *, step):
+        self.events.append(("train", step))
+        return await super().train_step(samples, step=step)
+
+    async def push(self, *, version):
+        staged = [row[:] for row in self.trainer_logits]  # the snapshot; the next step may change the weights
+
+        async def load():
+            await asyncio.sleep(self.load_s)
+            if version == self.fail_at:
+                raise RuntimeError(f"server refused weights v{version}")
+            self.inference_logits = staged
+            self.inference_version = version
+            self.pushed_versions.append(version)
+            self.events.append(("loaded", version))
+
+        return load()
+
+
+async def test_the_next_step_trains_while_inference_loads_the_weights():
+    policy = SlowLoadingPolicy(load_s=0.05, tasks=6, delay_s=0.001)
+    history = await _orchestrator(policy, PickTokenEnv(), max_steps=6, groups_per_step=3, rollouts_per_group=4,
+                                  max_off_policy_steps=2).run()
+    assert policy.pushed_versions == list(range(1, 7))  # every version loaded, in order, the last one too
+    # Step 1 trains (on rollouts generated ahead) before version 1 is loaded.
+    assert policy.events.index(("train", 1)) < policy.events.index(("loaded", 1))
+    assert all(m["weight_stage_s"] < 0.05 for m in history)
+    assert history[-1]["weight_push_s"] >= 0.05
+
+
+async def test_synchronous_mode_waits_for_the_load():
+    policy = SlowLoadingPolicy(load_s=0.03, tasks=6, delay_s=0.001)
+    history = await _orchestrator(policy, PickTokenEnv(), max_steps=4, groups_per_step=3, rollouts_per_group=4,
+                                  max_off_policy_steps=0).run()
+    for metrics in history:
+        assert metrics["staleness"] == {"0": 3}  # every group sampled from the step's own weights
+    for step in range(1, 4):
+        assert policy.events.index(("loaded", step)) < policy.events.index(("train", step))
+
+
+async def test_a_failed_weight_load_ends_the_run_with_its_error():
+    policy = SlowLoadingPolicy(load_s=0.01, fail_at=2, tasks=6, delay_s=0.001)
+    with pytest.raises(RuntimeError, match="server refused weights v2"):
+        await asyncio.wait_for(_orchestrator(policy, PickTokenEnv(), max_steps=6, groups_per_step=3,
+                                             rollouts_per_group=4, max_off_policy_steps=0).run(), timeout=30)
