@@ -67,6 +67,9 @@ class TrainerConfig(BaseConfig):
     """Token budget of one packed row (a micro-batch)."""
     router_replay: bool = True
     """Use the experts inference routed each token to (R3) when samples carry them."""
+    router_replay_diagnostics: bool = False
+    """With R3, also compute (one extra no-grad forward per row) the mismatch KL of the trainer's own
+    routing on the same samples: metric `mismatch_kl_live_routing`, what replay removes."""
     logprob_chunk_tokens: int = Field(default=4096, ge=1)
     """Tokens per chunk when computing logprobs (bounds the logits' memory)."""
     seed: int = 0

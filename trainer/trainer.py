@@ -16,7 +16,9 @@ estimate over loss tokens), ``masked_fraction`` (loss tokens outside the trust r
 ``grad_norm`` (before clipping), ``tokens`` (non-padding tokens), ``loss_tokens``,
 ``importance_ratio`` (mean), ``skipped`` (1 when a non-finite gradient norm skipped the
 update), ``replayed_fraction`` (loss tokens whose experts were replayed
-from inference, R3), ``step``, ``policy_version``.
+from inference, R3), ``step``, ``policy_version``; with ``router_replay_diagnostics``,
+``mismatch_kl_live_routing`` (the mismatch KL of the trainer's own routing on the same
+samples); with float16 compute, ``loss_scale``.
 """
 
 from __future__ import annotations
@@ -192,6 +194,9 @@ class Trainer:
                 loss_mask=row.loss_mask[window].to(self.device),
                 total_loss_tokens=total_loss_tokens, config=self.config.loss,
             )
+            if self.config.router_replay_diagnostics:
+                stats["mismatch_kl_live_routing_sum"] = self._live_routing_kl(row, window, segments) if replay \
+                    else stats["mismatch_kl_sum"] if "mismatch_kl_sum" in stats else torch.zeros((), device=self.device)
             (loss * self.loss_scale.value if self.loss_scale else loss).backward()
             objective += loss.detach()
             replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
@@ -233,11 +238,25 @@ class Trainer:
             metrics["loss_scale"] = self.loss_scale.value
         if self.config.loss.mode == "rl":
             metrics["mismatch_kl"] = reduced["mismatch_kl_sum"] / loss_tokens
+            if "mismatch_kl_live_routing_sum" in reduced:
+                metrics["mismatch_kl_live_routing"] = reduced["mismatch_kl_live_routing_sum"] / loss_tokens
             metrics["masked_fraction"] = reduced["masked_tokens"] / loss_tokens
             metrics["importance_ratio"] = reduced["ratio_sum"] / loss_tokens
         else:
             metrics["nll"] = reduced["nll_sum"] / loss_tokens
         return metrics
+
+    def _live_routing_kl(self, row: PackedRow, window, segments) -> torch.Tensor:
+        """Summed mismatch KL of the row under the trainer's own routing (no replay, no gradient)."""
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
+            live = self.model(row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
+                              targets_T=row.targets[window].to(self.device))
+        _, stats = compute_loss(
+            live.float(), inference_logprobs=row.inference_logprobs[window].to(self.device),
+            advantages=row.advantages[window].to(self.device), loss_mask=row.loss_mask[window].to(self.device),
+            total_loss_tokens=1.0, config=self.config.loss,
+        )
+        return stats["mismatch_kl_sum"]
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, path: str | Path) -> Path:

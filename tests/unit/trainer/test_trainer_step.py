@@ -208,3 +208,15 @@ def test_loss_scale_backs_off_and_grows():
     for _ in range(10):
         scale.update(finite=True)
     assert scale.value == 32.0  # capped
+
+
+def test_router_replay_diagnostics_measure_live_routing_on_the_same_samples(tiny_glm_dir):
+    """`mismatch_kl_live_routing` is the KL a step without replay sees, computed beside the replayed step."""
+    samples = make_samples()  # half carry (random) routed experts: replay moves their logprobs
+    replayed = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(samples)
+    live = _trainer(tiny_glm_dir, router_replay=False).train_on_samples(samples)
+    assert replayed["replayed_fraction"] > 0 and "mismatch_kl_live_routing" not in live
+    assert replayed["mismatch_kl_live_routing"] == pytest.approx(live["mismatch_kl"], rel=1e-5)
+    assert abs(replayed["mismatch_kl"] - live["mismatch_kl"]) > 1e-3
+    plain = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(make_samples(with_experts=False))
+    assert plain["mismatch_kl_live_routing"] == pytest.approx(plain["mismatch_kl"], rel=1e-6)
