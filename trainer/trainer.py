@@ -194,9 +194,9 @@ class Trainer:
                 loss_mask=row.loss_mask[window].to(self.device),
                 total_loss_tokens=total_loss_tokens, config=self.config.loss,
             )
-            if self.config.router_replay_diagnostics:
-                stats["mismatch_kl_live_routing_sum"] = self._live_routing_kl(row, window, segments) if replay \
-                    else stats["mismatch_kl_sum"] if "mismatch_kl_sum" in stats else torch.zeros((), device=self.device)
+            if self.config.router_replay_diagnostics and "mismatch_kl_sum" in stats:  # RL steps
+                live = self._live_routing_kl(row, window, segments) if replay else stats["mismatch_kl_sum"]
+                stats["mismatch_kl_live_routing_sum"] = live
             (loss * self.loss_scale.value if self.loss_scale else loss).backward()
             objective += loss.detach()
             replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
