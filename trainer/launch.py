@@ -291,15 +291,12 @@ class TrainerActor:
         metrics["compute_s"] = time.monotonic() - started
         return metrics
 
-    def stage(self, version: int) -> float:
+    def stage(self, version: int) -> None:
         """Export the current weights for `version` (the next step may then change them)."""
-        started = time.monotonic()
         self.trainer.export_hf(self.staging_dir / f"v{version}")
-        return time.monotonic() - started
 
-    def publish(self, version: int) -> float:
+    def publish(self, version: int) -> None:
         """Have the servers load staged `version`; runs while the next step trains (threaded actor)."""
-        started = time.monotonic()
         self.publisher.publish(self.staging_dir / f"v{version}", version)
         # keep the two newest exports (the server may still be reading the previous one)
         old = self.staging_dir / f"v{version - 2}"
@@ -307,7 +304,6 @@ class TrainerActor:
             import shutil
 
             shutil.rmtree(old, ignore_errors=True)
-        return time.monotonic() - started
 
     def save(self, path: str) -> None:
         folder = Path(path)
@@ -387,14 +383,10 @@ class _RemoteTrainer:
 class _RemoteWeights:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
-        self.last_push_s = 0.0
 
     async def push(self, *, version: int) -> Any:
         await self.actor.stage.remote(version)
-        return self._load(version)
-
-    async def _load(self, version: int) -> None:
-        self.last_push_s = await self.actor.publish.remote(version)
+        return self.actor.publish.remote(version)  # an ObjectRef: awaited by the orchestrator
 
 
 # ---------------------------------------------------------------------------------- run
