@@ -35,6 +35,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.errors import AgentrlError, require
+from agentrl.http_pool import shared_ssl_context
 
 __all__ = [
     "WeightUpdateError",
@@ -231,7 +232,7 @@ class WeightPublisher(ABC):
         if self.version is not None and version <= self.version:
             raise WeightUpdateError(f"publish: version {version} is not newer than the served version {self.version}")
         started = time.monotonic()
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
             controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in self.urls]
             served = await self._served_shapes(controls[0])
             prepared = await asyncio.to_thread(self._prepare, weights, version, served)
@@ -270,7 +271,7 @@ class WeightPublisher(ABC):
         """Async form of `restore`."""
         if self.version is None:
             return False
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
             await self._update_one(ServerControl(url, client=client, timeout_s=self.timeout_s), self._last_prepared, self.version)
         return True
 

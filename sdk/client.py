@@ -7,6 +7,8 @@ sampled tokens' logprobs, `routed_experts` (base64 `.npy` -> `RoutedExperts`, wh
 and per-token `weight_versions` (vLLM reports version spans). Multi-turn: with `previous`
 the prompt is `previous.prompt_token_ids + previous.completion.token_ids` followed by the
 tokens of the newly added messages only, so nothing the model saw is re-tokenized.
+Concurrent identical unseeded calls (a group's first turns) share one request with `n`
+choices (`agentrl.coalesce`).
 
 `OpenAIClient` speaks `/v1/chat/completions` to any OpenAI-compatible endpoint
 (`--base-url`, `--api-key`); token ids are filled in when the server is vLLM and
@@ -16,12 +18,14 @@ tokens of the newly added messages only, so nothing the model saw is re-tokenize
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 from agentrl.chat import ChatRenderer, assistant_message
+from agentrl.coalesce import RequestCoalescer
 from agentrl.errors import AgentrlError
 from agentrl.http_pool import ShardedAsyncClient
 from agentrl.inference.routed_experts import decode_routed_experts_array, split_routed_experts
@@ -92,6 +96,7 @@ class TokenClient:
         timeout_s: float = 600.0,
         api_key: str | None = None,
         parse_tools: bool = True,
+        coalesce: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = str(model)
@@ -103,8 +108,9 @@ class TokenClient:
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
             max_connections=max_connections, headers=headers,
         )
+        self._coalescer = RequestCoalescer() if coalesce else None
         self.max_model_len: int | None = None
-        self._context_lookup: asyncio.Lock | None = None
+        self._context_lookup: asyncio.Future | None = None
         self._context_looked_up = False
 
     @property
@@ -117,21 +123,32 @@ class TokenClient:
         return self._renderer
 
     async def _context_length(self) -> int | None:
-        """The server's max_model_len, asked once per client (concurrent first calls share one GET)."""
+        """The server's max_model_len, asked once per client.
+
+        Concurrent first calls await one shared lookup, so they all resume in the same turn
+        of the event loop (and a group's first requests can still be coalesced).
+        """
         if self.max_model_len is not None or self._context_looked_up:
             return self.max_model_len
         if self._context_lookup is None:
-            self._context_lookup = asyncio.Lock()
-        async with self._context_lookup:
-            if not self._context_looked_up:
-                try:
-                    response = await self.http.get("/v1/models")
-                    response.raise_for_status()
-                    self.max_model_len = int(response.json()["data"][0].get("max_model_len") or 0) or None
-                except (httpx.HTTPError, KeyError, IndexError, ValueError):
-                    pass  # unknown: the server enforces its own limit and answers with an error
-                self._context_looked_up = True
+            self._context_lookup = asyncio.ensure_future(self._ask_context_length())
+        lookup = self._context_lookup
+        try:
+            await asyncio.shield(lookup)
+        except BaseException:
+            if lookup.done() and self._context_lookup is lookup:
+                self._context_lookup = None  # the lookup itself failed: the next call asks again
+            raise
         return self.max_model_len
+
+    async def _ask_context_length(self) -> None:
+        try:
+            response = await self.http.get("/v1/models")
+            response.raise_for_status()
+            self.max_model_len = int(response.json()["data"][0].get("max_model_len") or 0) or None
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            pass  # unknown: the server enforces its own limit and answers with an error
+        self._context_looked_up = True
 
     # ------------------------------------------------------------------ tokens
     def prompt_ids(
@@ -151,7 +168,12 @@ class TokenClient:
     async def generate(
         self, prompt_ids: list[int], *, sampling: SamplingConfig,
     ) -> tuple[Completion, RoutedExperts | None]:
-        """One `/inference/v1/generate` call; returns the Completion and the prompt's routed experts."""
+        """One completion of `prompt_ids`: the Completion and the prompt's routed experts.
+
+        Unseeded calls with the same prompt and sampling made in the same turn of the event
+        loop (a group's first turns) share one `/inference/v1/generate` request with `n`
+        choices (`coalesce`); a seeded call always has a request of its own.
+        """
         max_tokens = sampling.max_tokens
         context = await self._context_length()
         if context is not None:
@@ -161,9 +183,19 @@ class TokenClient:
                     f"prompt of {len(prompt_ids)} tokens does not fit the model's context of {context} tokens"
                 )
             max_tokens = min(max_tokens, room)
+        params = _vllm_sampling_params(sampling, max_tokens=max_tokens)
+        if self._coalescer is not None and sampling.seed is None:
+            key = (tuple(prompt_ids), json.dumps(params, sort_keys=True))
+            choice = await self._coalescer.submit(key, lambda n: self._generate_choices(prompt_ids, params, n=n))
+        else:
+            choice = (await self._generate_choices(prompt_ids, params, n=1))[0]
+        return self._completion(choice, prompt_ids)
+
+    async def _generate_choices(self, prompt_ids: list[int], params: dict[str, Any], *, n: int) -> list[dict[str, Any]]:
+        """`n` choices of one `/inference/v1/generate` request."""
         body: dict[str, Any] = {
             "token_ids": prompt_ids,
-            "sampling_params": _vllm_sampling_params(sampling, max_tokens=max_tokens),
+            "sampling_params": {**params, "n": n} if n > 1 else params,
             "output_mode": "tokens",
         }
         if self.served_model_name:
@@ -176,7 +208,12 @@ class TokenClient:
             raise InferenceError(
                 f"{self.base_url}/inference/v1/generate answered {response.status_code}: {response.text[:300]}"
             )
-        choice = response.json()["choices"][0]
+        choices = response.json()["choices"]
+        if len(choices) != n:
+            raise InferenceError(f"{self.base_url}/inference/v1/generate: asked for {n} choices, got {len(choices)}")
+        return choices
+
+    def _completion(self, choice: dict[str, Any], prompt_ids: list[int]) -> tuple[Completion, RoutedExperts | None]:
         token_ids = list(choice.get("token_ids") or [])
         logprobs = [entry["logprob"] for entry in ((choice.get("logprobs") or {}).get("content") or [])]
         rows = decode_routed_experts_array(choice.get("routed_experts"))
@@ -213,6 +250,8 @@ class TokenClient:
         return message, Turn(prompt_token_ids=prompt_ids, completion=completion, prompt_routed_experts=prompt_experts)
 
     async def aclose(self) -> None:
+        if self._coalescer is not None:
+            await self._coalescer.aclose()
         await self.http.aclose()
 
     async def __aenter__(self) -> TokenClient:

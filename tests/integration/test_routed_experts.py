@@ -10,6 +10,7 @@ same weights, on every MoE layer (as sets: top-k order carries no meaning).
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import numpy as np
@@ -106,6 +107,36 @@ async def test_token_client_aligns_experts_with_completion_tokens(experts_server
     reference = reference_routed_experts(ensure_model("tiny-moe"), prompt + completion.token_ids[:-1])
     served = np.concatenate([prompt_experts.array, completion.routed_experts.array[:-1]]).astype(np.int64)
     assert routing_agreement(served, reference, layers=MOE_LAYERS) == 1.0
+
+
+async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(experts_server, reference_model):
+    """Six concurrent unseeded calls with one prompt go out as one request with n=6 (`agentrl.coalesce`);
+    every choice keeps its own tokens, logprobs and experts. Seeded calls keep a request each."""
+    from agentrl.client import TokenClient
+    from agentrl.models import ensure_model
+    from agentrl.sampling import SamplingConfig
+
+    prompt = [3, 60, 61, 62, 63, 64]
+    sent: list[int] = []
+
+    async def count(request):
+        if request.url.path.endswith("/inference/v1/generate"):
+            sent.append(json.loads(request.content)["sampling_params"].get("n", 1))
+
+    async with TokenClient(experts_server.url, model=ensure_model("tiny-moe")) as client:
+        client.http.event_hooks = {"request": [count], "response": []}
+        group = await asyncio.gather(*(client.generate(prompt, sampling=SamplingConfig(max_tokens=10)) for _ in range(6)))
+        seeded = await asyncio.gather(
+            *(client.generate(prompt, sampling=SamplingConfig(max_tokens=10, seed=7)) for _ in range(2))
+        )
+    assert sent == [6, 1, 1]
+    assert len({tuple(completion.token_ids) for completion, _ in group}) > 1  # six samples, not one copied
+    assert seeded[0][0].token_ids == seeded[1][0].token_ids
+    for completion, prompt_experts in group:
+        assert len(completion.logprobs) == len(completion.token_ids) > 0
+        reference = reference_routed_experts(reference_model, prompt + completion.token_ids[:-1])
+        served = np.concatenate([prompt_experts.array, completion.routed_experts.array[:-1]]).astype(np.int64)
+        assert routing_agreement(served, reference, layers=MOE_LAYERS) == 1.0
 
 
 async def test_seeded_requests_with_chunked_prefill_are_reproducible(experts_server):
