@@ -8,9 +8,11 @@ filesystem weight updates), each from the committed SFT warm start:
 
 * speed, `--repeats` alternating pairs in the default dtype (float32 on both sides), R3 on:
   `max_off_policy_steps = 0` (synchronous: generate, train, push, repeat) and `= 2`
-  (generation runs up to two steps ahead). Steps/hour is measured from the end of the first
-  step to the end of the last (server and actor start-up excluded); `async_speedup` is the
-  median async run over the median sync run.
+  (generation runs up to two steps ahead). Steps/hour is the steady state: from the end of
+  the first step to the end of the last step with generation still running beside it (the
+  last two steps of an asynchronous run train on batches made earlier and are left out of
+  every run's window; start-up is excluded too); `async_speedup` is the median async run
+  over the median sync run.
 * Router Replay, synchronous (so the mismatch KL is on-policy: identical weights in trainer
   and inference, only numerics and routing differ), R3 on and off measured on the same
   samples: each run trains with R3 and `trainer.router_replay_diagnostics` also computes the
@@ -45,6 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "async.json"
 CONFIG = ROOT / "cookbook" / "cpu-default" / "train.toml"
+ASYNC_AHEAD = 2
+"""`max_off_policy_steps` of the asynchronous runs."""
 
 
 def run(name: str, *, steps: int, overrides: list[str], workdir: Path) -> dict:
@@ -60,13 +64,18 @@ def run(name: str, *, steps: int, overrides: list[str], workdir: Path) -> dict:
                                                   f"kl {m['mismatch_kl']:.2e} {m['step_time_s']:.1f}s "
                                                   f"({m['bound']}-bound)", flush=True))
     rows = result.history
-    span_s = rows[-1]["time"] - rows[0]["time"]
+    # Steady state: from the end of the first step to the end of the last step that still had
+    # generation running beside it. An asynchronous run's last `ASYNC_AHEAD` steps train on
+    # batches generated earlier, with nothing competing for the CPU; every run gets the same
+    # window, so a short run does not flatter asynchrony.
+    window = rows[1 : max(2, len(rows) - ASYNC_AHEAD)]
+    span_s = window[-1]["time"] - window[0]["time"]
     kls = [r["mismatch_kl"] for r in rows if r.get("mismatch_kl") is not None]
     return {
         "name": name,
         "steps": len(rows),
-        "steps_per_hour": (len(rows) - 1) / span_s * 3600 if span_s > 0 else float("nan"),
-        "mean_step_s": span_s / max(1, len(rows) - 1),
+        "steps_per_hour": (len(window) - 1) / span_s * 3600 if span_s > 0 else float("nan"),
+        "mean_step_s": span_s / max(1, len(window) - 1),
         "mismatch_kl": sum(kls) / len(kls) if kls else float("nan"),
         "step_kls": kls,
         **_live_routing(rows),
@@ -89,7 +98,7 @@ def _live_routing(rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per speed run")
     parser.add_argument("--repeats", type=int, default=3, help="alternating sync/async pairs for the speed figure")
     parser.add_argument("--r3-steps", type=int, default=16, help="optimizer steps per Router Replay run")
     args = parser.parse_args(argv)
@@ -108,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             sync_runs.append(run(f"sync_r3#{repeat}", steps=args.steps, overrides=synchronous, workdir=workdir))
             async_runs.append(run(f"async2_r3#{repeat}", steps=args.steps,
-                                  overrides=["orchestrator.max_off_policy_steps=2"], workdir=workdir))
+                                  overrides=[f"orchestrator.max_off_policy_steps={ASYNC_AHEAD}"], workdir=workdir))
         paired = ["trainer.router_replay_diagnostics=true"]
         arms = {
             "fp16_long": [*synchronous, *fp16, *long_prompts, *paired],
