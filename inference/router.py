@@ -37,6 +37,7 @@ __all__ = [
     "router_command",
     "trajectory_session",
     "attach_session_affinity",
+    "current_trajectory",
 ]
 
 #: Header vllm-router's consistent_hash policy reads the session key from.
@@ -63,6 +64,11 @@ def trajectory_session(trajectory_id: str):
         yield
     finally:
         _TRAJECTORY.reset(token)
+
+
+def current_trajectory() -> str | None:
+    """The id of the enclosing `trajectory_session`, or None outside one."""
+    return _TRAJECTORY.get()
 
 
 def attach_session_affinity(http: Any) -> Any:

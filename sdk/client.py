@@ -29,11 +29,16 @@ from agentrl.coalesce import RequestCoalescer
 from agentrl.errors import AgentrlError
 from agentrl.http_pool import ShardedAsyncClient
 from agentrl.inference.routed_experts import decode_routed_experts_array, split_routed_experts
+from agentrl.inference.router import current_trajectory
 from agentrl.routed import RoutedExperts
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
 
 __all__ = ["InferenceError", "OpenAIClient", "TokenClient", "decode_routed_experts", "expand_weight_versions"]
+
+
+_GREEDY_BELOW = 1e-5
+"""vLLM samples greedily below this temperature (and then refuses n > 1)."""
 
 
 class InferenceError(AgentrlError):
@@ -170,9 +175,10 @@ class TokenClient:
     ) -> tuple[Completion, RoutedExperts | None]:
         """One completion of `prompt_ids`: the Completion and the prompt's routed experts.
 
-        Unseeded calls with the same prompt and sampling made in the same turn of the event
-        loop (a group's first turns) share one `/inference/v1/generate` request with `n`
-        choices (`coalesce`); a seeded call always has a request of its own.
+        Unseeded, non-greedy calls with the same prompt and sampling made in the same turn of
+        the event loop and the same `trajectory_session` (a group's first turns) share one
+        `/inference/v1/generate` request with `n` choices (`coalesce`); seeded and greedy
+        calls always have a request of their own.
         """
         max_tokens = sampling.max_tokens
         context = await self._context_length()
@@ -184,8 +190,10 @@ class TokenClient:
                 )
             max_tokens = min(max_tokens, room)
         params = _vllm_sampling_params(sampling, max_tokens=max_tokens)
-        if self._coalescer is not None and sampling.seed is None:
-            key = (tuple(prompt_ids), json.dumps(params, sort_keys=True))
+        if self._coalescer is not None and sampling.seed is None and sampling.temperature >= _GREEDY_BELOW:
+            # vLLM takes n > 1 only when sampling; calls of different trajectory sessions keep
+            # their own requests (each goes to its session's replica behind a router)
+            key = (tuple(prompt_ids), json.dumps(params, sort_keys=True), current_trajectory())
             choice = await self._coalescer.submit(key, lambda n: self._generate_choices(prompt_ids, params, n=n))
         else:
             choice = (await self._generate_choices(prompt_ids, params, n=1))[0]
@@ -204,6 +212,13 @@ class TokenClient:
             response = await self.http.post("/inference/v1/generate", json=body)
         except httpx.HTTPError as exc:
             raise InferenceError(f"{self.base_url}/inference/v1/generate: {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 400 and n > 1 and "sampling_params.n must be at most" in response.text:
+            # more choices than the server's max_num_seqs: ask for two halves instead
+            first, second = await asyncio.gather(
+                self._generate_choices(prompt_ids, params, n=n // 2),
+                self._generate_choices(prompt_ids, params, n=n - n // 2),
+            )
+            return first + second
         if response.status_code != 200:
             raise InferenceError(
                 f"{self.base_url}/inference/v1/generate answered {response.status_code}: {response.text[:300]}"

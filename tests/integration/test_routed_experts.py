@@ -111,7 +111,8 @@ async def test_token_client_aligns_experts_with_completion_tokens(experts_server
 
 async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(experts_server, reference_model):
     """Six concurrent unseeded calls with one prompt go out as one request with n=6 (`agentrl.coalesce`);
-    every choice keeps its own tokens, logprobs and experts. Seeded calls keep a request each."""
+    every choice keeps its own tokens, logprobs and experts. Seeded calls keep a request each, and a
+    group wider than the server's max_num_seqs is asked for in parts."""
     from agentrl.client import TokenClient
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
@@ -129,7 +130,12 @@ async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(
         seeded = await asyncio.gather(
             *(client.generate(prompt, sampling=SamplingConfig(max_tokens=10, seed=7)) for _ in range(2))
         )
-    assert sent == [6, 1, 1]
+        greedy = SamplingConfig(max_tokens=4, temperature=0)
+        await asyncio.gather(*(client.generate(prompt, sampling=greedy) for _ in range(2)))  # vLLM: greedy takes n=1 only
+        # more calls than the server's max_num_seqs (8): the client splits the request in halves
+        wide = await asyncio.gather(*(client.generate(prompt, sampling=SamplingConfig(max_tokens=4)) for _ in range(12)))
+    assert sent == [6, 1, 1, 1, 1, 12, 6, 6]
+    assert len(wide) == 12 and all(len(completion.token_ids) > 0 for completion, _ in wide)
     assert len({tuple(completion.token_ids) for completion, _ in group}) > 1  # six samples, not one copied
     assert seeded[0][0].token_ids == seeded[1][0].token_ids
     for completion, prompt_experts in group:
