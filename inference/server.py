@@ -9,7 +9,8 @@ KV cache on the CPU so several servers fit on one machine, eager execution on th
 `--enable-return-routed-experts` for MoE models (Router Replay).
 
 The server runs in its own process group and its output goes to a log file; `stop()`
-terminates only that group. If the server exits during start-up, an `AgentrlError` shows
+terminates only that group; `nice` starts it (and its session's autogroup) at a lower CPU
+priority (`agentrl.cpu_priority`). If the server exits during start-up, an `AgentrlError` shows
 the last lines of its log. Launch plans for other roles (data parallel, expert parallel,
 prefill/decode) build on `VLLMServer` through `extra_args` and `env`.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+from agentrl.cpu_priority import nice_prefix, set_autogroup_nice
 from agentrl.errors import AgentrlError, MissingExtraError
 
 __all__ = ["ServerStartupError", "VLLMServer", "detect_device", "free_port", "log_tail"]
@@ -116,6 +118,7 @@ class VLLMServer:
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
         startup_timeout_s: float = 600.0,
+        nice: int = 0,
     ) -> None:
         self.model = str(model)
         self.host = host
@@ -133,6 +136,7 @@ class VLLMServer:
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
+        self.nice = nice
         self.process: subprocess.Popen | None = None
         self.model_path: Path | None = None
         self.startup_s: float | None = None
@@ -226,9 +230,12 @@ class VLLMServer:
             # the main thread, because the signal fires when the forking *thread* exits.
             launcher = [setpriv, "--pdeathsig", "TERM", "--"]
         self.process = subprocess.Popen(
-            launcher + command, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            launcher + nice_prefix(self.nice) + command, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.environment(), start_new_session=True,
         )
+        if self.nice:  # (its threads start niced: `nice_prefix`)
+            # Its own session is its own autogroup, which is what competes with the trainer's.
+            set_autogroup_nice(self.process.pid, self.nice)
         try:
             self._wait_healthy(started)
         except BaseException:

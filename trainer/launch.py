@@ -180,7 +180,7 @@ class InferenceActor:
 
     def __init__(self, model_dir: str, *, served_name: str, routed_experts: bool, log_path: str,
                  startup_timeout_s: float, max_model_len: int | None, dtype: str = "auto",
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, nice: int = 0) -> None:
         from agentrl.inference.plans import cpu_server_options
         from agentrl.inference.server import VLLMServer, detect_device
 
@@ -196,7 +196,7 @@ class InferenceActor:
             env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
         self.server = VLLMServer(model_dir, served_model_name=served_name, extra_args=args, env=env,
                                  log_path=Path(log_path), startup_timeout_s=startup_timeout_s,
-                                 max_model_len=max_model_len or 2048, dtype=dtype)
+                                 max_model_len=max_model_len or 2048, dtype=dtype, nice=nice)
 
     def start(self) -> str:
         self.server.start()
@@ -314,9 +314,13 @@ class TrainerActor:
 class RolloutWorker:
     """Runs groups of rollouts of the environment against the inference server."""
 
-    def __init__(self, env_name: str, env_args: dict[str, Any], *, url: str, model: str) -> None:
+    def __init__(self, env_name: str, env_args: dict[str, Any], *, url: str, model: str, nice: int = 0) -> None:
         from agentrl.client import TokenClient
+        from agentrl.cpu_priority import lower_priority
         from agentrl.loader import load_environment
+
+        # Every thread this worker has now; threads it starts later inherit the niceness.
+        lower_priority(os.getpid(), nice=nice)
 
         self.environment = load_environment(env_name, **env_args)
         self.client = TokenClient(url, model=model)
@@ -478,7 +482,7 @@ def run_training(
             routed_experts=config.inference.routed_experts and config.trainer.router_replay,
             log_path=str(folder.path / "logs" / "vllm.log"), startup_timeout_s=config.launch.startup_timeout_s,
             max_model_len=config.inference.max_model_len, dtype=config.inference_dtype(),
-            extra_args=list(config.inference.extra_args),
+            extra_args=list(config.inference.extra_args), nice=config.generation_nice(),
         )
         actors.append(inference)
         # Two threads: the servers load step N's weights (`publish`) while step N+1 trains.
@@ -495,7 +499,8 @@ def run_training(
             ray.get(trainer.load_checkpoint.remote(str(latest_checkpoint(checkpoint_root).trainer_path)))
         workers = [
             ray.remote(RolloutWorker).options(**place(2 + index)).remote(
-                config.env.name, config.env.args, url=url, model=config.model.name)
+                config.env.name, config.env.args, url=url, model=config.model.name,
+                nice=config.generation_nice())
             for index in range(workers_n)
         ]
         actors += workers

@@ -80,6 +80,11 @@ class LaunchConfig(BaseConfig):
     """Most seconds to wait for the inference server to become healthy."""
     trainer_threads: int = 1
     """CPU threads of a CPU trainer (0: torch's default; 1 leaves cores to vLLM on small machines)."""
+    generation_nice: int | None = Field(default=None, ge=0, le=19)
+    """CPU niceness (0-19) of the generation side: vLLM servers (and their session's autogroup)
+    and rollout workers. The trainer is the critical path of an asynchronous run; at a lower
+    priority, generation on shared CPUs uses the time the trainer leaves idle instead of
+    preempting it. None: 19 when inference runs on the CPU (`inference_gpus = 0`), else 0."""
 
 
 class RunSection(BaseConfig):
@@ -130,6 +135,12 @@ class RunConfig(BaseConfig):
         from agentrl.models import ensure_model
 
         return Path(ensure_model(self.model.name))
+
+    def generation_nice(self) -> int:
+        """`launch.generation_nice`, or 19 with inference on the CPU (sharing it with the trainer), else 0."""
+        if self.launch.generation_nice is not None:
+            return self.launch.generation_nice
+        return 19 if not self.launch.inference_gpus else 0
 
     def trainer_compute_dtype(self) -> str:
         """The trainer's forward/backward dtype: `trainer.parallel.param_dtype`, unset bf16 on GPUs, fp32 on the CPU."""

@@ -4,7 +4,9 @@ After publishing known new weights, vLLM's logprobs for a fixed token sequence m
 the logprobs transformers' `Glm4MoeForCausalLM` computes from the same weights on the CPU
 (float32 both sides; tolerance 1e-4 absolute, observed ~5e-7), `/weight_info` and the
 tokens' `weight_versions` must report the new version, and a long request that was in
-flight during the update must complete with two version spans.
+flight during the update must complete with two version spans. The server runs at a lower
+CPU priority (`nice`, as a training run's generation side does), which must reach every
+thread of the API server and of the engine core it starts, and its session's autogroup.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
 LOGPROB_TOLERANCE = 1e-4
+SERVER_NICE = 5
 LONG_TOKENS = 1800  # long enough (a few seconds of decoding) to still run when the update lands
 FIXED_TOKENS = [3, 20, 35, 41, 50, 62, 70, 88, 90, 101, 15, 27]
 
@@ -37,7 +40,7 @@ def weights_server(tmp_path_factory):
     args, env = cpu_server_options(routed_experts=False)
     server = VLLMServer(
         ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, extra_args=args, env=env,
-        log_path=tmp_path_factory.mktemp("weights-server") / "vllm.log",
+        log_path=tmp_path_factory.mktemp("weights-server") / "vllm.log", nice=SERVER_NICE,
     )
     server.start()
     try:
@@ -182,3 +185,20 @@ async def test_bad_updates_are_one_line_errors_and_leave_the_server_serving(weig
         await FilesystemWeightPublisher(["http://127.0.0.1:9"], staging_dir=tmp_path / "s2").apublish(
             _perturbed_state_dict(seed=3), version=1
         )
+
+
+def test_the_whole_server_runs_at_its_niceness(weights_server):
+    import os
+    from pathlib import Path
+
+    import psutil
+
+    api = psutil.Process(weights_server.process.pid)
+    processes = [api, *api.children(recursive=True)]
+    assert any("EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM") for p in processes[1:]), processes
+    for process in processes:
+        nices = {os.getpriority(os.PRIO_PROCESS, thread.id) for thread in process.threads()}
+        assert nices == {SERVER_NICE}, (process.name(), nices)
+    autogroup = Path(f"/proc/{api.pid}/autogroup")
+    if autogroup.is_file():
+        assert autogroup.read_text().split()[-1] == str(SERVER_NICE)
