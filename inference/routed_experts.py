@@ -56,7 +56,9 @@ def split_routed_experts(
 
     The last completion token was sampled but never forwarded, so it has no row; its row is
     filled with -1 so both arrays line up with the tokens. `strict=False` accepts any row
-    count (missing rows -1, extra rows dropped) instead of raising.
+    count instead of raising: missing rows are -1; with more rows than tokens nobody knows
+    which row belongs to which token, so every row is -1 (Router Replay then routes those
+    tokens live rather than replaying another token's experts).
     """
     expected = prompt_len + completion_len - 1
     if strict and len(rows) != expected:
@@ -64,6 +66,8 @@ def split_routed_experts(
             f"routed_experts: {len(rows)} rows for {prompt_len} prompt + {completion_len} completion tokens"
             f" (expected {expected})"
         )
+    if len(rows) > expected:
+        rows = rows[:0]
     out = np.full((prompt_len + completion_len, *rows.shape[1:]), -1, dtype=EXPERT_DTYPE)
     count = min(len(rows), len(out))
     out[:count] = rows[:count]

@@ -60,8 +60,8 @@ def reference_model():
     return AutoModelForCausalLM.from_pretrained(str(ensure_model("tiny-moe")), dtype=torch.float32).eval()
 
 
-async def _generate(client, url, prompt, *, max_tokens, seed=None):
-    params = {"max_tokens": max_tokens, "temperature": 1.0}
+async def _generate(client, url, prompt, *, max_tokens, seed=None, ignore_eos=False):
+    params = {"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": ignore_eos}
     if seed is not None:
         params["seed"] = seed
     response = await client.post(f"{url}/inference/v1/generate", json={"token_ids": prompt, "sampling_params": params}, timeout=300)
@@ -91,6 +91,35 @@ async def test_recorded_experts_equal_transformers_routing(experts_server, refer
         assert len(prompt_rows) == len(prompt) and len(completion_rows) == len(completion)
         assert (completion_rows[-1] == -1).all()  # the last sampled token was never forwarded
         assert (np.concatenate([prompt_rows, completion_rows[:-1]]) == rows).all()
+
+
+async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, reference_model, tmp_path):
+    """Requests running while weights are reloaded are preempted and recomputed by vLLM.
+
+    Each request must still get one row per forwarded token, in order: the reloads publish
+    the served weights themselves, so every row must equal transformers' routing. (Before
+    the fix, every update restarted the rows at token 0: ~1000 rows for 300 tokens.)
+    """
+    from agentrl.inference.weights import FilesystemWeightPublisher
+    from agentrl.models import ensure_model
+
+    prompts = [[3] + [(13 * index + offset) % 97 + 9 for index in range(20)] for offset in range(3)]
+    publisher = FilesystemWeightPublisher([experts_server.url], staging_dir=tmp_path / "staging")
+    async with httpx.AsyncClient() as client:
+        running = [asyncio.create_task(_generate(client, experts_server.url, prompt, max_tokens=200, seed=index,
+                                                     ignore_eos=True))
+                   for index, prompt in enumerate(prompts)]
+        for version in (1, 2, 3):
+            await asyncio.sleep(0.2)
+            await publisher.apublish(ensure_model("tiny-moe"), version=version)
+        choices = await asyncio.gather(*running)
+    for prompt, choice in zip(prompts, choices, strict=True):
+        completion = choice["token_ids"]
+        assert len(choice["weight_versions"]) > 1, "no update landed while the request ran"
+        rows = decode_routed_experts_array(choice["routed_experts"])
+        assert rows.shape == (len(prompt) + len(completion) - 1, 4, 2)
+        reference = reference_routed_experts(reference_model, prompt + completion[:-1])
+        assert routing_agreement(rows.astype(np.int64), reference, layers=MOE_LAYERS) == 1.0
 
 
 async def test_token_client_aligns_experts_with_completion_tokens(experts_server):

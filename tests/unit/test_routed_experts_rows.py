@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from agentrl.inference.routed_experts import split_routed_experts
 from agentrl.inference.vllm_plugin.routed_experts import CpuRoutedExpertsSchedulerConnector
 
 
@@ -19,8 +20,9 @@ def _step(request_id: str, token_start: int, rows: np.ndarray):
     return {request_id: SimpleNamespace(token_start=token_start, rows=rows)}
 
 
-def _request(request_id: str, num_tokens: int):
-    return SimpleNamespace(request_id=request_id, num_tokens=num_tokens)
+def _request(request_id: str, num_tokens: int, *, finished: bool = False):
+    """The parts of vLLM's `Request` the connector reads."""
+    return SimpleNamespace(request_id=request_id, num_tokens=num_tokens, is_finished=lambda: finished)
 
 
 def test_chunked_prefill_then_decode_emits_each_position_once():
@@ -45,11 +47,42 @@ def test_recomputation_after_preemption_keeps_first_rows_and_gaps_are_errors():
         connector.collect(_step("c", 3, _rows(3, 2)))
 
 
-def test_finished_and_reset_requests_are_forgotten():
+def test_a_weight_update_in_flight_neither_repeats_nor_loses_rows():
+    """vLLM's sequence when `pause` resets the prefix cache under running requests.
+
+    Every running request is preempted (`request_finished` while it still runs), the
+    connector is `reset`, and on resume each request is recomputed from token 0. The client
+    must get each position's row once, the first one recorded (the routing its token was
+    sampled with): a restart at 0 would hand rows 0.. up a second time, misaligning every
+    later row for Router Replay.
+    """
+    connector = CpuRoutedExpertsSchedulerConnector()
+    connector.collect(_step("f", 0, _rows(0, 6)))
+    taken = [connector.take_output(_request("f", 7))]
+    connector.request_finished(_request("f", 7))  # preempted by the cache reset
+    connector.reset()
+    recomputed = _rows(0, 7)
+    recomputed[:6] += 100  # new weights may route the old tokens differently
+    connector.collect(_step("f", 0, recomputed))  # recomputation covers the token sampled before
+    taken.append(connector.take_output(_request("f", 8)))
+    connector.collect(_step("f", 7, _rows(7, 1)))
+    taken.append(connector.take_output(_request("f", 9)))
+    assert np.concatenate(taken)[:, 0, 0].tolist() == list(range(8))
+
+
+def test_finished_requests_are_forgotten():
     connector = CpuRoutedExpertsSchedulerConnector()
     connector.collect({**_step("d", 0, _rows(0, 2)), **_step("e", 0, _rows(0, 2))})
-    connector.request_finished(_request("d", 3))
+    connector.request_finished(_request("d", 3, finished=True))
     assert connector.take_output(_request("d", 3)) is None
-    connector.reset()
-    assert connector.take_output(_request("e", 3)) is None
+    connector.reset()  # a cache reset keeps the other request's rows
+    assert connector.take_output(_request("e", 3))[:, 0, 0].tolist() == [0, 1]
     assert connector.build_connector_meta(None, {}) is None
+
+
+def test_lenient_split_pads_missing_rows_and_distrusts_extra_ones():
+    prompt_rows, completion_rows = split_routed_experts(_rows(0, 5), prompt_len=4, completion_len=4, strict=False)
+    assert prompt_rows[:, 0, 0].tolist() == [0, 1, 2, 3] and completion_rows[:, 0, 0].tolist() == [4, -1, -1, -1]
+    # 8 rows for 4 + 4 tokens (7 expected): the alignment is unknown, nothing may be replayed
+    prompt_rows, completion_rows = split_routed_experts(_rows(0, 8), prompt_len=4, completion_len=4, strict=False)
+    assert (prompt_rows == -1).all() and (completion_rows == -1).all()
