@@ -59,8 +59,10 @@ def lower_priority(pid: int, *, nice: int) -> None:
     """Set every thread of `pid` to niceness `nice` (never raising anyone's priority)."""
     if not _check(nice):
         return
-    tasks = Path(f"/proc/{pid}/task")
-    tids = [int(entry.name) for entry in tasks.iterdir()] if tasks.is_dir() else [pid]
+    try:
+        tids = [int(entry.name) for entry in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:  # no /proc (not Linux), or the process is gone: its main thread only
+        tids = [pid]
     for tid in tids:
         try:
             if os.getpriority(os.PRIO_PROCESS, tid) < nice:
