@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="optimizer steps per speed run")
     parser.add_argument("--repeats", type=int, default=5, help="alternating sync/async pairs for the speed figure")
-    parser.add_argument("--r3-steps", type=int, default=16, help="optimizer steps per Router Replay run")
+    parser.add_argument("--r3-steps", type=int, default=32,
+                        help="optimizer steps per Router Replay run (a few routing flips carry the mean: more steps, less spread)")
     args = parser.parse_args(argv)
     from rich.console import Console
     from rich.table import Table
