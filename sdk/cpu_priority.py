@@ -28,7 +28,7 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["MAX_NICE", "nice_prefix", "lower_priority", "set_autogroup_nice", "thread_nice"]
+__all__ = ["MAX_NICE", "nice_prefix", "lower_priority", "set_autogroup_nice"]
 
 MAX_NICE = 19
 """The lowest CPU priority Linux has."""
@@ -48,11 +48,6 @@ def nice_prefix(nice: int) -> list[str]:
     increment = _check(nice) - os.getpriority(os.PRIO_PROCESS, 0)
     binary = shutil.which("nice") if increment > 0 else None
     return [binary, "-n", str(increment)] if binary else []
-
-
-def thread_nice(pid: int, tid: int | None = None) -> int:
-    """Niceness of one thread (default: the process's main thread)."""
-    return os.getpriority(os.PRIO_PROCESS, tid if tid is not None else pid)
 
 
 def lower_priority(pid: int, *, nice: int) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cpu_priority import lower_priority, nice_prefix, set_autogroup_nice, thread_nice
+from agentrl.cpu_priority import lower_priority, nice_prefix, set_autogroup_nice
 from agentrl.errors import ConfigError
 from agentrl.trainer.run_config import load_run_config
 
@@ -32,7 +32,7 @@ def _start(code: str, *, prefix: list[str] | None = None, new_session: bool = Fa
 
 
 def _thread_nices(pid: int) -> list[int]:
-    return sorted(thread_nice(pid, int(tid)) for tid in os.listdir(f"/proc/{pid}/task"))
+    return sorted(os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task"))
 
 
 def _stop(child: subprocess.Popen) -> None:
