@@ -186,6 +186,7 @@ class Trainer:
                     targets_T=row.targets[window].to(self.device),
                     replay_experts_TLK=row.routed_experts[window].to(self.device) if replay else None,
                     replay_mask_T=row.replay_mask[window].to(self.device) if replay else None,
+                    needed_T=row.loss_mask[window].to(self.device),
                 )
             loss, stats = compute_loss(
                 logprobs.float(),
@@ -250,7 +251,8 @@ class Trainer:
         """Summed mismatch KL of the row under the trainer's own routing (no replay, no gradient)."""
         with torch.no_grad(), torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
             live = self.model(row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
-                              targets_T=row.targets[window].to(self.device))
+                              targets_T=row.targets[window].to(self.device),
+                              needed_T=row.loss_mask[window].to(self.device))
         _, stats = compute_loss(
             live.float(), inference_logprobs=row.inference_logprobs[window].to(self.device),
             advantages=row.advantages[window].to(self.device), loss_mask=row.loss_mask[window].to(self.device),

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-__all__ = ["AttentionSegments", "build_segments", "cp_chunks", "cp_token_index", "segment_attention", "gather_kv"]
+__all__ = ["AttentionSegments", "build_segments", "cp_chunks", "cp_token_index", "query_tail", "segment_attention",
+           "gather_kv"]
 
 
 @dataclass
@@ -142,6 +143,44 @@ def build_segments(
         kv_index=torch.cat(kv_index) if cp_size > 1 else None,
         cp_group=cp_group if cp_size > 1 else None,
     )
+
+
+def query_tail(segments: AttentionSegments, needed_T: torch.Tensor) -> tuple[AttentionSegments, torch.Tensor] | None:
+    """Segments whose queries run from each segment's first needed token to its end, and those tokens' indices.
+
+    The model's last layer only has to produce the tokens whose output is used (the loss
+    tokens); keys and values still come from every token, and bottom-right causal
+    alignment gives each kept query exactly the keys it had. A segment with no needed
+    token keeps its last token, so no kernel sees an empty segment. The returned segments
+    address queries in the kept tokens (in order) and keys as before. None under CP, whose
+    zigzag layout keeps every query.
+    """
+    if segments.cp_group is not None:
+        return None
+    needed = needed_T.nonzero().flatten().tolist()
+    q_bounds: list[tuple[int, int]] = []
+    kept: list[torch.Tensor] = []
+    cursor = 0
+    needed_at = 0
+    for start, end in segments.q_bounds:
+        while needed_at < len(needed) and needed[needed_at] < start:
+            needed_at += 1
+        first = needed[needed_at] if needed_at < len(needed) and needed[needed_at] < end else end - 1
+        q_bounds.append((cursor, cursor + end - first))
+        kept.append(torch.arange(first, end))
+        cursor += end - first
+    q_lens = [e - s for s, e in q_bounds]
+    tail = AttentionSegments(
+        q_bounds=q_bounds,
+        k_bounds=segments.k_bounds,
+        cu_seq_q=torch.tensor([0] + q_lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(segments.cu_seq_q.device),
+        cu_seq_k=segments.cu_seq_k,
+        max_q=max(q_lens, default=0),
+        max_k=segments.max_k,
+        kv_index=None,
+    )
+    index = torch.cat(kept) if kept else torch.zeros(0, dtype=torch.long)
+    return tail, index.to(needed_T.device)
 
 
 class _AllGatherRows(torch.autograd.Function):

@@ -27,7 +27,7 @@ from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.attention import AttentionSegments, segment_attention
+from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
 from agentrl.trainer.models.router import build_router
 
 __all__ = ["MoEDecoder", "MoEBlock", "Experts", "build_model", "init_weights"]
@@ -128,15 +128,28 @@ def rope_cos_sin(positions_T: torch.Tensor, rotary_dim: int, theta: float, dtype
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_partial_rope(x_TND: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    rotary = cos.shape[-1]
-    half = rotary // 2
+def rope_head_tables(cos: torch.Tensor, sin: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rope_cos_sin`'s tables laid out for `apply_partial_rope` on ``heads`` heads: ``(T * heads, rotary_dim / 2)``.
+
+    The rotate_half tables repeat their first half, so only that half is kept; repeating it
+    per head (once per forward, for all layers) keeps the rotation's multiplies free of
+    broadcasting over heads, which on the CPU took longer than the arithmetic.
+    """
+    half = cos.shape[-1] // 2
+    tokens = cos.shape[0]
+    return tuple(table[:, None, :half].expand(tokens, heads, half).reshape(tokens * heads, half)
+                 for table in (cos, sin))  # type: ignore[return-value]
+
+
+def apply_partial_rope(x_TND: torch.Tensor, cos_RH: torch.Tensor, sin_RH: torch.Tensor) -> torch.Tensor:
+    """RoPE (rotate_half layout) on the first ``2 * H`` dims of each head; tables from `rope_head_tables`."""
+    tokens, heads, head_dim = x_TND.shape
+    half = cos_RH.shape[-1]
     # Split views (not slices): backward is one cat, where each slice's backward would write
     # a zero-filled gradient of the whole tensor.
-    first, second, x_pass = torch.split(x_TND, [half, half, x_TND.shape[-1] - rotary], dim=-1)
-    # The tables repeat their first half (rotate_half layout), so the halves rotate directly.
-    cos_half, sin_half = cos[:, None, :half], sin[:, None, :half]
-    return torch.cat([first * cos_half - second * sin_half, second * cos_half + first * sin_half, x_pass], dim=-1)
+    first, second, x_pass = torch.split(x_TND.reshape(tokens * heads, head_dim), [half, half, head_dim - 2 * half], dim=-1)
+    rotated = torch.cat([first * cos_RH - second * sin_RH, second * cos_RH + first * sin_RH, x_pass], dim=-1)
+    return rotated.view(tokens, heads, head_dim)
 
 
 class Attention(nn.Module):
@@ -154,17 +167,41 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps) if args.use_qk_norm else None
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x_TD, cos, sin, segments: AttentionSegments) -> torch.Tensor:
-        tokens = x_TD.shape[0]
-        q = self.q_proj(x_TD).view(tokens, self.heads, self.head_dim)
-        k = self.k_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
-        v = self.v_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
+    def forward(self, x_TD, rope: dict[int, tuple[torch.Tensor, torch.Tensor]], segments: AttentionSegments, *,
+                query_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention output ``(T, D)``, or only for the tokens at ``query_index`` (then ``segments``
+        address those queries, as `attention.query_tail` makes them)."""
+        q, k, v = self._project(x_TD, query_index)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        q_rope = rope[self.heads]
+        if query_index is not None:
+            half = q_rope[0].shape[-1]
+            q_rope = tuple(table.view(x_TD.shape[0], self.heads, half).index_select(0, query_index).reshape(-1, half)
+                           for table in q_rope)
         # RoPE tables may be float32 under autocast; attention runs in the projections' dtype
-        q, k = apply_partial_rope(q, cos, sin).to(v.dtype), apply_partial_rope(k, cos, sin).to(v.dtype)
+        q = apply_partial_rope(q, *q_rope).to(v.dtype)
+        k = apply_partial_rope(k, *rope[self.kv_heads]).to(v.dtype)
         out = segment_attention(q, k, v, segments, scale=self.scale)
-        return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
+        return self.o_proj(out.reshape(q.shape[0], self.heads * self.head_dim))
+
+    def _project(self, x_TD: torch.Tensor, query_index: torch.Tensor | None):
+        """q ``(Q, heads, dim)``, k and v ``(T, kv_heads, dim)``: one matmul where every token is a query.
+
+        The weights stay three parameters, as in the checkpoint; they are stacked per call.
+        """
+        tokens = x_TD.shape[0]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        projections = (self.q_proj, self.k_proj, self.v_proj) if query_index is None else (self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight for p in projections])
+        bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
+        if query_index is None:
+            q, k, v = torch.split(F.linear(x_TD, weight, bias), [q_size, kv_size, kv_size], dim=-1)
+        else:
+            k, v = torch.split(F.linear(x_TD, weight, bias), [kv_size, kv_size], dim=-1)
+            q = self.q_proj(x_TD.index_select(0, query_index))
+        return (q.reshape(q.shape[0], self.heads, self.head_dim), k.reshape(tokens, self.kv_heads, self.head_dim),
+                v.reshape(tokens, self.kv_heads, self.head_dim))
 
 
 class DecoderLayer(nn.Module):
@@ -176,8 +213,12 @@ class DecoderLayer(nn.Module):
         self.is_moe = layer_index in set(args.moe_layers)
         self.mlp: nn.Module = MoEBlock(args) if self.is_moe else _swiglu(args.hidden_size, args.intermediate_size)
 
-    def forward(self, x_TD, cos, sin, segments, replay_TK=None, replay_mask_T=None):
-        x_TD = x_TD + self.self_attn(self.input_layernorm(x_TD), cos, sin, segments)
+    def forward(self, x_TD, rope, segments, replay_TK=None, replay_mask_T=None, *, query_index=None):
+        """The layer's output for every token, or (with ``query_index``) only for those tokens."""
+        attention = self.self_attn(self.input_layernorm(x_TD), rope, segments, query_index=query_index)
+        if query_index is not None:
+            x_TD = x_TD.index_select(0, query_index)
+        x_TD = x_TD + attention
         h = self.post_attention_layernorm(x_TD)
         mlp_out = self.mlp(h, replay_TK, replay_mask_T) if self.is_moe else self.mlp(h)
         return x_TD + mlp_out
@@ -214,21 +255,39 @@ class MoEDecoder(nn.Module):
         targets_T: torch.Tensor | None = None,
         replay_experts_TLK: torch.Tensor | None = None,
         replay_mask_T: torch.Tensor | None = None,
+        needed_T: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logprobs of ``targets_T`` (shape ``(T,)``), or logits ``(T, vocab)`` without targets."""
+        """Logprobs of ``targets_T`` (shape ``(T,)``), or logits ``(T, vocab)`` without targets.
+
+        ``needed_T`` (bool, ``(T,)``, with targets): the tokens whose log-probability is used
+        (the loss tokens). The last layer then computes only from each sample's first needed
+        token on (its keys and values still cover every token; a sample with none keeps its
+        last token), and the tokens before are returned as 0. Every computed log-probability,
+        the needed ones included, is exactly that of a full pass.
+        """
         x_TD = self.embed_tokens(tokens_T)
         cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, x_TD.dtype)
+        rope = {heads: rope_head_tables(cos, sin, heads)
+                for heads in {self.args.num_attention_heads, self.args.num_key_value_heads}}
+        tail = query_tail(segments, needed_T) if needed_T is not None and targets_T is not None else None
+        layers = list(self.layers.values())
         moe_index = 0
-        for layer in self.layers.values():
-            replay = None
+        for number, layer in enumerate(layers, start=1):
+            replay = replay_mask = query_index = None
             if layer.is_moe and replay_experts_TLK is not None:
-                replay = replay_experts_TLK[:, moe_index]
+                replay, replay_mask = replay_experts_TLK[:, moe_index], replay_mask_T
             if layer.is_moe:
                 moe_index += 1
-            x_TD = layer(x_TD, cos, sin, segments, replay, replay_mask_T if replay is not None else None)
+            if tail is not None and number == len(layers):
+                segments, query_index = tail
+                if replay is not None:
+                    replay, replay_mask = replay.index_select(0, query_index), replay_mask.index_select(0, query_index)
+            x_TD = layer(x_TD, rope, segments, replay, replay_mask, query_index=query_index)
         h_TD = self.norm(x_TD)
         if targets_T is None:
             return self.lm_head(h_TD).float()
+        if tail is not None:
+            targets_T = targets_T.index_select(0, tail[1])
         chunk = self.logprob_chunk_tokens
         weight = self.lm_head.weight
         pieces = []
@@ -238,7 +297,10 @@ class MoEDecoder(nn.Module):
                 pieces.append(checkpoint(_chunk_logprobs, h, weight, t, use_reentrant=False))
             else:
                 pieces.append(_chunk_logprobs(h, weight, t))
-        return torch.cat(pieces)
+        logprobs = torch.cat(pieces)
+        if tail is None:
+            return logprobs
+        return logprobs.new_zeros(tokens_T.shape[0]).index_copy(0, tail[1], logprobs)
 
 
 def build_model(args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> MoEDecoder:

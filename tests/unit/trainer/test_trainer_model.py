@@ -187,3 +187,52 @@ def test_packed_attention_and_its_gradients_equal_one_document_at_a_time():
     torch.testing.assert_close(packed, alone, atol=1e-6, rtol=0)
     for got, want in zip(grads, (q.grad, k.grad, v.grad)):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_query_tail_keeps_each_segments_needed_end():
+    from agentrl.trainer.models.attention import query_tail
+
+    positions = torch.cat([torch.arange(n) for n in (5, 4, 6)])
+    needed = torch.zeros(15, dtype=torch.bool)
+    needed[[2, 4, 12]] = True  # first segment from token 2, second segment nothing, third from 12
+    tail, index = query_tail(build_segments(positions), needed)
+    assert index.tolist() == [2, 3, 4, 8, 12, 13, 14]  # a segment with no needed token keeps its last
+    assert tail.q_bounds == [(0, 3), (3, 4), (4, 7)]
+    assert tail.k_bounds == [(0, 5), (5, 9), (9, 15)]
+    assert tail.cu_seq_q.tolist() == [0, 3, 4, 7] and tail.max_q == 3
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_needed_tokens_give_the_full_passs_logprobs_and_gradients(tiny_glm_dir, replay):
+    """The last layer computed only from each sample's first needed token is exact, gradients too."""
+    model = _load(tiny_glm_dir).train()
+    generator = torch.Generator().manual_seed(6)
+    lengths = (11, 7, 9)
+    ids = torch.randint(0, 128, (sum(lengths),), generator=generator)
+    targets = torch.roll(ids, -1)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    needed = torch.zeros(ids.numel(), dtype=torch.bool)
+    needed[[6, 7, 8, 10, 24, 26]] = True  # completions of samples 1 and 3 (with a gap); sample 2 has none
+    kwargs = {}
+    if replay:
+        moe_layers = len(model.moe_blocks())
+        kwargs = {"replay_experts_TLK": torch.randint(0, 8, (ids.numel(), moe_layers, 2), generator=generator),
+                  "replay_mask_T": torch.rand(ids.numel(), generator=generator) < 0.7}
+    assert list(model.layers.values())[-1].is_moe  # the pruned last layer routes (and replays) too
+    weights = torch.randn(ids.numel(), generator=generator)
+
+    def run(**extra):
+        model.zero_grad()
+        logprobs = model(ids, positions, build_segments(positions), targets_T=targets, **kwargs, **extra)
+        (logprobs * weights * needed).sum().backward()
+        return logprobs.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    full, full_grads = run()
+    tail, tail_grads = run(needed_T=needed)
+    computed = torch.zeros_like(needed)
+    computed[[6, 7, 8, 9, 10, 17, 24, 25, 26]] = True  # from each sample's first needed token (or its last) on
+    torch.testing.assert_close(tail[computed], full[computed], atol=1e-5, rtol=0)
+    assert (tail[~computed] == 0).all()
+    assert full_grads.keys() == tail_grads.keys()
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(tail_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
