@@ -116,6 +116,11 @@ class DeploymentConfig(BaseConfig):
     """Return the routed experts of every token (Router Replay)."""
     weight_transfer: Literal["filesystem", "nccl"] | None = None
     """Weight update transport; None: nccl on GPU, filesystem on CPU."""
+    recompute_kv_on_weight_update: bool = False
+    """Requests in flight during a weight update: False keeps their KV cache (later tokens
+    attend to context computed with the old weights, as PipelineRL's in-flight updates);
+    True has vLLM drop it and recompute every running request with the new weights (one
+    prefill of each per update)."""
     extra_args: list[str] = []
     """Extra vLLM arguments appended to every server command."""
 

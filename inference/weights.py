@@ -6,6 +6,16 @@ generated afterwards reports the new version in `weight_versions`), `POST /resum
 frozen requests continue with the new weights). Resume always runs, also when loading
 failed, so a bad update never leaves a server paused.
 
+Requests in flight keep their KV cache across the update by default (`recompute_kv=False`,
+vLLM's `clear_cache=false`): the tokens they generate afterwards come from the new weights
+attending to context computed with the old ones, as in PipelineRL's in-flight updates; each
+token's logprob is still the one it was sampled with. `recompute_kv=True` has vLLM drop
+its KV and prefix caches instead, which preempts every running request and recomputes it
+with the new weights: one prefill of every request in flight per update (on the CPU
+default, 28% more inference CPU per step). With the KV kept, blocks computed with old
+weights must not be reused by new requests through the prefix cache: `TokenClient` salts
+its requests with the newest weight version it has seen (`cache_salt`).
+
 Transports:
 - `FilesystemWeightPublisher` (CPU and any single machine): the trainer's state dict is
   written as safetensors (HF names) to a staging folder, or an HF checkpoint folder is
@@ -93,9 +103,12 @@ class ServerControl:
             raise WeightUpdateError(f"{what} on {self.url} failed (HTTP {response.status_code}): {detail}")
         return response
 
-    async def pause(self, *, mode: str = "keep") -> None:
-        """Pause generation; 'keep' freezes requests in flight until resume."""
-        await self._post("/pause", what="pause", params={"mode": mode})
+    async def pause(self, *, mode: str = "keep", clear_cache: bool = False) -> None:
+        """Pause generation; 'keep' freezes requests in flight until resume.
+
+        ``clear_cache`` drops the KV and prefix caches, so running requests are recomputed on resume.
+        """
+        await self._post("/pause", what="pause", params={"mode": mode, "clear_cache": str(clear_cache).lower()})
 
     async def resume(self) -> None:
         await self._post("/resume", what="resume")
@@ -214,11 +227,12 @@ def _run_sync(coroutine):
 class WeightPublisher(ABC):
     """Trainer-side interface: push a new policy version into the inference servers."""
 
-    def __init__(self, urls: list[str], *, timeout_s: float = 600.0) -> None:
+    def __init__(self, urls: list[str], *, timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
         if not urls:
             raise WeightUpdateError("WeightPublisher: no server URLs given")
         self.urls = [url.rstrip("/") for url in urls]
         self.timeout_s = timeout_s
+        self.recompute_kv = recompute_kv
         self.version: int | None = None
         self._served: dict[str, tuple[int, ...]] | None = None
         self._last_prepared: Any = None
@@ -288,7 +302,7 @@ class WeightPublisher(ABC):
 
     async def _update_one(self, control: ServerControl, prepared: Any, version: int) -> float:
         started = time.monotonic()
-        await control.pause(mode="keep")
+        await control.pause(mode="keep", clear_cache=self.recompute_kv)
         try:
             await self._load(control, prepared)
             await control.set_weight_version(version)
@@ -308,8 +322,9 @@ class WeightPublisher(ABC):
 class FilesystemWeightPublisher(WeightPublisher):
     """Stage weights as safetensors on a shared filesystem; servers reload them in place."""
 
-    def __init__(self, urls: list[str], *, staging_dir: str | Path, keep_last: int = 2, timeout_s: float = 600.0) -> None:
-        super().__init__(urls, timeout_s=timeout_s)
+    def __init__(self, urls: list[str], *, staging_dir: str | Path, keep_last: int = 2, timeout_s: float = 600.0,
+                 recompute_kv: bool = False) -> None:
+        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv)
         self.staging_dir = Path(staging_dir)
         self.keep_last = max(1, keep_last)
         self._staged: list[Path] = []
@@ -354,8 +369,9 @@ class NcclWeightPublisher(WeightPublisher):
         master_port: int,
         workers_per_server: int,
         timeout_s: float = 600.0,
+        recompute_kv: bool = False,
     ) -> None:
-        super().__init__(urls, timeout_s=timeout_s)
+        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv)
         self.master_address = master_address
         self.master_port = master_port
         self.workers_per_server = workers_per_server

@@ -8,7 +8,10 @@ and per-token `weight_versions` (vLLM reports version spans). Multi-turn: with `
 the prompt is `previous.prompt_token_ids + previous.completion.token_ids` followed by the
 tokens of the newly added messages only, so nothing the model saw is re-tokenized.
 Concurrent identical unseeded calls (a group's first turns) share one request with `n`
-choices (`agentrl.coalesce`).
+choices (`agentrl.coalesce`). Requests carry `cache_salt` = the newest weight version the
+client has seen (asked once from `/weight_info`, then read from responses), so vLLM's
+prefix cache never hands a request KV blocks computed by weights older than its own start
+(weight updates keep the KV of requests in flight, `agentrl.inference.weights`).
 
 `OpenAIClient` speaks `/v1/chat/completions` to any OpenAI-compatible endpoint
 (`--base-url`, `--api-key`); token ids are filled in when the server is vLLM and
@@ -54,14 +57,18 @@ def expand_weight_versions(spans: list[dict[str, Any]] | None, length: int) -> l
         return None
     versions = [0] * length
     for span in spans:
-        raw = str(span.get("version", "0"))
-        try:
-            version = int(raw)
-        except ValueError:
-            version = 0
+        version = _version_number(span.get("version", "0"))
         for index in range(max(0, int(span["start"])), min(length, int(span["end"]))):
             versions[index] = version
     return versions
+
+
+def _version_number(raw: Any) -> int:
+    """A vLLM weight version string as an int ('default' and other names are 0)."""
+    try:
+        return int(str(raw))
+    except ValueError:
+        return 0
 
 
 def decode_routed_experts(encoded: str | None) -> RoutedExperts | None:
@@ -117,6 +124,8 @@ class TokenClient:
         self.max_model_len: int | None = None
         self._context_lookup: asyncio.Future | None = None
         self._context_looked_up = False
+        self.weight_version: int | None = None
+        """The newest weight version seen from the server (None: it reports none); salts requests."""
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -136,7 +145,7 @@ class TokenClient:
         if self.max_model_len is not None or self._context_looked_up:
             return self.max_model_len
         if self._context_lookup is None:
-            self._context_lookup = asyncio.ensure_future(self._ask_context_length())
+            self._context_lookup = asyncio.ensure_future(self._ask_server())
         lookup = self._context_lookup
         try:
             await asyncio.shield(lookup)
@@ -146,14 +155,26 @@ class TokenClient:
             raise
         return self.max_model_len
 
-    async def _ask_context_length(self) -> None:
+    async def _ask_server(self) -> None:
+        """max_model_len and the served weight version (servers without RL endpoints report none)."""
         try:
             response = await self.http.get("/v1/models")
             response.raise_for_status()
             self.max_model_len = int(response.json()["data"][0].get("max_model_len") or 0) or None
         except (httpx.HTTPError, KeyError, IndexError, ValueError):
             pass  # unknown: the server enforces its own limit and answers with an error
+        try:
+            response = await self.http.get("/weight_info")
+            if response.status_code == 200:
+                self._note_version(response.json().get("weight_version"))
+        except (httpx.HTTPError, ValueError):
+            pass
         self._context_looked_up = True
+
+    def _note_version(self, raw: Any) -> None:
+        version = _version_number(raw)
+        if self.weight_version is None or version > self.weight_version:
+            self.weight_version = version
 
     # ------------------------------------------------------------------ tokens
     def prompt_ids(
@@ -208,6 +229,8 @@ class TokenClient:
         }
         if self.served_model_name:
             body["model"] = self.served_model_name
+        if self.weight_version is not None:
+            body["cache_salt"] = f"agentrl-weights-v{self.weight_version}"
         try:
             response = await self.http.post("/inference/v1/generate", json=body)
         except httpx.HTTPError as exc:
@@ -226,6 +249,9 @@ class TokenClient:
         choices = response.json()["choices"]
         if len(choices) != n:
             raise InferenceError(f"{self.base_url}/inference/v1/generate: asked for {n} choices, got {len(choices)}")
+        for choice in choices:
+            for span in choice.get("weight_versions") or []:
+                self._note_version(span.get("version"))
         return choices
 
     def _completion(self, choice: dict[str, Any], prompt_ids: list[int]) -> tuple[Completion, RoutedExperts | None]:

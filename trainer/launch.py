@@ -276,10 +276,11 @@ class TrainerActor:
     def node(self) -> str:
         return _node_id()
 
-    def connect(self, urls: list[str]) -> None:
+    def connect(self, urls: list[str], *, recompute_kv: bool = False) -> None:
         from agentrl.inference.weights import FilesystemWeightPublisher
 
-        self.publisher = FilesystemWeightPublisher(urls, staging_dir=self.staging_dir, keep_last=2)
+        self.publisher = FilesystemWeightPublisher(urls, staging_dir=self.staging_dir, keep_last=2,
+                                                   recompute_kv=recompute_kv)
 
     def load_checkpoint(self, path: str) -> int:
         return self.trainer.load_checkpoint(path)
@@ -494,7 +495,7 @@ def run_training(
         actors.append(trainer)
         status("starting the vLLM server and the trainer")
         url = ray.get(inference.start.remote())
-        ray.get(trainer.connect.remote([url]))
+        ray.get(trainer.connect.remote([url], recompute_kv=config.inference.recompute_kv_on_weight_update))
         if resume and state.step > 0:
             ray.get(trainer.load_checkpoint.remote(str(latest_checkpoint(checkpoint_root).trainer_path)))
         workers = [

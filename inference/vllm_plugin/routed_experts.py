@@ -16,9 +16,10 @@ pieces from the V1 CPU runner:
   request's rows by token position (chunked prefill, recomputation after preemption) and
   `take_output` hands the rows up to `num_tokens - 1` to the scheduler, which puts them in
   `EngineCoreOutput.routed_experts`; vLLM's output processor and the generate endpoint do
-  the rest unchanged. A request in flight during a weight update is preempted and
-  recomputed (the update resets the prefix cache); its rows keep what was recorded when
-  each token was first computed, the routing its sampled logprob came from.
+  the rest unchanged. A preempted request is recomputed (vLLM preempts under KV-cache
+  pressure, and every running request when a weight update clears the caches,
+  `recompute_kv_on_weight_update`); its rows keep what was recorded when each token was
+  first computed, the routing its sampled logprob came from.
 
 The rows of prefix-cached tokens are never computed, so the plan turns prefix caching off
 on servers that use this (`--no-enable-prefix-caching`); a server started with it on fails
@@ -94,8 +95,8 @@ class CpuRoutedExpertsSchedulerConnector:
         return state.take(request.num_tokens - 1)
 
     def request_finished(self, request) -> None:
-        # vLLM also calls this when it preempts a request, which a weight update does to every
-        # running one (`pause` resets the prefix cache, so they are recomputed on resume). The
+        # vLLM also calls this when it preempts a request, which a weight update that clears
+        # the caches does to every running one (they are recomputed on resume). The
         # rows already recorded stay: the recomputation's rows for those tokens are dropped in
         # `add`, and only rows for new tokens are handed up. Dropping them here would make the
         # request's rows start over at token 0 and reach the client twice.

@@ -93,19 +93,30 @@ async def test_recorded_experts_equal_transformers_routing(experts_server, refer
         assert (np.concatenate([prompt_rows, completion_rows[:-1]]) == rows).all()
 
 
-async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, reference_model, tmp_path):
-    """Requests running while weights are reloaded are preempted and recomputed by vLLM.
+async def _preemptions(client, url) -> float:
+    """vLLM's preemption counter (Prometheus text at /metrics)."""
+    text = (await client.get(f"{url}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_preemptions_total"))
 
-    Each request must still get one row per forwarded token, in order: the reloads publish
-    the served weights themselves, so every row must equal transformers' routing. (Before
-    the fix, every update restarted the rows at token 0: ~1000 rows for 300 tokens.)
+
+@pytest.mark.parametrize("recompute_kv", [True, False])
+async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, reference_model, tmp_path, recompute_kv):
+    """Requests running while weights are reloaded get one row per token, in order.
+
+    With `recompute_kv` vLLM preempts and recomputes them at every update; without it they
+    keep their KV cache and are never preempted. The reloads publish the served weights
+    themselves, so every row must equal transformers' routing either way. (Before the fix,
+    every recomputation restarted the rows at token 0: ~1000 rows for 300 tokens.)
     """
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.models import ensure_model
 
     prompts = [[3] + [(13 * index + offset) % 97 + 9 for index in range(20)] for offset in range(3)]
-    publisher = FilesystemWeightPublisher([experts_server.url], staging_dir=tmp_path / "staging")
+    publisher = FilesystemWeightPublisher([experts_server.url], staging_dir=tmp_path / "staging",
+                                          recompute_kv=recompute_kv)
     async with httpx.AsyncClient() as client:
+        preempted_before = await _preemptions(client, experts_server.url)
         running = [asyncio.create_task(_generate(client, experts_server.url, prompt, max_tokens=200, seed=index,
                                                      ignore_eos=True))
                    for index, prompt in enumerate(prompts)]
@@ -113,6 +124,11 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
             await asyncio.sleep(0.2)
             await publisher.apublish(ensure_model("tiny-moe"), version=version)
         choices = await asyncio.gather(*running)
+        preempted = await _preemptions(client, experts_server.url) - preempted_before
+    if recompute_kv:
+        assert preempted >= len(prompts), "clearing the caches should preempt the running requests"
+    else:
+        assert preempted == 0, "requests in flight should keep their KV cache across updates"
     for prompt, choice in zip(prompts, choices, strict=True):
         completion = choice["token_ids"]
         assert len(choice["weight_versions"]) > 1, "no update landed while the request ran"

@@ -187,6 +187,40 @@ async def test_bad_updates_are_one_line_errors_and_leave_the_server_serving(weig
         )
 
 
+async def _prefix_cache_hits(url: str) -> float:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{url}/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
+
+
+async def test_after_an_update_new_requests_never_reuse_old_weights_kv(weights_server, tmp_path):
+    """Updates keep the KV of requests in flight, so the prefix cache still holds blocks of the
+    old weights; `TokenClient` salts requests with the newest version it has seen, and a
+    prompt cached before the update is computed afresh after it (then cached again)."""
+    from agentrl.client import TokenClient
+    from agentrl.models import ensure_model
+    from agentrl.sampling import SamplingConfig
+
+    url = weights_server.url
+    prompt = [3] + [(7 * index) % 120 + 5 for index in range(400)]  # several full KV blocks
+    sampling = SamplingConfig(max_tokens=2, seed=0)
+    async with TokenClient(url, model=ensure_model("tiny-moe")) as client:
+        await client.generate(prompt, sampling=sampling)
+        hits = await _prefix_cache_hits(url)
+        await client.generate(prompt, sampling=sampling)
+        assert await _prefix_cache_hits(url) - hits >= 256, "the repeated prompt should come from the prefix cache"
+        await FilesystemWeightPublisher([url], staging_dir=tmp_path / "staging").apublish(
+            _perturbed_state_dict(seed=4), version=5)
+        await client.generate(FIXED_TOKENS, sampling=sampling)  # its answer reports the new version
+        assert client.weight_version == 5
+        hits = await _prefix_cache_hits(url)
+        await client.generate(prompt, sampling=sampling)
+        assert await _prefix_cache_hits(url) == hits, "a block computed with the old weights was reused"
+        await client.generate(prompt, sampling=sampling)
+        assert await _prefix_cache_hits(url) - hits >= 256
+
+
 def test_the_whole_server_runs_at_its_niceness(weights_server):
     import os
     from pathlib import Path
