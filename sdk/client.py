@@ -89,6 +89,8 @@ def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[
         params["seed"] = sampling.seed
     if sampling.stop:
         params["stop"] = list(sampling.stop)
+    else:
+        params["detokenize"] = False
     if sampling.ignore_eos:
         params["ignore_eos"] = True
     return params
