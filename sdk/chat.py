@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = ["ChatRenderer", "assistant_message", "parse_tool_calls"]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _SENTINEL = "\u2063AGENTRL\u2063"
+_ENCODED_TEXTS = 256  # texts whose token ids a renderer remembers
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
@@ -72,6 +74,7 @@ class ChatRenderer:
                 "use a chat/instruct model or add chat_template.jinja to the model folder"
             )
         self._closing: str | None = None
+        self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatRenderer:
@@ -95,8 +98,19 @@ class ChatRenderer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of template text (special tokens are written in the text)."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Token ids of template text (special tokens are written in the text).
+
+        The latest texts are remembered: a group's rollouts render the same prompt.
+        """
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            self._encoded[text] = ids
+            if len(self._encoded) > _ENCODED_TEXTS:
+                self._encoded.popitem(last=False)
+        else:
+            self._encoded.move_to_end(text)
+        return list(ids)
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

@@ -173,3 +173,21 @@ def test_routed_experts_decode_from_base64_npy():
     assert decoded.array.dtype == np.int16 and decoded.array.tolist() == array.tolist()
     assert decoded == array.tolist()
     assert decode_routed_experts(None) is None
+
+
+def test_encode_remembers_recent_texts_and_hands_out_copies():
+    from agentrl import chat
+
+    renderer = ChatRenderer.from_pretrained(ensure_model("tiny-moe"))
+    calls = []
+    tokenizer = renderer.tokenizer
+    renderer.tokenizer = type("Counting", (), {"__call__": lambda self, text, **kw: calls.append(text) or
+                                               tokenizer(text, **kw)})()
+    first = renderer.encode("reverse: abc")
+    first.append(-1)  # the caller's list is its own
+    assert renderer.encode("reverse: abc") == tokenizer("reverse: abc", add_special_tokens=False)["input_ids"]
+    assert calls == ["reverse: abc"]
+    for index in range(chat._ENCODED_TEXTS):
+        renderer.encode(f"text {index}")
+    renderer.encode("reverse: abc")  # pushed out by newer texts: encoded again
+    assert calls.count("reverse: abc") == 2
