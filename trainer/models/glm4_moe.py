@@ -10,7 +10,9 @@ The model works on one packed row of tokens, shape ``(T,)``, with per-token posi
 that restart at each sample. `forward` returns per-token log-probabilities of the given
 targets (computed chunk by chunk, so the full ``(T, vocab)`` logits never sit in memory)
 or the logits when no targets are given (parity tests). Router Replay: pass the experts
-inference used per token and MoE layer (``replay_experts_TLK``).
+inference used per token and MoE layer (``replay_experts_TLK``). With ``needed_T`` (the
+loss mask), the last layer runs only from each sample's first loss token on: exact, and on
+prompts much longer than their completions it skips most of that layer.
 """
 
 from __future__ import annotations
