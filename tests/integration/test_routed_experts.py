@@ -23,6 +23,7 @@ from agentrl.inference.routed_experts import (
     routing_agreement,
     split_routed_experts,
 )
+from vllm_metrics import vllm_counter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -93,13 +94,6 @@ async def test_recorded_experts_equal_transformers_routing(experts_server, refer
         assert (np.concatenate([prompt_rows, completion_rows[:-1]]) == rows).all()
 
 
-async def _preemptions(client, url) -> float:
-    """vLLM's preemption counter (Prometheus text at /metrics)."""
-    text = (await client.get(f"{url}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_preemptions_total"))
-
-
 @pytest.mark.parametrize("recompute_kv", [True, False])
 async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, reference_model, tmp_path, recompute_kv):
     """Requests running while weights are reloaded get one row per token, in order.
@@ -116,7 +110,7 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
     publisher = FilesystemWeightPublisher([experts_server.url], staging_dir=tmp_path / "staging",
                                           recompute_kv=recompute_kv)
     async with httpx.AsyncClient() as client:
-        preempted_before = await _preemptions(client, experts_server.url)
+        preempted_before = await vllm_counter(client, experts_server.url, "vllm:num_preemptions_total")
         running = [asyncio.create_task(_generate(client, experts_server.url, prompt, max_tokens=200, seed=index,
                                                      ignore_eos=True))
                    for index, prompt in enumerate(prompts)]
@@ -124,7 +118,7 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
             await asyncio.sleep(0.2)
             await publisher.apublish(ensure_model("tiny-moe"), version=version)
         choices = await asyncio.gather(*running)
-        preempted = await _preemptions(client, experts_server.url) - preempted_before
+        preempted = await vllm_counter(client, experts_server.url, "vllm:num_preemptions_total") - preempted_before
     if recompute_kv:
         assert preempted >= len(prompts), "clearing the caches should preempt the running requests"
     else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import re
 import uuid
 
 import httpx
@@ -24,13 +23,13 @@ from agentrl.inference.router import (
     session_headers,
     trajectory_session,
 )
+from vllm_metrics import vllm_counter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 pytest.importorskip("vllm")
 pytest.importorskip("vllm_router")
 
-_SUCCESS = re.compile(r"^vllm:request_success_total\{[^}]*\}\s+([0-9.eE+]+)", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +62,7 @@ def router(replicas, tmp_path_factory):
 
 
 async def _served(client: httpx.AsyncClient, url: str) -> float:
-    text = (await client.get(f"{url}/metrics")).text
-    return sum(float(value) for value in _SUCCESS.findall(text))
+    return await vllm_counter(client, url, "vllm:request_success_total")
 
 
 async def _generate(client: httpx.AsyncClient, url: str, trajectory: str, turn: int) -> dict:

@@ -20,6 +20,7 @@ import pytest
 
 from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.weights import FilesystemWeightPublisher, WeightUpdateError
+from vllm_metrics import vllm_counter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -189,9 +190,7 @@ async def test_bad_updates_are_one_line_errors_and_leave_the_server_serving(weig
 
 async def _prefix_cache_hits(url: str) -> float:
     async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{url}/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:prefix_cache_hits_total"))
+        return await vllm_counter(client, url, "vllm:prefix_cache_hits_total")
 
 
 async def test_after_an_update_new_requests_never_reuse_old_weights_kv(weights_server, tmp_path):

@@ -1,0 +1,8 @@
+"""The integration tests' folder is importable (its helper module `vllm_metrics`), as the trainer tests' is."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
