@@ -139,7 +139,7 @@ class TokenClient:
         return self._renderer
 
     async def _context_length(self) -> int | None:
-        """The server's max_model_len, asked once per client.
+        """The server's max_model_len, asked once per client (with the served weight version, `_ask_server`).
 
         Concurrent first calls await one shared lookup, so they all resume in the same turn
         of the event loop (and a group's first requests can still be coalesced).
