@@ -21,9 +21,11 @@ from agentrl.trainer.report import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
 MAX_MEAN_KL = 0.01  # mean over steps of KL(inference || trainer), one step off-policy included (measured ~8e-4)
-# Rollouts that straddle an in-flight weight update are recomputed by vLLM and replay their
-# first-recorded experts; a step over this bound means samples and experts went out of line
-# (measured: at most 3.6e-3 per step; 0.1-0.6 while the R3 rows of such rollouts were repeated).
+# Rollouts that straddle an in-flight weight update keep their KV cache and replay the experts
+# each token was sampled with (or, with `inference.recompute_kv_on_weight_update`, are recomputed
+# and keep their first-recorded experts); a step over this bound means samples and experts went
+# out of line (measured with recomputation: at most 3.6e-3 per step; 0.1-0.6 while the R3 rows of
+# such rollouts were repeated).
 MAX_STEP_KL = 0.05
 
 

@@ -283,7 +283,9 @@ class MoEDecoder(nn.Module):
             if tail is not None and number == len(layers):
                 segments, query_index = tail
                 if replay is not None:
-                    replay, replay_mask = replay.index_select(0, query_index), replay_mask.index_select(0, query_index)
+                    replay = replay.index_select(0, query_index)
+                if replay_mask is not None:
+                    replay_mask = replay_mask.index_select(0, query_index)
             x_TD = layer(x_TD, rope, segments, replay, replay_mask, query_index=query_index)
         h_TD = self.norm(x_TD)
         if targets_T is None:

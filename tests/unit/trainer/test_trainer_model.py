@@ -202,7 +202,7 @@ def test_query_tail_keeps_each_segments_needed_end():
     assert tail.cu_seq_q.tolist() == [0, 3, 4, 7] and tail.max_q == 3
 
 
-@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("replay", ["off", "masked", "no mask"])
 def test_needed_tokens_give_the_full_passs_logprobs_and_gradients(tiny_glm_dir, replay):
     """The last layer computed only from each sample's first needed token is exact, gradients too."""
     model = _load(tiny_glm_dir).train()
@@ -214,10 +214,11 @@ def test_needed_tokens_give_the_full_passs_logprobs_and_gradients(tiny_glm_dir, 
     needed = torch.zeros(ids.numel(), dtype=torch.bool)
     needed[[6, 7, 8, 10, 24, 26]] = True  # completions of samples 1 and 3 (with a gap); sample 2 has none
     kwargs = {}
-    if replay:
+    if replay != "off":
         moe_layers = len(model.moe_blocks())
-        kwargs = {"replay_experts_TLK": torch.randint(0, 8, (ids.numel(), moe_layers, 2), generator=generator),
-                  "replay_mask_T": torch.rand(ids.numel(), generator=generator) < 0.7}
+        kwargs = {"replay_experts_TLK": torch.randint(0, 8, (ids.numel(), moe_layers, 2), generator=generator)}
+        if replay == "masked":
+            kwargs["replay_mask_T"] = torch.rand(ids.numel(), generator=generator) < 0.7
     assert list(model.layers.values())[-1].is_moe  # the pruned last layer routes (and replays) too
     weights = torch.randn(ids.numel(), generator=generator)
 
