@@ -115,6 +115,8 @@ class Trainer:
             self._fill_weights(self.model, sharded=True)
         self.compute_dtype = compute_dtype
         self._autocast = self.world == 1 and compute_dtype != torch.float32
+        if self._autocast and self.device.type == "cpu" and config.round_like_vllm_cpu:
+            model.round_like_vllm_cpu(compute_dtype)
         self.loss_scale = LossScale() if compute_dtype == torch.float16 else None
         experts = [p for n, p in self.model.named_parameters() if ".experts.w" in n]
         expert_ids = {id(p) for p in experts}

