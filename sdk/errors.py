@@ -29,6 +29,10 @@ class NotFoundError(AgentrlError):
     """A named thing (environment, model, image, checkpoint) does not exist."""
 
 
+class SandboxError(AgentrlError):
+    """A sandbox could not be created or used (engine missing, image missing, limits refused, a refused path or archive)."""
+
+
 class MissingExtraError(AgentrlError):
     """A heavy optional dependency is not installed."""
 

@@ -14,23 +14,22 @@ import os
 import shlex
 import tarfile
 import time
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from agentrl.config import BaseConfig
-from agentrl.errors import AgentrlError
+from agentrl.errors import SandboxError
+from agentrl.sandbox.archive import extract_archive, resolve_path
 from pydantic import Field
 
-__all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner", "extract_safely"]
+__all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner",
+           "limit_not_enforced"]
 
 BASE_IMAGE = "agentrl-base:bookworm"
 QUICK_READ_BYTES = 4 * 1024 * 1024  # reads try this cap first (fast paths), then max_file_bytes
-
-
-class SandboxError(AgentrlError):
-    """A sandbox could not be created or used (engine missing, image missing, limits refused)."""
 
 
 def default_owner() -> str:
@@ -84,6 +83,9 @@ class SandboxConfig(BaseConfig):
     """How long creating a sandbox may take."""
     e2b_api_key: str | None = None
     """e2b only: API key (default `$E2B_API_KEY`)."""
+    unenforceable_limits: Literal["warn", "refuse"] = "warn"
+    """When the host cannot enforce a limit (no cgroup for bwrap's memory, no seccomp filter under gVisor):
+    'warn' once in one line naming it and run without it, or 'refuse' to create the sandbox."""
 
 
 @dataclass
@@ -153,17 +155,17 @@ class CappedBuffer:
         return b"".join(self._parts)
 
 
-def _skip_unsafe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    try:
-        return tarfile.data_filter(member, dest)
-    except tarfile.FilterError:  # absolute or escaping links, devices: left out
-        return None
+_warned_limits: set[str] = set()
 
 
-def extract_safely(archive: bytes, local_dir: Path) -> None:
-    """Extract a tar made inside a sandbox; members that would reach outside `local_dir` are skipped."""
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tar:
-        tar.extractall(local_dir, filter=_skip_unsafe)
+def limit_not_enforced(config: SandboxConfig, limit: str, why: str) -> None:
+    """The host cannot enforce `limit`: refuse the sandbox or warn once per limit, as `unenforceable_limits` says."""
+    message = f"sandbox limit {limit} cannot be enforced on this host ({why})"
+    if config.unenforceable_limits == "refuse":
+        raise SandboxError(f"{message}; fix the host or set sandbox unenforceable_limits='warn' to run without it")
+    if limit not in _warned_limits:
+        _warned_limits.add(limit)
+        warnings.warn(f"{message}; running without it", RuntimeWarning, stacklevel=3)
 
 
 class Sandbox(ABC):
@@ -248,8 +250,16 @@ class Sandbox(ABC):
         return ExecResult.from_raw(raw)
 
     # --- files, built on exec ------------------------------------------------------
-    def _abs(self, path: str) -> str:
-        return path if path.startswith("/") else f"{self.config.workdir.rstrip('/')}/{path}"
+    def _abs(self, path: str, action: str) -> str:
+        """The absolute in-sandbox path (relative paths may not leave the workdir; see `archive.resolve_path`)."""
+        return resolve_path(self.config.workdir, path, action=action)
+
+    @abstractmethod
+    async def kill_processes(self) -> None:
+        """Kill every process earlier commands left running (the agent's background jobs); the sandbox stays usable.
+
+        Call it between the agent's commands and any command whose result must be trusted.
+        """
 
     async def _read_output(self, argv: list[str]) -> RawExecResult:
         """Run an idempotent reading command: first with a small output cap, again with the full one if cut."""
@@ -261,7 +271,7 @@ class Sandbox(ABC):
 
     async def read_bytes(self, path: str) -> bytes:
         """The content of a file in the sandbox (NotFound as a SandboxError)."""
-        target = self._abs(path)
+        target = self._abs(path, "read_file")
         raw = await self._read_output(["cat", "--", target])
         if raw.exit_code != 0:
             raise SandboxError(f"read_file {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
@@ -276,7 +286,7 @@ class Sandbox(ABC):
     async def write_file(self, path: str, content: str | bytes, *, mode: int = 0o644) -> None:
         """Create or replace a file in the sandbox (parent folders are created)."""
         data = content.encode() if isinstance(content, str) else content
-        target = self._abs(path)
+        target = self._abs(path, "write_file")
         parent = os.path.dirname(target) or "/"
         script = f"mkdir -p -- {shlex.quote(parent)} && cat > {shlex.quote(target)} && chmod {mode:o} -- {shlex.quote(target)}"
         raw = await self.exec_bytes(["/bin/sh", "-c", script], stdin=data)
@@ -292,20 +302,22 @@ class Sandbox(ABC):
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for entry in sorted(local_dir.iterdir()):
                 tar.add(entry, arcname=entry.name)
-        target = self._abs(remote_dir)
+        target = self._abs(remote_dir, "upload")
         script = f"mkdir -p -- {shlex.quote(target)} && tar -x --no-same-owner -C {shlex.quote(target)} -f -"
         raw = await self.exec_bytes(["/bin/sh", "-c", script], stdin=buffer.getvalue())
         if raw.exit_code != 0:
             raise SandboxError(f"upload to {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
 
-    async def download(self, remote_dir: str, local_dir: str | Path) -> None:
-        """Copy `remote_dir`'s contents from the sandbox into a local folder (links leading out are skipped)."""
-        target = self._abs(remote_dir)
+    async def download(self, remote_dir: str, local_dir: str | Path) -> list[str]:
+        """Copy `remote_dir`'s regular files and folders into a local folder; returns what was left out.
+
+        The archive is made inside the sandbox and checked member by member on the host
+        (`archive.extract_archive`): links, devices and unsafe names are never written.
+        """
+        target = self._abs(remote_dir, "download")
         raw = await self._read_output(["tar", "-c", "-C", target, "-f", "-", "."])
         if raw.exit_code != 0:
             raise SandboxError(f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
         if raw.stdout_truncated:
             raise SandboxError(f"download {target}: larger than max_file_bytes={self.config.max_file_bytes}")
-        local_dir = Path(local_dir)
-        local_dir.mkdir(parents=True, exist_ok=True)
-        extract_safely(raw.stdout, local_dir)
+        return extract_archive(raw.stdout, local_dir, max_bytes=self.config.max_file_bytes).skipped

@@ -18,15 +18,8 @@ import tarfile
 from pathlib import Path
 
 from agentrl.errors import require
-from agentrl.sandbox.base import (
-    BASE_IMAGE,
-    CappedBuffer,
-    RawExecResult,
-    Sandbox,
-    SandboxConfig,
-    SandboxError,
-    extract_safely,
-)
+from agentrl.sandbox.archive import extract_archive
+from agentrl.sandbox.base import BASE_IMAGE, CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
 from agentrl.sandbox.labels import sandbox_labels
 
 __all__ = ["E2BSandbox"]
@@ -104,7 +97,7 @@ class E2BSandbox(Sandbox):
     # --- files through the SDK's filesystem API -----------------------------------------
     async def read_bytes(self, path: str) -> bytes:
         e2b = self._sdk()
-        target = self._abs(path)
+        target = self._abs(path, "read_file")
         try:
             data = await self.remote.files.read(target, format="bytes")
         except e2b.NotFoundException:
@@ -114,7 +107,7 @@ class E2BSandbox(Sandbox):
         return bytes(data)
 
     async def write_file(self, path: str, content: str | bytes, *, mode: int = 0o644) -> None:
-        target = self._abs(path)
+        target = self._abs(path, "write_file")
         await self.remote.files.write(target, content.encode() if isinstance(content, str) else content)
         if mode != 0o644:
             await self.exec(["chmod", f"{mode:o}", target])
@@ -129,21 +122,23 @@ class E2BSandbox(Sandbox):
                 tar.add(entry, arcname=entry.name)
         archive = f"/tmp/agentrl-upload-{os.urandom(6).hex()}.tar"
         await self.remote.files.write(archive, buffer.getvalue())
-        target = self._abs(remote_dir)
+        target = self._abs(remote_dir, "upload")
         result = await self.exec(f"mkdir -p {shlex.quote(target)} && tar -x -C {shlex.quote(target)} -f {archive}; "
                                  f"code=$?; rm -f {archive}; exit $code")
         if result.exit_code != 0:
             raise SandboxError(f"upload to {target}: {result.stderr.strip() or 'failed'}")
 
-    async def download(self, remote_dir: str, local_dir: str | Path) -> None:
-        target = self._abs(remote_dir)
+    async def download(self, remote_dir: str, local_dir: str | Path) -> list[str]:
+        target = self._abs(remote_dir, "download")
         raw = await self.exec_bytes(f"set -o pipefail; tar -c -C {shlex.quote(target)} -f - . | base64 -w0",
                                     max_output=self.config.max_file_bytes * 4 // 3 + 4)
         if raw.exit_code != 0 or raw.stdout_truncated:
             raise SandboxError(f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'too large or failed'}")
-        local_dir = Path(local_dir)
-        local_dir.mkdir(parents=True, exist_ok=True)
-        extract_safely(base64.b64decode(raw.stdout), local_dir)
+        return extract_archive(base64.b64decode(raw.stdout), local_dir, max_bytes=self.config.max_file_bytes).skipped
+
+    async def kill_processes(self) -> None:
+        """Every process of the sandbox user but this command (E2B's own daemon runs as root and stays)."""
+        await self.exec(["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"], timeout=30)
 
     async def _close(self) -> None:
         if self.remote is not None:

@@ -1,0 +1,189 @@
+"""Paths and archives that cross the sandbox boundary, checked on the host.
+
+Everything a sandbox hands back is hostile. `download` receives a tar made inside the
+sandbox; this module unpacks it without ever calling `tarfile.extract*` (whose filters
+have had path-traversal bugs, e.g. CVE-2025-4517): every member is checked here and
+written by hand.
+
+- Only regular files and folders are written. Symbolic and hard links, devices, FIFOs and
+  anything else are left out and listed in the result.
+- A member's name must be relative and stay relative: no absolute paths, no `..`, no empty
+  or over-long components, no NUL bytes.
+- Folders are walked one component at a time through directory file descriptors opened
+  with `O_NOFOLLOW`, so no link on the host (planted earlier or raced in) is followed; a
+  file is created fresh (an existing file or link at its place is unlinked first, so a
+  hard link can never be written through).
+- Modes keep the owner's read/write/execute bits and the group/other read/execute bits;
+  set-uid, set-gid and sticky bits are dropped. Ownership is never taken from the archive.
+- The member count and the total size are capped; a compressed stream is refused.
+
+`resolve_path` is the one rule for paths given to `read_file`, `write_file`, `upload` and
+`download`: relative paths are relative to the working directory and may not leave it by
+`..`; absolute paths name any place inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import stat
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentrl.errors import SandboxError
+
+__all__ = ["ExtractResult", "extract_archive", "resolve_path"]
+
+MAX_MEMBERS = 200_000
+MAX_NAME_BYTES = 4096
+MAX_COMPONENT_BYTES = 255
+_KEEP_MODE = 0o755
+_CHUNK = 1 << 20
+
+
+def resolve_path(workdir: str, path: str, *, action: str) -> str:
+    """The absolute in-sandbox path for `path` (relative ones must stay inside `workdir`)."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SandboxError(f"{action}: {path!r} is not a usable path (empty or with a NUL byte)")
+    if path.startswith("/"):
+        return posixpath.normpath(path).replace("//", "/")
+    base = posixpath.normpath(workdir or "/")
+    joined = posixpath.normpath(posixpath.join(base, path))
+    inside = joined == base or joined.startswith(base.rstrip("/") + "/")
+    if not inside:
+        raise SandboxError(
+            f"{action}: {path!r} leaves the working directory {base} by '..'; give an absolute path instead"
+        )
+    return joined
+
+
+@dataclass
+class ExtractResult:
+    """What `extract_archive` wrote and what it left out."""
+
+    files: int = 0
+    folders: int = 0
+    bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+    """'name (why)' for each member that was not written (links, devices, unsafe names)."""
+
+
+def _member_parts(name: str) -> list[str] | None:
+    """The path components of a member name, or None when it is unsafe."""
+    if "\0" in name or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES or name.startswith("/"):
+        return None
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    for part in parts:
+        if part == ".." or len(part.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES:
+            return None
+    return parts
+
+
+def _open_dir(parent_fd: int, name: str, *, create: bool) -> int:
+    """Open (creating when asked) a real folder `name` under `parent_fd`; never follows a link."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    os.mkdir(name, 0o755, dir_fd=parent_fd)
+    return os.open(name, flags, dir_fd=parent_fd)
+
+
+def _remove_entry(parent_fd: int, name: str) -> None:
+    """Unlink a file or link at `name` (folders are kept: a file cannot replace them)."""
+    try:
+        info = os.lstat(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(name)
+    os.unlink(name, dir_fd=parent_fd)
+
+
+def extract_archive(archive: bytes, dest: str | Path, *, max_bytes: int, max_members: int = MAX_MEMBERS) -> ExtractResult:
+    """Unpack an (uncompressed) tar made inside a sandbox into `dest`; see the module docstring."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    result = ExtractResult()
+    root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+            count = 0
+            while True:
+                try:
+                    member = tar.next()
+                except tarfile.TarError as error:
+                    raise SandboxError(f"download: the sandbox sent a malformed archive ({error})") from None
+                if member is None:
+                    break
+                count += 1
+                if count > max_members:
+                    raise SandboxError(f"download: the archive has more than {max_members} members")
+                _extract_member(tar, member, root_fd, result, max_bytes=max_bytes)
+    except tarfile.ReadError as error:
+        raise SandboxError(f"download: the sandbox sent something that is not an uncompressed tar ({error})") from None
+    finally:
+        os.close(root_fd)
+    return result
+
+
+def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, result: ExtractResult, *,
+                    max_bytes: int) -> None:
+    parts = _member_parts(member.name)
+    if parts is None:
+        result.skipped.append(f"{member.name[:200]} (unsafe name)")
+        return
+    if not parts:  # the archive's root folder itself
+        return
+    if not (member.isreg() or member.isdir()):
+        kind = "link" if (member.issym() or member.islnk()) else "special file"
+        result.skipped.append(f"{member.name} ({kind})")
+        return
+    folders = parts if member.isdir() else parts[:-1]
+    fds: list[int] = []
+    try:
+        parent = root_fd
+        for part in folders:
+            try:
+                parent = _open_dir(parent, part, create=True)
+            except OSError as error:  # a file or link where a folder should be
+                result.skipped.append(f"{member.name} ({type(error).__name__} at {part!r})")
+                return
+            fds.append(parent)
+        if member.isdir():
+            os.fchmod(parent, (member.mode & _KEEP_MODE) | 0o700)
+            result.folders += 1
+            return
+        if result.bytes + member.size > max_bytes:
+            raise SandboxError(f"download: the archive holds more than max_file_bytes={max_bytes} bytes")
+        try:
+            _remove_entry(parent, parts[-1])
+        except IsADirectoryError:
+            result.skipped.append(f"{member.name} (a folder is in its place)")
+            return
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=parent)
+        try:
+            source = tar.extractfile(member)
+            written = 0
+            while chunk := source.read(_CHUNK):
+                written += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            if written != member.size:
+                raise SandboxError(f"download: {member.name} is cut short in the archive")
+            os.fchmod(fd, (member.mode & _KEEP_MODE) | 0o600)
+            mtime = max(0.0, float(member.mtime))
+            os.utime(fd, (mtime, mtime))
+        finally:
+            os.close(fd)
+        result.files += 1
+        result.bytes += member.size
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,119 @@
+"""The host side of what crosses the sandbox boundary: archive extraction, path rules, and the
+command channel's answer check (sdk/sandbox/archive.py, docker_server.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+from agentrl.errors import SandboxError
+from agentrl.sandbox.archive import extract_archive, resolve_path
+
+from tests.hostile_archives import crafted_archives, host_snapshot, links_or_specials
+
+
+@pytest.mark.parametrize("name", sorted(crafted_archives(Path("/nonexistent"))))
+def test_crafted_archive_writes_nothing_outside(tmp_path, name):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("host file\n")
+    before = host_snapshot(outside)
+    dest = tmp_path / "dest"
+    try:
+        result = extract_archive(crafted_archives(outside)[name], dest, max_bytes=1 << 20)
+    except SandboxError as error:
+        assert "download" in str(error)
+    else:
+        assert result.skipped or result.files  # every member was either written or listed as left out
+    assert host_snapshot(outside) == before
+    assert links_or_specials(dest) == []
+    assert not any(path.stat().st_mode & 0o7000 for path in dest.rglob("*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest", "outside"]
+
+
+def _tar(*members: tuple[str, bytes | None, int]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data, mode in members:
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_regular_files_and_folders_are_written_with_safe_modes(tmp_path):
+    archive = _tar(("./", None, 0o755), ("./pkg", None, 0o700), ("./pkg/run.sh", b"#!/bin/sh\n", 0o4777),
+                   ("./pkg/data.txt", b"x" * 100, 0o666))
+    result = extract_archive(archive, tmp_path, max_bytes=1 << 20)
+    assert (result.files, result.folders, result.bytes, result.skipped) == (2, 1, 110, [])
+    assert (tmp_path / "pkg" / "run.sh").read_bytes() == b"#!/bin/sh\n"
+    assert (tmp_path / "pkg" / "run.sh").stat().st_mode & 0o7777 == 0o755  # exec kept, set-uid and o+w dropped
+    assert (tmp_path / "pkg" / "data.txt").stat().st_mode & 0o7777 == 0o644
+
+
+def test_an_existing_link_at_a_files_place_is_replaced_not_followed(tmp_path):
+    target = tmp_path / "host.txt"
+    target.write_text("host\n")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "f.txt").symlink_to(target)
+    os.link(target, dest / "hard.txt")
+    extract_archive(_tar(("f.txt", b"new\n", 0o644), ("hard.txt", b"new\n", 0o644)), dest, max_bytes=1 << 20)
+    assert target.read_text() == "host\n"
+    assert (dest / "f.txt").read_text() == "new\n" and not (dest / "f.txt").is_symlink()
+    (dest / "sub").symlink_to(tmp_path)  # a link where a folder should be: the member is left out
+    result = extract_archive(_tar(("sub/evil.txt", b"x", 0o644)), dest, max_bytes=1 << 20)
+    assert not (tmp_path / "evil.txt").exists() and result.skipped
+
+
+def test_caps_on_size_members_and_compression(tmp_path):
+    with pytest.raises(SandboxError, match="more than max_file_bytes=10"):
+        extract_archive(_tar(("a", b"x" * 11, 0o644)), tmp_path / "a", max_bytes=10)
+    with pytest.raises(SandboxError, match="more than 2 members"):
+        extract_archive(_tar(("a", b"", 0o644), ("b", b"", 0o644), ("c", b"", 0o644)), tmp_path / "b",
+                        max_bytes=100, max_members=2)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.addfile(tarfile.TarInfo("empty"))
+    with pytest.raises(SandboxError, match="not an uncompressed tar"):
+        extract_archive(buffer.getvalue(), tmp_path / "c", max_bytes=100)
+    with pytest.raises(SandboxError, match="not an uncompressed tar|malformed"):
+        extract_archive(b"garbage" * 100, tmp_path / "d", max_bytes=100)
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("a.txt", "/workspace/a.txt"), ("sub/../a.txt", "/workspace/a.txt"), (".", "/workspace"),
+    ("/etc/passwd", "/etc/passwd"), ("/workspace/../etc", "/etc"),
+])
+def test_resolve_path_allows(path, expected):
+    assert resolve_path("/workspace", path, action="read_file") == expected
+
+
+@pytest.mark.parametrize("path", ["../etc/passwd", "../../x", "sub/../../x", "..", ""])
+def test_resolve_path_refuses(path):
+    with pytest.raises(SandboxError, match="read_file"):
+        resolve_path("/workspace", path, action="read_file")
+
+
+def test_an_answer_with_a_wrong_token_closes_the_channel():
+    from agentrl.sandbox.docker_server import ServerConnection
+
+    connection = ServerConnection(api=None, container_id="test")
+    connection.alive = True
+    slot = [threading.Event(), None, "right-token"]
+    connection._waiting[7] = slot
+    connection._dispatch(json.dumps({"id": 8, "token": "x", "exit_code": 0}).encode())  # nobody waits for 8
+    assert not connection.tampered and connection.alive
+    connection._dispatch(json.dumps({"id": 7, "token": "guess", "exit_code": 0}).encode())
+    assert connection.tampered and not connection.alive
+    assert slot[0].is_set() and slot[1] is None  # the waiting caller gets no answer, not the forged one
