@@ -1,17 +1,25 @@
 """Docker backend: one container per sandbox, locked down, driven through the docker SDK.
 
-Containers run with `--network none`, CPU/memory/pids limits, `no-new-privileges`, all
-capabilities dropped, the non-root sandbox user, the runc or gVisor (`runsc`) runtime,
-Docker's init, no log driver, and labels naming the owning run and process (see
-`agentrl.sandbox.gc`). The main process is `sandboxd` (`sandboxd.py`), a command server
-the host talks to over the container's attach socket (`docker_server.py`): a command
-costs a fork inside the sandbox instead of a runc exec. Without python3 in the image, or
-once the server is gone, commands fall back to `docker exec` (`docker_exec.py`).
+Containers run with `--network none`, CPU/memory/pids limits, `no-new-privileges`, every
+capability dropped but the three the command server needs (CAP_SETUID, CAP_SETGID,
+CAP_KILL), the runc or gVisor (`runsc`) runtime, Docker's init, no log driver, and labels
+naming the owning run and process (see `agentrl.sandbox.gc`). The main process is
+`sandboxd` (`sandboxd.py`), a command server running as root that the host talks to over
+the container's attach socket (`docker_server.py`); every command drops to the sandbox
+user (`SandboxConfig.user`, else the image's user) and, as root, to no capabilities, so
+nothing a command starts can read or write the server's channel. A command costs a fork
+inside the sandbox instead of a runc exec. Without python3 in the image, or once the
+server is gone, commands fall back to `docker exec` (`docker_exec.py`) as the sandbox user.
+
+Docker's default seccomp profile refuses new user namespaces to processes without
+CAP_SYS_ADMIN; gVisor applies that profile only when runsc runs with `--oci-seccomp`
+(scripts/start-dockerd.sh registers it so), otherwise the missing filter is reported per
+`unenforceable_limits`.
 
 The disk limit uses `--storage-opt size=` where the engine supports it (overlay2 on xfs
 with pquota, devicemapper, btrfs, zfs); elsewhere the root filesystem is read-only and the
-working directory plus `writable_paths` are size-limited tmpfs mounts, the working
-directory seeded with the image's content there.
+working directory plus `writable_paths` are size-limited tmpfs mounts (executable,
+nosuid, nodev), the working directory seeded with the image's content there.
 """
 from __future__ import annotations
 
@@ -27,11 +35,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.errors import NotFoundError, require
-from agentrl.sandbox.base import RawExecResult, Sandbox, SandboxConfig, SandboxError
-from agentrl.sandbox.docker_exec import HARD_DEADLINE_GRACE_S, exec_via_docker, kill_exec_processes
+from agentrl.sandbox.base import RawExecResult, Sandbox, SandboxConfig, SandboxError, limit_not_enforced
+from agentrl.sandbox.docker_exec import (
+    HARD_DEADLINE_GRACE_S,
+    exec_via_docker,
+    kill_all_via_docker,
+    kill_exec_processes,
+)
 from agentrl.sandbox.docker_server import ServerConnection, server_command
 from agentrl.sandbox.gvisor_compat import SHIM_TARGET, statx_shim
 from agentrl.sandbox.labels import sandbox_labels
+from agentrl.sandbox.sandboxd import USER_VARIABLE
 
 __all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
 
@@ -47,7 +61,10 @@ _client = None
 _storage_opt: bool | None = None
 _startup_gc_done = False
 
+SERVER_CAPABILITIES = ["SETUID", "SETGID", "KILL"]  # sandboxd's, never a command's
 _live: set[str] = set()  # containers this process created and has not removed yet
+_image_users: dict[str, str] = {}  # image -> its configured user (Config.User)
+_runsc_seccomp: bool | None = None
 _seed_cache: dict[tuple[str, str], bytes | None] = {}  # (image, workdir) -> tar of the image's workdir
 SEED_CACHE_ENTRIES = 32
 
@@ -89,6 +106,15 @@ def storage_opt_supported(client) -> bool:
     return _storage_opt
 
 
+def runsc_applies_seccomp(client) -> bool:
+    """Whether the engine's runsc runtime loads the OCI seccomp profile (`--oci-seccomp`)."""
+    global _runsc_seccomp
+    if _runsc_seccomp is None:
+        runtime = (client.info().get("Runtimes") or {}).get("runsc") or {}
+        _runsc_seccomp = "--oci-seccomp" in (runtime.get("runtimeArgs") or [])
+    return _runsc_seccomp
+
+
 def _explain(error) -> str:
     return str(getattr(error, "explanation", None) or error).split("\n")[0][:300]
 
@@ -103,6 +129,9 @@ class DockerSandbox(Sandbox):
         self.client = None
         self.disk_mode = "none"
         self._server: ServerConnection | None = None
+        self.command_user = config.user or "0"
+        """Who commands run as: `config.user`, else the image's user, else root."""
+        self._default_env: dict[str, str] = {}
         self.server_execs = 0
         """Commands answered by the in-container server (the rest went through docker exec)."""
 
@@ -129,23 +158,24 @@ class DockerSandbox(Sandbox):
             pids_limit=cfg.pids_limit + (RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else 0),
             security_opt=["no-new-privileges"],
             cap_drop=["ALL"],
+            cap_add=SERVER_CAPABILITIES,
             runtime=cfg.runtime,
         )
         if self.disk_mode == "storage-opt":
             host["storage_opt"] = {"size": f"{cfg.disk_mb}M"}
         elif self.disk_mode == "tmpfs":
-            uid, _, gid = (cfg.user or "0:0").partition(":")
+            uid, _, gid = self.command_user.partition(":")
             gid = gid or uid
             owned = f",uid={uid},gid={gid}" if uid.isdigit() and gid.isdigit() else ""
             host["read_only"] = True
-            host["tmpfs"] = {
-                path: f"size={cfg.disk_mb}m,mode=1777" if path == "/tmp" else f"size={cfg.disk_mb}m,mode=0755{owned}"
+            host["tmpfs"] = {  # Docker's tmpfs default is noexec: a task's own scripts must run
+                path: f"size={cfg.disk_mb}m,exec,nosuid,nodev,mode=" + ("1777" if path == "/tmp" else f"0755{owned}")
                 for path in self._tmpfs_paths()
             }
+            if "/home/agent" in self._tmpfs_paths() and "HOME" not in cfg.env:
+                self._default_env["HOME"] = "/home/agent"  # writable even when the image lacks the user
         host["log_config"] = {"Type": "none", "Config": {}}  # commands' output is not kept on the host's disk
-        environment = dict(cfg.env)
-        if self.disk_mode == "tmpfs" and "/home/agent" in self._tmpfs_paths():
-            environment.setdefault("HOME", "/home/agent")  # writable even when the image lacks the user
+        environment = {**cfg.env, USER_VARIABLE: self.command_user}
         if cfg.runtime == "runsc":
             shim = statx_shim()
             if shim is not None:  # see gvisor_compat: makes ls/stat work under Debian's gVisor
@@ -154,7 +184,7 @@ class DockerSandbox(Sandbox):
         create = dict(
             image=cfg.image,
             command=server_command(),
-            user=cfg.user or "",
+            user="0:0",  # sandboxd; commands drop to command_user
             stdin_open=True,
             hostname="sandbox",
             labels=sandbox_labels(owner=self.owner, backend="docker"),
@@ -169,6 +199,17 @@ class DockerSandbox(Sandbox):
             f"image={cfg.image}, runtime={cfg.runtime}, cpus={cfg.cpus}, memory_mb={cfg.memory_mb}, "
             f"pids_limit={cfg.pids_limit}, disk_mb={cfg.disk_mb} ({self.disk_mode})"
         )
+
+    def _image_user(self) -> str | None:
+        """The image's configured user (`USER` in its Dockerfile); None for root or a missing image."""
+        docker = require("docker", "cpu")
+        image = self.config.image
+        if image not in _image_users:
+            try:
+                _image_users[image] = (self.client.api.inspect_image(image).get("Config") or {}).get("User") or ""
+            except docker.errors.ImageNotFound:
+                return None  # create_container reports it
+        return _image_users[image] or None
 
     def _workdir_seed(self, container_id: str) -> bytes | None:
         """A tar of the image's content at `workdir` (read before the tmpfs hides it); cached per image."""
@@ -192,6 +233,12 @@ class DockerSandbox(Sandbox):
         self.client = docker_client()
         api = self.client.api
         _startup_gc(self.client)
+        if self.config.runtime == "runsc" and not runsc_applies_seccomp(self.client):
+            limit_not_enforced(self.config, "user namespaces (gVisor)",
+                               "runsc is registered without --oci-seccomp, so Docker's seccomp profile is not applied; "
+                               "add it to the runtimeArgs in /etc/docker/daemon.json")
+        if self.config.user is None:
+            self.command_user = self._image_user() or "0"
         self.disk_mode = self._disk_mode()
         create, host = self._create_args()
         try:
@@ -246,6 +293,7 @@ class DockerSandbox(Sandbox):
         max_output: int,
     ) -> RawExecResult:
         server = self._server
+        env = {**self._default_env, **env}
         # Large stdin or output (uploads, image seeds, big reads) streams through docker exec
         # instead of travelling as one JSON line.
         if (server is not None and server.alive and max_output <= SERVER_MAX_OUTPUT_BYTES
@@ -268,6 +316,11 @@ class DockerSandbox(Sandbox):
         if answer is None and not server.hello.is_set() and not server.alive:
             self._server = None  # it never served (no python3 in the image): nothing ran, use docker exec
             return None
+        if answer is None and server.tampered:
+            self._server = None
+            return RawExecResult(exit_code=-1, stdout=b"", stderr=(
+                b"sandbox command channel received an answer nobody asked for; the command server is no longer "
+                b"used (commands go through docker exec)\n"))
         if answer is None:
             for _ in range(10 if not server.alive else 1):  # dockerd may lag behind a crashed sandbox
                 dead = self._why_dead()
@@ -294,12 +347,24 @@ class DockerSandbox(Sandbox):
         max_output: int,
     ) -> RawExecResult:
         return exec_via_docker(
-            self.client.api, self.id, user=self.config.user or "", argv=argv, timeout=timeout, cwd=cwd, env=env,
+            self.client.api, self.id, user=self.command_user, argv=argv, timeout=timeout, cwd=cwd, env=env,
             stdin=stdin, max_output=max_output, why_dead=self._why_dead,
         )
 
     def _kill_exec_processes(self, marker: str) -> None:
-        kill_exec_processes(self.client.api, self.id, user=self.config.user or "", marker=marker)
+        kill_exec_processes(self.client.api, self.id, user=self.command_user, marker=marker)
+
+    def _kill_processes_blocking(self) -> None:
+        server = self._server
+        if server is not None and server.alive and server.hello.is_set():
+            answer = server.kill_all(wait=30.0)
+            if answer is not None and "killed" in answer:
+                return
+        kill_all_via_docker(self.client.api, self.id)
+
+    async def kill_processes(self) -> None:
+        """Kill every process but the container's init, its launcher and the command server."""
+        await in_thread(self._kill_processes_blocking)
 
     async def _run(
         self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from agentrl.sandbox.base import CappedBuffer, RawExecResult, SandboxError
 
-__all__ = ["EXEC_MARKER", "HARD_DEADLINE_GRACE_S", "exec_via_docker", "kill_exec_processes"]
+__all__ = ["EXEC_MARKER", "HARD_DEADLINE_GRACE_S", "exec_via_docker", "kill_all_via_docker", "kill_exec_processes"]
 
 HARD_DEADLINE_GRACE_S = 3.0
 EXEC_MARKER = "AGENTRL_EXEC_ID"
@@ -29,6 +29,18 @@ EXEC_MARKER = "AGENTRL_EXEC_ID"
 _KILL_EXEC = (
     'for d in /proc/[0-9]*; do grep -qz "^{marker}={exec_id}$" "$d/environ" 2>/dev/null '
     '&& kill -9 "${{d#/proc/}}" 2>/dev/null; done; true'
+)
+
+# Kill every process but init (pid 1), the container's launcher (the oldest child of init:
+# orphans reparented to init come later) and this script, in rounds until none is left.
+_KILL_ALL = (
+    'me=$$; launcher=""; '
+    'for d in /proc/[0-9]*; do p=${d#/proc/}; set -- $(sed "s/.*) //" "$d/stat" 2>/dev/null); '
+    'if [ "$2" = 1 ] && { [ -z "$launcher" ] || [ "$p" -lt "$launcher" ]; }; then launcher=$p; fi; done; '
+    'for round in 1 2 3 4 5 6 7 8 9 10; do n=0; '
+    'for d in /proc/[0-9]*; do p=${d#/proc/}; case " 1 $me $launcher " in *" $p "*) continue;; esac; '
+    'set -- $(sed "s/.*) //" "$d/stat" 2>/dev/null); [ "$1" = Z ] && continue; '
+    'kill -9 "$p" 2>/dev/null && n=$((n+1)); done; [ "$n" = 0 ] && break; done; true'
 )
 
 
@@ -93,6 +105,12 @@ def kill_exec_processes(api, container_id: str, *, user: str, marker: str) -> No
     """SIGKILL every process in the container that carries this command's marker."""
     script = _KILL_EXEC.format(marker=EXEC_MARKER, exec_id=marker)
     exec_id = api.exec_create(container_id, ["/bin/sh", "-c", script], user=user)["Id"]
+    api.exec_start(exec_id)
+
+
+def kill_all_via_docker(api, container_id: str) -> None:
+    """SIGKILL every process but the container's init and launcher (as root, which holds CAP_KILL)."""
+    exec_id = api.exec_create(container_id, ["/bin/sh", "-c", _KILL_ALL], user="0:0")["Id"]
     api.exec_start(exec_id)
 
 

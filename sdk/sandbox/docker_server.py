@@ -2,13 +2,15 @@
 
 The container's main process is `sandboxd` (when the image has python3), started with
 stdin open. Before the container starts, the host attaches to its stdin/stdout/stderr
-(one hijacked connection); requests go out as JSON lines on stdin, answers come back as
-JSON lines on stdout inside Docker's multiplexed frames, matched to waiting callers by id.
-Requests are `marshal`-encoded (written by the host, read by sandboxd); answers are JSON
-parsed on the host (never unmarshalled: the sandbox is untrusted). A reader thread owns the
-socket's read side. When the server is gone (no python3 in the
-image, the model killed it, the connection dropped), `alive` turns False and the sandbox
-falls back to `docker exec`.
+(one hijacked connection); requests go out as length-prefixed `marshal` frames on stdin
+(written by the host, read by sandboxd), answers come back as JSON lines on stdout inside
+Docker's multiplexed frames, parsed on the host (never unmarshalled: the sandbox is
+untrusted). Each request carries a fresh random token; an answer counts only when its id
+is waited for and its token matches. An answer with a waited-for id and a wrong token
+means something inside wrote into the channel: the connection is marked `tampered`, closed,
+and the sandbox falls back to `docker exec`. A reader thread owns the socket's read side.
+When the server is gone (no python3 in the image, the model killed it, the connection
+dropped), `alive` turns False and the sandbox falls back to `docker exec`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import marshal
+import secrets
 import select
 import socket
 import struct
@@ -62,6 +65,10 @@ class ServerConnection:
         self.api = api
         self.container_id = container_id
         self.alive = False
+        self.tampered = False
+        """An answer with a wrong token arrived: something inside wrote into the channel."""
+        self.launcher_pid = 0
+        """The container's launcher process (sandboxd's parent), which `kill_all` must spare."""
         self.ready = threading.Event()  # set on hello or when the server is gone
         self.hello = threading.Event()  # set once sandboxd said it serves requests
         self._ids = itertools.count()
@@ -131,7 +138,10 @@ class ServerConnection:
             message = json.loads(line)
         except ValueError:
             return
-        if "ready" in message:
+        if not isinstance(message, dict):
+            return
+        if "ready" in message and not self.hello.is_set():
+            self.launcher_pid = int(message.get("launcher") or 0)
             self.hello.set()
             self.ready.set()
             return
@@ -139,7 +149,16 @@ class ServerConnection:
             self._shut_down()
             return
         with self._lock:
-            slot = self._waiting.pop(message.get("id"), None)
+            slot = self._waiting.get(message.get("id"))
+            if slot is not None and message.get("token") != slot[2]:
+                slot = None
+                self.tampered = True
+            elif slot is not None:
+                del self._waiting[message["id"]]
+        if self.tampered:
+            self.close()
+            self._shut_down()
+            return
         if slot is not None:
             slot[1] = message
             slot[0].set()
@@ -155,15 +174,22 @@ class ServerConnection:
     def request(self, *, argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None, timeout: float,
                 max_output: int, marker: str, wait: float) -> dict | None:
         """Send one command; its answer, or None when the server died or did not answer within `wait`."""
+        return self._send({"marker": marker, "argv": list(argv), "cwd": cwd, "env": dict(env),
+                           "timeout": float(timeout), "max_output": int(max_output), "stdin": stdin}, wait=wait)
+
+    def kill_all(self, *, wait: float) -> dict | None:
+        """Ask sandboxd to kill every process but init, the launcher and itself; its answer or None."""
+        return self._send({"op": "kill_all"}, wait=wait)
+
+    def _send(self, message: dict, *, wait: float) -> dict | None:
         if not self.alive:
             return None
         request_id = next(self._ids)
-        slot: list = [threading.Event(), None]
+        token = secrets.token_hex(16)
+        slot: list = [threading.Event(), None, token]
         with self._lock:
             self._waiting[request_id] = slot
-        message = {"id": request_id, "marker": marker, "argv": list(argv), "cwd": cwd, "env": dict(env),
-                   "timeout": float(timeout), "max_output": int(max_output), "stdin": stdin}
-        data = _frame(marshal.dumps(message))
+        data = _frame(marshal.dumps({"id": request_id, "token": token, **message}))
         try:
             with self._write_lock:
                 self._sock.sendall(data)

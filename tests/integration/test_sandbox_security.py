@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +14,8 @@ import time
 import uuid
 
 import pytest
-from agentrl.sandbox import SandboxConfig, SandboxError, create_sandbox
+from agentrl.sandbox import SandboxError, create_sandbox
+from sandbox_backends import BACKENDS, config, docker_ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -24,38 +24,6 @@ def _labelled_containers(owner: str) -> list[str]:
     """Ids of the Docker containers (running or not) labelled with this owner."""
     return subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
                           capture_output=True, text=True).stdout.split()
-
-
-def _docker_ok() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
-
-
-def _runsc_ok() -> bool:
-    if not _docker_ok():
-        return False
-    return "runsc" in subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True,
-                                     text=True).stdout
-
-
-def _bwrap_ok() -> bool:
-    from agentrl.sandbox.base_image import rootfs_dir
-
-    return shutil.which("bwrap") is not None and (rootfs_dir() / "bin" / "sh").exists() and os.geteuid() == 0
-
-
-BACKENDS = [
-    pytest.param({"type": "docker", "runtime": "runc"}, id="docker-runc",
-                 marks=pytest.mark.skipif(not _docker_ok(), reason="no Docker engine")),
-    pytest.param({"type": "docker", "runtime": "runsc"}, id="docker-runsc",
-                 marks=pytest.mark.skipif(not _runsc_ok(), reason="gVisor runtime runsc not registered")),
-    pytest.param({"type": "bwrap"}, id="bwrap",
-                 marks=pytest.mark.skipif(not _bwrap_ok(), reason="bubblewrap or base rootfs missing")),
-]
-
-
-def config(backend: dict, **extra) -> SandboxConfig:
-    return SandboxConfig(**backend, memory_mb=256, pids_limit=64, max_output_bytes=1_000_000,
-                         owner=f"test-security-{uuid.uuid4().hex[:8]}", **extra)
 
 
 def sandbox_exists(sandbox) -> bool:
@@ -261,7 +229,7 @@ async def test_gc_after_kill_9_leaves_no_sandbox(backend):
         subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--owner", owner], capture_output=True)
 
 
-@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine")
+@pytest.mark.skipif(not docker_ok(), reason="no Docker engine")
 async def test_next_process_start_up_removes_orphans():
     owner = f"test-startup-gc-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([sys.executable, "-c", OWNER_SCRIPT, "docker", "runc", owner], stdout=subprocess.PIPE,
@@ -283,7 +251,7 @@ async def test_next_process_start_up_removes_orphans():
         subprocess.run([sys.executable, "-m", "agentrl.cli", "sandbox", "gc", "--owner", owner], capture_output=True)
 
 
-@pytest.mark.skipif(not _docker_ok(), reason="no Docker engine")
+@pytest.mark.skipif(not docker_ok(), reason="no Docker engine")
 def test_unclosed_sandbox_is_removed_at_interpreter_exit():
     owner = f"test-atexit-{uuid.uuid4().hex[:8]}"
     script = (
