@@ -2,11 +2,15 @@
 
 One rollout = one Harbor trial: a sandbox starts from the task's image (built from
 `environment/Dockerfile`), the model works in it through a `bash` tool until it answers
-without a tool call, then the task's verifier runs in that same sandbox the way Harbor runs
-it: `tests/` is uploaded to `/tests`, `bash /tests/test.sh` runs with the verifier timeout,
-and the reward is read from `/logs/verifier/reward.txt` (a number) or
-`/logs/verifier/reward.json` (`{"reward": x}`). A missing or unreadable reward is 0 with
-`verifier_error` set. The oracle policy replays `solution/solve.sh` through the bash tool.
+without a tool call. Then the task's verifier runs out of the agent's reach
+(`agentrl.sandbox.grading.grade_in_fresh_sandbox`): the agent's processes are killed, its
+working directory is carried into a fresh sandbox of the same image and the agent's
+sandbox is closed; there `tests/` is uploaded to `/tests`, `bash /tests/test.sh` runs with
+the verifier timeout, and the reward is read from `/logs/verifier/reward.txt` (a number)
+or `/logs/verifier/reward.json` (`{"reward": x}`), which only the verifier can have
+written. A missing or unreadable reward is 0 with `verifier_error` set. Changes the agent
+made outside the working directory do not reach the verifier. The oracle policy replays
+`solution/solve.sh` through the bash tool.
 """
 
 from __future__ import annotations
@@ -141,11 +145,12 @@ class HarborTaskEnv(ToolEnv):
         sandbox = self._live.pop(state.get("sandbox_key"), None)
         if sandbox is None:
             return
-        try:
-            if state.get("stop_reason") != "error":
-                await self.run_verifier(sandbox, state)
-        finally:
+        if state.get("stop_reason") == "error":
             await sandbox.close()
+            return
+        from agentrl.sandbox.grading import grade_in_fresh_sandbox
+
+        await grade_in_fresh_sandbox(sandbox, lambda fresh: self.run_verifier(fresh, state))
 
 
 def load_harbor_environment(package_dir: str | Path, **kwargs: Any) -> HarborTaskEnv:

@@ -308,4 +308,9 @@ class SingleTurnEnv(MultiTurnEnv):
         return bool(messages) and messages[-1].role == "assistant"
 
 
-from agentrl.tool_env import ToolEnv
+def __getattr__(name: str):
+    if name == "ToolEnv":  # tool_env builds on this module: resolved on first use, so either imports first
+        from agentrl.tool_env import ToolEnv
+
+        return ToolEnv
+    raise AttributeError(f"module 'agentrl.environment' has no attribute {name!r}")

@@ -21,9 +21,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from agentrl.environment import ToolEnv
 from agentrl.sandbox import Sandbox, SandboxConfig
 from agentrl.sandbox.pool import SandboxPool
+from agentrl.tool_env import ToolEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Task
 

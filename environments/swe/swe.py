@@ -208,6 +208,7 @@ class SweEnv(SandboxEnv):
                 except KeyError:
                     sandbox = None
                 if sandbox is not None and "diff" not in state:
+                    await sandbox.kill_processes()  # nothing the agent left running can touch the diff's output
                     result = await sandbox.exec(DIFF_COMMAND, timeout=60, cwd=REPO_DIR)
                     diff = result.stdout if result.exit_code == 0 and not result.stdout_truncated else ""
                     if len(diff.encode()) > MAX_DIFF_BYTES or result.stdout_truncated:

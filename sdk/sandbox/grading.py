@@ -1,0 +1,65 @@
+"""Grading out of the agent's reach: the episode's final files, graded in a fresh sandbox.
+
+A grader that runs where the agent ran can be fooled by whatever the agent left running:
+a loop that rewrites the reward file while the tests run, a process that stops the test
+command and prints "passed" on its output. `grade_in_fresh_sandbox(sandbox, grade)`:
+
+1. kills the agent's processes, then copies the episode's final files (`paths`, the
+   working directory by default) out of the agent's sandbox: regular files and folders
+   only, checked member by member on the host (`archive.extract_archive`);
+2. closes the agent's sandbox (whatever still ran there dies with it);
+3. starts a new sandbox from the same config (same image, same limits), empties each
+   path there and copies the files in;
+4. awaits `grade(fresh)`, then closes the fresh sandbox whatever happens.
+
+Only the grader runs in the fresh sandbox, so only the grader writes reward files.
+Changes outside `paths` (an installed package, a file under /etc) do not travel.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from agentrl.sandbox.base import Sandbox, SandboxConfig, SandboxError
+
+__all__ = ["grade_in_fresh_sandbox"]
+
+T = TypeVar("T")
+
+
+async def _replace_folder(sandbox: Sandbox, local: Path, remote: str) -> None:
+    """Make `remote` in `sandbox` hold exactly what `local` holds."""
+    emptied = await sandbox.exec(["/bin/sh", "-c", f"mkdir -p -- {shlex.quote(remote)} && "
+                                  f"find {shlex.quote(remote)} -mindepth 1 -delete"], timeout=120)
+    if emptied.exit_code != 0:
+        raise SandboxError(f"grading: could not empty {remote} in the fresh sandbox: {emptied.stderr.strip()[:200]}")
+    await sandbox.upload(local, remote)
+
+
+async def grade_in_fresh_sandbox(
+    sandbox: Sandbox, grade: Callable[[Sandbox], Awaitable[T]], *, paths: Sequence[str] | None = None,
+    config: SandboxConfig | None = None,
+) -> T:
+    """Carry `paths` (default: the workdir) out of `sandbox`, close it, and run `grade` in a fresh sandbox.
+
+    `config` overrides the fresh sandbox's config (default: the agent sandbox's own).
+    """
+    from agentrl.sandbox import create_sandbox
+
+    remotes = [sandbox._abs(path, "grade_in_fresh_sandbox") for path in (paths or [sandbox.config.workdir])]
+    with tempfile.TemporaryDirectory(prefix="agentrl-grade-") as staging:
+        locals_ = [Path(staging) / str(index) for index in range(len(remotes))]
+        try:
+            await sandbox.kill_processes()
+            for local, remote in zip(locals_, remotes, strict=True):
+                await sandbox.download(remote, local)
+        finally:
+            await sandbox.close()
+        async with create_sandbox(config or sandbox.config) as fresh:
+            for local, remote in zip(locals_, remotes, strict=True):
+                await _replace_folder(fresh, local, remote)
+            return await grade(fresh)
