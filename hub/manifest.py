@@ -24,8 +24,9 @@ An environment package is a folder (DESIGN.md section 4) with an `environment.to
     cpus = 1.0
     memory_mb = 1024
 
-`load_manifest` turns every problem into a one-line `ConfigError` naming the file, line and
-field. The schema is shared by the SDK loader and the hub.
+`load_manifest` reports every problem in one `ConfigError`, one '; '-separated entry per problem
+(wrong values first), each naming the file, line, field and what it must be. The schema is shared
+by the SDK loader and the hub.
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import Field, field_validator
-
 from agentrl.config import BaseConfig, load_config
+from pydantic import Field, field_validator
 
 __all__ = ["MANIFEST_NAME", "SandboxLimits", "SandboxSpec", "DatasetSpec", "RewardSpec", "Manifest", "load_manifest"]
 
@@ -48,18 +48,18 @@ _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w\.]*:[A-Za-z_]\w*$")
 class SandboxLimits(BaseConfig):
     """Resource limits for each sandbox of the environment."""
 
-    cpus: float = 1.0
-    """CPU cores a sandbox may use."""
-    memory_mb: int = 1024
-    """Memory limit in MiB; the sandbox is killed above it."""
-    pids: int = 256
-    """Most processes and threads at once (stops fork bombs)."""
-    disk_mb: int = 2048
-    """Writable disk space in MiB."""
-    timeout_s: float = 60.0
-    """Default wall-clock limit of one command."""
-    output_bytes: int = 1_000_000
-    """Most bytes kept of a command's stdout and of its stderr."""
+    cpus: float = Field(1.0, gt=0, le=256, json_schema_extra={"unit": "CPU cores"})
+    """CPU cores a sandbox may use (more than 0, at most 256)."""
+    memory_mb: int = Field(1024, ge=16, le=1_048_576, json_schema_extra={"unit": "MiB"})
+    """Memory limit in MiB (16 MiB to 1 TiB); the sandbox is killed above it."""
+    pids: int = Field(256, ge=8, le=65_536, json_schema_extra={"unit": "processes"})
+    """Most processes and threads at once (8 to 65536; stops fork bombs)."""
+    disk_mb: int = Field(2048, ge=1, le=10_485_760, json_schema_extra={"unit": "MiB"})
+    """Writable disk space in MiB (1 MiB to 10 TiB)."""
+    timeout_s: float = Field(60.0, gt=0, le=86_400, json_schema_extra={"unit": "seconds"})
+    """Default wall-clock limit of one command, in seconds (more than 0, at most a day)."""
+    output_bytes: int = Field(1_000_000, ge=1024, le=1_073_741_824, json_schema_extra={"unit": "bytes"})
+    """Most bytes kept of a command's stdout and of its stderr (1 KiB to 1 GiB)."""
 
 
 class SandboxSpec(BaseConfig):

@@ -2,22 +2,30 @@
 
 Every component config derives from `BaseConfig` (`extra="forbid"`, a docstring on each
 field, which pydantic turns into the field description). `load_config` reads a TOML file,
-applies dotted overrides, validates, and turns every failure into a one-line `ConfigError`
-that names the file, the line and the key, never a traceback. `dump_config` renders the
-resolved config back to TOML (for `--dry-run` and a run's `config.toml`).
+applies dotted overrides, validates, and turns the failures into one `ConfigError`, never a
+traceback: every problem, most specific first (wrong values, then unknown keys, then missing
+keys; deeper fields first), joined with '; ' on one line, each naming where it was set, the
+field and what it must be:
+
+    run.toml:7: limits.memory_mb = -5: must be at least 16 (MiB); run.toml: missing required key 'name'
+
+A field's unit goes into its messages with `Field(..., json_schema_extra={"unit": "MiB"})`.
+`dump_config` renders the resolved config back to TOML (for `--dry-run` and a run's `config.toml`).
 """
 
 from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, ValidationError
-
 from agentrl.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 __all__ = ["BaseConfig", "load_config", "dump_config", "parse_override", "apply_overrides", "config_from_dict"]
 
@@ -82,31 +90,164 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+_RANK_VALUE, _RANK_UNKNOWN, _RANK_MISSING = 0, 1, 2
+_MAX_SHOWN = 60  # characters of a wrong value shown in an error
+
+# pydantic error types -> what the value must be (after "must be ")
+_EXPECTED_TYPE = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number",
+    "bool_type": "a boolean (true or false)", "bool_parsing": "a boolean (true or false)",
+    "string_type": "a string", "list_type": "a list", "tuple_type": "a list", "set_type": "a list",
+    "dict_type": "a table", "model_type": "a table", "model_attributes_type": "a table",
+}
+_BOUNDS = {"greater_than_equal": ("ge", "at least"), "greater_than": ("gt", "greater than"),
+           "less_than_equal": ("le", "at most"), "less_than": ("lt", "less than")}
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip Annotated and Optional: `Annotated[X | None, ...]` -> X (a real union is kept)."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, UnionType):
+        members = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(members) == 1:
+            return _unwrap(members[0])
+    return annotation
+
+
+def _member_tag(member: Any) -> str:
+    member = _unwrap(member)
+    return member.__name__ if isinstance(member, type) else repr(member)
+
+
+def _resolve(
+    model: type[BaseModel], loc: tuple[Any, ...]
+) -> tuple[tuple[str | int, ...], bool, FieldInfo | None]:
+    """Walk an error's `loc` through the model: (path without union tags, in a union, the last field)."""
+    path: list[str | int] = []
+    annotation: Any = model
+    field: FieldInfo | None = None
+    in_union = False
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if get_origin(annotation) in (Union, UnionType):  # pydantic adds the member's tag to loc
+            members = [arg for arg in get_args(annotation) if arg is not type(None)]
+            in_union = True
+            annotation = next((m for m in members if _member_tag(m) == part), None)
+            continue
+        path.append(part)
+        field = None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(part) if isinstance(part, str) else None
+            annotation = field.annotation if field is not None else None
+        elif get_origin(annotation) in (dict, Mapping) or annotation is dict:
+            args = get_args(annotation)
+            annotation = args[1] if len(args) == 2 else None
+        elif get_origin(annotation) in (list, tuple, set, frozenset, Sequence) and isinstance(part, int):
+            args = get_args(annotation)
+            annotation = args[0] if args else None
+        else:
+            annotation = None
+    return tuple(path), in_union, field
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _number(value: Any) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 3] + "..."
+
+
+def _expected(item: dict[str, Any]) -> tuple[str, bool]:
+    """What the value must be: (text, whether it reads after 'must be')."""
+    kind = item["type"]
+    if kind in _EXPECTED_TYPE:
+        return _EXPECTED_TYPE[kind], True
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        return f"{words} {_number(item.get('ctx', {}).get(key))}", True
+    message = str(item["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    if message.startswith("Input should be "):
+        return message.removeprefix("Input should be "), True
+    return message, False
+
+
+def _format_errors(
+    error: ValidationError, *, model: type[BaseModel], source: str, key_lines: dict[tuple[str, ...], int],
+    overridden: set[tuple[str, ...]],
+) -> list[str]:
+    """One line per problem, most specific first: wrong values, then unknown keys, then missing keys;
+    deeper fields before shallower ones. Each names where it comes from (file:line or `--set KEY`)."""
+    grouped: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for index, item in enumerate(error.errors()):
+        path, in_union, field = _resolve(model, tuple(item["loc"]))
+        kind = item["type"]
+        rank = {"missing": _RANK_MISSING, "extra_forbidden": _RANK_UNKNOWN}.get(kind, _RANK_VALUE)
+        # the members of a union that refused one value are one problem: "must be a string or an integer"
+        key = (path, rank) if in_union and rank == _RANK_VALUE else (path, rank, index)
+        entry = grouped.setdefault(
+            key, {"path": path, "rank": rank, "index": index, "field": field, "items": []}
+        )
+        entry["items"].append(item)
+    lines: list[str] = []
+    for entry in sorted(grouped.values(), key=lambda e: (e["rank"], -len(e["path"]), e["index"])):
+        path, first = entry["path"], entry["items"][0]
+        dotted = _dotted(path) or "<root>"
+        if entry["rank"] == _RANK_UNKNOWN:
+            problem = f"unknown key {dotted!r}"
+        elif entry["rank"] == _RANK_MISSING:
+            problem = f"missing required key {dotted!r}"
+        else:
+            expected = [_expected(item) for item in entry["items"]]
+            if all(after_must for _, after_must in expected):
+                words = [text for text, _ in expected]
+                text = "must be " + (", ".join(words[:-1]) + " or " + words[-1] if words[1:] else words[0])
+            else:
+                text = " or ".join(("must be " + t) if after_must else t for t, after_must in expected)
+            extra = entry["field"].json_schema_extra if entry["field"] is not None else None
+            unit = extra.get("unit") if isinstance(extra, dict) else None
+            if unit:
+                text += f" ({unit})"
+            value = first.get("input")
+            if not path:
+                problem = text
+            elif "input" in first and not isinstance(value, dict):
+                problem = f"{dotted} = {_shown(value)}: {text}"
+            else:
+                problem = f"{dotted}: {text}"
+        keys = tuple(str(part) for part in path)
+        set_by = next((keys[:depth] for depth in range(len(keys), 0, -1) if keys[:depth] in overridden), None)
+        if set_by is not None:
+            where = f"--set {'.'.join(set_by)}"
+        else:
+            known = [keys[:depth] for depth in range(len(keys), 0, -1) if keys[:depth] in key_lines]
+            line = key_lines[known[0]] if known else None
+            where = f"{source}:{line}" if line is not None else source
+        formatted = f"{where}: {problem}"
+        if formatted not in lines:
+            lines.append(formatted)
+    return lines
+
+
 def _format_validation_error(
-    error: ValidationError, *, source: str, key_lines: dict[tuple[str, ...], int], overridden: set[tuple[str, ...]]
+    error: ValidationError, *, model: type[BaseModel], source: str, key_lines: dict[tuple[str, ...], int],
+    overridden: set[tuple[str, ...]],
 ) -> str:
-    first = error.errors()[0]
-    loc = tuple(str(part) for part in first["loc"])
-    dotted = ".".join(loc) or "<root>"
-    if first["type"] == "extra_forbidden":
-        problem = f"unknown key {dotted!r}"
-    elif first["type"] == "missing":
-        problem = f"missing required key {dotted!r}"
-    else:
-        problem = f"key {dotted!r}: {first['msg']}"
-        if "input" in first and not isinstance(first["input"], (dict, list)):
-            problem += f" (got {first['input']!r})"
-    if loc in overridden:
-        return f"--set {dotted}: {problem}"
-    line = None
-    for depth in range(len(loc), 0, -1):
-        line = key_lines.get(loc[:depth])
-        if line is not None:
-            break
-    where = f"{source}:{line}" if line is not None else source
-    more = len(error.errors()) - 1
-    suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more else ""
-    return f"{where}: {problem}{suffix}"
+    """Every problem of a ValidationError on one line, most specific first, joined with '; '."""
+    lines = _format_errors(error, model=model, source=source, key_lines=key_lines, overridden=overridden)
+    return "; ".join(lines)
 
 
 def config_from_dict(
@@ -121,7 +262,9 @@ def config_from_dict(
         return model.model_validate(data)
     except ValidationError as error:
         raise ConfigError(
-            _format_validation_error(error, source=source, key_lines=_key_lines(text), overridden=overridden)
+            _format_validation_error(
+                error, model=model, source=source, key_lines=_key_lines(text), overridden=overridden
+            )
         ) from None
 
 

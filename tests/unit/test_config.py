@@ -72,8 +72,7 @@ def test_unknown_top_level_table(tmp_path):
 
 def test_wrong_type_names_file_line_key_and_value(tmp_path):
     message = _error(tmp_path, '[trainer]\nsteps = 1\n[trainer.optimizer]\nlr = "fast"\n')
-    assert message.startswith(f"{tmp_path / 'run.toml'}:4: key 'trainer.optimizer.lr':")
-    assert "'fast'" in message
+    assert message == f"{tmp_path / 'run.toml'}:4: trainer.optimizer.lr = 'fast': must be a number"
 
 
 def test_malformed_toml_names_file_and_line(tmp_path):
@@ -103,8 +102,7 @@ def test_overrides_nested_typed_and_repeated(tmp_path):
 
 def test_override_type_error_names_the_override(tmp_path):
     message = _error(tmp_path, '[trainer]\nsteps = 3\n', ["trainer.steps=many"])
-    assert message.startswith("--set trainer.steps: key 'trainer.steps':")
-    assert "'many'" in message
+    assert message == "--set trainer.steps: trainer.steps = 'many': must be an integer"
 
 
 def test_override_unknown_key(tmp_path):
@@ -134,3 +132,45 @@ def test_dump_round_trip(tmp_path):
     path = _write(tmp_path, dump_config(config))
     assert load_config(RunConfig, path) == config
     assert "seed" not in path.read_text()  # None is left out
+
+
+class LimitsConfig(BaseConfig):
+    """Limits with bounds and units."""
+
+    memory_mb: int = Field(1024, ge=16, json_schema_extra={"unit": "MiB"})
+    """Memory in MiB."""
+
+
+class JobConfig(BaseConfig):
+    """A config with a required table and key."""
+
+    name: str
+    """Job name."""
+    trainer: TrainerConfig = TrainerConfig()
+    """The trainer."""
+    limits: LimitsConfig = LimitsConfig()
+    """Limits."""
+
+
+def test_every_error_is_reported_wrong_values_first_and_deeper_first(tmp_path):
+    path = _write(tmp_path, '[trainer]\nsteps = "many"\nstepz = 1\n[trainer.optimizer]\nlr = "fast"\n'
+                            '[limits]\nmemory_mb = 8\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(JobConfig, path)
+    assert str(info.value).split("; ") == [
+        f"{path}:5: trainer.optimizer.lr = 'fast': must be a number",
+        f"{path}:2: trainer.steps = 'many': must be an integer",
+        f"{path}:7: limits.memory_mb = 8: must be at least 16 (MiB)",
+        f"{path}:3: unknown key 'trainer.stepz'",
+        f"{path}: missing required key 'name'",
+    ]
+
+
+def test_override_of_a_list_names_the_override_and_the_element(tmp_path):
+    message = _error(tmp_path, '[trainer]\nsteps = 3\n', ['trainer.optimizer.betas=[0.9, "x"]'])
+    assert message == "--set trainer.optimizer.betas: trainer.optimizer.betas[1] = 'x': must be a number"
+
+
+def test_long_values_are_cut_to_keep_the_line_short(tmp_path):
+    message = _error(tmp_path, f'name = ["{"x" * 200}"]\n')
+    assert message == f"{tmp_path / 'run.toml'}:1: name = ['{'x' * 55}...: must be a string"

@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.hub.package import (
-    LOCK_NAME, HashMismatchError, content_hash, stage_package, validate_package, verify_package,
+    LOCK_NAME,
+    HashMismatchError,
+    content_hash,
+    stage_package,
+    validate_package,
+    verify_package,
 )
 from agentrl.hub.refs import parse_ref, sort_versions
+
 from tests.fakes.toy_package import write_toy_package
 
 
@@ -24,7 +29,7 @@ def test_manifest_with_wrong_field_is_rejected_naming_it(tmp_path):
 
 def test_manifest_with_bad_value_names_field_and_line(tmp_path):
     package = write_toy_package(tmp_path / "pkg", version="one")
-    with pytest.raises(ConfigError, match=r"environment.toml:2: key 'version'"):
+    with pytest.raises(ConfigError, match=r"environment.toml:2: version = 'one': must be a semantic version"):
         validate_package(package)
 
 

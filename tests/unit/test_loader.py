@@ -100,7 +100,7 @@ def test_bare_name_is_looked_up_even_when_a_local_folder_has_that_name(tmp_path,
 
 def test_bad_manifest_is_a_one_line_config_error(tmp_path):
     folder = _package(tmp_path, "bad", name="Bad Name")
-    with pytest.raises(ConfigError, match=r"environment.toml:1: key 'name'"):
+    with pytest.raises(ConfigError, match=r"environment.toml:1: name = 'Bad Name': must be lowercase"):
         load_environment(folder)
 
 

@@ -25,9 +25,9 @@ def test_defaults_are_locked_down():
 @pytest.mark.parametrize(
     ("data", "pattern"),
     [
-        ({"type": "kubernetes"}, r"key 'type': Input should be 'docker', 'bwrap' or 'e2b'"),
-        ({"memory_mb": 0}, r"key 'memory_mb': Input should be greater than 0"),
-        ({"runtime": "kata"}, r"key 'runtime'"),
+        ({"type": "kubernetes"}, r"type = 'kubernetes': must be 'docker', 'bwrap' or 'e2b'"),
+        ({"memory_mb": 0}, r"memory_mb = 0: must be greater than 0"),
+        ({"runtime": "kata"}, r"runtime = 'kata'"),
         ({"cpu": 2}, r"unknown key 'cpu'"),
     ],
 )
