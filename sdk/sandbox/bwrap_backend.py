@@ -1,37 +1,70 @@
 """Bubblewrap backend, for machines without a Docker engine.
 
-Each command is one `bwrap` process: new user, network, pid, ipc, uts and mount
+Each command is one `bwrap` process: new user, network, pid, ipc, uts, cgroup and mount
 namespaces over the read-only base rootfs (the debootstrap tree of `agentrl-base`), with a
-writable workspace, /tmp and home that live in a per-sandbox host folder and persist
-between commands (processes do not: each command's pid namespace dies with it). The
-bwrap process runs as a host uid of its own (one per sandbox, so the process limit is per
-sandbox), with rlimits for memory (address space), CPU time, processes and file size
-(`disk_mb` caps each file). A timeout kills the outer bwrap, whose pid-namespace init
-takes every process of the command with it.
+writable workspace, /tmp, home and /dev/shm that persist between commands (processes do
+not: each command's pid namespace dies with it). bwrap runs as a host uid of its own (one
+per sandbox) and starts with an environment of PATH alone; the command's variables are
+set by bwrap (`--clearenv`, `--setenv`), so no process inside sees the host's.
+
+How each limit holds for the sandbox as a whole:
+
+- memory_mb and pids_limit: a cgroup per sandbox (`cgroups.py`: v2, else v1 memory + pids,
+  under this process's cgroup) that every command's bwrap joins between fork and exec, so
+  the limits count all processes of all commands; memory has no swap beyond it, and a
+  process that passes it is killed by the kernel's OOM killer. Without a writable cgroup
+  (`unenforceable_limits` says whether to refuse or warn), RLIMIT_AS caps each process
+  and RLIMIT_NPROC the sandbox's host uid instead.
+- disk_mb: work, tmp, home and shm are folders of one tmpfs of `disk_mb` MiB mounted on the
+  host in the sandbox's folder (executable; nosuid, nodev), so the cap is their total. Its
+  pages are memory and are charged to the sandbox's cgroup, so files count toward
+  memory_mb as well. /dev itself is remounted read-only. If the tmpfs cannot be mounted,
+  the folders are on the host disk and RLIMIT_FSIZE caps each file instead.
+- user namespaces: `--disable-userns`, so nothing inside can make a nested user namespace
+  (and be root in it); a bwrap older than 0.8.0 lacks it (refuse or warn).
+- CPU time: RLIMIT_CPU of the command's timeout times `cpus`; no core dumps.
+
+A timeout kills the outer bwrap, whose pid-namespace init takes every process of the
+command with it; `kill_processes` and `close` also kill whatever the cgroup still holds.
+Close kills, unmounts the tmpfs, removes the cgroup and then the folder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
 import resource
 import shutil
 import signal
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.sandbox.base import CappedBuffer, RawExecResult, Sandbox, SandboxConfig, SandboxError
-from agentrl.sandbox.labels import sandbox_labels
+from agentrl.sandbox import cgroups
+from agentrl.sandbox.base import (
+    CappedBuffer,
+    RawExecResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    limit_not_enforced,
+)
+from agentrl.sandbox.labels import process_start_time, sandbox_labels
 
-__all__ = ["BwrapSandbox", "list_workspaces", "workspace_root"]
+__all__ = ["BwrapSandbox", "list_workspaces", "remove_orphan_cgroups", "remove_workspace", "workspace_root"]
 
 HOST_UID_BASE = 200_000
 HOST_UID_SPAN = 100_000
 INNER_UID = 1000
 LABELS_FILE = "labels.json"
+DISK_DIR = "disk"  # the sandbox's tmpfs (or, without one, a plain folder), inside its host folder
+WRITABLE_DIRS = ("work", "tmp", "home", "shm")
+CGROUP_PREFIX = "agentrl-bwrap."
+BWRAP_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 def workspace_root() -> Path:
@@ -63,23 +96,97 @@ def list_workspaces() -> list[Workspace]:
     return found
 
 
+@functools.cache
+def _bwrap_disables_userns(bwrap: str) -> bool:
+    """Whether this bwrap has `--disable-userns` (bubblewrap 0.8.0 and newer)."""
+    shown = subprocess.run([bwrap, "--help"], capture_output=True, text=True, env=BWRAP_ENV)
+    return "--disable-userns" in shown.stdout + shown.stderr
+
+
+def _mount_tmpfs(path: Path, *, size_mb: int) -> str | None:
+    """Mount a tmpfs of `size_mb` MiB at `path`; None, or why it failed."""
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755,nosuid,nodev", "agentrl-bwrap", str(path)],
+            capture_output=True, text=True, env=BWRAP_ENV, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"mount: {error}"
+    if done.returncode != 0:
+        return (done.stderr.strip() or f"mount exited with {done.returncode}").splitlines()[-1]
+    return None
+
+
+def _unmount(path: Path) -> None:
+    """Unmount `path` (detaching it lazily when busy); SandboxError if it stays mounted."""
+    if not os.path.ismount(path):
+        return
+    for flags in ([], ["--lazy"]):
+        done = subprocess.run(["umount", *flags, str(path)], capture_output=True, text=True, env=BWRAP_ENV,
+                              timeout=30)
+        if done.returncode == 0 or not os.path.ismount(path):
+            return
+    raise SandboxError(f"cannot unmount the bwrap sandbox tmpfs at {path}: {done.stderr.strip()}")
+
+
+def _cgroup_name(sandbox_id: str) -> str:
+    """The sandbox's cgroup name: prefix, owning pid and its start time (for orphan checks), sandbox id."""
+    pid = os.getpid()
+    return f"{CGROUP_PREFIX}{pid}.{process_start_time(pid)}.{sandbox_id}"
+
+
+def _cgroup_owner_alive(name: str) -> bool:
+    pid, _, rest = name.removeprefix(CGROUP_PREFIX).partition(".")
+    started, _, _ = rest.partition(".")
+    return pid.isdigit() and bool(started) and process_start_time(int(pid)) == started
+
+
+def remove_workspace(path: Path, *, cgroup_root: Path = cgroups.CGROUP_ROOT) -> None:
+    """Remove a bwrap sandbox left behind: kill its cgroup's processes, unmount its tmpfs, delete both."""
+    found = [group for group in cgroups.find(CGROUP_PREFIX, root=cgroup_root) if group.name.endswith(f".{path.name}")]
+    for group in found:
+        group.kill_all()
+    _unmount(path / DISK_DIR)
+    for group in found:
+        group.remove()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_orphan_cgroups(*, cgroup_root: Path = cgroups.CGROUP_ROOT) -> list[str]:
+    """Kill and remove the bwrap sandbox cgroups whose owning process is dead; returns their names."""
+    removed = []
+    for group in cgroups.find(CGROUP_PREFIX, root=cgroup_root):
+        if not _cgroup_owner_alive(group.name):
+            group.kill_all()
+            group.remove()
+            removed.append(group.name)
+    return removed
+
+
 class BwrapSandbox(Sandbox):
     """A sandbox made of bubblewrap namespaces over a read-only rootfs."""
 
     backend = "bwrap"
 
-    def __init__(self, config: SandboxConfig) -> None:
+    def __init__(self, config: SandboxConfig, *, cgroup_root: Path = cgroups.CGROUP_ROOT) -> None:
         super().__init__(config)
+        self.cgroup_root = cgroup_root
         self.root: Path | None = None
+        self.disk: Path | None = None
+        self.bwrap = "bwrap"
         self.host_uid = 0
+        self.cgroup: cgroups.Cgroup | None = None
+        self.disk_mounted = False
+        self.disable_userns = False
         self._procs: set[asyncio.subprocess.Process] = set()
 
     async def _start(self) -> None:
         from agentrl.sandbox.base_image import rootfs_dir
 
         cfg = self.config
-        if shutil.which("bwrap") is None:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
             raise SandboxError("sandbox type 'bwrap': bubblewrap is not installed; run: apt-get install bubblewrap")
+        self.bwrap = bwrap
         rootfs = Path(cfg.rootfs) if cfg.rootfs else rootfs_dir()
         if not (rootfs / "bin" / "sh").exists():
             raise SandboxError(
@@ -96,23 +203,45 @@ class BwrapSandbox(Sandbox):
         self.root.chmod(0o755)
         self.id = self.root.name
         self.host_uid = HOST_UID_BASE + int.from_bytes(os.urandom(4), "big") % HOST_UID_SPAN
-        for name in ("work", "tmp", "home"):
-            (self.root / name).mkdir()
-            os.chown(self.root / name, self.host_uid, self.host_uid)
         (self.root / LABELS_FILE).write_text(json.dumps(sandbox_labels(owner=self.owner, backend="bwrap")))
+
+        self.disable_userns = await asyncio.to_thread(_bwrap_disables_userns, bwrap)
+        if not self.disable_userns:
+            limit_not_enforced(cfg, "user namespaces", f"{bwrap} lacks --disable-userns; bubblewrap 0.8.0 has it")
+        try:
+            self.cgroup = await asyncio.to_thread(
+                cgroups.create, _cgroup_name(self.id), memory_bytes=cfg.memory_mb * 1024 * 1024,
+                pids=cfg.pids_limit, root=self.cgroup_root)
+        except cgroups.CgroupUnavailable as error:
+            limit_not_enforced(cfg, "memory_mb and pids_limit", str(error))
+        self.disk = self.root / DISK_DIR
+        self.disk.mkdir(mode=0o755)
+        failed = await asyncio.to_thread(_mount_tmpfs, self.disk, size_mb=cfg.disk_mb)
+        if failed:
+            limit_not_enforced(cfg, "disk_mb", f"no tmpfs for the sandbox's files: {failed}")
+        else:
+            self.disk_mounted = True
+        for name in WRITABLE_DIRS:
+            (self.disk / name).mkdir()
+            os.chown(self.disk / name, self.host_uid, self.host_uid)
 
     def _bwrap_argv(self, argv: list[str], *, cwd: str, env: dict[str, str]) -> list[str]:
         cfg = self.config
+        assert self.disk is not None
         args = [
-            "bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+            self.bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
             "--uid", str(INNER_UID), "--gid", str(INNER_UID), "--hostname", "sandbox",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", str(self.rootfs), "/", "--dev", "/dev", "--proc", "/proc",
-            "--bind", str(self.root / "work"), cfg.workdir,
-            "--bind", str(self.root / "tmp"), "/tmp",
-            "--bind", str(self.root / "home"), "/home/agent",
+            "--bind", str(self.disk / "work"), cfg.workdir,
+            "--bind", str(self.disk / "tmp"), "/tmp",
+            "--bind", str(self.disk / "home"), "/home/agent",
+            "--bind", str(self.disk / "shm"), "/dev/shm",
+            "--remount-ro", "/dev",  # bwrap's /dev is a tmpfs of its own, writable and unlimited
             "--chdir", cwd, "--clearenv",
         ]
+        if self.disable_userns:
+            args.insert(2, "--disable-userns")
         if not cfg.network:
             args.insert(1, "--unshare-net")
         base_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/home/agent",
@@ -124,16 +253,21 @@ class BwrapSandbox(Sandbox):
     def _limits(self, timeout: float):
         cfg = self.config
         uid = self.host_uid
-        cpu_seconds = int(timeout * max(cfg.cpus, 1.0)) + 2
-        memory = cfg.memory_mb * 1024 * 1024
-        fsize = cfg.disk_mb * 1024 * 1024
+        cgroup = self.cgroup
+        rlimits = [
+            (resource.RLIMIT_CPU, int(timeout * max(cfg.cpus, 1.0)) + 2),
+            (resource.RLIMIT_CORE, 0),
+        ]
+        if cgroup is None:  # the fallback: per process and per host uid
+            rlimits += [(resource.RLIMIT_AS, cfg.memory_mb * 1024 * 1024), (resource.RLIMIT_NPROC, cfg.pids_limit)]
+        if not self.disk_mounted:  # the fallback: per file
+            rlimits.append((resource.RLIMIT_FSIZE, cfg.disk_mb * 1024 * 1024))
 
         def apply() -> None:  # runs in the child between fork and exec
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
-            resource.setrlimit(resource.RLIMIT_NPROC, (cfg.pids_limit, cfg.pids_limit))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if cgroup is not None:
+                cgroup.join(os.getpid())
+            for which, value in rlimits:
+                resource.setrlimit(which, (value, value))
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
@@ -159,15 +293,17 @@ class BwrapSandbox(Sandbox):
                 command = full
             else:
                 os.write(write_end, options)
-                command = ["bwrap", "--args", str(read_end), *full[split:]]
+                command = [self.bwrap, "--args", str(read_end), *full[split:]]
             os.close(write_end)
             write_end = -1
             proc = await asyncio.create_subprocess_exec(
                 *command,
                 stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=BWRAP_ENV,
                 preexec_fn=self._limits(timeout), start_new_session=True, pass_fds=(read_end,),
             )
+        except subprocess.SubprocessError as error:
+            raise SandboxError(f"bwrap sandbox {self.id}: cannot start the command ({error})") from None
         finally:
             os.close(read_end)
             if write_end >= 0:
@@ -216,8 +352,45 @@ class BwrapSandbox(Sandbox):
         except ProcessLookupError:
             pass
 
-    async def _close(self) -> None:
-        for proc in list(self._procs):
+    async def _kill_everything(self) -> None:
+        """SIGKILL every command still running and every process in the cgroup; wait until they are gone."""
+        procs = list(self._procs)
+        for proc in procs:
             self._kill(proc)
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.kill_all)
+        if procs:
+            await asyncio.wait([asyncio.ensure_future(proc.wait()) for proc in procs], timeout=10)
+
+    async def kill_processes(self) -> None:
+        """Kill every process in the sandbox (normally none is left: a command's processes end with it).
+
+        A command still running is killed too and returns as killed by SIGKILL; the sandbox stays usable.
+        """
+        if self.closed:
+            raise SandboxError(f"sandbox {self.id or '?'} is closed")
+        await self._kill_everything()
+
+    async def _close(self) -> None:
+        problems = []
+        try:
+            await self._kill_everything()
+        except SandboxError as error:
+            problems.append(str(error))
+        if self.disk is not None and self.disk_mounted:
+            try:
+                await asyncio.to_thread(_unmount, self.disk)
+            except SandboxError as error:
+                problems.append(str(error))
+        if self.cgroup is not None:
+            try:
+                await asyncio.to_thread(self.cgroup.remove)
+            except SandboxError as error:
+                problems.append(str(error))
         if self.root is not None:
-            await asyncio.to_thread(shutil.rmtree, self.root, True)
+            if self.disk is not None and os.path.ismount(self.disk):
+                problems.append(f"left {self.root} in place: its tmpfs is still mounted")
+            else:
+                await asyncio.to_thread(shutil.rmtree, self.root, True)
+        if problems:
+            raise SandboxError(f"closing bwrap sandbox {self.id}: {'; '.join(problems)}")

@@ -1,14 +1,14 @@
 """Find and remove sandboxes: orphans of dead processes, a run's sandboxes, or all of them.
 
 Docker sandboxes are found by their `agentrl.sandbox` label; bubblewrap sandboxes by
-their workspace folders (named with the owning pid) under the bwrap state folder. Used by
+their workspace folders (named with the owning pid) under the bwrap state folder, each
+removed with its cgroup and tmpfs mount, and by cgroups named with a dead owner's pid. Used by
 `agentrl sandbox gc` / `ls` and, for Docker orphans, once at the first sandbox start of a
 process.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 
 from agentrl.sandbox.labels import MARKER, owner_alive
@@ -100,8 +100,13 @@ def collect_garbage(*, owner: str | None = None, everything: bool = False, docke
             if not _remove(docker_client(), info.id):
                 continue
         else:
-            from agentrl.sandbox.bwrap_backend import workspace_root
+            from agentrl.sandbox.bwrap_backend import remove_workspace, workspace_root
 
-            shutil.rmtree(workspace_root() / info.id, ignore_errors=True)
+            remove_workspace(workspace_root() / info.id)
         removed.append(info)
+    if bwrap and owner is None:  # cgroups of dead owners left without a folder
+        from agentrl.sandbox.bwrap_backend import remove_orphan_cgroups
+
+        removed += [SandboxInfo(backend="bwrap", id=name, owner="?", pid="?", status="cgroup", image="-", orphan=True)
+                    for name in remove_orphan_cgroups()]
     return removed
