@@ -273,16 +273,6 @@ class Server:
 
     def on_output(self, fd):
         job, kind = self.fds[fd]
-        if job is None:  # a background child's output after its command answered: dropped
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self.close_fd(fd)
-            return
         if kind == "in":
             try:
                 written = os.write(fd, memoryview(job.stdin)[job.stdin_sent : job.stdin_sent + 65536])
@@ -302,6 +292,8 @@ class Server:
             data = b""
         if not data:
             self.close_fd(fd)
+            return
+        if job is None:  # a background child's output after its command answered: dropped
             return
         job.totals[kind] += len(data)
         keep = job.out if kind == "out" else job.err
