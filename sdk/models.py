@@ -15,10 +15,12 @@ import os
 import re
 from pathlib import Path
 
-from agentrl.errors import NotFoundError
-from pydantic import BaseModel, ConfigDict
+from typing import Any
 
-__all__ = ["PRESETS", "ModelSpec", "ensure_model", "list_presets", "resolve_model"]
+from agentrl.errors import NotFoundError
+from pydantic import BaseModel, ConfigDict, model_validator
+
+__all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
 
 
 class ModelSpec(BaseModel):
@@ -58,6 +60,16 @@ class ModelSpec(BaseModel):
     """Local folder with config, tokenizer and weights, when available."""
     description: str = ""
     """One line about the model."""
+    hf_config: dict[str, Any] | None = None
+    """The published config.json fields (shapes) of a preset whose weights need not be here: the trainer's
+    layout planner and memory estimates read them. The architecture numbers above come from it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _facts_from_hf_config(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("hf_config"):
+            data = {**architecture_facts(data["hf_config"]), **data}
+        return data
 
     @property
     def is_moe(self) -> bool:
@@ -80,6 +92,20 @@ class ModelSpec(BaseModel):
         return found
 
 
+def architecture_facts(config: dict[str, Any]) -> dict[str, int]:
+    """Layers, width, experts, top-k, shared experts and dense layers of a HF config.json dict."""
+    text = config.get("text_config", config)
+    experts = text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts") or 0
+    return {
+        "layers": int(text.get("num_hidden_layers", 0)),
+        "hidden_size": int(text.get("hidden_size", 0)),
+        "experts": int(experts),
+        "experts_per_token": int(text.get("num_experts_per_tok", 0) or 0),
+        "shared_experts": int(text.get("n_shared_experts", 0) or 0),
+        "dense_layers": int(text.get("first_k_dense_replace", 0) or 0),
+    }
+
+
 PRESETS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -91,17 +117,28 @@ PRESETS: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             name="glm-4.5-air", hf_repo="zai-org/GLM-4.5-Air", architecture="Glm4MoeForCausalLM",
-            layers=46, hidden_size=4096, experts=128, experts_per_token=8, shared_experts=1,
-            dense_layers=1, total_params=106e9, active_params=12e9, context=131072,
-            inference_gpus=2, training_gpus=16,
+            total_params=106e9, active_params=12e9, context=131072, inference_gpus=2, training_gpus=16,
             description="GLM-4.5-Air, 106B total / 12B active (bf16 weights ~212 GB)",
+            hf_config={
+                "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944,
+                "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_attention_heads": 96,
+                "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
+                "rms_norm_eps": 1e-5, "attention_bias": True, "use_qk_norm": False, "n_routed_experts": 128,
+                "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
+                "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "tie_word_embeddings": False,
+            },
         ),
         ModelSpec(
             name="qwen3-30b-a3b", hf_repo="Qwen/Qwen3-30B-A3B", architecture="Qwen3MoeForCausalLM",
-            layers=48, hidden_size=2048, experts=128, experts_per_token=8, shared_experts=0,
-            dense_layers=0, total_params=30.5e9, active_params=3.3e9, context=32768,
-            inference_gpus=1, training_gpus=8,
+            total_params=30.5e9, active_params=3.3e9, context=32768, inference_gpus=1, training_gpus=8,
             description="Qwen3-30B-A3B, 30.5B total / 3.3B active (131k context with YaRN)",
+            hf_config={
+                "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+                "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+                "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                "mlp_only_layers": [], "tie_word_embeddings": False,
+            },
         ),
         ModelSpec(
             name="deepseek-v3", hf_repo="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
@@ -144,18 +181,10 @@ def _spec_from_folder(path: Path, *, name: str, hf_repo: str | None = None) -> M
     except (OSError, json.JSONDecodeError) as exc:
         raise NotFoundError(f"model folder {path}: cannot read config.json ({exc})") from exc
     text = config.get("text_config", config)
-    experts = text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts") or 0
     return ModelSpec(
-        name=name, hf_repo=hf_repo, path=path,
-        architecture=(config.get("architectures") or ["unknown"])[0],
-        layers=int(text.get("num_hidden_layers", 0)),
-        hidden_size=int(text.get("hidden_size", 0)),
-        experts=int(experts),
-        experts_per_token=int(text.get("num_experts_per_tok", 0) or 0),
-        shared_experts=int(text.get("n_shared_experts", 0) or 0),
-        dense_layers=int(text.get("first_k_dense_replace", 0) or 0),
-        context=int(text.get("max_position_embeddings", 0) or 0),
-        description=f"local folder {path}",
+        name=name, hf_repo=hf_repo, path=path, architecture=(config.get("architectures") or ["unknown"])[0],
+        context=int(text.get("max_position_embeddings", 0) or 0), description=f"local folder {path}",
+        **architecture_facts(config),
     )
 
 

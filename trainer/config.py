@@ -1,15 +1,39 @@
-"""TrainerConfig: everything one trainer process needs (optimizer, loss, parallelism, packing)."""
+"""TrainerConfig: everything one trainer process needs (optimizer, loss, parallelism, packing).
+
+Torch-free, so the run config (`agentrl.rl.config`) composes it without importing torch.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentrl.config import BaseConfig
-from agentrl.trainer.loss import LossConfig
 
-__all__ = ["TrainerConfig", "ParallelConfig", "OptimizerConfig"]
+__all__ = ["LossConfig", "OptimizerConfig", "ParallelConfig", "TrainerConfig"]
+
+
+class LossConfig(BaseConfig):
+    """How the trainer turns logprobs into a loss."""
+
+    mode: Literal["rl", "sft"] = "rl"
+    """'rl': importance-weighted policy gradient; 'sft': cross-entropy on loss tokens."""
+    ratio_low: float = 0.125
+    """Tokens whose trainer/inference probability ratio is below this are masked out."""
+    ratio_high: float = 8.0
+    """Tokens whose trainer/inference probability ratio is above this are masked out."""
+    kl_coef: float = 0.0
+    """Weight of the KL(inference || trainer) penalty (k3 estimator); 0 turns it off."""
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "LossConfig":
+        if not 0.0 <= self.ratio_low < 1.0 < self.ratio_high:
+            raise ValueError(
+                f"loss.ratio_low={self.ratio_low} and loss.ratio_high={self.ratio_high}: "
+                "need 0 <= ratio_low < 1 < ratio_high"
+            )
+        return self
 
 
 class ParallelConfig(BaseConfig):

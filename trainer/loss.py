@@ -21,38 +21,14 @@ and ranks before dividing by the global token count.
 
 from __future__ import annotations
 
-from typing import Literal
 
 import torch
-from pydantic import model_validator
 
-from agentrl.config import BaseConfig
+from agentrl.trainer.config import LossConfig
 
 __all__ = ["LossConfig", "LossScale", "compute_loss"]
 
 _MAX_LOG_RATIO = 20.0
-
-
-class LossConfig(BaseConfig):
-    """How the trainer turns logprobs into a loss."""
-
-    mode: Literal["rl", "sft"] = "rl"
-    """'rl': importance-weighted policy gradient; 'sft': cross-entropy on loss tokens."""
-    ratio_low: float = 0.125
-    """Tokens whose trainer/inference probability ratio is below this are masked out."""
-    ratio_high: float = 8.0
-    """Tokens whose trainer/inference probability ratio is above this are masked out."""
-    kl_coef: float = 0.0
-    """Weight of the KL(inference || trainer) penalty (k3 estimator); 0 turns it off."""
-
-    @model_validator(mode="after")
-    def _check_bounds(self) -> "LossConfig":
-        if not 0.0 <= self.ratio_low < 1.0 < self.ratio_high:
-            raise ValueError(
-                f"loss.ratio_low={self.ratio_low} and loss.ratio_high={self.ratio_high}: "
-                "need 0 <= ratio_low < 1 < ratio_high"
-            )
-        return self
 
 
 def compute_loss(

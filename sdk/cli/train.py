@@ -53,14 +53,14 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from agentrl.config import dump_config
-        from agentrl.trainer.run_config import load_run_config
+        from agentrl.rl.config import load_run_config
 
         console = Console()
         extra = list(overrides)
         if ray_address:
             extra.append(f'launch.ray_address="{ray_address}"')
         if resume is not None:
-            from agentrl.trainer.report import RunDir
+            from agentrl.rl.report import RunDir
 
             RunDir(resume).require_existing()
             if config is not None or env or model:
@@ -72,12 +72,12 @@ def register(app: typer.Typer) -> None:
             run_dir = output or Path(resolved.run.output_dir) / (resolved.run.name or _run_name(resolved.env.name,
                                                                                                 resolved.model.name))
         if dry_run:
-            from agentrl.trainer.launch import plan_run
+            from agentrl.rl.plan import plan_run
 
             console.print(dump_config(resolved), markup=False, highlight=False)
             console.print(plan_run(resolved), markup=False, highlight=False)
             raise typer.Exit(0)
-        from agentrl.trainer.launch import run_training
+        from agentrl.rl.launch import run_training
 
         total = resolved.orchestrator.max_steps
         with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from agentrl.config import dump_config, load_config
-        from agentrl.trainer.warm_start import SFTConfig, run_sft
+        from agentrl.rl.sft import SFTConfig, run_sft
 
         console = Console()
         resolved = load_config(SFTConfig, config, overrides=list(overrides))

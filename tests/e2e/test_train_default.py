@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.trainer.report import read_metrics
+from agentrl.rl.report import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"

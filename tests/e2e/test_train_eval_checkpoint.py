@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import dump_config
-from agentrl.trainer.run_config import TINY_MOE_SFT, load_run_config
+from agentrl.rl.config import TINY_MOE_SFT, load_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.trainer.report import read_metrics
-from agentrl.trainer.resume import latest_checkpoint
+from agentrl.rl.report import read_metrics
+from agentrl.rl.resume import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"

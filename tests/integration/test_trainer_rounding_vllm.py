@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 def served(request, tmp_path_factory):
     from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.server import VLLMServer
-    from agentrl.trainer.run_config import TINY_MOE_SFT
+    from agentrl.rl.config import TINY_MOE_SFT
 
     args, env = cpu_server_options(routed_experts=True)
     server = VLLMServer(str(TINY_MOE_SFT), dtype=request.param, max_num_seqs=16, env=env, extra_args=args,
@@ -51,7 +51,7 @@ async def _rollout_samples(url: str, model: str) -> list:
 
 def test_rounding_like_vllm_cpu_lowers_the_mismatch_kl(served):
     from agentrl.trainer.config import TrainerConfig
-    from agentrl.trainer.run_config import TINY_MOE_SFT
+    from agentrl.rl.config import TINY_MOE_SFT
     from agentrl.trainer.trainer import Trainer
 
     server, dtype = served

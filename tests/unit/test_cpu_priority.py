@@ -12,7 +12,7 @@ import pytest
 
 from agentrl.cpu_priority import lower_priority, nice_prefix, set_autogroup_nice
 from agentrl.errors import ConfigError
-from agentrl.trainer.run_config import load_run_config
+from agentrl.rl.config import load_run_config
 
 # A child with two extra threads, so renicing must reach more than the main thread.
 THREADED_CHILD = """

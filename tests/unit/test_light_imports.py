@@ -1,4 +1,4 @@
-"""`import agentrl` and `import agentrl.hub` must not pull in torch, vllm or ray."""
+"""`import agentrl`, `agentrl.hub` and `agentrl.rl` (the run config too) must not pull in torch, vllm or ray."""
 
 import subprocess
 import sys
@@ -15,6 +15,9 @@ HEAVY = ("torch", "vllm", "ray", "transformers", "torchtitan")
         "import agentrl.hub",
         "import agentrl.cli",
         "import agentrl, agentrl.types, agentrl.config",
+        "import agentrl.rl, agentrl.rl.config, agentrl.rl.orchestrator, agentrl.rl.plan, agentrl.rl.launch, "
+        "agentrl.rl.actors, agentrl.rl.resume, agentrl.rl.report, agentrl.rl.sft",
+        "from agentrl.rl.config import load_run_config; load_run_config()",
     ],
 )
 def test_import_is_light(statement):

@@ -18,7 +18,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.sampling import SamplingConfig
-from agentrl.trainer.orchestrator import (
+from agentrl.rl.orchestrator import (
     Orchestrator,
     OrchestratorConfig,
     OrchestratorState,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.trainer.orchestrator import OrchestratorState
-from agentrl.trainer.report import RunDir, read_metrics
-from agentrl.trainer.resume import (
+from agentrl.rl.orchestrator import OrchestratorState
+from agentrl.rl.report import RunDir, read_metrics
+from agentrl.rl.resume import (
     begin_checkpoint,
     commit_checkpoint,
     latest_checkpoint,
@@ -21,7 +21,7 @@ from agentrl.trainer.resume import (
     prune_checkpoints,
     remove_partials,
 )
-from agentrl.trainer.run_config import RunConfig, load_run_config
+from agentrl.rl.config import RunConfig, load_run_config
 
 
 def _row(step: int, reward: float) -> dict:
@@ -50,7 +50,7 @@ def test_inference_serves_in_the_trainers_dtype():
 
 def test_the_run_passes_inference_extra_args_to_vllm():
     """`inference.extra_args` reach the server's command line, after the run's own CPU options."""
-    from agentrl.trainer.launch import InferenceActor
+    from agentrl.rl.actors import InferenceActor
 
     config = load_run_config(overrides=['inference.extra_args=["--hf-overrides", "{\\"head_dtype\\": \\"float32\\"}"]'])
     actor = InferenceActor(str(config.starting_weights()), served_name="tiny-moe", routed_experts=True,
@@ -96,7 +96,7 @@ def test_gpu_preset_gets_a_gpu_plan_with_a_fitting_trainer():
     config = load_run_config(env="swe", model="glm-4.5-air")
     assert config.inference.device == "gpu"
     assert config.launch.trainer_gpus >= 16 and config.launch.trainer_gpus % 8 == 0
-    from agentrl.trainer.launch import plan_run, trainer_plan
+    from agentrl.rl.plan import plan_run, trainer_plan
 
     plan = trainer_plan(config)
     assert plan.estimated_bytes <= config.trainer.parallel.gpu_memory_gib * 1024**3
@@ -107,7 +107,7 @@ def test_gpu_preset_gets_a_gpu_plan_with_a_fitting_trainer():
 
 
 def test_missing_gpus_are_listed():
-    from agentrl.trainer.launch import ResourceError, check_resources
+    from agentrl.rl.plan import ResourceError, check_resources
 
     config = load_run_config(env="swe", model="glm-4.5-air")
     with pytest.raises(ResourceError) as info:

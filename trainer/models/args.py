@@ -21,30 +21,9 @@ from typing import Any, Literal
 
 from agentrl.errors import AgentrlError, NotFoundError
 
-__all__ = ["MoEModelArgs", "SUPPORTED_MODEL_TYPES", "PRESET_HF_CONFIGS"]
+__all__ = ["MoEModelArgs", "SUPPORTED_MODEL_TYPES"]
 
 SUPPORTED_MODEL_TYPES = ("glm4_moe", "qwen3_moe")
-
-# The published config.json fields the trainer reads, for presets whose weights are not
-# downloaded (planning and memory estimates need the shapes only).
-PRESET_HF_CONFIGS: dict[str, dict[str, Any]] = {
-    "glm-4.5-air": {
-        "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944,
-        "moe_intermediate_size": 1408, "num_hidden_layers": 46, "num_attention_heads": 96,
-        "num_key_value_heads": 8, "head_dim": 128, "partial_rotary_factor": 0.5, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-5, "attention_bias": True, "use_qk_norm": False, "n_routed_experts": 128,
-        "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 1,
-        "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "tie_word_embeddings": False,
-    },
-    "qwen3-30b-a3b": {
-        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-        "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
-        "num_key_value_heads": 4, "head_dim": 128, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
-        "mlp_only_layers": [], "tie_word_embeddings": False,
-    },
-}
-
 
 @dataclass(kw_only=True)
 class MoEModelArgs:
@@ -163,11 +142,12 @@ class MoEModelArgs:
         path = Path(name_or_path).expanduser()
         if path.is_dir():
             return cls.from_hf_dir(path)
-        if str(name_or_path) in PRESET_HF_CONFIGS:
-            return cls.from_hf_config(PRESET_HF_CONFIGS[str(name_or_path)])
         from agentrl.models import resolve_model
 
-        return cls.from_hf_dir(resolve_model(str(name_or_path)).local_path())
+        spec = resolve_model(str(name_or_path))
+        if spec.path is None and spec.hf_config is not None:  # shapes only: the weights need not be here
+            return cls.from_hf_config(spec.hf_config)
+        return cls.from_hf_dir(spec.local_path())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

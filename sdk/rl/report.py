@@ -3,7 +3,7 @@
     runs/<name>/
       config.toml        the resolved RunConfig (what `--resume` reloads)
       metrics.jsonl      one JSON object per optimizer step (appended and flushed per step)
-      checkpoints/       step_N/ (see agentrl.trainer.resume)
+      checkpoints/       step_N/ (see agentrl.rl.resume)
       plots/             reward.png, mismatch_kl.png, staleness.png, throughput.png
       report.md          summary table, reward first vs last, links to the plots
 

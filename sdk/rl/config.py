@@ -5,7 +5,7 @@
     [sampling]       agentrl.sampling.SamplingConfig
     [trainer]        agentrl.trainer.config.TrainerConfig (optimizer, loss, layout, packing)
     [inference]      agentrl.inference.plans.DeploymentConfig (vLLM deployment)
-    [orchestrator]   agentrl.trainer.orchestrator.OrchestratorConfig (async loop)
+    [orchestrator]   agentrl.rl.orchestrator.OrchestratorConfig (async loop)
     [launch]         Ray placement (cluster address, GPUs per role, custom resources)
     [run]            output folder, name, report settings
 
@@ -22,19 +22,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
 from agentrl.config import BaseConfig, load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.plans import DeploymentConfig
+from agentrl.rl.orchestrator import OrchestratorConfig
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
-from agentrl.trainer.orchestrator import OrchestratorConfig
+from pydantic import Field
 
 __all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfig", "load_run_config",
            "REPO_ROOT", "TINY_MOE_SFT"]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The committed SFT warm start of tiny-moe (reproduced by cookbook/cpu-default/sft.toml).
 TINY_MOE_SFT = REPO_ROOT / "cookbook" / "cpu-default" / "tiny-moe-sft"
 #: The embedded default run (`agentrl train` with no arguments).
@@ -216,7 +215,7 @@ def _gpu_defaults(config: RunConfig) -> None:
         trainer_gpus = max(gpus_per_node, spec.training_gpus - planned)
         config.launch = LaunchConfig(trainer_gpus=trainer_gpus, inference_gpus=planned)
         # Grow the trainer by whole nodes until its layout fits the GPUs' memory.
-        from agentrl.trainer.launch import trainer_plan
+        from agentrl.rl.plan import trainer_plan
 
         for nodes in range(1, 17):
             config.launch.trainer_gpus = max(trainer_gpus, nodes * gpus_per_node)

@@ -20,13 +20,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import Field
-
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
-from agentrl.types import Completion, Message, Task, Turn, TrainingSample
+from agentrl.types import Completion, Message, Task, TrainingSample, Turn
+from pydantic import Field
 
 __all__ = ["SFTConfig", "TeacherClient", "demonstrations", "run_sft"]
 
@@ -88,8 +87,8 @@ class TeacherClient:
 
 def _oracle(env_name: str) -> Callable[[list[Message]], str] | None:
     """The environment package's oracle_policy(), as a text reply function, when it has one."""
-    from agentrl.loader import find_environment, import_package_attr
     from agentrl.hub.manifest import load_manifest
+    from agentrl.loader import find_environment, import_package_attr
 
     try:
         folder = find_environment(env_name)

@@ -18,7 +18,7 @@ synchronous loop (generate, train, push, repeat) and larger values let generatio
 to that many steps ahead of the trainer.
 
 The trainer and the weight transport are protocols (`PolicyTrainer`, `WeightSync`): the
-Ray launcher (`agentrl.trainer.launch`) binds them to the trainer actor and to the
+Ray launcher (`agentrl.rl.launch`) binds them to the trainer actor and to the
 inference engineer's weight publisher; anything that implements them can be driven.
 """
 

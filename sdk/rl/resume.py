@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from agentrl.errors import NotFoundError
-from agentrl.trainer.orchestrator import OrchestratorState
+from agentrl.rl.orchestrator import OrchestratorState
 
 __all__ = ["CheckpointInfo", "checkpoint_dir", "begin_checkpoint", "commit_checkpoint", "list_checkpoints",
            "latest_checkpoint", "load_orchestrator_state", "prune_checkpoints", "remove_partials"]
