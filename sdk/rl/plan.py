@@ -23,7 +23,7 @@ def trainer_plan(config: RunConfig):
     from agentrl.trainer.parallel import plan_layout
 
     args = _model_args(config)
-    world = max(1, config.launch.trainer_gpus)
+    world = config.trainer_world()
     parallel = config.trainer.parallel
     return plan_layout(args, world=world, row_tokens=config.trainer.row_tokens, ep=parallel.ep, cp=parallel.cp,
                        gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,

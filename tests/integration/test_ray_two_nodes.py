@@ -98,11 +98,11 @@ def test_train_on_two_ray_nodes(tmp_path):
             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900,
         )
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        placement = json.loads((run_dir / "placement.json").read_text())
-        assert "nodeA" in placement["inference"]["resources"]
+        placement = json.loads((run_dir / "placement.json").read_text())["actors"]
+        assert "nodeA" in placement["inference-0"]["resources"]
         assert "nodeA" in placement["rollout-0"]["resources"]
-        assert "nodeB" in placement["trainer"]["resources"]
-        assert placement["inference"]["node_id"] != placement["trainer"]["node_id"]
+        assert "nodeB" in placement["trainer-0"]["resources"]
+        assert placement["inference-0"]["node_id"] != placement["trainer-0"]["node_id"]
         assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [0, 1]
     finally:
         if worker is not None:

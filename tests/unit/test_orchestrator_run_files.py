@@ -50,13 +50,12 @@ def test_inference_serves_in_the_trainers_dtype():
 
 def test_the_run_passes_inference_extra_args_to_vllm():
     """`inference.extra_args` reach the server's command line, after the run's own CPU options."""
-    from agentrl.rl.actors import InferenceActor
+    from agentrl.rl.inference_actor import replica_server
 
     config = load_run_config(overrides=['inference.extra_args=["--hf-overrides", "{\\"head_dtype\\": \\"float32\\"}"]'])
-    actor = InferenceActor(str(config.starting_weights()), served_name="tiny-moe", routed_experts=True,
-                           log_path="/dev/null", startup_timeout_s=1, max_model_len=None,
-                           dtype=config.inference_dtype(), extra_args=list(config.inference.extra_args))
-    command = actor.server.command()
+    server = replica_server(config.inference, config.starting_weights(), served_name="tiny-moe",
+                            dtype=config.inference_dtype())
+    command = server.command()
     assert command[-2:] == ["--hf-overrides", '{"head_dtype": "float32"}']
     assert "--no-enable-prefix-caching" in command  # the routed-experts option is still there
 

@@ -1,0 +1,216 @@
+"""The driver's handles on the run's actors: the trainer ranks as one trainer, the servers as one endpoint.
+
+`TrainerGroup` starts one `TrainerRank` per rank in its placement slot, joins them into one
+torch.distributed group (rank 0's node IP and a free port), and turns every collective
+operation into one call on all ranks at once: a step's samples go into Ray's object store
+once and every rank reads them; metrics come from rank 0. Checkpoints come back from one
+rank per node and are merged into the driver's run folder; a checkpoint to resume from is
+shipped to every rank.
+
+`InferenceGroup` starts the inference actors of the deployment plan (`InferenceActor` per
+server for `single`/`replicas`, `InferenceNodeActor` per node for `wide_ep`/`pd`), puts
+`vllm-router` in front of several servers (consistent hashing on the trajectory id, so a
+trajectory stays on one replica), loads each weight version into every server and, at the
+end, copies every server's log into the run folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agentrl.rl.shipping import Folder, write_folder
+from agentrl.types import TrainingSample
+
+__all__ = ["InferenceGroup", "TrainerGroup"]
+
+
+def _kill(actors: list[Any]) -> None:
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+class TrainerGroup:
+    """All trainer ranks, driven as one trainer (the orchestrator's `PolicyTrainer`)."""
+
+    def __init__(self, ranks: list[Any], *, nodes: list[str]) -> None:
+        self.ranks = ranks
+        self.nodes = nodes
+        """The Ray node id of each rank."""
+        # One rank per node ships that node's checkpoint files (the ranks of a node share its folder).
+        self.shippers = {rank for rank, node in enumerate(nodes) if nodes.index(node) == rank}
+
+    @classmethod
+    def start(cls, reservation: Any, *, run_id: str, config: Any, model_dir: str, model_files: Any) -> "TrainerGroup":
+        import ray
+
+        from agentrl.rl.trainer_rank import TrainerRank
+
+        world = config.trainer_world()
+        threads = config.launch.trainer_threads if not config.launch.trainer_gpus else None
+        ranks = [ray.remote(TrainerRank).options(**reservation.options(slot), name=f"{run_id}-trainer-{rank}").remote(
+                     run_id=run_id, rank=rank, world=world, threads=threads)
+                 for rank, slot in enumerate(reservation.spec.trainer)]
+        try:
+            master = ray.get(ranks[0].rendezvous.remote())
+            infos = ray.get([rank.setup.remote(master=master, trainer_config=config.trainer, model_dir=model_dir,
+                                               model_files=model_files) for rank in ranks])
+        except BaseException:
+            _kill(ranks)
+            raise
+        return cls(ranks, nodes=[info["node"] for info in infos])
+
+    async def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return await asyncio.gather(*(getattr(rank, method).remote(*args, **kwargs) for rank in self.ranks))
+
+    async def train_step(self, samples: list[TrainingSample], *, step: int) -> dict[str, float]:
+        import ray
+
+        shared = ray.put(samples)  # once, whatever the number of ranks
+        return (await self._all("train_step", shared, step))[0]
+
+    async def export(self, version: int, *, dest: str, ship: bool) -> Any:
+        return (await self._all("export", version, dest=dest, ship=ship))[0]
+
+    async def export_ref(self, version: int) -> Any:
+        """The exported files as an ObjectRef held in rank 0's object store (for `object_store`)."""
+        refs = [rank.export.remote(version, dest=None, ship=True) for rank in self.ranks]
+        await asyncio.gather(*refs)
+        return refs[0]
+
+    async def push_direct(self, version: int, *, urls: list[str], backend: str) -> None:
+        await self._all("push_direct", version, urls=urls, backend=backend)
+
+    async def save_checkpoint(self, path: str, *, step: int) -> None:
+        """Every rank saves; each node's files are merged into `path` (the driver's checkpoint folder)."""
+        parts = await asyncio.gather(*(rank.save.remote(step, ship=index in self.shippers)
+                                       for index, rank in enumerate(self.ranks)))
+        files: Folder = {}
+        for part in parts:
+            files.update(part or {})
+        write_folder(files, path)
+        await asyncio.gather(*(self.ranks[index].clean_checkpoint.remote(step) for index in self.shippers))
+
+    def load_checkpoint(self, path: Path, step: int) -> int:
+        import ray
+
+        from agentrl.rl.shipping import read_folder
+
+        shared = ray.put(read_folder(path, max_bytes=1 << 62))
+        return ray.get([rank.load.remote(shared, step) for rank in self.ranks])[0]
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            ray.get([rank.stop.remote() for rank in self.ranks], timeout=60)
+        except Exception:  # noqa: BLE001 - the ranks may be gone already
+            pass
+
+
+class InferenceGroup:
+    """The run's inference actors and the one URL rollout workers talk to."""
+
+    def __init__(self, actors: list[Any], urls: list[str], *, router: Any = None, nodes: list[str]) -> None:
+        self.actors = actors
+        self.urls = urls
+        """Every server's URL (weights go to each one directly)."""
+        self.router = router
+        self.nodes = nodes
+        self.version: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """Where rollouts send requests: the router in front of several servers, else the one server."""
+        return self.router.url if self.router is not None else self.urls[0]
+
+    @classmethod
+    def start(cls, reservation: Any, *, run_id: str, config: Any, deployment: Any, model_dir: str,
+              model_files: Any, log_dir: Path) -> "InferenceGroup":
+        spec = reservation.spec
+        actors: list[Any] = []
+        try:
+            return cls._start(actors, reservation, spec, run_id=run_id, config=config, deployment=deployment,
+                              model_dir=model_dir, model_files=model_files, log_dir=log_dir)
+        except BaseException:
+            _kill(actors)
+            raise
+
+    @classmethod
+    def _start(cls, actors: list[Any], reservation: Any, spec: Any, *, run_id: str, config: Any, deployment: Any,
+               model_dir: str, model_files: Any, log_dir: Path) -> "InferenceGroup":
+        import ray
+
+        from agentrl.rl.inference_actor import InferenceActor, InferenceNodeActor
+
+        if deployment.kind in ("wide_ep", "pd"):
+            for slot, node in zip(spec.inference, spec.inference_nodes, strict=True):
+                processes = [process.model_dump() for process in deployment.servers if process.node == node]
+                actors.append(ray.remote(InferenceNodeActor).options(**reservation.options(slot)).remote(
+                    run_id=run_id, node=node, processes=processes, startup_timeout_s=config.launch.startup_timeout_s))
+            urls = [url for found in ray.get([actor.start.remote() for actor in actors]) for url in found]
+        else:
+            # Routed experts only when the trainer replays them (the CPU plugin turns prefix caching off).
+            serving = config.inference.model_copy(
+                update={"routed_experts": config.inference.routed_experts and config.trainer.router_replay})
+            for index, slot in enumerate(spec.inference):
+                actors.append(ray.remote(InferenceActor).options(
+                    **reservation.options(slot), max_concurrency=4, name=f"{run_id}-inference-{index}").remote(
+                    run_id=run_id, index=index, model_dir=model_dir, model_files=model_files,
+                    served_name=config.model.name, deployment=serving,
+                    startup_timeout_s=config.launch.startup_timeout_s, dtype=config.inference_dtype(),
+                    nice=config.generation_nice()))
+            urls = ray.get([actor.start.remote() for actor in actors])
+        router = None
+        if deployment.router is not None and len(urls) > 1:
+            from agentrl.inference.router import VLLMRouter
+
+            log_dir.mkdir(parents=True, exist_ok=True)
+            router = VLLMRouter(urls, host=config.inference.host, policy=config.inference.router_policy,
+                                log_path=log_dir / "router.log").start()
+        nodes = ray.get([actor.node.remote() for actor in actors])
+        return cls(actors, urls, router=router, nodes=nodes)
+
+    async def load(self, version: int, *, path: str | None = None, files: Any = None) -> None:
+        """Every server serves `version` once this returns (the loads run in parallel, one per server)."""
+        await asyncio.gather(*(actor.load_weights.remote(version, path=path, files=files) for actor in self.actors))
+        self.version = version
+
+    async def set_version(self, version: int) -> None:
+        """A direct transport delivered `version` to every server."""
+        self.version = version
+
+    def versions(self) -> list[int | None]:
+        """The version each inference actor last loaded."""
+        import ray
+
+        return ray.get([actor.weight_version.remote() for actor in self.actors])
+
+    def save_logs(self, log_dir: Path) -> None:
+        """Copy each server's log into the run folder (`logs/vllm-<i>.log`)."""
+        import ray
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for index, actor in enumerate(self.actors):
+            try:
+                text = ray.get(actor.log_text.remote(), timeout=30) if hasattr(actor, "log_text") else ""
+            except Exception:  # noqa: BLE001 - a dead actor has no log to give
+                continue
+            (log_dir / f"vllm-{index}.log").write_text(text)
+
+    def stop(self) -> None:
+        import ray
+
+        if self.router is not None:
+            self.router.stop()
+        for actor in self.actors:
+            try:
+                ray.get(actor.stop.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - best effort: the actor may be gone already
+                pass

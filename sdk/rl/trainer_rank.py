@@ -1,0 +1,161 @@
+"""One trainer rank as a Ray actor: a process of the run's torch.distributed group.
+
+A rank is one GPU (NCCL) or, on the CPU, one gloo process (`launch.trainer_ranks`). The
+driver starts every rank, asks rank 0 for a rendezvous address (its node's IP and a free
+port), then calls `setup` on all ranks at once: each joins the process group and builds the
+`agentrl.trainer.trainer.Trainer`, which takes its FSDP / EP / CP mesh from the planner and,
+given a batch, trains on every `dp`-th packed row, so a step's rows are split across
+data-parallel ranks and the step equals a one-process step on the whole batch.
+
+Every collective call (`train_step`, `export`, `save`, `load`, `push_direct`) is made on
+all ranks together by `agentrl.rl.groups.TrainerGroup`. Nothing here assumes a shared
+filesystem: checkpoints and exports are written into this node's folder and the files the
+driver keeps come back as values (`agentrl.rl.shipping.Folder`); a checkpoint to resume from
+arrives the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.rl.shipping import Folder, node_dir, read_folder, remove_node_dirs, write_folder
+from agentrl.types import TrainingSample
+
+__all__ = ["TrainerRank"]
+
+
+class TrainerRank:
+    """One rank: process-group membership, the trainer, and its collective operations."""
+
+    def __init__(self, *, run_id: str, rank: int, world: int, threads: int | None = None) -> None:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.run_id = run_id
+        self.rank = rank
+        self.world = world
+        self.trainer = None
+        self.folder = node_dir("runs", run_id, "trainer")  # shared by the ranks of this node
+        self.direct_publisher = None
+
+    # ---- set-up -----------------------------------------------------------------------
+    def rendezvous(self) -> tuple[str, int]:
+        """(this node's IP, a free port): where rank 0 accepts the process group's members."""
+        import ray
+
+        from agentrl.inference.server import free_port
+
+        address = ray.util.get_node_ip_address()
+        return address, free_port(address)
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def setup(self, *, master: tuple[str, int], trainer_config: Any, model_dir: str,
+              model_files: Folder | None) -> dict[str, Any]:
+        """Join the process group (several ranks) and build the trainer; its layout and node."""
+        import torch
+        import torch.distributed as dist
+
+        from agentrl.rl.inference_actor import local_folder
+        from agentrl.trainer.trainer import Trainer
+
+        if self.world > 1 and not dist.is_initialized():
+            os.environ.update({"RANK": str(self.rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": "0",
+                               "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
+            backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+            from datetime import timedelta
+
+            dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+                                    world_size=self.world, timeout=timedelta(minutes=30))
+        model = local_folder(model_dir, model_files, name=f"{self.run_id}-start")
+        self.trainer = Trainer(trainer_config, model_dir=model)
+        return {"rank": self.rank, "node": self.node(), "layout": self.trainer.plan.describe()}
+
+    # ---- steps ------------------------------------------------------------------------
+    def train_step(self, samples: list[TrainingSample], step: int) -> dict[str, float]:
+        started = time.monotonic()
+        metrics = self.trainer.train_on_samples(samples)
+        # Packing + forward/backward + optimizer, without the transfer of the samples to this actor.
+        metrics["compute_s"] = time.monotonic() - started
+        return metrics
+
+    def export(self, version: int, *, dest: str | None, ship: bool) -> str | Folder | None:
+        """HF export of the current weights (collective; rank 0 writes).
+
+        Rank 0 writes into `dest` (a folder the servers read) or, with `ship`, into this node's
+        folder and returns the files; other ranks return None.
+        """
+        target = Path(dest) if dest is not None else self.folder / "staged" / f"v{version}"
+        self.trainer.export_hf(target)
+        if self.rank != 0:
+            return None
+        for old in target.parent.glob("v*"):  # the two newest exports stay: a server may still be reading one
+            if old.name[1:].isdigit() and int(old.name[1:]) <= version - 2:
+                shutil.rmtree(old, ignore_errors=True)
+        if not ship:
+            return str(target)
+        files = read_folder(target)
+        shutil.rmtree(target, ignore_errors=True)
+        return files
+
+    def push_direct(self, version: int, *, urls: list[str], backend: str) -> float:
+        """Send the weights straight into the servers' weight-transfer engine (nccl or ipc; GPUs).
+
+        Every rank gathers the full tensors (collective); rank 0 sends them. Returns the seconds it took.
+        """
+        from agentrl.trainer.checkpoint import full_state_dict
+
+        started = time.monotonic()
+        state = full_state_dict(self.trainer)
+        if self.rank == 0:
+            if self.direct_publisher is None:
+                from agentrl.rl.transport import direct_publisher
+
+                self.direct_publisher = direct_publisher(backend, urls)
+            self.direct_publisher.publish(state, version)
+        return time.monotonic() - started
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save(self, step: int, *, ship: bool) -> Folder | None:
+        """HF export + DCP state of every rank into this node's folder (collective).
+
+        With `ship` (one rank per node), the node's files come back for the driver's
+        checkpoint folder: the HF export at the top, the DCP state under `trainer/`.
+        """
+        local = self.folder / "checkpoints" / f"step_{step}"
+        self.trainer.export_hf(local)  # replaces the folder: written before the DCP state inside
+        self.trainer.save_checkpoint(local / "trainer")
+        if not ship:
+            return None
+        files: Folder = {}
+        for name, data in read_folder(local).items():
+            # Off rank 0's node the DCP files stay in `trainer.tmp` (rank 0 renames its own copy only).
+            files[name.replace("trainer.tmp/", "trainer/", 1)] = data
+        return files
+
+    def clean_checkpoint(self, step: int) -> None:
+        """Drop this node's copy of a checkpoint the driver now holds."""
+        shutil.rmtree(self.folder / "checkpoints" / f"step_{step}", ignore_errors=True)
+
+    def load(self, files: Folder, step: int) -> int:
+        """Restore the checkpoint the driver shipped (collective); the step it was taken at."""
+        local = write_folder(files, self.folder / "resume" / f"rank{self.rank}-step_{step}")
+        try:
+            return self.trainer.load_checkpoint(local / "trainer")
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
+    def stop(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        remove_node_dirs(self.run_id, self.folder)
