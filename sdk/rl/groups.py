@@ -17,6 +17,8 @@ end, copies every server's log into the run folder.
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +119,11 @@ class TrainerGroup:
 class InferenceGroup:
     """The run's inference actors and the one URL rollout workers talk to."""
 
-    def __init__(self, actors: list[Any], urls: list[str], *, router: Any = None, nodes: list[str]) -> None:
+    def __init__(self, actors: list[Any], urls: list[str], *, router: Any = None, nodes: list[str],
+                 updates_log: Path | None = None) -> None:
         self.actors = actors
+        self.updates_log = updates_log
+        """`weight_updates.jsonl` of the run: per load, the version each server reports afterwards."""
         self.urls = urls
         """Every server's URL (weights go to each one directly)."""
         self.router = router
@@ -175,12 +180,19 @@ class InferenceGroup:
             router = VLLMRouter(urls, host=config.inference.host, policy=config.inference.router_policy,
                                 log_path=log_dir / "router.log").start()
         nodes = ray.get([actor.node.remote() for actor in actors])
-        return cls(actors, urls, router=router, nodes=nodes)
+        return cls(actors, urls, router=router, nodes=nodes, updates_log=log_dir.parent / "weight_updates.jsonl")
 
     async def load(self, version: int, *, path: str | None = None, files: Any = None) -> None:
         """Every server serves `version` once this returns (the loads run in parallel, one per server)."""
-        await asyncio.gather(*(actor.load_weights.remote(version, path=path, files=files) for actor in self.actors))
+        started = time.time()
+        results = await asyncio.gather(*(actor.load_weights.remote(version, path=path, files=files)
+                                         for actor in self.actors))
         self.version = version
+        if self.updates_log is not None:
+            line = {"version": version, "time": started, "load_s": time.time() - started,
+                    "served": {url: result.get("served_version") for url, result in zip(self.urls, results, strict=True)}}
+            with open(self.updates_log, "a") as handle:
+                handle.write(json.dumps(line) + "\n")
 
     async def set_version(self, version: int) -> None:
         """A direct transport delivered `version` to every server."""

@@ -183,7 +183,17 @@ class InferenceActor:
                 if attempt == 2 or self.supervisor.healthy:
                     raise  # a real failure, not a server that died during the load
         self._prune(version)
-        return {"version": float(version), "update_s": result.update_s}
+        return {"version": version, "update_s": result.update_s, "served_version": self.served_version()}
+
+    def served_version(self) -> str | None:
+        """The weight version the server itself reports (`/weight_info`), None when it does not answer."""
+        import httpx
+
+        try:
+            response = httpx.get(f"{self.server.url}/weight_info", timeout=10.0)
+            return str(response.json()["weight_version"]) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
 
     def _prune(self, version: int) -> None:
         weights = self.folder / "weights"
