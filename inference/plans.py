@@ -312,6 +312,8 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
             raise ConfigError(f"deployment.weight_transfer {transport!r} needs GPUs; use 'filesystem' or "
                               "'object_store' on the CPU")
         args += ["--weight-transfer-config", json.dumps({"backend": transport})]
+        if transport == "ipc":
+            env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the engine unpickles the trainer's CUDA IPC handles
     if fp8:
         args += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
         env["VLLM_USE_DEEP_GEMM"] = "1"

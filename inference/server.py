@@ -34,6 +34,7 @@ from typing import Literal
 import httpx
 from agentrl.cpu_priority import nice_prefix, set_autogroup_nice
 from agentrl.errors import AgentrlError, MissingExtraError
+from agentrl.inference.vllm_compat import server_flags_need_scale_out
 
 __all__ = ["ServerStartupError", "VLLMServer", "detect_device", "free_port", "log_tail"]
 
@@ -162,7 +163,7 @@ class VLLMServer:
             "--served-model-name", name,
             "--host", self.host,
             "--port", str(self.port),
-            "--enable-scale-out",
+            *(["--enable-scale-out"] if server_flags_need_scale_out() else []),  # 0.24 has no such flag
             "--dtype", self.dtype,
             "--disable-uvicorn-access-log",
             "--generation-config", "vllm",

@@ -26,6 +26,12 @@ Transports:
 - `NcclWeightPublisher` (GPUs): vLLM's NCCL weight-transfer engine
   (`--weight-transfer-config '{"backend": "nccl"}'`): the trainer rank broadcasts tensors
   straight into the inference workers' receive buffers.
+- `IpcWeightPublisher` (a trainer sharing the server's GPU): vLLM's `ipc` engine, CUDA IPC
+  handles of the trainer's tensors, sent in bounded chunks.
+
+Servers that report no weight versions (vLLM 0.24, see `vllm_compat`) get the cache dropped
+at each update (`clear_cache`) and no `/update_weight_version`; the publisher's `version`
+is the record.
 
 `WeightPublisher.publish(state_dict_or_hf_dir, version)` is what the trainer calls.
 """
@@ -46,6 +52,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agentrl.errors import AgentrlError, require
 from agentrl.http_pool import shared_ssl_context
+from agentrl.inference.vllm_compat import reports_weight_versions
 
 __all__ = [
     "WeightUpdateError",
@@ -54,6 +61,7 @@ __all__ = [
     "WeightPublisher",
     "FilesystemWeightPublisher",
     "NcclWeightPublisher",
+    "IpcWeightPublisher",
     "save_state_dict",
     "checkpoint_shapes",
     "check_weights_match",
@@ -116,6 +124,14 @@ class ServerControl:
     async def is_paused(self) -> bool:
         response = await self._client.get(f"{self.url}/is_paused", timeout=self.timeout_s)
         return bool(response.json()["is_paused"])
+
+    async def vllm_version(self) -> str | None:
+        """The server's vLLM version (`/version`), None when it does not say."""
+        try:
+            response = await self._client.get(f"{self.url}/version", timeout=self.timeout_s)
+            return str(response.json().get("version")) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
 
     async def weight_version(self) -> str:
         """The version the server reports for newly generated tokens."""
@@ -236,6 +252,7 @@ class WeightPublisher(ABC):
         self.version: int | None = None
         self._served: dict[str, tuple[int, ...]] | None = None
         self._last_prepared: Any = None
+        self._versioned: dict[str, bool] = {}  # url -> whether that server reports weight versions
 
     def publish(self, weights: Mapping[str, Any] | str | Path, version: int) -> PublishResult:
         """Apply `weights` (a state dict with HF names, or an HF checkpoint folder) as `version`."""
@@ -300,12 +317,22 @@ class WeightPublisher(ABC):
                 self._served = {}
         return self._served or None
 
+    async def _reports_versions(self, control: ServerControl) -> bool:
+        """Whether this server reports weight versions (asked once per URL; see `vllm_compat`)."""
+        if control.url not in self._versioned:
+            self._versioned[control.url] = reports_weight_versions(await control.vllm_version())
+        return self._versioned[control.url]
+
     async def _update_one(self, control: ServerControl, prepared: Any, version: int) -> float:
         started = time.monotonic()
-        await control.pause(mode="keep", clear_cache=self.recompute_kv)
+        versioned = await self._reports_versions(control)
+        # Without weight versions the client cannot salt the prefix cache by version: drop the cache
+        # (requests in flight are recomputed with the new weights) instead of serving old blocks.
+        await control.pause(mode="keep", clear_cache=self.recompute_kv or not versioned)
         try:
-            await self._load(control, prepared)
-            await control.set_weight_version(version)
+            await self._load(control, prepared, version=version)
+            if versioned:
+                await control.set_weight_version(version)
         finally:
             await control.resume()
         return time.monotonic() - started
@@ -315,7 +342,7 @@ class WeightPublisher(ABC):
         """Check the weights against `served` (names -> shapes) and stage them (in a worker thread)."""
 
     @abstractmethod
-    async def _load(self, control: ServerControl, prepared: Any) -> None:
+    async def _load(self, control: ServerControl, prepared: Any, *, version: int) -> None:
         """Load the staged weights into one paused server."""
 
 
@@ -349,7 +376,7 @@ class FilesystemWeightPublisher(WeightPublisher):
             shutil.rmtree(self._staged.pop(0), ignore_errors=True)
         return folder
 
-    async def _load(self, control: ServerControl, prepared: Path) -> None:
+    async def _load(self, control: ServerControl, prepared: Path, *, version: int) -> None:
         await control.reload_from_path(prepared)
 
 
@@ -413,7 +440,7 @@ class NcclWeightPublisher(WeightPublisher):
             self.connect()
         self._source.state_dict = dict(weights)
 
-    async def _load(self, control: ServerControl, prepared: None) -> None:
+    async def _load(self, control: ServerControl, prepared: None, *, version: int) -> None:
         await asyncio.to_thread(self._engines[control.url].send_weights)
 
     async def arestore(self, url: str) -> bool:
@@ -421,6 +448,111 @@ class NcclWeightPublisher(WeightPublisher):
             return False
         raise WeightUpdateError(
             f"restore {url}: the NCCL group died with the server; call connect() again, then publish the next version"
+        )
+
+
+class IpcWeightPublisher(WeightPublisher):
+    """GPU transport for a trainer on the same GPU as the server: CUDA IPC into vLLM's `ipc` engine.
+
+    The server runs with `--weight-transfer-config '{"backend": "ipc"}'` and
+    `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (the plans set both). `connect()` initialises the
+    engine on every server (`/init_weight_transfer_engine`, empty init info). One update, on a
+    paused server: `/start_weight_update` (HF names, `is_checkpoint_format`), then the state
+    dict in chunks of at most `chunk_bytes`: each tensor cast to the served `dtype` and made
+    contiguous on the GPU, its CUDA IPC handle (torch's `reduce_tensor`, keyed by the GPU's
+    UUID) pickled into one `/update_weights` per chunk; the server copies the tensors into its
+    own weights before it answers, so a chunk's copies are freed right after. Then
+    `/finish_weight_update`. The same payload works on vLLM 0.24 and 0.32 (unpacked handles);
+    the chunks bound the extra GPU memory of an update to about `chunk_bytes`.
+    """
+
+    def __init__(self, urls: list[str], *, dtype: str = "bfloat16", chunk_bytes: int = 1 << 30,
+                 timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
+        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv)
+        self.dtype = dtype
+        self.chunk_bytes = chunk_bytes
+        self._connected = False
+
+    def connect(self) -> None:
+        """Initialise the IPC engine on every server (once)."""
+        torch = require("torch", "vllm")
+        if not torch.cuda.is_available():
+            raise WeightUpdateError("IpcWeightPublisher needs the server's GPU in this process; use "
+                                    "FilesystemWeightPublisher when trainer and server do not share a GPU")
+
+        async def init_all() -> None:
+            async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
+                for url in self.urls:
+                    await ServerControl(url, client=client, timeout_s=self.timeout_s)._post(
+                        "/init_weight_transfer_engine", what="init_weight_transfer_engine", json={"init_info": {}})
+
+        _run_sync(init_all())
+        self._connected = True
+
+    def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> Mapping[str, Any]:
+        if isinstance(weights, (str, Path)):
+            raise WeightUpdateError("IpcWeightPublisher sends tensors from GPU memory; pass the HF-named state dict")
+        if not weights:
+            raise WeightUpdateError("publish: the state dict is empty; pass the model's HF-named tensors")
+        if served:
+            check_weights_match({name: tuple(t.shape) for name, t in weights.items()}, served, source="the state dict")
+        if not self._connected:
+            self.connect()
+        return weights
+
+    def _chunks(self, weights: Mapping[str, Any]):
+        chunk: list[tuple[str, Any]] = []
+        size = 0
+        item = {"bfloat16": 2, "float16": 2, "float32": 4}[self.dtype]
+        for name, tensor in weights.items():
+            nbytes = tensor.numel() * item
+            if chunk and size + nbytes > self.chunk_bytes:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append((name, tensor))
+            size += nbytes
+        if chunk:
+            yield chunk
+
+    def _payload(self, chunk: list[tuple[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
+        import base64
+        import pickle
+
+        import torch
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        dtype = getattr(torch, self.dtype)
+        names, dtype_names, shapes, handles, keep = [], [], [], [], []
+        for name, tensor in chunk:
+            copy = tensor.detach().to(device="cuda", dtype=dtype).contiguous()
+            keep.append(copy)  # reduce_tensor's handle does not keep the storage alive
+            uuid = str(torch.cuda.get_device_properties(copy.device).uuid)
+            names.append(name)
+            dtype_names.append(str(copy.dtype).split(".")[-1])
+            shapes.append(list(copy.shape))
+            handles.append({uuid: reduce_tensor(copy)[1]})
+        payload = {"names": names, "dtype_names": dtype_names, "shapes": shapes,
+                   "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
+        return payload, keep
+
+    async def _load(self, control: ServerControl, prepared: Mapping[str, Any], *, version: int) -> None:
+        import torch
+
+        await control._post("/start_weight_update", what="start_weight_update", json={"is_checkpoint_format": True})
+        for chunk in self._chunks(prepared):
+            payload, keep = self._payload(chunk)
+            torch.cuda.synchronize()  # the copies are complete before the server maps them
+            await control._post("/update_weights", what="update_weights", json={"update_info": payload})
+            del keep
+        await control._post("/finish_weight_update", what="finish_weight_update",
+                            json={"weight_version": str(version)})
+        torch.cuda.ipc_collect()
+
+    async def arestore(self, url: str) -> bool:
+        if self.version is None:
+            return False
+        raise WeightUpdateError(
+            f"restore {url}: IPC weights live in the trainer's GPU memory; publish the next version from the trainer"
         )
 
 

@@ -39,13 +39,28 @@ def direct_publisher(backend: str, urls: list[str]):
     from agentrl.inference import weights
 
     if backend == "nccl":
-        publisher = weights.NcclWeightPublisher(urls)
+        import ray
+
+        from agentrl.inference.server import free_port
+
+        address = ray.util.get_node_ip_address()
+        publisher = weights.NcclWeightPublisher(urls, master_address=address, master_port=free_port(address),
+                                                workers_per_server=_world_size(urls[0]))
     elif backend == "ipc":
         publisher = weights.IpcWeightPublisher(urls)
     else:
         raise ConfigError(f"inference.weight_transfer={backend!r} is not a direct transport; use nccl or ipc")
     publisher.connect()
     return publisher
+
+
+def _world_size(url: str) -> int:
+    """The number of workers behind one server (`/get_world_size`: the NCCL group's ranks after the trainer)."""
+    import httpx
+
+    response = httpx.get(f"{url.rstrip('/')}/get_world_size", params={"include_dp": "false"}, timeout=30.0)
+    response.raise_for_status()
+    return int(response.json()["world_size"])
 
 
 class WeightPush:
