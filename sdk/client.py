@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ from agentrl.routed import RoutedExperts
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
 
-__all__ = ["InferenceError", "OpenAIClient", "TokenClient", "decode_routed_experts", "expand_weight_versions"]
+__all__ = ["ContextLengthError", "InferenceError", "OpenAIClient", "TokenClient", "decode_routed_experts",
+           "expand_weight_versions"]
 
 
 _GREEDY_BELOW = 1e-5
@@ -46,6 +48,19 @@ _GREEDY_BELOW = 1e-5
 
 class InferenceError(AgentrlError):
     """The inference server refused or failed a request."""
+
+
+class ContextLengthError(AgentrlError):
+    """A prompt longer than the model's context: `prompt of 5,210 tokens exceeds tiny-moe's context of 2,048 tokens`.
+
+    Not an `InferenceError`: no server restart makes the request succeed, so the layers that
+    retry inference failures (`agentrl.inference.supervisor.SupervisedClient`) let it through.
+    """
+
+    def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
 
 
 def expand_weight_versions(spans: list[dict[str, Any]] | None, length: int) -> list[int] | None:
@@ -69,6 +84,21 @@ def _version_number(raw: Any) -> int:
         return int(str(raw))
     except ValueError:
         return 0
+
+
+_REFUSED_CONTEXT = (
+    re.compile(r"maximum context length is (\d+) tokens"),  # vllm/renderers/params.py
+    re.compile(r"longer than the maximum model length of (\d+)"),  # vllm/v1/engine/input_processor.py
+)
+
+
+def _context_in_refusal(text: str) -> int | None:
+    """The context length named by vLLM's 400 answer to a prompt too long for the model; None for other refusals."""
+    for pattern in _REFUSED_CONTEXT:
+        match = pattern.search(text)
+        if match:
+            return int(match.group(1))
+    return None
 
 
 def decode_routed_experts(encoded: str | None) -> RoutedExperts | None:
@@ -208,9 +238,7 @@ class TokenClient:
         if context is not None:
             room = context - len(prompt_ids)
             if room <= 0:
-                raise InferenceError(
-                    f"prompt of {len(prompt_ids)} tokens does not fit the model's context of {context} tokens"
-                )
+                raise self._too_long(len(prompt_ids), context)
             max_tokens = min(max_tokens, room)
         params = _vllm_sampling_params(sampling, max_tokens=max_tokens)
         if self._coalescer is not None and sampling.seed is None and sampling.temperature >= _GREEDY_BELOW:
@@ -244,6 +272,10 @@ class TokenClient:
                 self._generate_choices(prompt_ids, params, n=n - n // 2),
             )
             return first + second
+        if response.status_code == 400:
+            context = _context_in_refusal(response.text)
+            if context is not None:  # vLLM's own length check (the context was not known here)
+                raise self._too_long(len(prompt_ids), context, refused=True)
         if response.status_code != 200:
             raise InferenceError(
                 f"{self.base_url}/inference/v1/generate answered {response.status_code}: {response.text[:300]}"
@@ -255,6 +287,14 @@ class TokenClient:
             for span in choice.get("weight_versions") or []:
                 self._note_version(span.get("version"))
         return choices
+
+    def _too_long(self, prompt_tokens: int, context: int, *, refused: bool = False) -> ContextLengthError:
+        """One line with both numbers: `prompt of 5,210 tokens exceeds tiny-moe's context of 2,048 tokens`."""
+        model = self.served_model_name or Path(self.model).name or self.model
+        verb = "exceeds" if prompt_tokens > context else "fills (no room to generate)"
+        message = f"prompt of {prompt_tokens:,} tokens {verb} {model}'s context of {context:,} tokens"
+        return ContextLengthError(message + (" (vLLM refused the request)" if refused else ""),
+                                  prompt_tokens=prompt_tokens, context_tokens=context)
 
     def _completion(self, choice: dict[str, Any], prompt_ids: list[int]) -> tuple[Completion, RoutedExperts | None]:
         token_ids = list(choice.get("token_ids") or [])
