@@ -11,6 +11,8 @@ Router Replay data: a sample's ``routed_experts`` (`agentrl.routed.RoutedExperts
 (tokens, layers, top_k) array) holds, per token, the experts inference routed it to;
 tokens without that information (-1) or whose layout does not fit the model get
 ``replay_mask = False`` and are routed live. Rows are filled by array slicing.
+Every loss token that is not replayed is counted by reason (`TrainBatch.replay_skipped`),
+so a run can say why Router Replay covered less than all of its loss tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ import torch
 from agentrl.errors import AgentrlError
 from agentrl.types import TrainingSample
 
-__all__ = ["PackedRow", "TrainBatch", "pack_samples"]
+__all__ = ["PackedRow", "REPLAY_SKIP_REASONS", "TrainBatch", "pack_samples"]
+
+REPLAY_SKIP_REASONS = {
+    "no_experts": "the sample carried no routed experts",
+    "layout": "the sample's routed experts do not fit a packed row (their (layers, top_k) is not the model's)",
+    "unknown": "the token's routed experts are unknown (-1) or missing (fewer expert rows than tokens)",
+    "router_replay_off": "the samples carried routed experts but trainer.router_replay is off",
+}
+"""Why a loss token packed for Router Replay is routed live instead (keys of `PackedRow.replay_skipped`)."""
 
 
 @dataclass
@@ -51,6 +61,9 @@ class PackedRow:
     """(T,) bool, True where ``routed_experts`` is known."""
     sample_indices: list[int] = field(default_factory=list)
     """Which samples of the batch this row holds."""
+    replay_skipped: dict[str, int] = field(default_factory=dict)
+    """Loss tokens of this row packed for Router Replay but not replayed, by reason (`REPLAY_SKIP_REASONS`;
+    reasons with no such token are left out)."""
 
     @property
     def num_tokens(self) -> int:
@@ -72,6 +85,9 @@ class TrainBatch:
     """Latest policy version among the samples (for logging staleness)."""
     num_samples: int = 0
     """Number of samples packed."""
+    replay_skipped: dict[str, int] = field(default_factory=dict)
+    """Loss tokens not replayed, by reason (`REPLAY_SKIP_REASONS`), over all rows; empty when the
+    batch was not packed for Router Replay and no sample carried routed experts."""
 
     @property
     def loss_tokens(self) -> int:
@@ -112,6 +128,7 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
     versions = np.full(row_tokens, -1, dtype=np.int64)
     experts = np.zeros((row_tokens, moe_layers, top_k), dtype=np.int64) if moe_layers else None
     replay = np.zeros(row_tokens, dtype=bool)
+    skipped: dict[str, int] = {}
     start = 0
     for seg in segments:
         sample: TrainingSample = seg["sample"]
@@ -131,6 +148,10 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
                 known = (rows >= 0).all(axis=(1, 2))
                 experts[start: start + len(rows)][known] = rows[known]
                 replay[start: start + len(rows)] = known
+            lost = int((mask[start:stop] & ~replay[start:stop]).sum())
+            if lost:
+                reason = "no_experts" if sample.routed_experts is None else "layout" if rows is None else "unknown"
+                skipped[reason] = skipped.get(reason, 0) + lost
         start = stop
     positions[start:] = counting[: row_tokens - start]  # the padding tail is its own segment
     return PackedRow(
@@ -144,6 +165,7 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
         routed_experts=None if experts is None else torch.from_numpy(experts),
         replay_mask=None if experts is None else torch.from_numpy(replay),
         sample_indices=[seg["index"] for seg in segments],
+        replay_skipped=skipped,
     )
 
 
@@ -194,4 +216,9 @@ def pack_samples(
                        layer_indices=moe_layer_indices, num_layers=num_layers)
             for b in bins]
     versions = [v for s in samples for v in s.policy_versions if v >= 0]
-    return TrainBatch(rows=rows, policy_version=max(versions, default=0), num_samples=len(samples))
+    skipped: dict[str, int] = {}
+    for row in rows:
+        for reason, count in row.replay_skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    return TrainBatch(rows=rows, policy_version=max(versions, default=0), num_samples=len(samples),
+                      replay_skipped=skipped)

@@ -16,7 +16,10 @@ estimate over loss tokens), ``masked_fraction`` (loss tokens outside the trust r
 ``grad_norm`` (before clipping), ``tokens`` (non-padding tokens), ``loss_tokens``,
 ``importance_ratio`` (mean), ``skipped`` (1 when a non-finite gradient norm skipped the
 update), ``replayed_fraction`` (loss tokens whose experts were replayed
-from inference, R3), ``step``, ``policy_version``; with ``router_replay_diagnostics``,
+from inference, R3), ``step``, ``policy_version``; when the samples carried routed experts,
+``replay_skipped_<reason>`` (loss tokens routed live instead, per reason of
+`agentrl.trainer.packing.REPLAY_SKIP_REASONS`: ``no_experts``, ``layout``, ``unknown``,
+``router_replay_off``); with ``router_replay_diagnostics``,
 ``mismatch_kl_live_routing`` (the mismatch KL of the trainer's own routing on the same
 samples); with float16 compute, ``loss_scale``.
 """
@@ -140,11 +143,15 @@ class Trainer:
     # ------------------------------------------------------------------ stepping
     def pack(self, samples: Sequence[TrainingSample]) -> TrainBatch:
         """Pack samples into this trainer's row budget (with routed experts when R3 is on)."""
-        replay = self.config.router_replay and any(s.routed_experts for s in samples)
-        return pack_samples(samples, row_tokens=self.config.row_tokens,
-                            moe_layers=len(self.args.moe_layers) if replay else None,
-                            top_k=self.args.top_k if replay else None, min_rows=self.plan.dp,
-                            moe_layer_indices=self.args.moe_layers, num_layers=self.args.num_hidden_layers)
+        carried = any(s.routed_experts for s in samples)
+        replay = self.config.router_replay and carried
+        batch = pack_samples(samples, row_tokens=self.config.row_tokens,
+                             moe_layers=len(self.args.moe_layers) if replay else None,
+                             top_k=self.args.top_k if replay else None, min_rows=self.plan.dp,
+                             moe_layer_indices=self.args.moe_layers, num_layers=self.args.num_hidden_layers)
+        if carried and not replay:
+            batch.replay_skipped = {"router_replay_off": batch.loss_tokens}
+        return batch
 
     def train_on_samples(self, samples: Sequence[TrainingSample]) -> dict[str, float]:
         """Pack and take one step."""
@@ -237,6 +244,8 @@ class Trainer:
             "policy_version": float(batch.policy_version),
         }
         metrics["replayed_fraction"] = reduced.get("replayed_tokens", 0.0) / loss_tokens
+        # the batch is the same on every rank: its counts need no reduction
+        metrics.update({f"replay_skipped_{reason}": float(count) for reason, count in batch.replay_skipped.items()})
         if self.loss_scale:
             metrics["loss_scale"] = self.loss_scale.value
         if self.config.loss.mode == "rl":
