@@ -22,8 +22,11 @@ def _run_name(env: str, model: str) -> str:
 def _step_line(metrics: dict) -> str:
     staleness = ",".join(f"{k}:{v}" for k, v in (metrics.get("staleness") or {}).items())
     kl = metrics.get("mismatch_kl")
+    replayed = metrics.get("r3/replayed_fraction")  # present while samples carry routed experts (R3)
     return (f"step {metrics['step']:>3}  reward {metrics['reward']:.4f}  "
-            f"mismatch_kl {kl if kl is None else f'{kl:.2e}'}  staleness [{staleness}]  "
+            f"mismatch_kl {kl if kl is None else f'{kl:.2e}'}  "
+            + ("" if replayed is None else f"r3 {replayed:.3f}  ")
+            + f"staleness [{staleness}]  "
             f"dropped {metrics.get('dropped_stale', 0)}  {metrics.get('tokens_per_s', 0):.0f} tok/s  "
             f"step {metrics.get('step_time_s', 0):.1f}s ({metrics.get('bound')}-bound)")
 
@@ -93,6 +96,10 @@ def register(app: typer.Typer) -> None:
                 if metrics.get("rollout_errors"):
                     progress.console.print(f"  {int(metrics['rollout_errors'])} rollouts failed; first error: "
                                            f"{metrics.get('first_error')}", markup=False, highlight=False)
+                if metrics.get("failed_steps"):
+                    progress.console.print(f"  no usable rollout: failed step {metrics['failed_steps']} in a row "
+                                           f"(the run stops at {resolved.orchestrator.max_failed_steps})",
+                                           markup=False, highlight=False)
                 progress.update(task, completed=metrics["step"] + 1, description=f"reward {metrics['reward']:.3f}")
 
             result = run_training(resolved, run_dir=run_dir, resume=resume is not None, on_step=on_step,

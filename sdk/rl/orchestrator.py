@@ -12,6 +12,16 @@ inference policy with bounded concurrency while the trainer works, and for each 
 4. logs reward, mismatch KL, the staleness histogram, tokens/s, step time and whether the
    step was trainer-bound or inference-bound, and checkpoints every `checkpoint_every`.
 
+Failing runs fail: a step none of whose rollouts gave a usable sample is a failed step (its
+metrics are still delivered, with `failed_steps` counting the streak); after
+`max_failed_steps` of them in a row the run raises `RunFailedError`, one line naming the
+first error, how many rollouts had it, and what to do about it.
+
+Router Replay never turns itself off silently: while samples carry routed experts every
+step's metrics hold `r3/replayed_fraction` (the trainer's share of loss tokens whose experts
+were replayed), and the first step where it is below 1 warns once (`RuntimeWarning`, also
+kept as `r3/warning` in that step's metrics) with the reasons the trainer counted.
+
 Staleness is bounded before it happens: a group may only start while the inference
 policy is recent enough for the step it will feed, so `max_off_policy_steps = 0` is the
 synchronous loop (generate, train, push, repeat) and larger values let generation run up
@@ -25,14 +35,17 @@ inference engineer's weight publisher; anything that implements them can be driv
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import re
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
 from agentrl.config import BaseConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentrlError, ConfigError
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.types import Rollout, Task, TrainingSample
 
@@ -43,8 +56,19 @@ __all__ = [
     "OrchestratorState",
     "ScoredGroup",
     "Orchestrator",
+    "RunFailedError",
+    "describe_failure",
     "group_advantages",
 ]
+
+
+class RunFailedError(AgentrlError):
+    """`max_failed_steps` steps in a row had no usable rollout; the message names the first error and a fix."""
+
+    def __init__(self, message: str, *, history: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.history = history or []
+        """The metrics of every step this run delivered, the failed ones included."""
 
 
 class OrchestratorConfig(BaseConfig):
@@ -68,6 +92,9 @@ class OrchestratorConfig(BaseConfig):
     """Seed of the task order (and of sampling seeds when set)."""
     checkpoint_every: int = 1
     """Save trainer and orchestrator state every this many steps (0: only at the end)."""
+    max_failed_steps: int = 3
+    """Stop the run (`RunFailedError`) after this many steps in a row whose rollouts all errored
+    (no usable sample); >= 1. A failed step trains nothing; its metrics are still written."""
 
     def model_post_init(self, __context: Any) -> None:
         checks = {
@@ -77,6 +104,7 @@ class OrchestratorConfig(BaseConfig):
             "max_concurrent_rollouts": self.max_concurrent_rollouts >= 1,
             "max_off_policy_steps": self.max_off_policy_steps >= 0,
             "checkpoint_every": self.checkpoint_every >= 0,
+            "max_failed_steps": self.max_failed_steps >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -166,6 +194,95 @@ def group_advantages(rewards: list[float], *, normalize: bool = False) -> list[f
     return trainer_group_advantages(rewards, std_normalize=normalize)
 
 
+_NUMBERS = re.compile(r"\d[\d,]*")
+_CLIENT_TOO_LONG = re.compile(r"prompt of [\d,]+ tokens (?:exceeds|fills)")  # agentrl.client.TokenClient
+_VLLM_TOO_LONG = (  # vLLM's own 400 answers: (pattern, group of the prompt length, group of the context)
+    (re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (?:at least )?(\d+)"), 2, 1),
+    (re.compile(r"prompt \(length (\d+)\).*?maximum model length of (\d+)"), 1, 2),
+)
+_CONTEXT_FIX = "use a model with a longer context, shorter prompts (the environment's args), or inference.max_model_len"
+_NO_IMAGE = re.compile(r"sandbox image .* is not in the local Docker engine|ImageNotFound|No such image", re.I)
+_NO_DOCKER = re.compile(r"no Docker engine answers|Cannot connect to the Docker daemon")
+_UNREACHABLE = re.compile(r"ConnectError|ConnectTimeout|Connection refused|All connection attempts failed|"
+                          r"RemoteProtocolError|Server disconnected|ReadError|ReadTimeout|PoolTimeout|"
+                          r"Name or service not known|inference server (?:\S+ )?lost|was restarting")
+_SERVER_FAILED = re.compile(r"answered 5\d\d")
+
+
+def failure_hint(error: str, *, env_name: str | None = None) -> str:
+    """What to do about a rollout error, chosen from its text."""
+    if _CLIENT_TOO_LONG.search(error):
+        return _CONTEXT_FIX  # the error already has both numbers and the model's name
+    for pattern, prompt_group, context_group in _VLLM_TOO_LONG:
+        match = pattern.search(error)
+        if match:
+            prompt, context = int(match.group(prompt_group)), int(match.group(context_group))
+            return f"prompt of {prompt:,} tokens exceeds the model's context of {context:,}: {_CONTEXT_FIX}"
+    if _NO_IMAGE.search(error):
+        return f"build it: agentrl env check {env_name or '<env>'} lists what is missing"
+    if _NO_DOCKER.search(error):
+        return "start the Docker engine (dockerd) or give the environment another sandbox type"
+    if _UNREACHABLE.search(error):
+        return "inference is unreachable: check that the vLLM server is up (the run folder's logs/vllm.log)"
+    if _SERVER_FAILED.search(error):
+        return "the inference server failed the requests: see the run folder's logs/vllm.log"
+    return "see the run folder's logs/"
+
+
+def _error_kind(error: str) -> str:
+    """Errors that differ only in their numbers (token counts, ports, ids) count as one."""
+    return _NUMBERS.sub("#", " ".join(error.split()))
+
+
+def describe_failure(errors: list[str | None], *, steps: list[int], env_name: str | None = None) -> str:
+    """One line for `RunFailedError`: the failed steps, the first error, how many rollouts had it, a fix.
+
+    `errors` holds one entry per rollout of the failed steps (None: no error, but no usable sample).
+    """
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    head = f"no usable rollout in {len(steps)} step{'s' if len(steps) != 1 else ''} in a row ({span})"
+    first = next((error for error in errors if error), None)
+    if first is None:
+        return (f"{head}: {len(errors)} rollouts ended without an error but with no model turn to train on; "
+                "see the run folder's logs/")
+    kind = _error_kind(first)
+    same = sum(1 for error in errors if error and _error_kind(error) == kind)
+    shown = " ".join(first.split())
+    if len(shown) > 400:
+        shown = shown[:400] + "..."
+    return f"{head}: {same} of {len(errors)} rollouts failed with {shown}: {failure_hint(first, env_name=env_name)}"
+
+
+def _replay_warning(step: int, fraction: float, train_metrics: dict[str, Any], carried: int, samples: int) -> str:
+    """Why Router Replay covered less than all loss tokens of a step, as far as the metrics tell."""
+    from_trainer = {key.removeprefix("replay_skipped_"): float(value) for key, value in train_metrics.items()
+                    if key.startswith("replay_skipped_") and float(value) > 0}
+    reasons = []
+    if carried < samples:
+        tokens = from_trainer.get("no_experts")
+        reasons.append(f"{samples - carried} of {samples} samples carried no routed experts"
+                       + (f" ({tokens:,.0f} loss tokens)" if tokens else ""))
+    labels = {
+        "no_experts": "of samples without routed experts",
+        "layout": "of samples whose routed experts do not fit a packed row (their (layers, top_k) is not the "
+                  "model's MoE layers and top_k)",
+        "unknown": "whose routed experts were unknown (-1) or missing",
+        "router_replay_off": "not replayed because trainer.router_replay is off",
+    }
+    for reason, count in from_trainer.items():
+        if reason == "no_experts" and carried < samples:
+            continue  # said already, in samples
+        reasons.append(f"{count:,.0f} loss tokens {labels.get(reason, f'skipped ({reason})')}")
+    if not reasons:
+        reasons.append("the trainer gave no reason (no replay_skipped_* metrics)")
+    if math.isnan(fraction):
+        return (f"Router Replay: step {step}'s samples carried routed experts but the trainer reported no "
+                "replayed_fraction; its routing may be live")
+    shown = f"{fraction:.1%}" if fraction < 0.999 else f"{fraction:.3%}"  # never a rounded 100.0%
+    return (f"Router Replay replayed {shown} of step {step}'s loss tokens although its samples carried "
+            f"routed experts: {'; '.join(reasons)}")
+
+
 class Environment(Protocol):  # the part of agentrl.environment.Environment used here
     async def run_group(self, client: ChatClient, task: Task, *, n: int, sampling: SamplingConfig) -> list[Rollout]:
         ...
@@ -202,6 +319,7 @@ class Orchestrator:
         state: OrchestratorState | None = None,
         on_step: StepCallback | None = None,
         checkpoint: Callable[[int, OrchestratorState], Awaitable[None]] | None = None,
+        env_name: str | None = None,
     ) -> None:
         self.config = config
         self.environment = environment
@@ -212,6 +330,9 @@ class Orchestrator:
         self.state = state or OrchestratorState()
         self.on_step = on_step
         self.checkpoint = checkpoint
+        self.env_name = env_name or getattr(environment, "name", None) or getattr(
+            getattr(environment, "local_env", None), "name", None)
+        """The environment's name, for `agentrl env check NAME` in failure hints."""
         self.inference_version = self.state.step
         self._tasks = environment.tasks(config.task_split, seed=config.seed)
         if not self._tasks:
@@ -225,6 +346,11 @@ class Orchestrator:
         self._stopping = False
         self.max_in_flight_rollouts = 0
         self._in_flight_rollouts = 0
+        self._failed_steps: list[int] = []  # the current streak of failed steps
+        self._failed_errors: list[str | None] = []  # one entry per rollout of those steps
+        self._step_errors: list[str | None] = []
+        self._r3_seen = False  # some step's samples carried routed experts
+        self._r3_warned = False
 
     # ---- task order -------------------------------------------------------------------
     def task_for(self, group_index: int) -> Task:
@@ -318,6 +444,7 @@ class Orchestrator:
         completion_tokens = 0
         errors = 0
         first_error: str | None = None
+        self._step_errors = [r.error for group in groups for r in group.rollouts]
         for group in groups:
             usable = [r for r in group.rollouts if r.error is None and r.turns]
             errors += len(group.rollouts) - len(usable)
@@ -340,8 +467,36 @@ class Orchestrator:
             metrics["first_error"] = first_error[:500]
         return samples, metrics
 
+    def _replay_metrics(self, step: int, samples: list[TrainingSample],
+                        train_metrics: dict[str, Any]) -> dict[str, Any]:
+        """`r3/replayed_fraction` once samples carry routed experts; warn once when it is below 1."""
+        carried = sum(1 for sample in samples if sample.routed_experts is not None)
+        self._r3_seen = self._r3_seen or carried > 0
+        if not self._r3_seen:
+            return {}
+        if not samples:  # a failed step: nothing trained, nothing replayed
+            return {"r3/replayed_fraction": float("nan")}
+        if carried == 0:
+            fraction = 0.0
+            message = (f"Router Replay: step {step}'s samples carried no routed experts although earlier steps' "
+                       "did; inference stopped returning them, so the trainer routed every token live")
+        else:
+            fraction = float(train_metrics.get("replayed_fraction", float("nan")))
+            message = _replay_warning(step, fraction, train_metrics, carried, len(samples))
+        metrics: dict[str, Any] = {"r3/replayed_fraction": fraction}
+        nothing_to_replay = float(train_metrics.get("loss_tokens", 1.0)) == 0.0
+        if (math.isnan(fraction) or fraction < 1.0) and not nothing_to_replay and not self._r3_warned:
+            self._r3_warned = True
+            metrics["r3/warning"] = message
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return metrics
+
     async def run(self) -> list[dict[str, Any]]:
-        """Run until `max_steps` steps are done; return each step's metrics."""
+        """Run until `max_steps` steps are done; return each step's metrics.
+
+        Raises `RunFailedError` after `max_failed_steps` steps in a row without a usable
+        rollout (their metrics were delivered to `on_step` first).
+        """
         history: list[dict[str, Any]] = []
         if self.state.step > 0:
             # Resumed: inference must serve the checkpoint's weights, tagged with its step.
@@ -385,6 +540,11 @@ class Orchestrator:
                 groups = collect.result()
                 wait_s = time.monotonic() - wait_start
                 samples, batch_metrics = self._samples(groups)
+                if samples:
+                    self._failed_steps, self._failed_errors = [], []
+                else:  # nothing to train on: a failed step
+                    self._failed_steps.append(step)
+                    self._failed_errors += self._step_errors
                 train_start = time.monotonic()
                 train_metrics = await self.trainer.train_step(samples, step=step) if samples else {}
                 train_s = time.monotonic() - train_start
@@ -419,12 +579,18 @@ class Orchestrator:
                     "policy_version": self.inference_version,
                     "time": time.time(),
                 }
+                metrics["failed_steps"] = len(self._failed_steps)
+                metrics.update(self._replay_metrics(step, samples, train_metrics))
                 metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
                 history.append(metrics)
                 if self.on_step is not None:
                     result = self.on_step(metrics)
                     if asyncio.iscoroutine(result):
                         await result
+                if len(self._failed_steps) >= self.config.max_failed_steps:
+                    # after the failed steps' metrics are delivered (and on disk with the Ray launcher)
+                    raise RunFailedError(describe_failure(self._failed_errors, steps=self._failed_steps,
+                                                          env_name=self.env_name), history=history)
                 # After the step's metrics are on disk: a checkpoint never runs ahead of its metrics.
                 if self.state.step == self.config.max_steps:
                     await publishing  # the run ends with inference serving the final weights

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import re
 
 import pytest
 
@@ -22,6 +23,7 @@ from agentrl.rl.orchestrator import (
     Orchestrator,
     OrchestratorConfig,
     OrchestratorState,
+    RunFailedError,
     group_advantages,
 )
 from agentrl.types import Completion, Message, Rollout, Task, Turn
@@ -296,3 +298,230 @@ async def test_a_failed_weight_load_ends_the_run_with_its_error():
     with pytest.raises(RuntimeError, match="server refused weights v2"):
         await asyncio.wait_for(_orchestrator(policy, PickTokenEnv(), max_steps=6, groups_per_step=3,
                                              rollouts_per_group=4, max_off_policy_steps=0).run(), timeout=30)
+
+
+# ---- failing runs fail ----------------------------------------------------------------
+
+
+def _long_prompt_env():
+    """The real reverse-text environment with texts of ~2,750 characters: more than tiny-moe's 2,048 tokens."""
+    from agentrl.loader import load_environment
+
+    return load_environment("reverse-text", num_train=4, num_test=1, min_words=600, max_words=600, max_chars=10000)
+
+
+def _token_client(url: str, *, context: int | None):
+    from agentrl.client import TokenClient
+
+    client = TokenClient(url, model="tiny-moe")
+    if context is not None:
+        client.max_model_len = context  # what the client would have read from the server's /v1/models
+    return client
+
+
+def _supervised(client):
+    """The client as a rollout worker wraps it: inference failures retried for up to 10 minutes."""
+    from agentrl.inference.supervisor import EndpointWatch, SupervisedClient
+
+    watch = EndpointWatch(client.base_url)
+    return SupervisedClient(client, watch, max_retries=300, recovery_timeout_s=600.0)
+
+
+async def test_a_run_whose_rollouts_all_fail_stops_after_max_failed_steps():
+    # The real environment and TokenClient (wrapped as the rollout workers wrap it): every prompt
+    # is too long for the context, so each rollout ends with the client's own error before any
+    # request is sent, and nothing retries it.
+    policy = TabularPolicy(tasks=6)
+    token_client = _token_client("http://127.0.0.1:9", context=2048)
+    client = _supervised(token_client)
+    delivered, saved = [], []
+
+    async def checkpoint(step, state):
+        saved.append(step)
+
+    orch = Orchestrator(config=OrchestratorConfig(max_steps=10, groups_per_step=2, rollouts_per_group=2,
+                                                  max_failed_steps=3, max_off_policy_steps=0),
+                        environment=_long_prompt_env(), client=client, trainer=policy, weight_sync=policy,
+                        sampling=SamplingConfig(max_tokens=8), on_step=delivered.append, checkpoint=checkpoint)
+    with pytest.raises(RunFailedError) as info:
+        await asyncio.wait_for(orch.run(), timeout=60)
+    message = str(info.value)
+    print(message)
+    assert "\n" not in message
+    assert message.startswith("no usable rollout in 3 steps in a row (steps 0-2): 12 of 12 rollouts failed with "
+                              "ContextLengthError: prompt of ")
+    assert re.search(r"prompt of 2,\d{3} tokens exceeds tiny-moe's context of 2,048 tokens: use a model with a "
+                     r"longer context, shorter prompts \(the environment's args\), or inference.max_model_len$",
+                     message), message
+    # exactly max_failed_steps steps ran, none trained, and each one's metrics were delivered
+    assert policy.trained_steps == []
+    assert [m["step"] for m in delivered] == [0, 1, 2] and info.value.history == delivered
+    assert [m["failed_steps"] for m in delivered] == [1, 2, 3]
+    assert all(m["samples"] == 0 and m["rollout_errors"] == 4 for m in delivered)
+    assert all("exceeds tiny-moe's context of 2,048 tokens" in m["first_error"] for m in delivered)
+    assert saved == [1, 2]  # the step that ends the run is not checkpointed
+    await token_client.aclose()
+
+
+async def test_unreachable_inference_is_named():
+    policy = TabularPolicy(tasks=6)
+    client = _token_client("http://127.0.0.1:9", context=None)  # nothing listens on port 9 (discard)
+    orch = Orchestrator(config=OrchestratorConfig(max_steps=5, groups_per_step=1, rollouts_per_group=2,
+                                                  max_failed_steps=1),
+                        environment=_long_prompt_env(), client=client, trainer=policy, weight_sync=policy,
+                        sampling=SamplingConfig(max_tokens=8))
+    with pytest.raises(RunFailedError) as info:
+        await asyncio.wait_for(orch.run(), timeout=60)
+    message = str(info.value)
+    print(message)
+    assert message.startswith("no usable rollout in 1 step in a row (step 0): 2 of 2 rollouts failed with "
+                              "InferenceError: http://127.0.0.1:9/inference/v1/generate: ConnectError")
+    assert message.endswith("inference is unreachable: check that the vLLM server is up "
+                            "(the run folder's logs/vllm.log)")
+    await client.aclose()
+
+
+class FailingGroupsEnv(PickTokenEnv):
+    """PickTokenEnv whose listed groups (in start order) come back with every rollout errored."""
+
+    def __init__(self, failing: set[int], error: str = "RuntimeError: the sandbox died") -> None:
+        super().__init__()
+        self.failing = failing
+        self.error = error
+        self.started = 0
+
+    async def run_group(self, client, task, *, n, sampling):
+        index = self.started
+        self.started += 1
+        if index in self.failing:
+            return [Rollout(task=task, error=self.error) for _ in range(n)]
+        return await super().run_group(client, task, n=n, sampling=sampling)
+
+
+async def test_a_good_step_resets_the_failed_step_count():
+    policy = TabularPolicy(tasks=6)
+    delivered = []
+    # synchronous, one group per step: group i feeds step i
+    env = FailingGroupsEnv({0, 1, 3, 4})
+    orch = Orchestrator(config=OrchestratorConfig(max_steps=6, groups_per_step=1, rollouts_per_group=2,
+                                                  max_off_policy_steps=0, max_failed_steps=3),
+                        environment=env, client=policy, trainer=policy, weight_sync=policy,
+                        sampling=SamplingConfig(), on_step=delivered.append)
+    history = await asyncio.wait_for(orch.run(), timeout=60)
+    assert [m["failed_steps"] for m in history] == [1, 2, 0, 1, 2, 0]
+    assert policy.trained_steps == [2, 5] and delivered == history
+    # the same pattern with one more failure in a row stops the run at the third
+    policy = TabularPolicy(tasks=6)
+    orch = Orchestrator(config=OrchestratorConfig(max_steps=6, groups_per_step=1, rollouts_per_group=2,
+                                                  max_off_policy_steps=0, max_failed_steps=3),
+                        environment=FailingGroupsEnv({0, 2, 3, 4}), client=policy, trainer=policy,
+                        weight_sync=policy, sampling=SamplingConfig())
+    with pytest.raises(RunFailedError) as info:
+        await asyncio.wait_for(orch.run(), timeout=60)
+    print(info.value)
+    assert str(info.value) == ("no usable rollout in 3 steps in a row (steps 2-4): 6 of 6 rollouts failed with "
+                               "RuntimeError: the sandbox died: see the run folder's logs/")
+    assert policy.trained_steps == [1]
+
+
+def test_failure_hints_by_error():
+    from agentrl.rl.orchestrator import describe_failure, failure_hint
+
+    vllm_400 = ("InferenceError: http://127.0.0.1:8000/inference/v1/generate answered 400: {\"error\": {\"message\": "
+                "\"This model's maximum context length is 2048 tokens. However, your prompt contains 5210 input tokens")
+    assert failure_hint(vllm_400).startswith("prompt of 5,210 tokens exceeds the model's context of 2,048: use a model")
+    image = ("NotFoundError: sandbox image 'agentrl-swe/attrs:25.1.0' is not in the local Docker engine; build it "
+             "(agentrl sandbox build-base makes agentrl-base:bookworm) or docker pull/load it")
+    assert failure_hint(image, env_name="swe") == "build it: agentrl env check swe lists what is missing"
+    assert failure_hint("ValueError: bad row") == "see the run folder's logs/"
+    errors = ["RuntimeError: port 4001 busy", None, "RuntimeError: port 4002 busy", "KeyError: 'x'"]
+    assert describe_failure(errors, steps=[7]).startswith(
+        "no usable rollout in 1 step in a row (step 7): 2 of 4 rollouts failed with RuntimeError: port 4001 busy")
+    assert "ended without an error" in describe_failure([None, None], steps=[0, 1])
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_max_failed_steps_must_be_positive(value):
+    with pytest.raises(ConfigError, match="orchestrator.max_failed_steps"):
+        OrchestratorConfig(max_failed_steps=value)
+
+
+# ---- Router Replay never turns itself off silently -------------------------------------
+
+MOE_LAYERS, TOP_K = 2, 2
+
+
+class RoutedPickTokenEnv(PickTokenEnv):
+    """PickTokenEnv whose turns carry routed experts, as vLLM's would; `bad_tasks` get a layout of the wrong top_k."""
+
+    def __init__(self, bad_tasks: set[int] = frozenset()) -> None:
+        super().__init__()
+        self.bad_tasks = bad_tasks
+
+    async def run_group(self, client, task, *, n, sampling):
+        import numpy as np
+
+        from agentrl.routed import RoutedExperts
+
+        rollouts = await super().run_group(client, task, n=n, sampling=sampling)
+        top_k = TOP_K + 1 if task.example_id in self.bad_tasks else TOP_K
+        for rollout in rollouts:
+            turn = rollout.turns[0]
+            prompt = np.zeros((len(turn.prompt_token_ids), MOE_LAYERS, top_k), dtype=np.int16)
+            completion = np.full((len(turn.completion.token_ids), MOE_LAYERS, top_k), -1, dtype=np.int16)
+            turn.prompt_routed_experts = RoutedExperts(prompt)
+            turn.completion.routed_experts = RoutedExperts(completion)  # the last sampled token: never forwarded
+        return rollouts
+
+
+class PackingPolicy(TabularPolicy):
+    """TabularPolicy whose steps also pack the samples for R3 with the trainer's packer and report as the trainer does."""
+
+    async def train_step(self, samples, *, step):
+        from agentrl.trainer.packing import pack_samples
+
+        metrics = await super().train_step(samples, step=step)
+        batch = pack_samples(samples, row_tokens=16, moe_layers=MOE_LAYERS, top_k=TOP_K)
+        replayed = sum(int((row.replay_mask & row.loss_mask).sum()) for row in batch.rows)
+        metrics["loss_tokens"] = float(batch.loss_tokens)
+        metrics["replayed_fraction"] = replayed / max(batch.loss_tokens, 1)
+        metrics.update({f"replay_skipped_{k}": float(v) for k, v in batch.replay_skipped.items()})
+        return metrics
+
+
+async def test_replayed_fraction_is_in_every_step_and_a_shortfall_warns_once():
+    import warnings as warnings_module
+
+    policy = PackingPolicy(tasks=6)
+    orch = _orchestrator(policy, RoutedPickTokenEnv(bad_tasks={2}), max_steps=4, groups_per_step=6,
+                         rollouts_per_group=2, max_off_policy_steps=0)
+    with warnings_module.catch_warnings(record=True) as caught:
+        warnings_module.simplefilter("always")
+        history = await orch.run()
+    replay_warnings = [w for w in caught if "Router Replay" in str(w.message)]
+    assert len(replay_warnings) == 1 and replay_warnings[0].category is RuntimeWarning
+    message = str(replay_warnings[0].message)
+    print(message)
+    assert "\n" not in message
+    assert message == ("Router Replay replayed 83.3% of step 0's loss tokens although its samples carried routed "
+                       "experts: 2 loss tokens of samples whose routed experts do not fit a packed row (their "
+                       "(layers, top_k) is not the model's MoE layers and top_k)")
+    for metrics in history:  # every step: task 2's group (2 of 12 loss tokens) is routed live
+        assert metrics["r3/replayed_fraction"] == pytest.approx(10 / 12)
+        assert metrics["train/replay_skipped_layout"] == 2
+    assert history[0]["r3/warning"] == message and all("r3/warning" not in m for m in history[1:])
+
+
+async def test_full_replay_reports_one_and_never_warns():
+    import warnings as warnings_module
+
+    policy = PackingPolicy(tasks=6)
+    orch = _orchestrator(policy, RoutedPickTokenEnv(), max_steps=3, groups_per_step=6, rollouts_per_group=2)
+    with warnings_module.catch_warnings(record=True) as caught:
+        warnings_module.simplefilter("always")
+        history = await orch.run()
+    assert not [w for w in caught if "Router Replay" in str(w.message)]
+    assert [m["r3/replayed_fraction"] for m in history] == [1.0, 1.0, 1.0]
+    # without routed experts there is no R3 metric at all
+    history = await _orchestrator(TabularPolicy(tasks=6), PickTokenEnv(), max_steps=2).run()
+    assert all("r3/replayed_fraction" not in m for m in history)
