@@ -223,9 +223,9 @@ def failure_hint(error: str, *, env_name: str | None = None) -> str:
     if _NO_DOCKER.search(error):
         return "start the Docker engine (dockerd) or give the environment another sandbox type"
     if _UNREACHABLE.search(error):
-        return "inference is unreachable: check that the vLLM server is up (the run folder's logs/vllm.log)"
+        return "inference is unreachable: check that the vLLM server is up (its log is in the run folder's logs/)"
     if _SERVER_FAILED.search(error):
-        return "the inference server failed the requests: see the run folder's logs/vllm.log"
+        return "the inference server failed the requests: see its log in the run folder's logs/"
     return "see the run folder's logs/"
 
 

@@ -377,7 +377,7 @@ async def test_unreachable_inference_is_named():
     assert message.startswith("no usable rollout in 1 step in a row (step 0): 2 of 2 rollouts failed with "
                               "InferenceError: http://127.0.0.1:9/inference/v1/generate: ConnectError")
     assert message.endswith("inference is unreachable: check that the vLLM server is up "
-                            "(the run folder's logs/vllm.log)")
+                            "(its log is in the run folder's logs/)")
     await client.aclose()
 
 
