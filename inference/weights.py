@@ -458,7 +458,8 @@ class IpcWeightPublisher(WeightPublisher):
     `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (the plans set both). `connect()` initialises the
     engine on every server (`/init_weight_transfer_engine`, empty init info). One update, on a
     paused server: `/start_weight_update` (HF names, `is_checkpoint_format`), then the state
-    dict in chunks of at most `chunk_bytes`: each tensor cast to the served `dtype` and made
+    dict in chunks of at most `chunk_bytes`: each matrix cast to the served `dtype` (vectors
+    stay float32; vLLM casts them on copy) and made
     contiguous on the GPU, its CUDA IPC handle (torch's `reduce_tensor`, keyed by the GPU's
     UUID) pickled into one `/update_weights` per chunk; the server copies the tensors into its
     own weights before it answers, so a chunk's copies are freed right after. Then
@@ -524,7 +525,10 @@ class IpcWeightPublisher(WeightPublisher):
         dtype = getattr(torch, self.dtype)
         names, dtype_names, shapes, handles, keep = [], [], [], [], []
         for name, tensor in chunk:
-            copy = tensor.detach().to(device="cuda", dtype=dtype).contiguous()
+            # Matrices in the served dtype; vectors (norms, biases, GLM's expert-score correction bias, which
+            # vLLM keeps in float32) in float32: vLLM casts on copy, and they are a sliver of the bytes.
+            target = dtype if tensor.dim() > 1 else torch.float32
+            copy = tensor.detach().to(device="cuda", dtype=target).contiguous()
             keep.append(copy)  # reduce_tensor's handle does not keep the storage alive
             uuid = str(torch.cuda.get_device_properties(copy.device).uuid)
             names.append(name)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import NotFoundError
+from agentrl.tiny_moe import GLM_AIR_5B_CONFIG
 from pydantic import BaseModel, ConfigDict, model_validator
 
 __all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
@@ -79,10 +80,10 @@ class ModelSpec(BaseModel):
         """The local model folder, created for tiny-moe, or a clear error when missing."""
         if self.path is not None:
             return self.path
-        if self.name == "tiny-moe" and self.hf_repo is None:
-            from agentrl.tiny_moe import ensure_tiny_moe
+        from agentrl.tiny_moe import LOCAL_MODELS, ensure_local_model
 
-            return ensure_tiny_moe()
+        if self.name in LOCAL_MODELS and self.hf_repo is None:
+            return ensure_local_model(self.name)
         found = _hf_cache_path(self.hf_repo) if self.hf_repo else None
         if found is None:
             raise NotFoundError(
@@ -114,6 +115,13 @@ PRESETS: dict[str, ModelSpec] = {
             experts_per_token=2, shared_experts=1, dense_layers=1, total_params=473_152,
             active_params=251_992, context=2048,
             description="miniature GLM-4.5 MoE created locally (char tokenizer); runs on a CPU",
+        ),
+        ModelSpec(
+            name="glm-air-5b", architecture="Glm4MoeForCausalLM", total_params=5.2e9, active_params=0.69e9,
+            context=4096, inference_gpus=1, training_gpus=1,
+            description="GLM-4.5-Air widths in 3 layers (1 dense + 2 MoE, 128 experts top-8), created locally with "
+                        "the character tokenizer; one H200 (cookbook/gpu-1xh200)",
+            hf_config={"model_type": "glm4_moe", **GLM_AIR_5B_CONFIG},
         ),
         ModelSpec(
             name="glm-4.5-air", hf_repo="zai-org/GLM-4.5-Air", architecture="Glm4MoeForCausalLM",

@@ -1,4 +1,10 @@
-"""Create `tiny-moe`: a miniature GLM-4.5 MoE (`Glm4MoeForCausalLM`) with its own tokenizer.
+"""Create the locally made models: `tiny-moe` (a miniature GLM-4.5 MoE) and `glm-air-5b`, with their tokenizer.
+
+`glm-air-5b` has GLM-4.5-Air's widths (hidden 4096, 128 routed experts top-8 of width 1408,
+one shared expert, 96 query / 8 key-value heads of 128, partial RoPE, qkv bias) in 3 layers
+(1 dense + 2 MoE, 5.2B parameters), for the one-GPU recipe (`cookbook/gpu-1xh200`): it is
+written on the GPU in bfloat16 when one is there (nothing can be downloaded on the lent
+machines). Both share the character tokenizer below.
 
 The model is small enough to train and serve on a laptop CPU (~0.47M parameters) but has
 every architectural feature of GLM-4.5 that matters to the trainer and to vLLM: dense
@@ -29,11 +35,15 @@ from agentrl.errors import require
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "GLM_AIR_5B_CONFIG",
+    "LOCAL_MODELS",
     "SPECIAL_TOKENS",
     "TINY_MOE_CONFIG",
     "TINY_MOE_VERSION",
     "build_tokenizer",
+    "create_local_model",
     "create_tiny_moe",
+    "ensure_local_model",
     "ensure_tiny_moe",
 ]
 
@@ -73,6 +83,32 @@ TINY_MOE_CONFIG: dict[str, Any] = {
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": [2, 1],
+}
+
+# GLM-4.5-Air's published widths (agentrl.models' glm-4.5-air) in 3 layers, with the character vocabulary.
+GLM_AIR_5B_CONFIG: dict[str, Any] = {
+    **TINY_MOE_CONFIG,
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 3,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "attention_bias": True,
+    "n_routed_experts": 128,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+}
+
+#: name -> (config.json fields, cache version, dtype written)
+LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
+    "tiny-moe": (TINY_MOE_CONFIG, TINY_MOE_VERSION, "float32"),
+    "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
 }
 
 # ChatML with hermes tool calls. Assistant tool-call arguments may arrive as a JSON string
@@ -118,8 +154,8 @@ def _vocabulary() -> dict[str, int]:
     return {token: index for index, token in enumerate(tokens)}
 
 
-def build_tokenizer():
-    """The tiny-moe tokenizer as a transformers fast tokenizer (chat template included)."""
+def build_tokenizer(*, max_length: int = TINY_MOE_CONFIG["max_position_embeddings"]):
+    """The character tokenizer of the local models as a transformers fast tokenizer (chat template included)."""
     tokenizers = require("tokenizers", "cpu")
     transformers = require("transformers", "cpu")
     from tokenizers import Regex, decoders, models, pre_tokenizers
@@ -139,37 +175,50 @@ def build_tokenizer():
         eos_token="<|im_end|>",
         bos_token=None,
         unk_token="<unk>",
-        model_max_length=TINY_MOE_CONFIG["max_position_embeddings"],
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def create_tiny_moe(destination: Path, *, seed: int = 0) -> Path:
-    """Write the tiny-moe HF folder (config, tokenizer, safetensors) into `destination`."""
+def create_local_model(name: str, destination: Path, *, seed: int = 0) -> Path:
+    """Write a local model's HF folder (config, tokenizer, safetensors) into `destination`.
+
+    Built on the GPU when one is there (the 5B model is written in seconds), else on the CPU;
+    the weights are deterministic for a seed on one device.
+    """
     torch = require("torch", "cpu")
     transformers = require("transformers", "cpu")
 
+    fields, version, dtype = LOCAL_MODELS[name]
     destination = Path(destination)
     destination.mkdir(parents=True, exist_ok=True)
-    config = transformers.Glm4MoeConfig(**TINY_MOE_CONFIG)
+    config = transformers.Glm4MoeConfig(**fields)
     config.architectures = ["Glm4MoeForCausalLM"]
+    device = "cuda" if torch.cuda.is_available() and name != "tiny-moe" else "cpu"
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = transformers.Glm4MoeForCausalLM(config)
+        with torch.device(device):
+            model = transformers.Glm4MoeForCausalLM(config)
     finally:
         torch.random.set_rng_state(generator_state)
-    model.generation_config.eos_token_id = TINY_MOE_CONFIG["eos_token_id"]
-    model.generation_config.pad_token_id = TINY_MOE_CONFIG["pad_token_id"]
-    model.generation_config.bos_token_id = TINY_MOE_CONFIG["bos_token_id"]
+    model = model.to(getattr(torch, dtype))
+    model.generation_config.eos_token_id = fields["eos_token_id"]
+    model.generation_config.pad_token_id = fields["pad_token_id"]
+    model.generation_config.bos_token_id = fields["bos_token_id"]
     model.save_pretrained(destination)
-    build_tokenizer().save_pretrained(destination)
+    build_tokenizer(max_length=fields["max_position_embeddings"]).save_pretrained(destination)
     (destination / "agentrl_model.json").write_text(
-        json.dumps({"name": "tiny-moe", "version": TINY_MOE_VERSION, "seed": seed}, indent=2) + "\n"
+        json.dumps({"name": name, "version": version, "seed": seed}, indent=2) + "\n"
     )
     return destination
+
+
+def create_tiny_moe(destination: Path, *, seed: int = 0) -> Path:
+    """Write the tiny-moe HF folder (config, tokenizer, safetensors) into `destination`."""
+    return create_local_model("tiny-moe", destination, seed=seed)
 
 
 def default_cache_dir() -> Path:
@@ -179,20 +228,21 @@ def default_cache_dir() -> Path:
     return base / "models"
 
 
-def ensure_tiny_moe(*, cache_dir: Path | None = None, seed: int = 0) -> Path:
-    """Return the cached tiny-moe folder, creating it once (safe across processes)."""
+def ensure_local_model(name: str, *, cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """Return the cached folder of a local model, creating it once (safe across processes)."""
+    _, version, _ = LOCAL_MODELS[name]
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache_dir / f"tiny-moe-v{TINY_MOE_VERSION}-seed{seed}"
+    target = cache_dir / f"{name}-v{version}-seed{seed}"
     if (target / "agentrl_model.json").is_file():
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".tiny-moe.lock", "w") as lock:
+    with open(cache_dir / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / "agentrl_model.json").is_file():
             return target
-        staging = Path(tempfile.mkdtemp(prefix=".tiny-moe-", dir=cache_dir))
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache_dir))
         try:
-            create_tiny_moe(staging, seed=seed)
+            create_local_model(name, staging, seed=seed)
             os.chmod(staging, 0o755)
             if target.exists():  # a broken earlier attempt
                 shutil.rmtree(target)
@@ -201,3 +251,8 @@ def ensure_tiny_moe(*, cache_dir: Path | None = None, seed: int = 0) -> Path:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def ensure_tiny_moe(*, cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """Return the cached tiny-moe folder, creating it once (safe across processes)."""
+    return ensure_local_model("tiny-moe", cache_dir=cache_dir, seed=seed)

@@ -135,8 +135,9 @@ def load_checkpoint(trainer, path: str | Path) -> int:
     return trainer.step_count
 
 
-def full_state_dict(trainer) -> dict[str, torch.Tensor]:
-    """Full (unsharded, all experts) float tensors on CPU, by the model's own names. Collective."""
+def full_state_dict(trainer, *, on_device: bool = False) -> dict[str, torch.Tensor]:
+    """Full (unsharded, all experts) float tensors by the model's own names, on CPU (or, with
+    `on_device`, where they are: one process shares its parameters without a copy). Collective."""
     from torch.distributed.tensor import DTensor
 
     out: dict[str, torch.Tensor] = {}
@@ -149,7 +150,7 @@ def full_state_dict(trainer) -> dict[str, torch.Tensor]:
             parts = [torch.empty_like(tensor) for _ in range(trainer.plan.ep)]
             dist.all_gather(parts, tensor.contiguous(), group=group)
             tensor = torch.cat(parts, dim=0)
-        out[key] = tensor.detach().cpu()
+        out[key] = tensor.detach() if on_device else tensor.detach().cpu()
     return out
 
 

@@ -67,6 +67,11 @@ class LaunchConfig(BaseConfig):
     """GPUs for the trainer ranks, one rank per GPU (0: the trainer runs on the CPU, `trainer_ranks` processes)."""
     trainer_ranks: int = Field(default=1, ge=1)
     """Trainer processes on the CPU (gloo) when `trainer_gpus` is 0; with GPUs every GPU is a rank."""
+    colocate: bool = False
+    """Trainer and inference share the same GPUs (one node): vLLM takes `inference.gpu_memory_utilization` of
+    each GPU, the trainer the rest; the servers start first (vLLM sizes its share from free memory), and
+    `inference.weight_transfer = "ipc"` hands the weights over in GPU memory. Needs `trainer_gpus` equal to the
+    inference plan's GPUs."""
     gpus_per_node: int = Field(default=8, ge=1)
     """GPUs of one node: trainer ranks are placed in groups of this many, each group on one node (STRICT_PACK)."""
     inference_gpus: int = 0
@@ -103,6 +108,9 @@ class RunSection(BaseConfig):
     """Write PNG plots and report.md at the end."""
     keep_checkpoints: int = 2
     """Most recent checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
+    checkpoint_trainer_state: bool = True
+    """Checkpoints hold the trainer's DCP state (weights, optimizer, RNG) for `--resume`; false keeps only the
+    HF export (for `agentrl eval`), a tenth of the disk for Adam's state of a 5B model."""
 
 
 class RunConfig(BaseConfig):

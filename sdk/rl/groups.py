@@ -27,6 +27,12 @@ from agentrl.types import TrainingSample
 
 __all__ = ["InferenceGroup", "TrainerGroup"]
 
+# A replica that dies is restarted on its port by its supervisor. Meanwhile vllm-router's circuit
+# breaker takes it out of rotation after a few failed requests (its sessions go to the other
+# replicas) and by default tries it again only 60 s later, so a restarted replica would sit idle
+# for up to a minute; probe it every 2 s instead (a failed probe is retried on a healthy replica).
+ROUTER_ARGS = ["--cb-timeout-duration-secs", "2"]
+
 
 def _kill(actors: list[Any]) -> None:
     import ray
@@ -89,9 +95,9 @@ class TrainerGroup:
     async def push_direct(self, version: int, *, urls: list[str], backend: str) -> None:
         await self._all("push_direct", version, urls=urls, backend=backend)
 
-    async def save_checkpoint(self, path: str, *, step: int) -> None:
+    async def save_checkpoint(self, path: str, *, step: int, trainer_state: bool = True) -> None:
         """Every rank saves; each node's files are merged into `path` (the driver's checkpoint folder)."""
-        parts = await asyncio.gather(*(rank.save.remote(step, ship=index in self.shippers)
+        parts = await asyncio.gather(*(rank.save.remote(step, ship=index in self.shippers, trainer_state=trainer_state)
                                        for index, rank in enumerate(self.ranks)))
         files: Folder = {}
         for part in parts:
@@ -178,7 +184,7 @@ class InferenceGroup:
 
             log_dir.mkdir(parents=True, exist_ok=True)
             router = VLLMRouter(urls, host=config.inference.host, policy=config.inference.router_policy,
-                                log_path=log_dir / "router.log").start()
+                                extra_args=ROUTER_ARGS, log_path=log_dir / "router.log").start()
         nodes = ray.get([actor.node.remote() for actor in actors])
         return cls(actors, urls, router=router, nodes=nodes, updates_log=log_dir.parent / "weight_updates.jsonl")
 

@@ -176,16 +176,29 @@ def run_training(
         reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
         model_files = _model_files(start_weights)
         status("starting the vLLM server(s) and the trainer")
-        with ThreadPoolExecutor(max_workers=1) as pool:  # servers start (minutes) while the ranks build
-            starting = pool.submit(InferenceGroup.start, reservation, run_id=run_id, config=config,
-                                   deployment=deployment, model_dir=str(start_weights), model_files=model_files,
-                                   log_dir=folder.path / "logs")
-            try:
-                trainer = TrainerGroup.start(reservation, run_id=run_id, config=config, model_dir=str(start_weights),
-                                             model_files=model_files)
-            finally:
-                inference = starting.result()  # its own error, if it failed too
+        if config.launch.colocate:  # vLLM sizes its share of the GPU from what is free: it starts first
+            inference = InferenceGroup.start(reservation, run_id=run_id, config=config, deployment=deployment,
+                                             model_dir=str(start_weights), model_files=model_files,
+                                             log_dir=folder.path / "logs")
+            trainer = TrainerGroup.start(reservation, run_id=run_id, config=config, model_dir=str(start_weights),
+                                         model_files=model_files)
+        else:
+            with ThreadPoolExecutor(max_workers=1) as pool:  # servers start (minutes) while the ranks build
+                starting = pool.submit(InferenceGroup.start, reservation, run_id=run_id, config=config,
+                                       deployment=deployment, model_dir=str(start_weights), model_files=model_files,
+                                       log_dir=folder.path / "logs")
+                try:
+                    trainer = TrainerGroup.start(reservation, run_id=run_id, config=config,
+                                                 model_dir=str(start_weights), model_files=model_files)
+                finally:
+                    inference = starting.result()  # its own error, if it failed too
         if info is not None and state.step > 0:
+            if not (info.path / "trainer").is_dir():
+                from agentrl.errors import AgentrlError
+
+                raise AgentrlError(f"{info.path}: no trainer state to resume from (the run had "
+                                   "run.checkpoint_trainer_state = false); start a new run from its HF export with "
+                                   f"--set model.init_checkpoint={info.path}")
             trainer.load_checkpoint(info.path, info.step)
         workers = [ray.remote(RolloutWorker).options(**reservation.options(slot)).remote(
                        config.env.name, config.env.args, url=inference.endpoint, model=config.model.name,
@@ -200,7 +213,7 @@ def run_training(
 
         async def checkpoint(step: int, current: OrchestratorState) -> None:
             partial = begin_checkpoint(checkpoint_root, step)
-            await trainer.save_checkpoint(str(partial), step=step)
+            await trainer.save_checkpoint(str(partial), step=step, trainer_state=config.run.checkpoint_trainer_state)
             commit_checkpoint(partial, OrchestratorState.from_dict(current.to_dict()))
             prune_checkpoints(checkpoint_root, keep=config.run.keep_checkpoints)
 

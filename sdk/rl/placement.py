@@ -12,6 +12,9 @@ deployment plan into Ray placement groups and the slot (group, bundle) of every 
   `wide_ep` and `pd` one bundle per node holding that node's GPUs (one actor starts the
   node's processes).
 - Rollout workers: one PACK group, a bundle each.
+- `launch.colocate` (trainer and inference on the same GPUs, one node): one STRICT_PACK group
+  holds the trainer ranks' and the servers' bundles, each asking for half of its GPUs, so
+  Ray puts a rank and its server on the same device.
 
 Each bundle also asks for the role's `launch.*_resources` (custom resources pin roles to
 nodes). `reserve(spec)` creates the groups (trainer first: the largest STRICT_PACK groups
@@ -82,6 +85,8 @@ def placement_spec(config: Any, deployment: Any) -> PlacementSpec:
     launch = config.launch
     spec = PlacementSpec()
     world = config.trainer_world()
+    if launch.colocate:
+        return _colocated(config, deployment, spec)
     if launch.trainer_gpus:
         per_node = launch.gpus_per_node
         for index, first in enumerate(range(0, world, per_node)):
@@ -107,6 +112,29 @@ def placement_spec(config: Any, deployment: Any) -> PlacementSpec:
         spec.groups.append(GroupSpec(name, bundles, "STRICT_PACK"))
         spec.inference += [Slot(name, bundle) for bundle in range(len(bundles))]
         spec.inference_nodes += [node] * len(bundles)
+    workers = launch.num_rollout_workers
+    spec.groups.append(GroupSpec("rollout", [_bundle(launch.rollout_resources) for _ in range(workers)], "PACK"))
+    spec.rollout = [Slot("rollout", index) for index in range(workers)]
+    return spec
+
+
+def _colocated(config: Any, deployment: Any, spec: PlacementSpec) -> PlacementSpec:
+    """Trainer ranks and servers sharing GPUs: one group, half a GPU per bundle (see the module docstring)."""
+    launch = config.launch
+    servers = deployment.servers
+    gpus = sum(len(process.gpus) for process in servers)
+    if deployment.kind not in ("single", "replicas") or not launch.trainer_gpus or launch.trainer_gpus != gpus \
+            or launch.trainer_gpus > launch.gpus_per_node:
+        raise PlacementError(f"launch.colocate needs one node whose GPUs both sides share: launch.trainer_gpus "
+                             f"({launch.trainer_gpus}) equal to the inference plan's GPUs ({gpus}), at most "
+                             f"launch.gpus_per_node ({launch.gpus_per_node}), a single or replicas deployment")
+    bundles = [_bundle(launch.trainer_resources, gpus=0.5, cpus=1.0) for _ in range(launch.trainer_gpus)]
+    spec.trainer = [Slot("colocated", rank) for rank in range(launch.trainer_gpus)]
+    for process in servers:
+        spec.inference.append(Slot("colocated", len(bundles)))
+        spec.inference_nodes.append(process.node)
+        bundles.append(_bundle(launch.inference_resources, gpus=0.5 * len(process.gpus), cpus=1.0))
+    spec.groups.append(GroupSpec("colocated", bundles, "STRICT_PACK"))
     workers = launch.num_rollout_workers
     spec.groups.append(GroupSpec("rollout", [_bundle(launch.rollout_resources) for _ in range(workers)], "PACK"))
     spec.rollout = [Slot("rollout", index) for index in range(workers)]

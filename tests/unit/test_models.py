@@ -11,7 +11,7 @@ from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 
 def test_presets_record_architecture_facts():
     names = [spec.name for spec in list_presets()]
-    assert names == ["tiny-moe", "glm-4.5-air", "qwen3-30b-a3b", "deepseek-v3"]
+    assert names == ["tiny-moe", "glm-air-5b", "glm-4.5-air", "qwen3-30b-a3b", "deepseek-v3"]
     air = PRESETS["glm-4.5-air"]
     assert (air.hf_repo, air.architecture, air.layers, air.experts, air.experts_per_token) == (
         "zai-org/GLM-4.5-Air", "Glm4MoeForCausalLM", 46, 128, 8)
@@ -19,6 +19,11 @@ def test_presets_record_architecture_facts():
     assert PRESETS["deepseek-v3"].experts == 256 and PRESETS["deepseek-v3"].dense_layers == 3
     assert PRESETS["qwen3-30b-a3b"].shared_experts == 0
     assert PRESETS["tiny-moe"].inference_gpus == 0
+    # glm-air-5b: GLM-4.5-Air's widths in 3 layers, its facts from the config it is created with
+    small = PRESETS["glm-air-5b"]
+    assert (small.layers, small.hidden_size, small.experts, small.experts_per_token, small.dense_layers) == (
+        3, air.hidden_size, air.experts, air.experts_per_token, 1)
+    assert small.hf_config["moe_intermediate_size"] == air.hf_config["moe_intermediate_size"] == 1408
 
 
 def test_unknown_model_lists_presets():
@@ -167,5 +172,5 @@ def test_serve_unknown_model_is_one_line_error():
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        ("error: unknown model 'nope': use a preset (tiny-moe, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
+        ("error: unknown model 'nope': use a preset (tiny-moe, glm-air-5b, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
          "a local HF model folder or an HF repo id")]

@@ -108,8 +108,9 @@ def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str
     return native
 
 
-def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
-    """Map the trainer's state dict to HF hub names (per-expert tensors)."""
+def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
+                 contiguous: bool = True) -> dict[str, torch.Tensor]:
+    """Map the trainer's state dict to HF hub names (per-expert tensors: copies, or views without `contiguous`)."""
     inverse_dense = {v: k for k, v in _DENSE_MLP.items()}
     inverse_expert = {v: k for k, v in _EXPERT_PARAM.items()}
     hf: dict[str, torch.Tensor] = {}
@@ -127,7 +128,8 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict
             if rest.startswith("mlp.experts."):
                 proj = inverse_expert[rest.rsplit(".", 1)[1]]
                 for index in range(tensor.shape[0]):
-                    hf[f"{prefix}mlp.experts.{index}.{proj}.weight"] = tensor[index].contiguous()
+                    view = tensor[index]
+                    hf[f"{prefix}mlp.experts.{index}.{proj}.weight"] = view.contiguous() if contiguous else view
             elif rest == "mlp.router.gate.weight":
                 hf[prefix + "mlp.gate.weight"] = tensor
             elif rest == "mlp.expert_bias":

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The one-GPU session on a lent H200 (docs/gpu.md), after the bundle is carried
+# (../shared/gpu/make-gpu-bundle.sh: 7 parts; the last call also carries .gpu-extra/ and assemble.sh):
+#   source .gpu-bundle/assemble.sh && OUT=$OUT bash scripts/gpu_run.sh [PHASE ...]
+# Phases, in the order given (default: extra fixtures tests sft train), each under its own timeout and
+# each writing into $OUT; a failed phase is reported and the next one still runs:
+#   extra     the wheels the image and the bundle lack (datasets, multiprocess) from .gpu-extra/ into /tmp/site
+#   fixtures  CUDA vLLM's answers to agentrl's requests -> $OUT/fixtures/vllm-<version>/ (scripts/record_vllm_fixtures.py)
+#   tests     tests/gpu/test_loop_gpu.py (routed experts vs the trainer's router, IPC update logprobs)
+#   sft       agentrl sft --config cookbook/gpu-1xh200/sft.toml (creates glm-air-5b on the GPU first)
+#   train     agentrl train --config cookbook/gpu-1xh200/train.toml -> $OUT/run (report, plots, metrics; no weights)
+#   bench     python3 bench/gpu_loop.py -> $OUT/gpu_loop.json
+# Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), <PHASE>_TIMEOUT (seconds).
+set -uo pipefail
+out="${OUT:-/tmp/gpu_run_out}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 AGENTRL_CACHE=/tmp/agentrl-cache AGENTRL_NODE_DIR=/tmp/agentrl-node
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+# agentrl without building a wheel: a package folder whose entries link to sdk/ plus the subpackages
+shim=/tmp/agentrl_shim/agentrl
+rm -rf /tmp/agentrl_shim && mkdir -p "$shim"
+for f in sdk/*; do ln -s "$PWD/$f" "$shim/"; done
+for sub in trainer inference hub; do ln -s "$PWD/$sub" "$shim/$sub"; done
+export PYTHONPATH=/tmp/site:/tmp/agentrl_shim:$PWD
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=(extra fixtures tests sft train)
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$out/gpu.txt"
+
+run_phase() {  # name timeout command...
+  local name=$1 limit=$2; shift 2
+  local started=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  timeout --kill-after=15 "$limit" "$@" > "$out/$name.log" 2>&1
+  local code=$?
+  echo "$name: exit $code in $((SECONDS - started))s" | tee -a "$out/phases.txt"
+  tail -15 "$out/$name.log"
+}
+
+for phase in "${phases[@]}"; do
+  case "$phase" in
+    extra)
+      run_phase extra "${EXTRA_TIMEOUT:-60}" python3 -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --target /tmp/site .gpu-extra/*.whl ;;
+    fixtures)
+      version=$(python3 -c "import vllm; print(vllm.__version__)" 2>/dev/null || echo unknown)
+      run_phase fixtures "${FIXTURES_TIMEOUT:-150}" python3 scripts/record_vllm_fixtures.py \
+        --out "$out/fixtures/vllm-$version" ;;
+    tests)
+      run_phase tests "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/gpu/test_loop_gpu.py -q -s -p no:cacheprovider \
+        --timeout 280 ;;
+    sft)
+      run_phase sft "${SFT_TIMEOUT:-420}" python3 -m agentrl.cli sft --config cookbook/gpu-1xh200/sft.toml ;;
+    train)
+      rm -rf "$out/run"
+      # shellcheck disable=SC2086
+      run_phase train "${TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train --config cookbook/gpu-1xh200/train.toml \
+        -o runs/gpu-1xh200/rl ${TRAIN_ARGS:-}
+      mkdir -p "$out/run"
+      for item in config.toml metrics.jsonl report.md placement.json weight_updates.jsonl plots logs; do
+        cp -r "runs/gpu-1xh200/rl/$item" "$out/run/" 2>/dev/null || true
+      done ;;
+    bench)
+      run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --results "$out/gpu_loop.json" ;;
+    *) echo "unknown phase $phase" ;;
+  esac
+done
+df -h /tmp . | tail -2 >> "$out/gpu.txt"
