@@ -6,7 +6,8 @@
   supervisor is `failed` and says why), then runs `after_restart(url)` (pass a weight
   publisher's `restore`, so the restarted server serves the latest published weights and
   version, not the original checkpoint) before requests go through again. Every death and
-  restart is recorded in `events`.
+  restart is recorded in `events`; `went_down()` tells a caller whose call just failed
+  whether the server died (even before the next poll has seen it) or the call failed itself.
 - `SupervisedClient` wraps a `ChatClient` (the token client): a call that fails because
   the server died waits for the supervisor to bring it back and retries (a completion is
   only ever returned whole, so a retry cannot duplicate tokens); when retries run out, or
@@ -194,6 +195,25 @@ class ServerSupervisor:
             if self._healthy.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
                 return True
         return self._healthy.is_set()
+
+    def went_down(self, since: float, timeout_s: float | None = None) -> bool:
+        """After a call to the server failed: did the server go down (True), or is the failure the call's own (False)?
+
+        True when the watch saw the server die (or turn unhealthy) at or after `since` (a
+        `time.monotonic()` value: when the failed call began), is restarting it now, or gave
+        up. The watch polls every `health_interval_s`, so right after a `kill -9` it has not
+        noticed yet: this waits up to `timeout_s` (default: long enough for the watch to mark a
+        hung server unhealthy) before answering False.
+        """
+        wait = (self.failure_threshold + 1) * self.health_interval_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait
+        while True:
+            if self.failed or not self._healthy.is_set() or any(
+                    event.time >= since and event.kind in ("died", "unhealthy") for event in list(self.events)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def stop(self) -> None:
         """Stop watching, then stop the server."""

@@ -164,7 +164,12 @@ class InferenceActor:
         return ray.get_runtime_context().get_node_id()
 
     def load_weights(self, version: int, path: str | None = None, files: Folder | None = None) -> dict[str, float]:
-        """Serve `version`: from `path` (a folder this node sees) or from shipped `files`."""
+        """Serve `version`: from `path` (a folder this node sees) or from shipped `files`.
+
+        A server that dies during the load (or right after it) is waited for: its supervisor
+        restarts it and restores the latest loaded version, then the load is retried (or, if
+        it had gone through, the restarted server's version is reported).
+        """
         from agentrl.errors import AgentrlError
         from agentrl.inference.weights import WeightUpdateError
 
@@ -176,15 +181,24 @@ class InferenceActor:
             if not self.supervisor.wait_healthy(self.startup_timeout_s):
                 raise WeightUpdateError(f"server {self.index} is not serving ({self.supervisor.failed or 'restarting'});"
                                         f" version {version} was not loaded")
+            started = time.monotonic()
             try:
                 with self._lock:
                     result = self.publisher.publish(path, version)
                 break
             except WeightUpdateError:
-                if attempt == 2 or self.supervisor.healthy:
+                # A server killed during the load fails it at once, before the supervisor's next
+                # poll has seen the death: wait for it to notice (then restart, restore, retry).
+                if attempt == 2 or not self.supervisor.went_down(since=started):
                     raise  # a real failure, not a server that died during the load
         self._prune(version)
-        return {"version": version, "update_s": result.update_s, "served_version": self.served_version()}
+        served = self.served_version()
+        # Died right after the load? Its restart puts `version` back (the publisher's latest) before
+        # it serves again, so the load is done once it is back: report what it serves then.
+        if (served is None and self.supervisor.went_down(since=started)
+                and self.supervisor.wait_healthy(self.startup_timeout_s)):
+            served = self.served_version()
+        return {"version": version, "update_s": result.update_s, "served_version": served}
 
     def served_version(self) -> str | None:
         """The weight version the server itself reports (`/weight_info`), None when it does not answer."""
