@@ -40,7 +40,7 @@ def _trainer(model_dir, *, dtype: str):
     from agentrl.trainer.trainer import Trainer
 
     config = TrainerConfig(row_tokens=64, optimizer={"lr": 1e-2}, parallel={"param_dtype": dtype}, round_like_vllm_cpu=False)
-    return Trainer(config, model_dir=model_dir, device="cuda")
+    return Trainer(config, model_dir=model_dir, device="cuda:0")
 
 
 def _trainer_logprobs(trainer, tokens):
