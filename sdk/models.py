@@ -117,7 +117,7 @@ PRESETS: dict[str, ModelSpec] = {
             description="miniature GLM-4.5 MoE created locally (char tokenizer); runs on a CPU",
         ),
         ModelSpec(
-            name="glm-air-5b", architecture="Glm4MoeForCausalLM", total_params=5.2e9, active_params=0.69e9,
+            name="glm-air-5b", architecture="Glm4MoeForCausalLM", total_params=4.93e9, active_params=0.77e9,
             context=4096, inference_gpus=1, training_gpus=1,
             description="GLM-4.5-Air widths in 3 layers (1 dense + 2 MoE, 128 experts top-8), created locally with "
                         "the character tokenizer; one H200 (cookbook/gpu-1xh200)",

@@ -2,7 +2,7 @@
 
 `glm-air-5b` has GLM-4.5-Air's widths (hidden 4096, 128 routed experts top-8 of width 1408,
 one shared expert, 96 query / 8 key-value heads of 128, partial RoPE, qkv bias) in 3 layers
-(1 dense + 2 MoE, 5.2B parameters), for the one-GPU recipe (`cookbook/gpu-1xh200`): it is
+(1 dense + 2 MoE, 4.9B parameters), for the one-GPU recipe (`cookbook/gpu-1xh200`): it is
 written on the GPU in bfloat16 when one is there (nothing can be downloaded on the lent
 machines). Both share the character tokenizer below.
 

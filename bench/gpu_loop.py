@@ -1,0 +1,155 @@
+"""The RL loop on one GPU: step time split, async against sync, Router Replay in bf16, weight-update latency.
+
+    python3 bench/gpu_loop.py                       # summarise the recipe's run folders (anywhere)
+    python3 bench/gpu_loop.py --measure             # on the H200 (scripts/gpu_run.sh bench): also measure
+
+From the run folders of `cookbook/gpu-1xh200/train.toml` (`--async-run`, `max_off_policy_steps`
+1, and `--sync-run`, the same recipe with 0; scripts/gpu_run.sh train writes them, the
+committed ones are under cookbook/gpu-1xh200/results/):
+
+* step time split (median seconds): waiting for rollouts, training, staging and loading the
+  new weights;
+* steps/hour in the steady state (from the end of the first step to the end of the last step
+  that still had generation beside it, as bench/async.py), `async_speedup` = async / sync;
+* mismatch KL with R3 on against off on the same samples (the runs train with R3 and
+  `trainer.router_replay_diagnostics` also computes the KL of the trainer's own routing):
+  `r3_kl_reduction_gpu` = pooled mean KL(live routing) / pooled mean KL(replayed), and the
+  median of the per-step ratios; bf16 on both sides, CUDA kernels.
+
+With `--measure` (a GPU, the recipe's SFT warm start in `--model-dir`): a vLLM server of the
+5B model with the `ipc` engine beside a trainer in this process, the weight update timed
+three times through CUDA IPC (`IpcWeightPublisher`) and twice through the filesystem
+(HF export + `reload_weights`), pause to resume and end to end.
+
+Prints a table; writes `bench/results/gpu_loop.json` (`--results`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results" / "gpu_loop.json"
+RUNS = ROOT / "cookbook" / "gpu-1xh200" / "results"
+ASYNC_AHEAD = 1  # the recipe's max_off_policy_steps: the async run's last step trains on an earlier batch
+
+
+def summarise(run_dir: Path, *, ahead: int) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    window = rows[1: max(2, len(rows) - ahead)]
+    span_s = window[-1]["time"] - window[0]["time"]
+    live = [r.get("train/mismatch_kl_live_routing") for r in rows]
+    replayed = [r.get("mismatch_kl") for r in rows]
+    pairs = [(lv, rp) for lv, rp in zip(live, replayed) if lv is not None and rp]
+    return {
+        "run": str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir),
+        "steps": len(rows),
+        "steps_per_hour": (len(window) - 1) / span_s * 3600 if span_s > 0 else None,
+        "split_median_s": {key: statistics.median(r[key] for r in rows[1:])
+                           for key in ("step_time_s", "wait_s", "train_s", "weight_stage_s", "weight_push_s")},
+        "reward_first10": statistics.mean(r["reward"] for r in rows[:10]),
+        "reward_last10": statistics.mean(r["reward"] for r in rows[-10:]),
+        "mismatch_kl_replayed": statistics.mean(rp for _, rp in pairs) if pairs else None,
+        "mismatch_kl_live_routing": statistics.mean(lv for lv, _ in pairs) if pairs else None,
+        "r3_step_ratio_median": statistics.median(lv / rp for lv, rp in pairs) if pairs else None,
+        "r3_replayed_fraction": sorted({r.get("r3/replayed_fraction") for r in rows if r.get("r3/replayed_fraction")}),
+    }
+
+
+def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 2) -> dict:
+    """Weight-update latency of the served model through CUDA IPC and through the filesystem."""
+    from agentrl.inference.plans import DeploymentConfig
+    from agentrl.inference.weights import FilesystemWeightPublisher, IpcWeightPublisher
+    from agentrl.rl.inference_actor import replica_server
+    from agentrl.trainer.checkpoint import full_state_dict
+    from agentrl.trainer.config import TrainerConfig
+    from agentrl.trainer.models.state_dict import native_to_hf
+    from agentrl.trainer.trainer import Trainer
+
+    deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.30, max_model_len=4096,
+                                  routed_experts=True, weight_transfer="ipc", fp8=False)
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-loop-"))
+    server = replica_server(deployment, model_dir, served_name="glm-air-5b", dtype="bfloat16",
+                            log_path=scratch / "vllm.log")
+    results: dict = {}
+    with server:
+        trainer = Trainer(TrainerConfig(parallel={"param_dtype": "bfloat16"}), model_dir=model_dir, device="cuda:0")
+        ipc = IpcWeightPublisher([server.url])
+        runs = []
+        for version in range(1, repeats_ipc + 1):
+            started = time.monotonic()
+            state = native_to_hf(full_state_dict(trainer, on_device=True), trainer.args, contiguous=False)
+            outcome = ipc.publish(state, version)
+            runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
+        results["ipc"] = runs
+        files = FilesystemWeightPublisher([server.url], staging_dir=scratch / "staged")
+        files.version = ipc.version
+        runs = []
+        for version in range(repeats_ipc + 1, repeats_ipc + repeats_fs + 1):
+            started = time.monotonic()
+            exported = trainer.export_hf(scratch / f"v{version}")
+            outcome = files.publish(exported, version)
+            runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
+        results["filesystem"] = runs
+    params = trainer.args.param_counts().get("total")
+    return {"model_params": params, **{f"{name}_median_s": statistics.median(r["total_s"] for r in runs_)
+                                       for name, runs_ in results.items()}, "runs": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--async-run", type=Path, default=RUNS / "async-30-steps")
+    parser.add_argument("--sync-run", type=Path, default=RUNS / "sync-16-steps")
+    parser.add_argument("--measure", action="store_true", help="also time weight updates on this GPU")
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    report: dict = {"async": summarise(args.async_run, ahead=ASYNC_AHEAD), "sync": summarise(args.sync_run, ahead=0)}
+    fast, slow = report["async"]["steps_per_hour"], report["sync"]["steps_per_hour"]
+    report["async_speedup"] = fast / slow if fast and slow else None
+    live, replayed = report["async"]["mismatch_kl_live_routing"], report["async"]["mismatch_kl_replayed"]
+    report["r3_kl_reduction_gpu"] = live / replayed if live and replayed else None
+    report["r3_kl_reduction_gpu_step_median"] = report["async"]["r3_step_ratio_median"]
+    if args.measure:
+        report["weight_update"] = measure_updates(args.model_dir)
+    elif args.results.is_file():  # keep an earlier measurement when only summarising
+        earlier = json.loads(args.results.read_text()).get("weight_update")
+        if earlier:
+            report["weight_update"] = earlier
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="agentrl on one H200: glm-air-5b, reverse-text")
+    for column in ("measure", "async (ahead 1)", "sync", "target"):
+        table.add_column(column)
+    split_a, split_s = report["async"]["split_median_s"], report["sync"]["split_median_s"]
+    for key in split_a:
+        table.add_row(f"{key} (median)", f"{split_a[key]:.2f}", f"{split_s[key]:.2f}", "")
+    table.add_row("steps/hour", f"{fast:.0f}", f"{slow:.0f}", "async >= 1.5x sync")
+    table.add_row("async_speedup", f"{report['async_speedup']:.2f}x", "", ">= 1.5")
+    table.add_row("reward first 10 -> last 10", f"{report['async']['reward_first10']:.3f} -> "
+                  f"{report['async']['reward_last10']:.3f}", "", "rising")
+    table.add_row("r3_kl_reduction_gpu (pooled / step median)", f"{report['r3_kl_reduction_gpu']:.2f}x / "
+                  f"{report['r3_kl_reduction_gpu_step_median']:.2f}x", "", ">= 5")
+    update = report.get("weight_update")
+    if update:
+        table.add_row("weight update ipc / filesystem (s)", f"{update['ipc_median_s']:.2f} / "
+                      f"{update['filesystem_median_s']:.2f}", "", "ipc < 2 s")
+    Console().print(table)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
