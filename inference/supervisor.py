@@ -9,7 +9,8 @@
   restart is recorded in `events`; `went_down()` tells a caller whose call just failed
   whether the server died (even before the next poll has seen it) or the call failed itself.
 - `SupervisedClient` wraps a `ChatClient` (the token client): a call that fails because
-  the server died waits for the supervisor to bring it back and retries (a completion is
+  the server died or failed on its side (connection error, HTTP 5xx; a 4xx refusal is raised
+  at once) waits for the supervisor to bring it back and retries (a completion is
   only ever returned whole, so a retry cannot duplicate tokens); when retries run out, or
   the supervisor gave up, it raises `InferenceError`, which environments record as a
   failed rollout (`Rollout.error`). A request is never silently dropped.
@@ -273,6 +274,8 @@ class SupervisedClient:
             try:
                 return await getattr(self.client, name)(*args, **kwargs)
             except (InferenceError, httpx.HTTPError) as error:
+                if isinstance(error, InferenceError) and not error.retryable:
+                    raise  # the server refused the request (HTTP 4xx): a restart would not change that
                 if self.supervisor.failed:
                     self.failed += 1
                     raise InferenceError(f"inference server lost: {self.supervisor.failed}") from error

@@ -47,7 +47,17 @@ _GREEDY_BELOW = 1e-5
 
 
 class InferenceError(AgentrlError):
-    """The inference server refused or failed a request."""
+    """The inference server refused or failed a request.
+
+    `retryable`: the server was unreachable or failed on its side (connection error, HTTP 5xx),
+    so the same request may succeed once it is back; a refusal (HTTP 4xx) is not retried.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status the server answered with (None when there was no answer)."""
+        self.retryable = (status is None or status >= 500) if retryable is None else retryable
 
 
 class ContextLengthError(AgentrlError):
@@ -278,11 +288,13 @@ class TokenClient:
                 raise self._too_long(len(prompt_ids), context, refused=True)
         if response.status_code != 200:
             raise InferenceError(
-                f"{self.base_url}/inference/v1/generate answered {response.status_code}: {response.text[:300]}"
+                f"{self.base_url}/inference/v1/generate answered {response.status_code}: {response.text[:300]}",
+                status=response.status_code,
             )
         choices = response.json()["choices"]
         if len(choices) != n:
-            raise InferenceError(f"{self.base_url}/inference/v1/generate: asked for {n} choices, got {len(choices)}")
+            raise InferenceError(f"{self.base_url}/inference/v1/generate: asked for {n} choices, got {len(choices)}",
+                                 retryable=False)
         for choice in choices:
             for span in choice.get("weight_versions") or []:
                 self._note_version(span.get("version"))
@@ -401,7 +413,8 @@ class OpenAIClient:
         except httpx.HTTPError as exc:
             raise InferenceError(f"{self.base_url}/chat/completions: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise InferenceError(f"{self.base_url}/chat/completions answered {response.status_code}: {response.text[:300]}")
+            raise InferenceError(f"{self.base_url}/chat/completions answered {response.status_code}: {response.text[:300]}",
+                                 status=response.status_code)
         data = response.json()
         choice = data["choices"][0]
         raw = choice.get("message") or {}

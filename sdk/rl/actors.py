@@ -27,7 +27,11 @@ class RolloutWorker:
     """Runs groups of rollouts of the environment against the run's inference endpoint."""
 
     def __init__(self, env_name: str, env_args: dict[str, Any], *, url: str, model: str, nice: int = 0,
-                 recovery_timeout_s: float = 600.0) -> None:
+                 recovery_timeout_s: float = 600.0, tokenizer_dir: str | None = None,
+                 tokenizer_files: dict[str, bytes] | None = None) -> None:
+        """`model` is the served model name; prompts are rendered with the tokenizer of `tokenizer_dir` (the
+        run's starting weights: what the servers serve), or with the files shipped from it when this node
+        does not see it, else with `model`'s."""
         from agentrl.client import TokenClient
         from agentrl.cpu_priority import lower_priority
         from agentrl.inference.router import attach_session_affinity
@@ -38,7 +42,7 @@ class RolloutWorker:
         lower_priority(os.getpid(), nice=nice)
 
         self.environment = load_environment(env_name, **env_args)
-        client = TokenClient(url, model=model)
+        client = TokenClient(url, model=model, renderer=_renderer(tokenizer_dir, tokenizer_files))
         attach_session_affinity(client.http)
         watch = EndpointWatch(url)
         self.client = SupervisedClient(client, watch, max_retries=max(1, int(recovery_timeout_s / watch.health_interval_s)),
@@ -56,6 +60,26 @@ class RolloutWorker:
 
         with trajectory_session(uuid.uuid4().hex):  # the group's rollouts share its prompt: one replica
             return await self.environment.run_group(self.client, task, n=n, sampling=sampling)
+
+
+def _renderer(tokenizer_dir: str | None, files: dict[str, bytes] | None) -> Any:
+    """The chat renderer of `tokenizer_dir`: read there when this node sees it, else from the shipped `files`."""
+    if tokenizer_dir is None:
+        return None
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from agentrl.chat import ChatRenderer
+    from agentrl.rl.shipping import node_dir, write_folder
+
+    if (Path(tokenizer_dir) / "config.json").is_file() or files is None:
+        return ChatRenderer.from_pretrained(tokenizer_dir)
+    scratch = Path(tempfile.mkdtemp(prefix="tokenizer-", dir=node_dir("tmp")))
+    try:  # the tokenizer lives in memory once loaded: the copy goes at once
+        return ChatRenderer.from_pretrained(write_folder(files, scratch / "model"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _node_id() -> str:

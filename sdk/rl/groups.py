@@ -96,22 +96,30 @@ class TrainerGroup:
         await self._all("push_direct", version, urls=urls, backend=backend)
 
     async def save_checkpoint(self, path: str, *, step: int, trainer_state: bool = True) -> None:
-        """Every rank saves; each node's files are merged into `path` (the driver's checkpoint folder)."""
-        parts = await asyncio.gather(*(rank.save.remote(step, ship=index in self.shippers, trainer_state=trainer_state)
+        """Every rank saves; ranks that see `path` (the driver's checkpoint folder) write into it, the
+        other nodes' files come back from one rank each and are merged into it."""
+        from agentrl.rl.shipping import mark_visible
+
+        token = mark_visible(path)
+        parts = await asyncio.gather(*(rank.save.remote(step, dest=path, token=token, ship=index in self.shippers,
+                                                        trainer_state=trainer_state)
                                        for index, rank in enumerate(self.ranks)))
         files: Folder = {}
         for part in parts:
             files.update(part or {})
-        write_folder(files, path)
-        await asyncio.gather(*(self.ranks[index].clean_checkpoint.remote(step) for index in self.shippers))
+        if files:
+            write_folder(files, path, merge=True)
 
     def load_checkpoint(self, path: Path, step: int) -> int:
+        """Every rank restores `path`: read in place where the node sees it, else shipped to it."""
         import ray
 
         from agentrl.rl.shipping import read_folder
 
-        shared = ray.put(read_folder(path, max_bytes=1 << 62))
-        return ray.get([rank.load.remote(shared, step) for rank in self.ranks])[0]
+        visible = ray.get([rank.sees_checkpoint.remote(str(path)) for rank in self.ranks])
+        shared = ray.put(read_folder(path, max_bytes=1 << 62)) if not all(visible) else None
+        return ray.get([rank.load.remote(step, path=str(path) if seen else None, files=None if seen else shared)
+                        for rank, seen in zip(self.ranks, visible, strict=True)])[0]
 
     def stop(self) -> None:
         import ray
@@ -203,6 +211,12 @@ class InferenceGroup:
     async def set_version(self, version: int) -> None:
         """A direct transport delivered `version` to every server."""
         self.version = version
+
+    def server_pids(self) -> list[int | None]:
+        """Each server's API-server pid on its node (it leads its own session: its process group)."""
+        import ray
+
+        return [ray.get(actor.server_pid.remote()) if hasattr(actor, "server_pid") else None for actor in self.actors]
 
     def versions(self) -> list[int | None]:
         """The version each inference actor last loaded."""

@@ -91,9 +91,10 @@ def _init_ray(config: RunConfig) -> bool:
     return True
 
 
-def _write_placement(path: Path, placement: dict[str, str], *, run_id: str, urls: list[str]) -> None:
+def _write_placement(path: Path, placement: dict[str, str], *, run_id: str, urls: list[str],
+                     pids: list[int | None]) -> None:
     """Record which Ray node (id, address, custom resources) each actor landed on, the actors' names
-    (`ray.get_actor(f"{run_id}-inference-0")`) and the inference servers' URLs."""
+    (`ray.get_actor(f"{run_id}-inference-0")`), and each inference server's URL and pid on its node."""
     import ray
 
     nodes = {node["NodeID"]: node for node in ray.nodes()}
@@ -105,16 +106,20 @@ def _write_placement(path: Path, placement: dict[str, str], *, run_id: str, urls
                            and not k.startswith("bundle_group"))
         described[role] = {"node_id": node_id, "address": node.get("NodeManagerAddress"),
                            "node_manager_port": node.get("NodeManagerPort"), "resources": resources}
-    path.write_text(json.dumps({"run_id": run_id, "inference_urls": urls, "actors": described}, indent=2))
+    servers = [{"url": url, "pid": pid} for url, pid in zip(urls, pids, strict=False)]
+    path.write_text(json.dumps({"run_id": run_id, "inference_urls": urls, "servers": servers, "actors": described},
+                               indent=2))
 
 
-def _model_files(path: Path) -> Any:
-    """The starting weights in the object store, for nodes that do not see `path` (None when too big)."""
+def _model_files(path: Path, reservation: Any) -> Any:
+    """The starting weights in the object store when a placed node does not see `path` (None when every
+    node sees it, or when it is too big to ship: that node's actor then says so)."""
     import ray
 
-    from agentrl.rl.shipping import MAX_SHIPPED_BYTES, folder_bytes, read_folder
+    from agentrl.rl.shipping import MAX_SHIPPED_BYTES, folder_bytes, nodes_missing, read_folder
 
-    if folder_bytes(path) > MAX_SHIPPED_BYTES:
+    slots = [*reservation.spec.trainer, *reservation.spec.inference]
+    if not nodes_missing(path, [reservation.node_of(slot) for slot in slots]) or folder_bytes(path) > MAX_SHIPPED_BYTES:
         return None
     return ray.put(read_folder(path))
 
@@ -174,7 +179,7 @@ def run_training(
     try:
         status("waiting for the placement groups")
         reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
-        model_files = _model_files(start_weights)
+        model_files = _model_files(start_weights, reservation)
         status("starting the vLLM server(s) and the trainer")
         if config.launch.colocate:  # vLLM sizes its share of the GPU from what is free: it starts first
             inference = InferenceGroup.start(reservation, run_id=run_id, config=config, deployment=deployment,
@@ -200,16 +205,22 @@ def run_training(
                                    "run.checkpoint_trainer_state = false); start a new run from its HF export with "
                                    f"--set model.init_checkpoint={info.path}")
             trainer.load_checkpoint(info.path, info.step)
+        # Rollouts render prompts with the served weights' tokenizer, shipped (small) to nodes that don't see it.
+        from agentrl.rl.shipping import WEIGHT_SUFFIXES, read_folder
+
+        tokenizer_files = ray.put(read_folder(start_weights, skip=WEIGHT_SUFFIXES))
         workers = [ray.remote(RolloutWorker).options(**reservation.options(slot)).remote(
                        config.env.name, config.env.args, url=inference.endpoint, model=config.model.name,
-                       nice=config.generation_nice(), recovery_timeout_s=config.launch.startup_timeout_s)
+                       nice=config.generation_nice(), recovery_timeout_s=config.launch.startup_timeout_s,
+                       tokenizer_dir=str(start_weights), tokenizer_files=tokenizer_files)
                    for slot in spec.rollout]
         placement = {f"trainer-{rank}": node for rank, node in enumerate(trainer.nodes)}
         placement.update({f"inference-{index}": node for index, node in enumerate(inference.nodes)})
         placement.update({f"rollout-{index}": node for index, node in enumerate(ray.get(
             [worker.node.remote() for worker in workers]))})
         status(f"placement: {placement}")
-        _write_placement(folder.path / "placement.json", placement, run_id=run_id, urls=inference.urls)
+        _write_placement(folder.path / "placement.json", placement, run_id=run_id, urls=inference.urls,
+                         pids=inference.server_pids())
 
         async def checkpoint(step: int, current: OrchestratorState) -> None:
             partial = begin_checkpoint(checkpoint_root, step)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.rl.shipping import Folder, node_dir, read_folder, remove_node_dirs, write_folder
+from agentrl.rl.shipping import Folder, node_dir, read_folder, remove_node_dirs, sees, write_folder
 from agentrl.types import TrainingSample
 
 __all__ = ["TrainerRank"]
@@ -126,30 +126,36 @@ class TrainerRank:
         return time.monotonic() - started
 
     # ---- checkpoints --------------------------------------------------------------------
-    def save(self, step: int, *, ship: bool, trainer_state: bool = True) -> Folder | None:
-        """HF export + (with `trainer_state`) DCP state of every rank into this node's folder (collective).
+    def save(self, step: int, *, dest: str, token: str | None, ship: bool, trainer_state: bool = True) -> Folder | None:
+        """HF export + (with `trainer_state`) DCP state of every rank (collective).
 
-        With `ship` (one rank per node), the node's files come back for the driver's
-        checkpoint folder: the HF export at the top, the DCP state under `trainer/`.
+        A rank that sees the driver's checkpoint folder `dest` (the driver marked it with
+        `token`: same machine or a shared disk) writes straight into it. The others write into
+        this node's folder, and with `ship` (one rank per node) the node's files come back for
+        the driver to merge into `dest`: the HF export at the top, the DCP state under `trainer/`.
         """
-        local = self.folder / "checkpoints" / f"step_{step}"
+        direct = sees(dest, token)  # before any collective: rank 0's export replaces the folder
+        local = Path(dest) if direct else self.folder / "checkpoints" / f"step_{step}"
         self.trainer.export_hf(local)  # replaces the folder: written before the DCP state inside
         if trainer_state:
             self.trainer.save_checkpoint(local / "trainer")
-        if not ship:
+        if direct or not ship:
             return None
         files: Folder = {}
-        for name, data in read_folder(local).items():
+        for name, data in read_folder(local, max_bytes=1 << 62).items():
             # Off rank 0's node the DCP files stay in `trainer.tmp` (rank 0 renames its own copy only).
             files[name.replace("trainer.tmp/", "trainer/", 1)] = data
+        shutil.rmtree(local, ignore_errors=True)
         return files
 
-    def clean_checkpoint(self, step: int) -> None:
-        """Drop this node's copy of a checkpoint the driver now holds."""
-        shutil.rmtree(self.folder / "checkpoints" / f"step_{step}", ignore_errors=True)
+    def sees_checkpoint(self, path: str) -> bool:
+        """Whether this node sees the driver's (complete) checkpoint folder `path`."""
+        return (Path(path) / "COMPLETE").is_file()
 
-    def load(self, files: Folder, step: int) -> int:
-        """Restore the checkpoint the driver shipped (collective); the step it was taken at."""
+    def load(self, step: int, *, path: str | None = None, files: Folder | None = None) -> int:
+        """Restore a checkpoint (collective): from `path` this node sees, else from the shipped `files`."""
+        if path is not None:
+            return self.trainer.load_checkpoint(Path(path) / "trainer")
         local = write_folder(files, self.folder / "resume" / f"rank{self.rank}-step_{step}")
         try:
             return self.trainer.load_checkpoint(local / "trainer")

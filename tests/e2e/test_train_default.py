@@ -8,6 +8,7 @@ updates after every step. The config is the CPU default with fewer steps
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -81,5 +82,5 @@ def test_short_default_run_learns(tmp_path, ranks):
     final = run_dir / "checkpoints" / f"step_{len(rows)}"
     assert (final / "model.safetensors").is_file() and (final / "COMPLETE").is_file()
     assert (run_dir / "config.toml").is_file()
-    server_pid = int((run_dir / "logs" / "vllm.pid").read_text())
+    server_pid = json.loads((run_dir / "placement.json").read_text())["servers"][0]["pid"]
     assert _pid_gone(server_pid), "the vLLM server outlived the run"

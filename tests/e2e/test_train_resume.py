@@ -10,6 +10,7 @@ step, so no optimizer step was applied twice or skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -70,7 +71,8 @@ def test_resume_after_kill_9(tmp_path):
         _kill_group(first)
     killed_at = len(read_metrics(run_dir / "metrics.jsonl"))
     assert killed_at < steps, "the run finished before it could be killed"
-    server_group = int((run_dir / "logs" / "vllm.pid").read_text())  # the server leads its own session
+    # the server leads its own session
+    server_group = json.loads((run_dir / "placement.json").read_text())["servers"][0]["pid"]
     gone = _wait_group_gone(server_group, 60)
     if not gone:
         os.killpg(server_group, signal.SIGKILL)
