@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,12 +36,13 @@ import pytest
 
 from agentrl.rl.report import read_metrics
 from agentrl.rl.resume import latest_checkpoint
+from ray_cluster import ENV as CLUSTER_ENV
+from ray_cluster import free_ports, stop_nodes, wait_nodes, worker_port_range
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
 SFT_WEIGHTS = ROOT / "cookbook" / "cpu-default" / "tiny-moe-sft"
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-ENV.pop("AGENTRL_NODE_DIR", None)  # the driver has none; each node gets its own
+ENV = {key: value for key, value in CLUSTER_ENV.items() if key != "AGENTRL_NODE_DIR"}  # the driver has none; each node gets its own
 STEPS = 6
 KILL_AFTER = 3  # kill once checkpoints/step_K (K >= 3: steps 0, 1, 2 trained) is complete
 
@@ -60,32 +59,6 @@ print(json.dumps({name: ray.get(ray.remote(num_cpus=0, resources={name: 0.001})(
 """
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(count):
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-        ports.append(sock.getsockname()[1])
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-def _worker_port_range(width: int = 200) -> tuple[int, int]:
-    """A free range of worker ports (not a fixed one: another test's cluster may hold it)."""
-    for _ in range(50):
-        low = random.randrange(20000, 30000 - width)
-        try:
-            for port in range(low, low + width, 17):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return low, low + width - 1
-    raise AssertionError("no free worker port range")
-
-
 def _ray_start(*args: str, node_dir: Path, hidden: list[Path], log: Path) -> subprocess.Popen:
     """`ray start --block` in a mount namespace of its own where `hidden` are empty tmpfs mounts."""
     ray_command = [shutil.which("ray") or "ray", "start", "--block", "--disable-usage-stats", *args]
@@ -95,36 +68,6 @@ def _ray_start(*args: str, node_dir: Path, hidden: list[Path], log: Path) -> sub
     return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                             env={**ENV, "AGENTRL_NODE_DIR": str(node_dir)}, stdout=handle, stderr=subprocess.STDOUT,
                             start_new_session=True)
-
-
-def _stop(*processes: subprocess.Popen) -> None:
-    """Stop each node in turn: SIGTERM to `ray start` (it drains the node through the GCS, so the worker
-    node goes before the head), then SIGKILL to whatever is left of its process group."""
-    for process in processes:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
-
-
-def _wait_nodes(address: str, count: int, timeout_s: float = 180) -> None:
-    code = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR'); "
-            "print(sum(1 for n in ray.nodes() if n['Alive']))")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-c", code, address], env=ENV, capture_output=True, text=True,
-                             check=False)
-        if out.returncode == 0 and out.stdout.strip().isdigit() and int(out.stdout.strip()) >= count:
-            return
-        time.sleep(2)
-    raise AssertionError(f"the Ray cluster at {address} did not reach {count} nodes")
 
 
 def _probe(address: str, paths: list[Path]) -> dict:
@@ -200,11 +143,11 @@ def test_two_nodes_no_shared_fs_kill_9_resume(tmp_path):
     shutil.copytree(SFT_WEIGHTS, weights)
     run_dir = driver_dir / "run"
 
-    head_port, a_nm, a_om, b_nm, b_om, a_client = _free_ports(6)
-    a_low, a_high = _worker_port_range()
-    b_low, b_high = _worker_port_range()
+    head_port, a_nm, a_om, b_nm, b_om, a_client = free_ports(6)
+    a_low, a_high = worker_port_range()
+    b_low, b_high = worker_port_range()
     while b_low <= a_high and a_low <= b_high:
-        b_low, b_high = _worker_port_range()
+        b_low, b_high = worker_port_range()
     temp_dir = Path(tempfile.mkdtemp(prefix="ray2n-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     head = _ray_start("--head", "--port", str(head_port), "--num-cpus", "1", "--resources", '{"nodeA": 1}',
                       "--node-ip-address", "127.0.0.1", "--node-manager-port", str(a_nm),
@@ -217,13 +160,13 @@ def test_two_nodes_no_shared_fs_kill_9_resume(tmp_path):
     passed = False
     try:
         address = f"127.0.0.1:{head_port}"
-        _wait_nodes(address, 1)
+        wait_nodes(address, 1)
         worker = _ray_start("--address", address, "--num-cpus", "1", "--resources", '{"nodeB": 1}',
                             "--node-ip-address", "127.0.0.1", "--node-manager-port", str(b_nm),
                             "--object-manager-port", str(b_om), "--min-worker-port", str(b_low),
                             "--max-worker-port", str(b_high),
                             node_dir=dir_b, hidden=[driver_dir, dir_a], log=tmp_path / "worker.log")
-        _wait_nodes(address, 2)
+        wait_nodes(address, 2)
 
         # The hiding is real: neither node sees the driver's folder (nor the weights in it), nor the other's.
         (dir_a / "owner").write_text("A")
@@ -361,7 +304,7 @@ def test_two_nodes_no_shared_fs_kill_9_resume(tmp_path):
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait()
         stopping = time.monotonic()
-        _stop(*(node for node in (worker, head) if node is not None))
+        stop_nodes(*(node for node in (worker, head) if node is not None))
         print(f"nodes stopped in {time.monotonic() - stopping:.0f}s")
         if passed:  # kept when the test fails: the nodes' Ray logs
             shutil.rmtree(temp_dir, ignore_errors=True)
