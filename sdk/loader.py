@@ -1,6 +1,6 @@
 """Find environment packages and load them: `agentrl.load_environment(name_or_path)`.
 
-An environment package is a folder with an `environment.toml` (DESIGN.md section 4,
+An environment package is a folder with an `environment.toml` (docs/DESIGN.md section 4,
 schema in `agentrl.hub.manifest`). `load_environment` accepts
 
 - a path to such a folder (or to its `environment.toml`);
