@@ -26,7 +26,7 @@ RUNSC_ARGS = ("--network=none", "--oci-seccomp")
 
 
 class DaemonJsonError(Exception):
-    """daemon.json exists but cannot be amended (not JSON, not an object, a runtime entry of the wrong type)."""
+    """daemon.json exists but cannot be amended (not JSON, not an object, an entry of the wrong type)."""
 
 
 def merge_runsc(path: str | os.PathLike[str] = DAEMON_JSON, runsc: str = "/usr/bin/runsc") -> bool:
@@ -36,7 +36,8 @@ def merge_runsc(path: str | os.PathLike[str] = DAEMON_JSON, runsc: str = "/usr/b
     try:
         config = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:
-        raise DaemonJsonError(f"{path}: not valid JSON ({exc}); fix it by hand, it was left as it is") from None
+        raise DaemonJsonError(f"{path}: not valid JSON ({exc}); fix it by hand, it was left as it is") \
+            from None
     if not isinstance(config, dict):
         raise DaemonJsonError(f"{path}: holds a JSON {type(config).__name__}, not an object; left as it is")
     before = json.dumps(config, sort_keys=True)

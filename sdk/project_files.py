@@ -54,7 +54,7 @@ def project_root() -> Path:
             return folder
     raise NotFoundError(
         f"agentrl's {' and '.join(PROJECT_DIRS)} folders are neither in the installed package ({installed}) "
-        f"nor in a checkout above {sdk}; reinstall agentrl (pip install agentrl-*.whl, or pip install -e CHECKOUT)"
+        f"nor in a checkout above {sdk}; reinstall agentrl (pip install agentrl-*.whl, or pip install -e DIR)"
     )
 
 

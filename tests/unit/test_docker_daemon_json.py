@@ -1,4 +1,5 @@
-"""scripts/docker_daemon_json.py: runsc merged into a daemon.json keeps every other setting (on temporary files)."""
+"""scripts/docker_daemon_json.py and start-dockerd.sh: runsc merged into a daemon.json keeps every other
+setting; a running engine is used as it is (temporary files, stub docker/dockerd)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def test_a_second_merge_changes_nothing(tmp_path):
 
 def test_an_existing_runsc_entry_is_completed_not_replaced(tmp_path):
     path = tmp_path / "daemon.json"
-    path.write_text(json.dumps({"runtimes": {"runsc": {"path": "/opt/gvisor/runsc",
-                                                       "runtimeArgs": ["--platform=systrap", "--network=none"]}}}))
+    entry = {"path": "/opt/gvisor/runsc", "runtimeArgs": ["--platform=systrap", "--network=none"]}
+    path.write_text(json.dumps({"runtimes": {"runsc": entry}}))
     assert daemon_json.merge_runsc(path) is True
     assert json.loads(path.read_text())["runtimes"]["runsc"] == {
         "path": "/opt/gvisor/runsc", "runtimeArgs": ["--platform=systrap", "--network=none", "--oci-seccomp"]}
@@ -63,8 +64,8 @@ def test_no_file_or_an_empty_one_gets_just_the_runtime(tmp_path):
         if path.name == "empty.json":
             path.write_text("\n")
         assert daemon_json.merge_runsc(path, runsc="/usr/local/bin/runsc") is True
-        assert json.loads(path.read_text()) == {
-            "runtimes": {"runsc": {"path": "/usr/local/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]}}}
+        entry = {"path": "/usr/local/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]}
+        assert json.loads(path.read_text()) == {"runtimes": {"runsc": entry}}
 
 
 @pytest.mark.parametrize("text", ['{"log-driver": "json-file",', "[1, 2]", '{"runtimes": []}',
@@ -104,11 +105,13 @@ def _stubs(tmp_path: Path, runtimes: str) -> dict:
         f'[ -e "{tmp_path}/up" ] || exit 1\n'
         f'case "$*" in *Runtimes*) echo \'{runtimes}\' ;; esac\n'
     )
-    (bin_dir / "dockerd").write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/dockerd.args"\ntouch "{tmp_path}/up"\n')
+    (bin_dir / "dockerd").write_text(f'#!/bin/sh\necho "$@" > "{tmp_path}/dockerd.args"\n'
+                                     f'touch "{tmp_path}/up"\n')
     (bin_dir / "runsc").write_text("#!/bin/sh\n")
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "AGENTRL_DAEMON_JSON": str(tmp_path / "daemon.json"),
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "AGENTRL_DAEMON_JSON": str(tmp_path / "daemon.json"),
             "AGENTRL_DOCKERD_LOG": str(tmp_path / "dockerd.log")}
 
 

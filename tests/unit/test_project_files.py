@@ -11,7 +11,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from agentrl.loader import builtin_environments_dir
 from agentrl.project_files import PROJECT_DIRS, project_path, project_root, resolve_project_path
 from agentrl.rl.config import CPU_DEFAULT_RECIPE, TINY_MOE_SFT, load_run_config
@@ -45,8 +44,8 @@ def test_a_checkout_finds_its_own_folders():
 
 def test_recipe_paths_resolve_inside_the_project_from_anywhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no cookbook/ here
-    assert resolve_project_path("cookbook/cpu-default/tiny-moe-sft") == project_path("cookbook", "cpu-default",
-                                                                                        "tiny-moe-sft")
+    warm = project_path("cookbook", "cpu-default", "tiny-moe-sft")
+    assert resolve_project_path("cookbook/cpu-default/tiny-moe-sft") == warm
     (tmp_path / "cookbook").mkdir()  # a folder of the caller's own wins
     (tmp_path / "cookbook" / "mine.toml").write_text("")
     assert resolve_project_path("cookbook/mine.toml") == Path("cookbook/mine.toml")
@@ -70,7 +69,7 @@ def test_a_wheel_layout_finds_the_shipped_copies(tmp_path):
 
 
 def test_a_package_folder_of_links_finds_the_checkout(tmp_path):
-    """scripts/gpu_run.sh imports agentrl through a folder of links to sdk/: the links lead to the checkout."""
+    """scripts/gpu_run.sh imports agentrl through a folder of links to sdk/: they lead to the checkout."""
     package = tmp_path / "site" / "agentrl"
     package.mkdir(parents=True)
     for module in ("__init__.py", "errors.py", "project_files.py", "loader.py"):
