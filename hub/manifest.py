@@ -1,6 +1,6 @@
 """The environment package manifest (`environment.toml`) and its pydantic schema.
 
-An environment package is a folder (DESIGN.md section 4) with an `environment.toml`:
+An environment package is a folder (docs/DESIGN.md section 4) with an `environment.toml`:
 
     name = "reverse-text"
     version = "0.1.0"

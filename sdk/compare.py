@@ -19,11 +19,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentrl.errors import NotFoundError
+from agentrl.project_files import resolve_project_path
 
 __all__ = ["Comparison", "run_baseline", "compare_checkpoint", "comparison_table"]
-
-_REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 def run_baseline(checkpoint: str | Path) -> str | None:
     """The model a run checkpoint started from, or None when the folder is not a run checkpoint."""
@@ -38,10 +36,7 @@ def run_baseline(checkpoint: str | Path) -> str | None:
     model = data.get("model") or {}
     start = model.get("init_checkpoint")
     if start:
-        path = Path(start).expanduser()
-        if not path.is_absolute() and not path.exists() and (_REPO_ROOT / path).exists():
-            path = _REPO_ROOT / path
-        return str(path)
+        return str(resolve_project_path(start))  # recipes name cookbook/... paths
     return model.get("name")
 
 

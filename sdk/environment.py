@@ -1,6 +1,6 @@
 """The Environment API: datasets of tasks, the rollout loop, and scoring.
 
-`Environment` is the base every environment derives from (contract in DESIGN.md and the
+`Environment` is the base every environment derives from (contract in docs/DESIGN.md and the
 team's shared contracts):
 
     env.get_dataset(split) -> datasets.Dataset      verifiers-style rows: prompt, answer, info, task

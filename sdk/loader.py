@@ -1,11 +1,11 @@
 """Find environment packages and load them: `agentrl.load_environment(name_or_path)`.
 
-An environment package is a folder with an `environment.toml` (DESIGN.md section 4,
+An environment package is a folder with an `environment.toml` (docs/DESIGN.md section 4,
 schema in `agentrl.hub.manifest`). `load_environment` accepts
 
 - a path to such a folder (or to its `environment.toml`);
-- a built-in name: `reverse-text` -> `environments/reverse_text/` next to the installed
-  `sdk/` folder (`-` and `_` are interchangeable);
+- a built-in name: `reverse-text` -> `environments/reverse_text/` of the checkout, or of the
+  package data a wheel installs (`agentrl.project_files`; `-` and `_` are interchangeable);
 - a package in a directory listed in `$AGENTRL_ENV_PATH` (os.pathsep-separated), matched
   by folder name or manifest name;
 - a package installed from the hub: `owner/name[@version]` (`agentrl.hub.refs.find_installed`),
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import agentrl
 from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = [
@@ -66,8 +65,11 @@ class EnvironmentInfo:
 
 
 def builtin_environments_dir() -> Path:
-    """The repository's `environments/` folder, next to the installed `sdk/` folder."""
-    return Path(agentrl.__file__).resolve().parent.parent / "environments"
+    """The built-in environment packages: `environments/` of the checkout, or the copy a wheel ships
+    inside the package (`agentrl.project_files`)."""
+    from agentrl.project_files import project_path
+
+    return project_path("environments")
 
 
 def _search_roots() -> list[tuple[Path, str]]:

@@ -1,6 +1,6 @@
 """Core data types that cross every boundary: messages, tasks, completions, rollouts.
 
-Tokens, not text, cross the inference boundary (DESIGN.md section 2): a `Completion`
+Tokens, not text, cross the inference boundary (docs/DESIGN.md section 2): a `Completion`
 carries the token ids vLLM produced, their logprobs, the experts each token was routed
 to (for Router Replay, one compact `RoutedExperts` array, see `agentrl.routed`) and the
 policy version that produced each token. A multi-turn

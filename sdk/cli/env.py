@@ -124,7 +124,8 @@ def list_(
     tag: Optional[str] = typer.Option(None, help="Only packages with this tag."),
     installed: bool = typer.Option(False, help="List pulled (installed) packages instead."),
 ) -> None:
-    """List the packages of a hub (latest version of each)."""
+    """List the packages of a hub (latest version of each), then, for the local hub, the environments
+    `agentrl.load_environment` finds by name here (built-in, $AGENTRL_ENV_PATH, pulled)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -143,6 +144,35 @@ def list_(
     Console(width=160).print(table)
     if not rows:
         _echo("no packages found")
+    if hub in (None, "local"):
+        _list_loadable(search, tag)
+
+
+def _list_loadable(search: Optional[str], tag: Optional[str]) -> None:
+    """The environments loadable by name on this machine, with the folder each is loaded from."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from agentrl.errors import AgentrlError
+    from agentrl.hub.manifest import load_manifest
+    from agentrl.loader import list_environments
+
+    table = Table("environment", "version", "source", "tags", "folder", title="loadable by name")
+    table.columns[-1].overflow = "fold"  # a folder is never cut short
+    shown = 0
+    for info in list_environments():
+        try:
+            tags = list(load_manifest(info.path).tags)
+        except AgentrlError:
+            continue
+        if search and search.lower() not in f"{info.name} {info.description}".lower():
+            continue
+        if tag and tag not in tags:
+            continue
+        table.add_row(info.name, info.version, info.source, ", ".join(tags), str(info.path))
+        shown += 1
+    if shown:
+        Console(width=200).print(table)
 
 
 @app.command()

@@ -26,8 +26,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from agentrl.errors import AgentrlError
+        from agentrl.trainer.layout import GIB, plan_layout
         from agentrl.trainer.models.args import MoEModelArgs
-        from agentrl.trainer.parallel import GIB, plan_layout
 
         def _degree(value: str, flag: str) -> int | str:
             if value == "auto":

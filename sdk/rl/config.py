@@ -25,19 +25,20 @@ from typing import Any
 from agentrl.config import BaseConfig, load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.plans import DeploymentConfig
+from agentrl.project_files import project_path, resolve_project_path
 from agentrl.rl.orchestrator import OrchestratorConfig
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
 from pydantic import Field
 
 __all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfig", "load_run_config",
-           "REPO_ROOT", "TINY_MOE_SFT"]
+           "TINY_MOE_SFT", "CPU_DEFAULT_RECIPE"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# In a checkout or shipped inside the installed package (agentrl.project_files).
 #: The committed SFT warm start of tiny-moe (reproduced by cookbook/cpu-default/sft.toml).
-TINY_MOE_SFT = REPO_ROOT / "cookbook" / "cpu-default" / "tiny-moe-sft"
+TINY_MOE_SFT = project_path("cookbook", "cpu-default", "tiny-moe-sft")
 #: The embedded default run (`agentrl train` with no arguments).
-CPU_DEFAULT_RECIPE = REPO_ROOT / "cookbook" / "cpu-default" / "train.toml"
+CPU_DEFAULT_RECIPE = project_path("cookbook", "cpu-default", "train.toml")
 
 
 class EnvSection(BaseConfig):
@@ -136,9 +137,7 @@ class RunConfig(BaseConfig):
     def starting_weights(self) -> Path:
         """The HF folder the policy starts from (init checkpoint, warm start, or the model)."""
         if self.model.init_checkpoint:
-            path = Path(self.model.init_checkpoint).expanduser()
-            if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
-                path = REPO_ROOT / path  # recipe paths are relative to the repository
+            path = resolve_project_path(self.model.init_checkpoint)  # recipes name cookbook/... paths
             if not (path / "config.json").is_file():
                 raise ConfigError(
                     f"model.init_checkpoint={self.model.init_checkpoint!r}: no HF folder (config.json) there; "
@@ -197,6 +196,8 @@ def load_run_config(
     if path is None and (env or "reverse-text") == "reverse-text" and (model or "tiny-moe") == "tiny-moe" \
             and CPU_DEFAULT_RECIPE.is_file():
         path = CPU_DEFAULT_RECIPE  # `agentrl train` with no arguments is the CPU default recipe
+    elif path is not None:
+        path = resolve_project_path(path)  # `--config cookbook/...` also outside a checkout
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)
     _gpu_defaults(config)
     if config.model.init_checkpoint is None and config.env.name == "reverse-text":

@@ -1,6 +1,6 @@
 """The asynchronous RL loop: rollouts in, optimizer steps out, weights back to inference.
 
-The orchestrator (DESIGN.md section 2) keeps groups of rollouts running against the
+The orchestrator (docs/DESIGN.md section 2) keeps groups of rollouts running against the
 inference policy with bounded concurrency while the trainer works, and for each step:
 
 1. takes `groups_per_step` scored groups off the queue, dropping (and counting) every

