@@ -142,7 +142,6 @@ class InferenceGroup:
         """Every server's URL (weights go to each one directly)."""
         self.router = router
         self.nodes = nodes
-        self.version: int | None = None
 
     @property
     def endpoint(self) -> str:
@@ -201,7 +200,6 @@ class InferenceGroup:
         started = time.time()
         results = await asyncio.gather(*(actor.load_weights.remote(version, path=path, files=files)
                                          for actor in self.actors))
-        self.version = version
         if self.updates_log is not None:
             line = {"version": version, "time": started, "load_s": time.time() - started,
                     "served": {url: result.get("served_version") for url, result in zip(self.urls, results, strict=True)}}
@@ -209,20 +207,13 @@ class InferenceGroup:
                 handle.write(json.dumps(line) + "\n")
 
     async def set_version(self, version: int) -> None:
-        """A direct transport delivered `version` to every server."""
-        self.version = version
+        """A direct transport delivered `version` to every server (nothing to load here)."""
 
     def server_pids(self) -> list[int | None]:
         """Each server's API-server pid on its node (it leads its own session: its process group)."""
         import ray
 
         return [ray.get(actor.server_pid.remote()) if hasattr(actor, "server_pid") else None for actor in self.actors]
-
-    def versions(self) -> list[int | None]:
-        """The version each inference actor last loaded."""
-        import ray
-
-        return ray.get([actor.weight_version.remote() for actor in self.actors])
 
     def save_logs(self, log_dir: Path) -> None:
         """Copy each server's log into the run folder (`logs/vllm-<i>.log`)."""

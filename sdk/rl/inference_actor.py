@@ -22,7 +22,6 @@ prints (data-parallel engine ranks, prefill or decode instances), GPUs only.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.rl.shipping import Folder, node_dir, remove_node_dirs, write_folder
+from agentrl.rl.shipping import Folder, node_dir, prune_versions, remove_node_dirs, write_folder
 
 __all__ = ["InferenceActor", "InferenceNodeActor", "local_folder", "replica_server"]
 
@@ -191,7 +190,7 @@ class InferenceActor:
                 # poll has seen the death: wait for it to notice (then restart, restore, retry).
                 if attempt == 2 or not self.supervisor.went_down(since=started):
                     raise  # a real failure, not a server that died during the load
-        self._prune(version)
+        prune_versions(self.folder / "weights", newest=version, keep=KEEP_VERSIONS)
         served = self.served_version()
         # Died right after the load? Its restart puts `version` back (the publisher's latest) before
         # it serves again, so the load is done once it is back: report what it serves then.
@@ -209,12 +208,6 @@ class InferenceActor:
             return str(response.json()["weight_version"]) if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, KeyError):
             return None
-
-    def _prune(self, version: int) -> None:
-        weights = self.folder / "weights"
-        for folder in weights.glob("v*") if weights.is_dir() else []:
-            if folder.name[1:].isdigit() and int(folder.name[1:]) <= version - KEEP_VERSIONS:
-                shutil.rmtree(folder, ignore_errors=True)
 
     def weight_version(self) -> int | None:
         """The version this actor last loaded (the server reports it too)."""

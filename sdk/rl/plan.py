@@ -90,18 +90,11 @@ def plan_run(config: RunConfig) -> str:
     return "\n".join(lines)
 
 
-def _visible_gpus() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:
     """Raise a one-line `ResourceError` listing what is missing for this run."""
     from agentrl.inference.plans import build_plan
     from agentrl.inference.server import detect_device
+    from agentrl.inference.supervisor import visible_gpus
     from agentrl.models import resolve_model
 
     spec = resolve_model(config.model.name)
@@ -115,7 +108,7 @@ def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> No
     if spec.training_gpus and needed < spec.training_gpus:
         missing.append(f"{spec.name} needs at least {spec.training_gpus} GPUs for RL, the config plans {needed} "
                        "(set launch.trainer_gpus and inference.nodes/gpus_per_node)")
-    have = _visible_gpus() if cluster_gpus is None else cluster_gpus
+    have = visible_gpus() if cluster_gpus is None else cluster_gpus
     if needed > have:
         sharing = " sharing them" if config.launch.colocate else ""
         missing.append(f"{needed} GPUs ({inference_gpus} inference + {config.launch.trainer_gpus} trainer{sharing}), "

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["MAX_SHIPPED_BYTES", "WEIGHT_SUFFIXES", "Folder", "folder_bytes", "mark_visible", "node_dir", "nodes_missing", "read_folder",
+__all__ = ["MAX_SHIPPED_BYTES", "WEIGHT_SUFFIXES", "Folder", "folder_bytes", "mark_visible", "node_dir", "nodes_missing", "prune_versions", "read_folder",
            "remove_node_dirs", "sees", "write_folder"]
 
 _MARKER = ".agentrl-visible-"
@@ -85,6 +85,14 @@ def nodes_missing(model_dir: str | Path, nodes: list[str]) -> list[str]:
     found = ray.get([has.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
         str(model_dir)) for node in unique])
     return [node for node, seen in zip(unique, found, strict=True) if not seen]
+
+
+def prune_versions(folder: Path, *, newest: int, keep: int = 2) -> None:
+    """Remove the `v<N>` subfolders of `folder` older than the `keep` newest (up to `newest`): a server may
+    still be reading the one before the newest."""
+    for old in folder.glob("v*") if folder.is_dir() else []:
+        if old.name[1:].isdigit() and int(old.name[1:]) <= newest - keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def folder_bytes(path: str | Path) -> int:

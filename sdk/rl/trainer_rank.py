@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.rl.shipping import Folder, node_dir, read_folder, remove_node_dirs, sees, write_folder
+from agentrl.rl.shipping import Folder, node_dir, prune_versions, read_folder, remove_node_dirs, sees, write_folder
 from agentrl.types import TrainingSample
 
 __all__ = ["TrainerRank"]
@@ -97,9 +97,7 @@ class TrainerRank:
         self.trainer.export_hf(target)
         if self.rank != 0:
             return None
-        for old in target.parent.glob("v*"):  # the two newest exports stay: a server may still be reading one
-            if old.name[1:].isdigit() and int(old.name[1:]) <= version - 2:
-                shutil.rmtree(old, ignore_errors=True)
+        prune_versions(target.parent, newest=version)
         if not ship:
             return str(target)
         files = read_folder(target)

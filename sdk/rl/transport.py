@@ -73,7 +73,6 @@ class WeightPush:
         self.inference = inference
         self.transport = transport
         self.staging_dir = staging_dir
-        self.last_stage_s = 0.0
 
     async def push(self, *, version: int) -> Any:
         if self.transport in ("nccl", "ipc"):
