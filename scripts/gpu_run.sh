@@ -9,7 +9,7 @@
 #   tests     tests/gpu/test_loop_gpu.py (routed experts vs the trainer's router, IPC update logprobs)
 #   sft       agentrl sft --config cookbook/gpu-1xh200/sft.toml (creates glm-air-5b on the GPU first)
 #   train     agentrl train --config cookbook/gpu-1xh200/train.toml -> $OUT/run (report, plots, metrics; no weights)
-#   bench     python3 bench/gpu_loop.py -> $OUT/gpu_loop.json
+#   bench     python3 bench/gpu_loop.py --measure (IPC and filesystem update latency here) -> $OUT/gpu_loop.json
 # Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), <PHASE>_TIMEOUT (seconds).
 set -uo pipefail
 out="${OUT:-/tmp/gpu_run_out}"
@@ -17,12 +17,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 AGENTRL_CACHE=/tmp/agentrl-cache AGENTRL_NODE_DIR=/tmp/agentrl-node
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
-# agentrl without building a wheel: a package folder whose entries link to sdk/ plus the subpackages
-shim=/tmp/agentrl_shim/agentrl
-rm -rf /tmp/agentrl_shim && mkdir -p "$shim"
-for f in sdk/*; do ln -s "$PWD/$f" "$shim/"; done
-for sub in trainer inference hub; do ln -s "$PWD/$sub" "$shim/$sub"; done
-export PYTHONPATH=/tmp/site:/tmp/agentrl_shim:$PWD
+source scripts/agentrl_shim.sh  # agentrl importable from this checkout
 phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra fixtures tests sft train)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$out/gpu.txt"
@@ -61,7 +56,7 @@ for phase in "${phases[@]}"; do
         cp -r "runs/gpu-1xh200/rl/$item" "$out/run/" 2>/dev/null || true
       done ;;
     bench)
-      run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --results "$out/gpu_loop.json" ;;
+      run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --measure --results "$out/gpu_loop.json" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

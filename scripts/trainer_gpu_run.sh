@@ -11,12 +11,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-# agentrl without building a wheel: a package folder whose entries link to sdk/ plus the subpackages
-shim=/tmp/agentrl_shim/agentrl
-rm -rf /tmp/agentrl_shim && mkdir -p "$shim"
-for f in sdk/*; do ln -s "$PWD/$f" "$shim/"; done
-for sub in trainer inference hub; do ln -s "$PWD/$sub" "$shim/$sub"; done
-export PYTHONPATH=/tmp/site:/tmp/agentrl_shim
+source scripts/agentrl_shim.sh  # agentrl importable from this checkout
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.device_count(), 'GPUs')"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
