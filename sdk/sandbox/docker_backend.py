@@ -49,10 +49,14 @@ from agentrl.sandbox.sandboxd import USER_VARIABLE
 
 __all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
 
-# gVisor's own host threads (Sentry, gofer, ptrace stubs) count against the container's pids
-# limit; without headroom it crashes on ordinary use. A fork bomb past the limit kills the
-# whole gVisor sandbox (instead of failing fork()), which still stops it.
-RUNSC_PIDS_HEADROOM = 128
+# gVisor's own host threads count against the container's pids limit: the Sentry's, the
+# gofer's and, on the ptrace platform (Debian's runsc), a stub process per guest process with a
+# stub thread for each Sentry thread that ran it. Five guest processes already took 170 host
+# pids here; when a stub cannot be created the Sentry panics ("error initializing first thread:
+# resource temporarily unavailable") and the whole sandbox dies with exit code 2. So runsc gets
+# twice the limit plus this headroom. A fork bomb past it still kills the whole gVisor sandbox
+# (instead of failing fork()), which stops it.
+RUNSC_PIDS_HEADROOM = 384
 SERVER_MAX_STDIN_BYTES = 8 * 1024 * 1024
 SERVER_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 _EXECUTOR = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agentrl-sandbox")
@@ -155,7 +159,7 @@ class DockerSandbox(Sandbox):
             nano_cpus=int(cfg.cpus * 1e9),
             mem_limit=f"{cfg.memory_mb}m",
             memswap_limit=f"{cfg.memory_mb}m",
-            pids_limit=cfg.pids_limit + (RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else 0),
+            pids_limit=2 * cfg.pids_limit + RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else cfg.pids_limit,
             security_opt=["no-new-privileges"],
             cap_drop=["ALL"],
             cap_add=SERVER_CAPABILITIES,

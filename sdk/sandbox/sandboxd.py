@@ -144,31 +144,39 @@ def kill_marked(user, marker):
 
 
 def kill_all():
-    """SIGKILL every process but init, the launcher and this server, until none is left; how many were killed."""
+    """SIGKILL every process but init, the launcher and this server, until none is left; how many were killed.
+
+    Each process (a pid with its start time, so a reused pid counts as new) gets one SIGKILL; the
+    loop then only waits for it to die, and signals what appeared meanwhile (forks in flight),
+    for at most 10 s.
+    """
     keep = {1, os.getpid(), os.getppid()}
-    killed = 0
-    for _ in range(200):
+    signalled = set()
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
         alive = []
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in keep:
                 continue
             try:
                 with open("/proc/" + name + "/stat", "rb") as handle:
-                    state = handle.read().rsplit(b")", 1)[1].split()[0]
+                    fields = handle.read().rsplit(b")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if state != b"Z":
-                alive.append(int(name))
+            if len(fields) > 19 and fields[0] != b"Z":
+                alive.append((int(name), fields[19]))  # fields[19]: the start time (stat's 22nd field)
         if not alive:
             break
-        for pid in alive:
+        for process in alive:
+            if process in signalled:
+                continue
+            signalled.add(process)
             try:
-                os.kill(pid, 9)
-                killed += 1
+                os.kill(process[0], 9)
             except OSError:
                 pass
-        time.sleep(0.002)
-    return killed
+        time.sleep(0.005)
+    return len(signalled)
 
 
 class Job:
