@@ -34,7 +34,7 @@ from agentrl.errors import AgentrlError
 from swe_mutate import MutationSite, apply_site, enumerate_sites, select_sites
 from swe_projects import PROJECTS, Project, fetch_sdist, get_project
 from swe_sandbox import open_sandbox, run_pytest
-from swe_task import COMMIT_ENV, DEFAULT_TEST_COMMAND, REPO_DIR, commit_message
+from swe_task import COMMIT_ENV, GENERATED_TEST_COMMAND, REPO_DIR, commit_message
 
 __all__ = ["candidate_sites", "generate", "generate_project", "problem_statement", "project_sources", "split_of"]
 
@@ -232,7 +232,7 @@ async def generate_project(project: Project, *, seed: int, limit: int, test_time
                 "problem_statement": problem_statement(project, site, _docstring(original, site.function),
                                                        fail_to_pass, run.output),
                 "bug_patch": diff.stdout,
-                "test_command": DEFAULT_TEST_COMMAND,
+                "test_command": GENERATED_TEST_COMMAND,
                 "split": split_of(project, site.path, site.function),
                 "license": project.license,
                 "mutation": {"operator": site.operator, "file": site.path, "function": site.function,

@@ -5,7 +5,11 @@ start state (swe_task.prepare_repository), applies the diff with `git apply`, pu
 test file or conftest.py the diff touched (the tests decide the reward, so the diff may not
 change them), applies the row's test_patch (as SWE-bench does), runs the files holding
 FAIL_TO_PASS and PASS_TO_PASS with a timeout, and reads every test's outcome from the
-pytest report plugin. The reward
+pytest report plugin. Rows that carry an `eval_script` (swebench 5) or whose tests are not
+pytest node ids (Django's, sympy's) are graded as SWE-bench grades them instead: the eval
+script runs in the fresh sandbox and swebench's log parser reads its output
+(swe_bench_grade.py); rows without a `bug_patch` get the diff applied as swebench's harness
+applies it. The reward
 is 1.0 only when the patch applied and every FAIL_TO_PASS and PASS_TO_PASS test passed.
 Nothing random is involved (PYTHONHASHSEED is fixed in the images), so the same diff gets
 the same reward.
@@ -17,9 +21,13 @@ import shlex
 import time
 from dataclasses import asdict, dataclass
 
+from typing import Any
+
 from agentrl.errors import AgentrlError
+from swe_bench import is_swebench_test_path, test_patch_files, uses_eval_script
+from swe_bench_grade import apply_like_swebench, eval_report, run_eval_script, swebench_test_spec
 from swe_sandbox import open_sandbox, run_pytest
-from swe_task import REPO_DIR, SweInstance, prepare_repository
+from swe_task import PYTEST_TEST_COMMAND, REPO_DIR, SweInstance, prepare_repository
 
 __all__ = ["GradeResult", "grade", "grade_in_sandbox"]
 
@@ -68,7 +76,9 @@ def _is_test_file(path: str, instance: SweInstance) -> bool:
     name = path.rsplit("/", 1)[-1]
     top = path.split("/", 1)[0]
     return (path in instance.test_files or name in _PROTECTED_NAMES or top in ("pytest", "_pytest")
-            or (name.startswith("test_") and name.endswith(".py")))
+            or (name.startswith("test_") and name.endswith(".py")) or path in test_patch_files(instance.test_patch)
+            # SWE-bench rows: every path with `test` or `e2e` in it went into test_patch, never into the gold patch
+            or (not instance.bug_patch and is_swebench_test_path(path)))
 
 
 async def _revert_test_files(sandbox, instance: SweInstance) -> int:
@@ -86,24 +96,65 @@ async def _revert_test_files(sandbox, instance: SweInstance) -> int:
     return len(touched)
 
 
-async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout_s: float = 180.0) -> GradeResult:
-    """Grade `diff` in a sandbox that is already in the task's start state."""
+def grading_spec(instance: SweInstance) -> Any:
+    """swebench's TestSpec for rows graded through an eval script, else None; raises for a row that cannot be graded
+    (or when the swebench extra is missing), before any sandbox starts."""
+    return swebench_test_spec(instance, where=instance.instance_id) if uses_eval_script(instance) else None
+
+
+async def _apply_diff(sandbox, instance: SweInstance, diff: str) -> str:
+    """Apply the agent's diff; an error message when it does not apply."""
+    await sandbox.write_file(_PATCH_PATH, diff if diff.endswith("\n") else diff + "\n")
+    if not instance.bug_patch:  # a SWE-bench row: as swebench's harness applies it
+        applied, output = await apply_like_swebench(sandbox, _PATCH_PATH)
+        return "" if applied else "patch does not apply: " + " ".join(output.split())[:300]
+    applied = await sandbox.exec(f"git apply --whitespace=nowarn {_PATCH_PATH}", timeout=60, cwd=REPO_DIR)
+    return "" if applied.exit_code == 0 else "patch does not apply: " + " ".join(applied.stderr.split())[:300]
+
+
+def _report_shares(result: GradeResult, report: dict[str, Any]) -> None:
+    """Fill reward and shares from swebench's report."""
+    status = report.get("tests_status")
+    if status is None:
+        result.error = ("the eval script's log holds no test results between SWE-bench's markers "
+                        "(the test patch did not apply, or the tests did not run)")
+        return
+    shares = []
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        success, failure = len(status[key]["success"]), len(status[key]["failure"])
+        shares.append(success / (success + failure) if success + failure else 1.0)
+    result.fail_to_pass, result.pass_to_pass = shares
+    result.reward = 1.0 if report.get("resolved") else 0.0
+
+
+async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout_s: float = 180.0,
+                           spec: Any = None) -> GradeResult:
+    """Grade `diff` in a sandbox that is already in the task's start state (`spec`: from `grading_spec`)."""
+    if spec is None:
+        spec = grading_spec(instance)
     result = GradeResult(empty_patch=float(not diff.strip()))
     if diff.strip():
-        await sandbox.write_file(_PATCH_PATH, diff if diff.endswith("\n") else diff + "\n")
-        applied = await sandbox.exec(f"git apply --whitespace=nowarn {_PATCH_PATH}", timeout=60, cwd=REPO_DIR)
-        if applied.exit_code != 0:
-            result.error = "patch does not apply: " + " ".join(applied.stderr.split())[:300]
+        result.error = await _apply_diff(sandbox, instance, diff)
+        if result.error:
             return result
     result.patch_applied = 1.0
     result.test_files_reverted = float(await _revert_test_files(sandbox, instance))
+    if spec is not None:
+        log, timed_out = await run_eval_script(sandbox, spec, timeout_s=timeout_s)
+        result.timed_out = float(timed_out)
+        if timed_out:
+            result.error = f"tests timed out after {timeout_s:.0f}s"
+        else:
+            _report_shares(result, eval_report(spec, log, patch=diff))
+        return result
     if instance.test_patch.strip():
         await sandbox.write_file(_TEST_PATCH_PATH, instance.test_patch)
         applied = await sandbox.exec(f"git apply --whitespace=nowarn {_TEST_PATCH_PATH}", timeout=60, cwd=REPO_DIR)
         if applied.exit_code != 0:
             result.error = "test_patch does not apply: " + " ".join(applied.stderr.split())[:300]
             return result
-    run = await run_pytest(sandbox, instance.test_files, timeout_s=timeout_s, test_command=instance.test_command)
+    run = await run_pytest(sandbox, instance.test_files, timeout_s=timeout_s,
+                           test_command=instance.test_command or PYTEST_TEST_COMMAND)
     result.timed_out = float(run.timed_out)
     result.fail_to_pass = _share(instance.FAIL_TO_PASS, run.outcomes)
     result.pass_to_pass = _share(instance.PASS_TO_PASS, run.outcomes)
@@ -116,12 +167,17 @@ async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout
 
 async def grade(instance: SweInstance, diff: str, *, timeout_s: float = 180.0, cpus: float = 1.0,
                 memory_mb: int = 1024, runtime: str = "runc") -> GradeResult:
-    """Grade `diff` in a fresh sandbox started from the task's image."""
+    """Grade `diff` in a fresh sandbox started from the task's image.
+
+    A row that cannot be graded at all (no test command for its runner, an unknown log parser, the swebench
+    extra missing) raises its one-line error; failures of this one grading run become `GradeResult.error`.
+    """
     started = time.monotonic()
+    spec = grading_spec(instance)
     try:
         async with open_sandbox(instance.image_name, cpus=cpus, memory_mb=memory_mb, runtime=runtime) as sandbox:
             await prepare_repository(sandbox, instance)
-            result = await grade_in_sandbox(sandbox, instance, diff, timeout_s=timeout_s)
+            result = await grade_in_sandbox(sandbox, instance, diff, timeout_s=timeout_s, spec=spec)
     except AgentrlError as exc:
         result = GradeResult(error=str(exc))
     result.grade_s = round(time.monotonic() - started, 3)

@@ -27,7 +27,8 @@ if __package__ in (None, ""):
 from agentrl.errors import AgentrlError, NotFoundError
 from swe_projects import PROJECTS, Project, fetch_sdist, get_project
 
-__all__ = ["CONTENT_LABEL", "DEFAULT_BASE_IMAGE", "base_image", "build_images", "build_project_image"]
+__all__ = ["CONTENT_LABEL", "DEFAULT_BASE_IMAGE", "base_image", "build_cached_image", "build_folder_image", "build_images",
+           "build_project_image"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DOCKERFILE = PACKAGE_DIR / "Dockerfile"
@@ -59,41 +60,72 @@ def _content_hash(project: Project, base_id: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def build_project_image(project: Project, *, base: str | None = None, client=None) -> str:
-    """Build (or reuse) the project's image and return its name."""
+def _base_image_id(client, base: str) -> str:
     import docker
 
-    client = client or _docker_client()
-    base = base or base_image()
     try:
-        base_id = client.images.get(base).id
+        return client.images.get(base).id
     except docker.errors.ImageNotFound:
         raise NotFoundError(
             f"swe: base image {base} not found; build it with 'agentrl sandbox build-base' "
             f"or set AGENTRL_SWE_BASE_IMAGE"
         ) from None
-    content = _content_hash(project, base_id)
+
+
+def _is_current(client, tag: str, content: str) -> bool:
+    """Whether the image `tag` exists and carries the `content` hash."""
+    import docker
+
     try:
-        existing = client.images.get(project.image_name)
-        if (existing.labels or {}).get(CONTENT_LABEL) == content:
-            return project.image_name
+        return (client.images.get(tag).labels or {}).get(CONTENT_LABEL) == content
     except docker.errors.ImageNotFound:
-        pass
+        return False
+
+
+def build_cached_image(client, *, tag: str, context: str | Path, content: str, buildargs: dict[str, str],
+                       labels: dict[str, str] | None = None) -> str:
+    """Build `context` as `tag` (no network) unless the image already carries the `content` hash; returns `tag`."""
+    import docker
+
+    if _is_current(client, tag, content):
+        return tag
+    try:
+        client.images.build(path=str(context), tag=tag, rm=True, forcerm=True, network_mode="none",
+                            buildargs=buildargs, labels={CONTENT_LABEL: content, **(labels or {})})
+    except docker.errors.BuildError as exc:
+        log = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log)[-400:]
+        raise AgentrlError(f"swe: building {tag} failed: {' '.join(log.split())}") from None
+    return tag
+
+
+def build_folder_image(folder: str | Path, *, tag: str, base: str | None = None, client=None) -> str:
+    """Build (or reuse, by a hash of the folder's files and the base image id) the image of a folder holding a
+    Dockerfile whose `FROM ${BASE_IMAGE}` is the base image; returns `tag`."""
+    client = client or _docker_client()
+    base = base or base_image()
+    folder = Path(folder)
+    digest = hashlib.sha256(_base_image_id(client, base).encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(b"\0" + str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return build_cached_image(client, tag=tag, context=folder, content=digest.hexdigest()[:32],
+                              buildargs={"BASE_IMAGE": base})
+
+
+def build_project_image(project: Project, *, base: str | None = None, client=None) -> str:
+    """Build (or reuse) the project's image and return its name."""
+    client = client or _docker_client()
+    base = base or base_image()
+    content = _content_hash(project, _base_image_id(client, base))
+    if _is_current(client, project.image_name, content):  # before fetching the sdist
+        return project.image_name
     sdist = fetch_sdist(project)
     with tempfile.TemporaryDirectory(prefix="agentrl-swe-build-") as context:
         shutil.copy(DOCKERFILE, Path(context) / "Dockerfile")
         shutil.copy(sdist, Path(context) / project.sdist)
-        try:
-            client.images.build(
-                path=context, tag=project.image_name, rm=True, forcerm=True, network_mode="none",
-                buildargs={"BASE_IMAGE": base, "SDIST": project.sdist, "SOURCE_ROOT": project.source_root},
-                labels={CONTENT_LABEL: content, "agentrl.swe.project": project.name,
-                        "agentrl.swe.version": project.version},
-            )
-        except docker.errors.BuildError as exc:
-            log = "".join(str(chunk.get("stream", "")) for chunk in exc.build_log)[-400:]
-            raise AgentrlError(f"swe: building {project.image_name} failed: {' '.join(log.split())}") from None
-    return project.image_name
+        return build_cached_image(
+            client, tag=project.image_name, context=context, content=content,
+            buildargs={"BASE_IMAGE": base, "SDIST": project.sdist, "SOURCE_ROOT": project.source_root},
+            labels={"agentrl.swe.project": project.name, "agentrl.swe.version": project.version})
 
 
 def build_images(names: list[str] | None = None, *, base: str | None = None) -> list[str]:

@@ -6,7 +6,8 @@ non-root sandbox user, commands killed at their timeout) with the repository at 
 
 `run_pytest` runs test files inside a sandbox with a tiny pytest plugin that writes every
 test's outcome (node id -> passed / failed / skipped / error) to a JSON file, so outcomes
-do not depend on parsing pytest's console output.
+do not depend on parsing pytest's console output; in an image with SWE-bench's conda env
+`testbed`, that env is activated first.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.errors import AgentrlError
+from swe_bench import CONDA_ACTIVATE
 
 __all__ = ["REPORT_PLUGIN", "SANDBOX_ENV", "TestRun", "open_sandbox", "run_pytest", "sandbox_config"]
 
@@ -102,7 +104,7 @@ async def run_pytest(sandbox, test_files: list[str], *, timeout_s: float = 120.0
     await sandbox.write_file(f"{_PLUGIN_DIR}/agentrl_swe_report.py", REPORT_PLUGIN)
     files = " ".join(shlex.quote(path) for path in sorted(set(test_files)))
     command = (
-        f"rm -f {_REPORT_PATH}; "
+        f"{CONDA_ACTIVATE}; rm -f {_REPORT_PATH}; "
         f"PYTHONPATH={_PLUGIN_DIR}:$PYTHONPATH AGENTRL_SWE_REPORT={_REPORT_PATH} "
         f"{test_command} -p agentrl_swe_report -p no:cacheprovider -q --tb=short -W ignore {files}"
     )

@@ -4,7 +4,9 @@ Rows follow SWE-bench (`instance_id, repo, version, base_commit, patch, test_pat
 FAIL_TO_PASS, PASS_TO_PASS, image_name, problem_statement`); FAIL_TO_PASS / PASS_TO_PASS
 may be lists or JSON-encoded strings as in the published SWE-bench datasets, so real
 SWE-bench / SWE-Gym / R2E-Gym style rows load through the same code when their images
-exist locally. Generated rows add `bug_patch` (the injected mutation) and `source_digest`.
+exist locally, and `swebench` 5 rows bring `image`, `eval_script`, `log_parser` and
+`eval_type` (swe_bench.py: image names, test ids and which grader a row gets).
+Generated rows add `bug_patch` (the injected mutation) and `source_digest`.
 
 Start state (`prepare_repository`): for a generated row the image holds the clean project
 at its release; the bug patch is applied and the repository re-initialised as a single
@@ -22,6 +24,7 @@ from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from swe_bench import is_pytest_id, swebench_image_name
 
 __all__ = ["REPO_DIR", "SweInstance", "load_instances", "prepare_repository", "task_commit_script"]
 
@@ -29,7 +32,10 @@ REPO_DIR = "/testbed"
 COMMIT_ENV = ("GIT_AUTHOR_DATE='2000-01-01T00:00:00Z' GIT_COMMITTER_DATE='2000-01-01T00:00:00Z' "
               "GIT_AUTHOR_NAME=agentrl GIT_AUTHOR_EMAIL=agentrl@localhost "
               "GIT_COMMITTER_NAME=agentrl GIT_COMMITTER_EMAIL=agentrl@localhost")
-DEFAULT_TEST_COMMAND = "python3 -m pytest -c /dev/null --rootdir /testbed"
+# Generated rows (sdists whose pytest config may need plugins the image lacks) run without the config;
+# other rows run pytest under the repository's own config.
+GENERATED_TEST_COMMAND = "python3 -m pytest -c /dev/null --rootdir /testbed"
+PYTEST_TEST_COMMAND = "python3 -m pytest --rootdir /testbed"
 
 
 class SweInstance(BaseModel):
@@ -50,7 +56,8 @@ class SweInstance(BaseModel):
     test_patch: str = ""
     """Diff applied before grading (new or changed tests); empty for generated rows."""
     FAIL_TO_PASS: list[str]
-    """Tests (pytest node ids) that fail at the start state and must pass after the fix."""
+    """Tests that fail at the start state and must pass after the fix (pytest node ids, or the names the
+    repo's test runner prints, e.g. Django's `test_x (module.Class)`)."""
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     """Tests that pass at the start state and must still pass."""
     image_name: str
@@ -61,8 +68,16 @@ class SweInstance(BaseModel):
     """Generated rows: the injected bug, applied to the image's clean tree at start."""
     source_digest: str = ""
     """Generated rows: `sha256:` of the upstream sdist the image was built from."""
-    test_command: str = DEFAULT_TEST_COMMAND
-    """Command that runs pytest inside the sandbox (test files are appended)."""
+    test_command: str = ""
+    """The repo's test command (test files or Django test modules are appended); empty: pytest under the repo's
+    config for pytest node ids, else the command SWE-bench uses for the repo (swe_bench.KNOWN_TEST_COMMANDS)."""
+    eval_script: str = ""
+    """swebench 5: the bash script that applies test_patch and runs the tests between SWE-bench's output markers."""
+    log_parser: str = ""
+    """swebench 5: name of the `swebench` log parser for the eval script's output (e.g. `parse_log_django`);
+    empty: swebench's parser for the repo."""
+    eval_type: str = ""
+    """swebench 5: `pass_and_fail` or `fail_only` (only failures are reported); empty: as swebench decides."""
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -73,21 +88,26 @@ class SweInstance(BaseModel):
 
     @property
     def test_files(self) -> list[str]:
-        """The files holding the FAIL_TO_PASS and PASS_TO_PASS tests."""
-        return sorted({node.split("::")[0] for node in self.FAIL_TO_PASS + self.PASS_TO_PASS})
+        """The files holding the FAIL_TO_PASS and PASS_TO_PASS tests (pytest node ids only: other ids name no file)."""
+        return sorted({node.split("::")[0] for node in self.FAIL_TO_PASS + self.PASS_TO_PASS if is_pytest_id(node)})
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], *, where: str = "row") -> SweInstance:
-        """Validate a dataset row (also a verifiers row whose `info` holds the fields)."""
+    def from_row(cls, row: dict[str, Any], *, where: str = "row", namespace: str | None = None) -> SweInstance:
+        """Validate a dataset row (also a verifiers row whose `info` holds the fields).
+
+        A row without `image_name` takes its `image` (swebench 5), else SWE-bench's name for the instance
+        under `namespace` (swe_bench.swebench_image_name).
+        """
         data = dict(row)
         info = data.get("info")
         if isinstance(info, str) and info.strip().startswith("{"):
             info = json.loads(info)
         if isinstance(info, dict) and "instance_id" in info and "instance_id" not in data:
             data = {**info, **{k: v for k, v in data.items() if k not in ("info", "prompt", "answer", "task")}}
-        if not data.get("image_name") and data.get("instance_id"):
-            # SWE-bench's published images are named after the instance.
-            data["image_name"] = f"sweb.eval.x86_64.{str(data['instance_id']).lower().replace('__', '_1776_')}:latest"
+        if not data.get("image_name") and data.get("image"):
+            data["image_name"] = data["image"]
+        elif not data.get("image_name") and data.get("instance_id"):
+            data["image_name"] = swebench_image_name(str(data["instance_id"]), namespace=namespace)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
@@ -96,8 +116,8 @@ class SweInstance(BaseModel):
             raise ConfigError(f"swe: {where}: field {field!r}: {first['msg']}") from None
 
 
-def load_instances(path: str | Path) -> list[SweInstance]:
-    """Read SWE-bench style rows from a jsonl (or json list) file."""
+def load_instances(path: str | Path, *, namespace: str | None = None) -> list[SweInstance]:
+    """Read SWE-bench style rows from a jsonl (or json list) file (`namespace`: see SweInstance.from_row)."""
     path = Path(path)
     if not path.exists():
         raise AgentrlError(f"swe: dataset file {path} does not exist")
@@ -113,7 +133,8 @@ def load_instances(path: str | Path) -> list[SweInstance]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"swe: {path}:{number}: not valid JSON ({exc.msg})") from None
-    return [SweInstance.from_row(row, where=f"{path}:{index + 1}") for index, row in enumerate(rows)]
+    return [SweInstance.from_row(row, where=f"{path}:{index + 1}", namespace=namespace)
+            for index, row in enumerate(rows)]
 
 
 def task_commit_script(message: str) -> str:

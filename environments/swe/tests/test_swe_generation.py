@@ -184,7 +184,7 @@ def test_swe_bench_rows_load_with_json_encoded_test_lists():
     }
     instance = SweInstance.from_row(row)
     assert instance.FAIL_TO_PASS == ["astropy/modeling/tests/test_separable.py::test_separable[compound_model6-result6]"]
-    assert instance.image_name == "sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
+    assert instance.image_name == "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
     assert instance.test_files == ["astropy/modeling/tests/test_separable.py"]
 
 

@@ -142,3 +142,33 @@ async def test_swe_bench_style_row_with_test_patch_is_graded_through_the_same_co
     assert unsolved.reward == 0.0 and unsolved.fail_to_pass == 0.0 and unsolved.pass_to_pass == 1.0
     elsewhere = await grade(instance.model_copy(update={"base_commit": "0" * 40}), instance.patch)
     assert elsewhere.reward == 0.0 and "lacks base_commit 000000000000" in elsewhere.error
+
+
+async def test_swe_bench_pytest_row_runs_under_the_repos_own_pytest_config():
+    """pytest rows of SWE-bench run under the repo's config (no `-c /dev/null`): here the repo's pytest.ini
+    makes `check_*` functions tests, so the FAIL_TO_PASS test exists only under it."""
+    import json
+
+    from swe_task import GENERATED_TEST_COMMAND
+
+    build_sample_images()
+    image = "agentrl-swe/inflection:0.5.1"
+    async with open_sandbox(image) as sandbox:
+        head = (await sandbox.exec("git rev-parse HEAD", timeout=30)).stdout.strip()
+        await sandbox.exec("printf '\\n\\ndef shout(word):\\n    return word.upper() + \"!\"\\n' >> inflection/__init__.py",
+                           timeout=30)
+        gold = (await sandbox.exec("git diff", timeout=30)).stdout
+        await sandbox.exec("git checkout -q -- . && printf '[pytest]\\npython_functions = check_* test_*\\n' > pytest.ini"
+                           " && printf 'import inflection\\n\\n\\ndef check_shout():\\n"
+                           "    assert inflection.shout(\"hi\") == \"HI!\"\\n' > test_shout.py && git add -N .",
+                           timeout=30)
+        test_patch = (await sandbox.exec("git diff", timeout=30)).stdout
+    row = {"instance_id": "jpvanhal__inflection-2", "repo": "jpvanhal/inflection", "base_commit": head, "patch": gold,
+           "test_patch": test_patch, "image_name": image, "problem_statement": "Add inflection.shout(word).",
+           "FAIL_TO_PASS": json.dumps(["test_shout.py::check_shout"]), "PASS_TO_PASS": "[]"}
+    instance = SweInstance.from_row(row)
+    assert (await grade(instance, instance.patch)).reward == 1.0
+    assert (await grade(instance, "")).reward == 0.0
+    # the same row with the repo's config dropped: check_shout is no test, so even the gold patch fails
+    dropped = await grade(instance.model_copy(update={"test_command": GENERATED_TEST_COMMAND}), instance.patch)
+    assert dropped.reward == 0.0 and dropped.fail_to_pass == 0.0

@@ -1,0 +1,3 @@
+"""The tiny Django-style project of the SWE-bench grading tests: built into an image, never collected here."""
+
+collect_ignore = ["testbed"]

@@ -1,0 +1,1 @@
+"""minidjango: a tiny Django-shaped package for agentrl's SWE-bench grading tests."""

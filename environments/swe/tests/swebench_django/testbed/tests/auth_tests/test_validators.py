@@ -1,0 +1,34 @@
+import unittest
+
+from minidjango.validators import (
+    ASCIIUsernameValidator, MinimumLengthValidator, UnicodeUsernameValidator, ValidationError,
+)
+
+
+class MinimumLengthValidatorTest(unittest.TestCase):
+    def test_validate(self):
+        MinimumLengthValidator().validate("12345678")
+        with self.assertRaises(ValidationError):
+            MinimumLengthValidator().validate("1234567")
+
+
+class UsernameValidatorsTests(unittest.TestCase):
+    def test_unicode_validator(self):
+        valid_usernames = ["joe", "René", "ᴮᴵᴳᴮᴵᴿᴰ", "أحمد"]
+        invalid_usernames = ["o'connell", "عبد ال", "zerowidth\u200bspace", "nonbreaking\u00a0space", "en\u2013dash"]
+        v = UnicodeUsernameValidator()
+        for valid in valid_usernames:
+            v(valid)
+        for invalid in invalid_usernames:
+            with self.assertRaises(ValidationError, msg=repr(invalid)):
+                v(invalid)
+
+    def test_ascii_validator(self):
+        valid_usernames = ["glenn", "GLEnN", "jean-marc"]
+        invalid_usernames = ["o'connell", "Éric", "jean marc", "أحمد"]
+        v = ASCIIUsernameValidator()
+        for valid in valid_usernames:
+            v(valid)
+        for invalid in invalid_usernames:
+            with self.assertRaises(ValidationError, msg=repr(invalid)):
+                v(invalid)

@@ -1,0 +1,173 @@
+"""SWE-bench rows graded as SWE-bench grades them: image names, non-pytest test ids, eval scripts, swebench's parsers.
+
+The integration tests grade a SWE-bench-format row on a locally built image (agentrl-base plus a tiny
+Django-style project whose tests/runtests.py prints Django's test-runner output) through its
+`eval_script` and the `swebench` package's Django log parser: the gold patch scores 1, the empty one 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1]):
+    if str(_folder) not in sys.path:  # the package's modules and the shared test helpers
+        sys.path.insert(0, str(_folder))
+
+import pytest
+from agentrl.errors import ConfigError, MissingExtraError
+from swe_bench import build_eval_script, is_pytest_id, swebench_image_name, uses_eval_script
+from swe_task import SweInstance
+from swe_testlib import (
+    DJANGO_FAIL_TO_PASS, DJANGO_INSTANCE_ID, DJANGO_NAMESPACE, DJANGO_PASS_TO_PASS, django_row,
+)
+
+try:
+    import swebench  # noqa: F401
+
+    needs_swebench = pytest.mark.skipif(False, reason="swebench is installed")
+except ImportError:
+    needs_swebench = pytest.mark.skip(reason="the swebench extra is not installed (pip install 'agentrl[swebench]')")
+
+BASE = "0123456789abcdef0123456789abcdef01234567"
+TEST_PATCH = ("diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py\n"
+              "--- a/tests/auth_tests/test_validators.py\n+++ b/tests/auth_tests/test_validators.py\n"
+              "@@ -1 +1,2 @@\n import unittest\n+import re\n")
+
+
+def _row(**fields) -> dict:
+    row = {"instance_id": "django__django-11099", "repo": "django/django", "base_commit": BASE, "patch": "",
+           "test_patch": TEST_PATCH, "problem_statement": "bug", "FAIL_TO_PASS": DJANGO_FAIL_TO_PASS,
+           "PASS_TO_PASS": DJANGO_PASS_TO_PASS}
+    return row | fields
+
+
+def test_image_names_follow_swebench_or_the_row(monkeypatch):
+    assert swebench_image_name("django__django-11099") == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    assert swebench_image_name("Org__Repo-1", namespace="127.0.0.1:5000/mirror") == \
+        "127.0.0.1:5000/mirror/sweb.eval.x86_64.org_1776_repo-1:latest"
+    # no namespace: the name swebench's image builder gives a local build (no `_1776_`)
+    assert swebench_image_name("django__django-11099", namespace="") == "sweb.eval.x86_64.django__django-11099:latest"
+    assert SweInstance.from_row(_row()).image_name == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    assert SweInstance.from_row(_row(), namespace="mine").image_name == \
+        "mine/sweb.eval.x86_64.django_1776_django-11099:latest"
+    monkeypatch.setenv("AGENTRL_SWEBENCH_NAMESPACE", "fromenv")
+    assert SweInstance.from_row(_row()).image_name.startswith("fromenv/sweb.eval.x86_64.")
+    # the row's own image: swebench 5's `image`, or `image_name`, which wins
+    assert SweInstance.from_row(_row(image="reg/img:1")).image_name == "reg/img:1"
+    assert SweInstance.from_row(_row(image="reg/img:1", image_name="other:2")).image_name == "other:2"
+
+
+def test_only_pytest_node_ids_name_test_files():
+    assert is_pytest_id("tests/test_x.py::TestA::test_b[a b-1]") and is_pytest_id("test_requests.py")
+    for name in [*DJANGO_FAIL_TO_PASS, "test_issue_12345", "test_Symbol", "--version is equivalent to version",
+                 "test_foo (module.Class.test_foo)", "Regression test for #10348: ChangeList.get_results() ..."]:
+        assert not is_pytest_id(name), name
+    django = SweInstance.from_row(_row())
+    assert django.test_files == [] and uses_eval_script(django)
+    pytest_row = SweInstance.from_row(_row(repo="psf/requests", FAIL_TO_PASS=["test_requests.py::test_a"],
+                                           PASS_TO_PASS=["test_requests.py::TestB::test_c[x]"]))
+    assert pytest_row.test_files == ["test_requests.py"] and not uses_eval_script(pytest_row)
+    # the row's own non-pytest runner: never pytest's report plugin
+    assert uses_eval_script(pytest_row.model_copy(update={"test_command": "tox -e py --"}))
+
+
+def test_eval_script_of_an_older_row_runs_the_repos_own_command():
+    script = build_eval_script(SweInstance.from_row(_row()))
+    test_line = script.split(": '>>>>> Start Test Output'\n")[1].split("\n")[0]
+    assert test_line == "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 auth_tests.test_validators"
+    assert "source /opt/miniconda3/bin/activate; conda activate testbed" in script
+    assert "-c /dev/null" not in script and "agentrl_swe_report" not in script and "-p no:" not in script
+    assert script.count(f"git checkout {BASE} -- tests/auth_tests/test_validators.py") == 2
+    assert script.index("git apply -v -") < script.index(">>>>> Start Test Output") < script.index(">>>>> End")
+    sympy = SweInstance.from_row(_row(repo="sympy/sympy", instance_id="sympy__sympy-20590",
+                                      test_patch=TEST_PATCH.replace("tests/auth_tests/test_validators.py",
+                                                                    "sympy/core/tests/test_basic.py"),
+                                      FAIL_TO_PASS=["test_immutable"], PASS_TO_PASS=["test__aresame"]))
+    assert "bin/test -C --verbose sympy/core/tests/test_basic.py\n" in build_eval_script(sympy)
+    custom = SweInstance.from_row(_row(repo="me/proj", test_command="python3 -m unittest -v"))
+    assert "\npython3 -m unittest -v tests/auth_tests/test_validators.py\n" in build_eval_script(custom)
+
+
+def test_a_row_nothing_can_run_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"not pytest node ids and the row has no eval_script.*test_command") as error:
+        build_eval_script(SweInstance.from_row(_row(repo="me/proj")), where="rows.jsonl:3")
+    assert "rows.jsonl:3" in str(error.value) and "\n" not in str(error.value)
+
+
+@needs_swebench
+def test_swebench_parses_the_log_and_decides():
+    from swe_bench_grade import eval_report, log_parser_name, swebench_test_spec
+
+    instance = SweInstance.from_row(_row())
+    assert log_parser_name(instance) == "parse_log_django"  # swebench's parser for django/django
+    spec = swebench_test_spec(instance)
+    assert "SWEBENCH_TEST_EXIT_CODE=$?" in spec.eval_script  # swebench records the test command's status
+    lines = [f"{name} ... ok" for name in DJANGO_PASS_TO_PASS] + [f"{DJANGO_FAIL_TO_PASS[0]} ... ok",
+                                                                  f"{DJANGO_FAIL_TO_PASS[1]} ... FAIL"]
+    log = "+ : '>>>>> Start Test Output'\n" + "\n".join(lines) + "\n+ : '>>>>> End Test Output'\n"
+    report = eval_report(spec, log, patch="diff")
+    assert not report["resolved"]
+    assert report["tests_status"]["FAIL_TO_PASS"]["failure"] == [DJANGO_FAIL_TO_PASS[1]]
+    assert eval_report(spec, log.replace("... FAIL", "... ok"), patch="diff")["resolved"]
+    with pytest.raises(ConfigError, match="log_parser 'parse_log_nope' is not one of swebench's parsers"):
+        swebench_test_spec(SweInstance.from_row(_row(log_parser="parse_log_nope")))
+    with pytest.raises(ConfigError, match="eval_type 'sometimes'"):
+        swebench_test_spec(SweInstance.from_row(_row(eval_type="sometimes")))
+
+
+def test_without_the_swebench_extra_the_error_names_it(monkeypatch):
+    from swe_bench_grade import swebench_test_spec
+
+    monkeypatch.setitem(sys.modules, "swebench", None)  # `import swebench` now raises ImportError
+    with pytest.raises(MissingExtraError, match=r"pip install 'agentrl\[swebench\]'"):
+        swebench_test_spec(SweInstance.from_row(_row()))
+
+
+@pytest.fixture(scope="module")
+def django_rows() -> dict[str, SweInstance]:
+    return {"swebench5": SweInstance.from_row(django_row()),
+            "older": SweInstance.from_row(django_row(swebench5=False), namespace=DJANGO_NAMESPACE)}
+
+
+@needs_swebench
+@pytest.mark.integration
+@pytest.mark.parametrize("form", ["swebench5", "older"])
+async def test_django_row_graded_through_its_eval_script(django_rows, form):
+    from swe_grade import grade
+
+    instance = django_rows[form]
+    assert instance.image_name == swebench_image_name(DJANGO_INSTANCE_ID, namespace=DJANGO_NAMESPACE)
+    assert bool(instance.eval_script) == (form == "swebench5") and uses_eval_script(instance)
+    gold = await grade(instance, instance.patch)
+    assert (gold.reward, gold.fail_to_pass, gold.pass_to_pass, gold.patch_applied) == (1.0, 1.0, 1.0, 1.0), gold
+    empty = await grade(instance, "")
+    assert (empty.reward, empty.fail_to_pass, empty.pass_to_pass) == (0.0, 0.0, 1.0), empty
+
+
+@needs_swebench
+@pytest.mark.integration
+async def test_a_diff_that_fakes_the_runners_output_is_undone(django_rows):
+    """The log is the agent's code's output: a diff that makes tests/runtests.py print `... ok` lines would pass
+    under any log parser, so (as SWE-bench keeps every path with `test` in it out of gold patches) it is put back."""
+    from swe_bench_grade import eval_report, run_eval_script, swebench_test_spec
+    from swe_grade import grade
+    from swe_sandbox import open_sandbox
+    from swe_task import prepare_repository
+
+    instance = django_rows["swebench5"]
+    names = DJANGO_FAIL_TO_PASS + DJANGO_PASS_TO_PASS
+    fake = "".join(f"    print({name + ' ... ok'!r}, file=sys.stderr)\n" for name in names) + "    sys.exit(0)\n"
+    spec = swebench_test_spec(instance)
+    async with open_sandbox(instance.image_name) as sandbox:
+        await prepare_repository(sandbox, instance)
+        runner = await sandbox.read_file("tests/runtests.py")
+        anchor = "    args = parser.parse_args()\n"
+        await sandbox.write_file("tests/runtests.py", runner.replace(anchor, anchor + fake), mode=0o755)
+        hack = (await sandbox.exec("git diff", timeout=60)).stdout
+        # the hack works when nothing stops it: swebench's parser reads every test as passed
+        log, _ = await run_eval_script(sandbox, spec, timeout_s=120)
+        assert eval_report(spec, log, patch=hack)["resolved"]
+    result = await grade(instance, hack)
+    assert result.patch_applied == 1.0 and result.test_files_reverted == 1.0, result
+    assert (result.reward, result.fail_to_pass, result.pass_to_pass) == (0.0, 0.0, 1.0), result
