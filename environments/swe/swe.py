@@ -2,7 +2,8 @@
 
 Tasks come from `data/{train,test}.jsonl` (generated offline by swe_generate.py from six
 PyPI projects by validated AST mutation; see README.md) or from any SWE-bench / SWE-Gym /
-R2E-Gym style jsonl a user passes as `data_path` (its images must exist locally).
+R2E-Gym style jsonl a user passes as `data_path` or `data_files` (its images must exist
+locally; `agentrl env import swebench` makes a package of such rows).
 
 Each rollout starts a sandbox from the task's image, puts /testbed in the task's start
 state, and lets the model work with the sandbox tools of `agentrl.sandbox_env.SandboxEnv`
@@ -27,12 +28,12 @@ from agentrl.rubric import Rubric
 from agentrl.sandbox_env import SandboxEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
-from swe_grade import GradeResult, grade
+from swe_grade import GradeResult, grade, grading_spec
 from swe_oracle import oracle_policy_for
 from swe_sandbox import sandbox_config
 from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
-__all__ = ["SweEnv", "build_dataset", "load_environment", "oracle_policy", "task_row"]
+__all__ = ["SweEnv", "build_dataset", "checked_instances", "load_environment", "oracle_policy", "task_row"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MAX_DIFF_BYTES = 1_000_000
@@ -64,6 +65,16 @@ def task_row(instance: SweInstance, *, max_problem_chars: int | None = None) -> 
         "task": "swe",
         "example_id": instance.instance_id,
     }
+
+
+def checked_instances(rows: list[dict[str, Any]], *, where: str, namespace: str | None = None) -> list[SweInstance]:
+    """Rows as grading reads them (fields, image name), each checked to be gradable (a test command for its runner,
+    a swebench log parser, the swebench extra where needed); raises the first problem in one line."""
+    instances = []
+    for index, row in enumerate(rows):
+        instances.append(SweInstance.from_row(row, where=f"{where}:{index + 1}", namespace=namespace))
+        grading_spec(instances[-1], where=f"{where}:{index + 1} ({instances[-1].instance_id})")
+    return instances
 
 
 def build_dataset(*, data_dir: str | Path | None = None) -> dict[str, Any]:
@@ -245,9 +256,11 @@ class SweEnv(SandboxEnv):
 
 
 def oracle_policy(*, data_dir: str | Path | None = None, data_path: str | Path | None = None,
-                  mode: str = "edit"):
+                  data_files: dict[str, str] | None = None, mode: str = "edit"):
     """A scripted policy that solves any task of the data by issuing its gold patch through the tools."""
-    if data_path:
+    if data_files:
+        instances = [i for path in dict.fromkeys(data_files.values()) for i in load_instances(path)]
+    elif data_path:
         instances = load_instances(data_path)
     else:
         folder = Path(data_dir) if data_dir else DATA_DIR
@@ -255,13 +268,17 @@ def oracle_policy(*, data_dir: str | Path | None = None, data_path: str | Path |
     return oracle_policy_for(instances, mode=mode)
 
 
-def load_environment(*, data_path: str | None = None, data_dir: str | None = None, max_turns: int | None = None,
+def load_environment(*, data_path: str | None = None, data_dir: str | None = None,
+                     data_files: dict[str, str] | None = None, image_namespace: str | None = None,
+                     max_turns: int | None = None,
                      max_completion_tokens: int | None = 32768, max_seconds: float | None = 1200.0,
                      command_timeout_s: float = 60.0, max_total_command_s: float | None = 1800.0,
                      test_timeout_s: float = 180.0, max_parallel_sandboxes: int = 2, runtime: str = "runc",
                      system_prompt: str | None = None, compact: bool = False,
                      max_problem_chars: int | None = None) -> SweEnv:
-    """The swe environment: the committed splits, or SWE-bench style rows from `data_path` (as 'test' and 'train').
+    """The swe environment: the committed splits, SWE-bench style rows from `data_path` (as 'test' and 'train'), or
+    from `data_files` (split name -> jsonl). Rows without an image get SWE-bench's name under `image_namespace`
+    (default `swebench`, $AGENTRL_SWEBENCH_NAMESPACE; '' for locally built `sweb.eval.x86_64.<id>:latest`).
 
     `compact=True` fits small-context models (e.g. tiny-moe's 2048 tokens): a one-line
     system prompt, only the bash and submit tools with short schemas, problem statements
@@ -276,13 +293,19 @@ def load_environment(*, data_path: str | None = None, data_dir: str | None = Non
         max_problem_chars = COMPACT_PROBLEM_CHARS
 
     def rows_of(path: Path):
-        return lambda: rows_to_dataset([task_row(i, max_problem_chars=max_problem_chars) for i in load_instances(path)])
+        return lambda: rows_to_dataset([task_row(i, max_problem_chars=max_problem_chars)
+                                        for i in load_instances(path, namespace=image_namespace)])
 
-    if data_path:
+    if data_files:
+        missing = [str(path) for path in data_files.values() if not Path(path).exists()]
+        if missing:
+            raise AgentrlError(f"swe: data_files: {missing[0]} does not exist; give jsonl files of SWE-bench style rows")
+        splits: dict[str, Any] = {split: rows_of(Path(path)) for split, path in data_files.items()}
+    elif data_path:
         path = Path(data_path)
         if not path.exists():
             raise AgentrlError(f"swe: data_path {path} does not exist; give a jsonl of SWE-bench style rows")
-        splits: dict[str, Any] = {"train": rows_of(path), "test": rows_of(path)}
+        splits = {"train": rows_of(path), "test": rows_of(path)}
     else:
         folder = Path(data_dir) if data_dir else DATA_DIR
         splits = {split: rows_of(folder / f"{split}.jsonl") for split in ("train", "test")}

@@ -96,10 +96,12 @@ async def _revert_test_files(sandbox, instance: SweInstance) -> int:
     return len(touched)
 
 
-def grading_spec(instance: SweInstance) -> Any:
+def grading_spec(instance: SweInstance, *, where: str | None = None) -> Any:
     """swebench's TestSpec for rows graded through an eval script, else None; raises for a row that cannot be graded
-    (or when the swebench extra is missing), before any sandbox starts."""
-    return swebench_test_spec(instance, where=instance.instance_id) if uses_eval_script(instance) else None
+    (or when the swebench extra is missing), before any sandbox starts (`where`: the row, in errors)."""
+    if not uses_eval_script(instance):
+        return None
+    return swebench_test_spec(instance, where=where or instance.instance_id)
 
 
 async def _apply_diff(sandbox, instance: SweInstance, diff: str) -> str:

@@ -256,3 +256,20 @@ def import_harbor(
 
     folder = import_harbor_task(path, out=out, name=name)
     _echo(f"created {folder}; validate with: agentrl env validate {folder}")
+
+
+@import_app.command("swebench")
+def import_swebench(
+    source: Path = typer.Argument(..., help="SWE-bench rows: a .jsonl/.json file, or a folder written by datasets' "
+                                            "save_to_disk."),
+    out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<name>)."),
+    name: Optional[str] = typer.Option(None, help="Environment name (default: swebench-<file or folder name>)."),
+    namespace: Optional[str] = typer.Option(None, help="Image namespace for rows without an image (default: "
+                                                       "swebench; '' names local builds sweb.eval.x86_64.<id>)."),
+    split: Optional[str] = typer.Option(None, help="Only this split of a saved DatasetDict."),
+) -> None:
+    """Turn SWE-bench rows into an agentrl package graded as SWE-bench grades them."""
+    from agentrl.hub.swebench import import_swebench_rows
+
+    folder = import_swebench_rows(source, out=out, name=name, namespace=namespace, split=split)
+    _echo(f"created {folder}; validate with: agentrl env validate {folder}")
