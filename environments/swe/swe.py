@@ -30,6 +30,7 @@ from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
 from swe_grade import GradeResult, grade, grading_spec
 from swe_oracle import oracle_policy_for
+from swe_bench import CONDA_ACTIVATE
 from swe_sandbox import sandbox_config
 from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
@@ -50,6 +51,8 @@ COMPACT_SYSTEM_PROMPT = "Fix the bug in /testbed with the tools, then call submi
 COMPACT_PROBLEM_CHARS = 200
 COMPACT_TOOL_OUTPUT_CHARS = 300
 COMPACT_MAX_TURNS = 3
+# Sourced by bash before each of the agent's commands: activates SWE-bench images' conda env `testbed` when present.
+AGENT_BASH_ENV = "/tmp/agentrl_swe/bash_env.sh"
 
 
 def task_row(instance: SweInstance, *, max_problem_chars: int | None = None) -> dict[str, Any]:
@@ -157,6 +160,7 @@ class SweEnv(SandboxEnv):
         )
         config = sandbox_config("agentrl-swe/unset:0", cpus=cpus, memory_mb=memory_mb,
                                 default_timeout_s=command_timeout_s, runtime=runtime)
+        config.env["BASH_ENV"] = AGENT_BASH_ENV  # every bash command of the agent runs in the images' conda env
         super().__init__(sandbox=config, rubric=rubric, max_command_timeout_s=command_timeout_s,
                          max_total_command_s=max_total_command_s, **kwargs)
         if compact_tools:  # bash (which can read and edit too) and submit, with the shortest schemas
@@ -202,6 +206,7 @@ class SweEnv(SandboxEnv):
 
     async def setup_sandbox(self, sandbox, task: Task, state: dict[str, Any]) -> None:
         await prepare_repository(sandbox, self.instance(task))
+        await sandbox.write_file(AGENT_BASH_ENV, CONDA_ACTIVATE + "\n")
 
     def is_completed(self, messages: list[Message], state: dict[str, Any]) -> bool:
         last = messages[-1] if messages else None

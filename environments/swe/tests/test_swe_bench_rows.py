@@ -171,3 +171,24 @@ async def test_a_diff_that_fakes_the_runners_output_is_undone(django_rows):
     result = await grade(instance, hack)
     assert result.patch_applied == 1.0 and result.test_files_reverted == 1.0, result
     assert (result.reward, result.fail_to_pass, result.pass_to_pass) == (0.0, 0.0, 1.0), result
+
+
+@needs_swebench
+@pytest.mark.integration
+async def test_the_agent_works_in_the_images_conda_env(django_rows, tmp_path):
+    """The agent's bash runs with the images' conda env `testbed` active (its `python` exists only there)."""
+    import json
+
+    import agentrl
+    from agentrl.policies import ScriptedPolicy, tool_call
+    from agentrl.sampling import SamplingConfig
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(django_row()) + "\n")
+    env = agentrl.load_environment("swe", data_path=str(rows), max_turns=3)
+    policy = ScriptedPolicy([{"tool_calls": [tool_call("bash", command="echo $CONDA_DEFAULT_ENV; python -c 'print(6 * 7)'")]},
+                             {"tool_calls": [tool_call("submit", answer="looked")]}])
+    [rollout] = await env.run_group(policy, env.tasks("test")[0], n=1, sampling=SamplingConfig(max_tokens=1000))
+    output = next(m.content for m in rollout.messages if m.role == "tool")
+    assert "testbed" in output and "42" in output, output
+    assert rollout.reward == 0.0 and rollout.metrics["pass_to_pass"] == 1.0
