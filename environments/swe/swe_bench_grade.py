@@ -38,7 +38,9 @@ _LOG_PATH = "/tmp/agentrl_swe/eval.log"
 # swebench.harness.run_evaluation.GIT_APPLY_CMDS, in its order.
 _APPLY_COMMANDS = ("git apply --verbose", "git apply --verbose --3way", "git apply --verbose --reject",
                    "patch --batch --forward --fuzz=5 -p1 -i")
-_PARSER_MODULES = ("python", "javascript", "c", "go", "java", "php", "ruby", "rust")
+# swebench.harness.log_parsers.<module>.MAP_REPO_TO_PARSER_<suffix>: repo -> parser, per language.
+_PARSER_MAPS = {"python": "PY", "javascript": "JS", "c": "C", "go": "GO", "java": "JAVA", "php": "PHP",
+                "ruby": "RUBY", "rust": "RUST"}
 
 
 def _swebench():
@@ -63,10 +65,9 @@ def log_parser_name(instance: SweInstance, *, where: str = "row") -> str:
             raise ConfigError(f"swe: {where}: log_parser {instance.log_parser!r} is not one of swebench's parsers "
                               f"(e.g. {', '.join(sorted(registry)[:4])}, ...)")
         return instance.log_parser
-    for language in _PARSER_MODULES:
+    for language, suffix in _PARSER_MAPS.items():
         module = importlib.import_module(f"swebench.harness.log_parsers.{language}")
-        parser = getattr(module, f"MAP_REPO_TO_PARSER_{language.upper()}" if language != "python"
-                         else "MAP_REPO_TO_PARSER_PY", {}).get(instance.repo)
+        parser = getattr(module, f"MAP_REPO_TO_PARSER_{suffix}").get(instance.repo)
         if parser is not None:
             return next(name for name, function in registry.items() if function is parser)
     raise ConfigError(f"swe: {where}: swebench has no log parser for repo {instance.repo!r}; "

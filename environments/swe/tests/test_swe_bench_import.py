@@ -64,6 +64,7 @@ async def test_imported_rows_run_and_grade_as_swebench_grades_them(tmp_path):
 def test_saved_hf_dataset_folders_import_with_the_image_namespace(tmp_path):
     import datasets
     from agentrl.hub.package import validate_package
+    from agentrl.hub.swebench import import_swebench_rows
 
     row = django_row(swebench5=False)  # no image: SWE-bench's name under the namespace given
     datasets.Dataset.from_list([row]).save_to_disk(str(tmp_path / "lite"))
@@ -75,7 +76,7 @@ def test_saved_hf_dataset_folders_import_with_the_image_namespace(tmp_path):
     dev = dict(row, instance_id=DJANGO_INSTANCE_ID.replace("11099", "11100"))
     datasets.DatasetDict({"test": datasets.Dataset.from_list([row]), "dev": datasets.Dataset.from_list([dev])}) \
         .save_to_disk(str(tmp_path / "both"))
-    assert _cli(str(tmp_path / "both"), "--out", str(tmp_path / "two"), "--split", "dev").returncode == 0
+    import_swebench_rows(tmp_path / "both", out=tmp_path / "two", split="dev")
     _, splits = validate_package(tmp_path / "two")
     assert set(splits) == {"dev", "train", "test"} and len(splits["test"]) == 1  # aliases of the one split
     assert json.loads(splits["dev"][0]["info"])["image_name"] == \
@@ -83,20 +84,26 @@ def test_saved_hf_dataset_folders_import_with_the_image_namespace(tmp_path):
 
 
 def test_rows_nothing_can_grade_and_bad_sources_are_refused_in_one_line(tmp_path):
+    from agentrl.errors import AgentrlError
+    from agentrl.hub.swebench import import_swebench_rows
+
     row = django_row(swebench5=False) | {"repo": "someone/runner"}  # Django-style ids, no eval_script, no command
     refused = _cli(str(_write_jsonl(tmp_path / "rows.jsonl", [row])), "--out", str(tmp_path / "pkg"))
     assert refused.returncode == 2 and not (tmp_path / "pkg").exists()
     message = refused.stderr.strip()
     assert "\n" not in message and "rows.jsonl[test]:1" in message and "not pytest node ids" in message
     assert "test_command" in message
-    bad_parser = django_row() | {"log_parser": "parse_log_nope"}
-    refused = _cli(str(_write_jsonl(tmp_path / "parser.jsonl", [bad_parser])))
-    assert refused.returncode == 2 and "log_parser 'parse_log_nope'" in refused.stderr
     (tmp_path / "empty").mkdir()
-    refused = _cli(str(tmp_path / "empty"))
-    assert refused.returncode == 2 and "not a folder written by datasets' save_to_disk" in refused.stderr
-    refused = _cli(str(tmp_path / "missing.jsonl"))
-    assert refused.returncode == 2 and "no such file or folder" in refused.stderr
     (tmp_path / "broken.jsonl").write_text("{nope\n")
-    refused = _cli(str(tmp_path / "broken.jsonl"))
-    assert refused.returncode == 2 and "not JSON lines of SWE-bench rows" in refused.stderr
+    cases = [(_write_jsonl(tmp_path / "parser.jsonl", [django_row() | {"log_parser": "parse_log_nope"}]),
+              "log_parser 'parse_log_nope' is not one of swebench's parsers"),
+             (tmp_path / "empty", "not a folder written by datasets' save_to_disk"),
+             (tmp_path / "missing.jsonl", "no such file or folder"),
+             (tmp_path / "broken.jsonl", "not JSON lines of SWE-bench rows")]
+    for source, expected in cases:
+        with pytest.raises(AgentrlError, match=expected) as error:
+            import_swebench_rows(source, out=tmp_path / "out")
+        assert "\n" not in str(error.value)
+    import_swebench_rows(_write_jsonl(tmp_path / "ok.jsonl", [django_row()]), out=tmp_path / "out")
+    with pytest.raises(AgentrlError, match="folder exists and is not empty"):
+        import_swebench_rows(tmp_path / "ok.jsonl", out=tmp_path / "out")

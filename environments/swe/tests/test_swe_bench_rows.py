@@ -101,6 +101,13 @@ def test_swebench_parses_the_log_and_decides():
 
     instance = SweInstance.from_row(_row())
     assert log_parser_name(instance) == "parse_log_django"  # swebench's parser for django/django
+    for repo, parser in [("sympy/sympy", "parse_log_sympy"), ("astropy/astropy", "parse_log_pytest_v2"),
+                         ("chartjs/Chart.js", "parse_log_chart_js"), ("caddyserver/caddy", "parse_log_gotest")]:
+        assert log_parser_name(instance.model_copy(update={"repo": repo})) == parser, repo
+    chart = instance.model_copy(update={"repo": "chartjs/Chart.js", "eval_script": "echo"})
+    assert swebench_test_spec(chart).eval_type == "fail_only"  # swebench grades these repos on failures only
+    with pytest.raises(ConfigError, match="swebench has no log parser for repo 'me/proj'; set the row's log_parser"):
+        log_parser_name(instance.model_copy(update={"repo": "me/proj"}))
     spec = swebench_test_spec(instance)
     assert "SWEBENCH_TEST_EXIT_CODE=$?" in spec.eval_script  # swebench records the test command's status
     lines = [f"{name} ... ok" for name in DJANGO_PASS_TO_PASS] + [f"{DJANGO_FAIL_TO_PASS[0]} ... ok",
