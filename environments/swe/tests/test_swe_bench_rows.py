@@ -18,6 +18,8 @@ import pytest
 from agentrl.errors import ConfigError, MissingExtraError
 from swe_bench import build_eval_script, is_pytest_id, swebench_image_name, uses_eval_script
 from swe_task import SweInstance
+from tests.integration.sandbox_backends import runsc_ok
+
 from swe_testlib import (
     DJANGO_FAIL_TO_PASS, DJANGO_INSTANCE_ID, DJANGO_NAMESPACE, DJANGO_PASS_TO_PASS, django_row,
 )
@@ -139,16 +141,19 @@ def django_rows() -> dict[str, SweInstance]:
 
 @needs_swebench
 @pytest.mark.integration
-@pytest.mark.parametrize("form", ["swebench5", "older"])
-async def test_django_row_graded_through_its_eval_script(django_rows, form):
+@pytest.mark.parametrize("form, runtime", [
+    ("swebench5", "runc"), ("older", "runc"),
+    pytest.param("swebench5", "runsc", marks=pytest.mark.skipif(not runsc_ok(), reason="gVisor runsc not registered")),
+])
+async def test_django_row_graded_through_its_eval_script(django_rows, form, runtime):
     from swe_grade import grade
 
     instance = django_rows[form]
     assert instance.image_name == swebench_image_name(DJANGO_INSTANCE_ID, namespace=DJANGO_NAMESPACE)
     assert bool(instance.eval_script) == (form == "swebench5") and uses_eval_script(instance)
-    gold = await grade(instance, instance.patch)
+    gold = await grade(instance, instance.patch, runtime=runtime)
     assert (gold.reward, gold.fail_to_pass, gold.pass_to_pass, gold.patch_applied) == (1.0, 1.0, 1.0, 1.0), gold
-    empty = await grade(instance, "")
+    empty = await grade(instance, "", runtime=runtime)
     assert (empty.reward, empty.fail_to_pass, empty.pass_to_pass) == (0.0, 0.0, 1.0), empty
 
 
