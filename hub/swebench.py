@@ -13,7 +13,8 @@ score 0 for want of a grader.
 The package written:
 
     environment.toml   entrypoint swebench_rows:load_environment, [dataset.splits] per split,
-                       [sandbox] the first row's image, /testbed, no network
+                       [sandbox] the first row's image, /testbed, no network, the swe environment's
+                       limits; requirements: swebench when a row is graded through an eval script
     swebench_rows.py   load_environment(**kwargs): the built-in `swe` environment over data/*.jsonl;
                        oracle_policy(): the gold patches through the tools
     data/<split>.jsonl verifiers rows (prompt: the problem statement, answer: the gold patch,
@@ -36,6 +37,8 @@ from agentrl.errors import AgentrlError, NotFoundError
 __all__ = ["ENTRY_MODULE", "import_swebench_rows", "read_swebench_rows"]
 
 ENTRY_MODULE = "swebench_rows"
+# Rows graded through an eval script need swebench's parsers: the package says so (`agentrl env install` installs it).
+SWEBENCH_REQUIREMENT = "swebench==5.0.2"
 
 _ENTRY = '''"""Entrypoint of a package imported from SWE-bench rows by `agentrl env import swebench`."""
 
@@ -118,7 +121,8 @@ def import_swebench_rows(source: str | Path, *, out: str | Path | None = None, n
 
     source = Path(source)
     raw = read_swebench_rows(source, split=split)
-    checked, task_row = _swe_attr("checked_instances"), _swe_attr("task_row")
+    checked, task_row, uses_eval_script = (_swe_attr(name) for name in ("checked_instances", "task_row",
+                                                                          "uses_eval_script"))
     instances = {part: checked(rows, where=f"{source}[{part}]", namespace=namespace) for part, rows in raw.items()}
     if not any(instances.values()):
         raise AgentrlError(f"{source}: holds no rows")
@@ -131,14 +135,16 @@ def import_swebench_rows(source: str | Path, *, out: str | Path | None = None, n
     for alias in ("train", "test"):
         files.setdefault(alias, files[first])
     images = sorted({instance.image_name for rows in instances.values() for instance in rows})
+    needs_swebench = any(uses_eval_script(instance) for rows in instances.values() for instance in rows)
     manifest = Manifest(
         name=env_name, version="0.1.0", description=f"SWE-bench rows from {source.name} ({len(images)} images)",
         tags=["swe-bench", "sandbox", "multi-turn", "tools", "coding"], entrypoint=f"{ENTRY_MODULE}:load_environment",
+        requirements=[SWEBENCH_REQUIREMENT] if needs_swebench else [],
         reward=RewardSpec(description="1.0 when SWE-bench resolves the agent's diff (every FAIL_TO_PASS and "
                                       "PASS_TO_PASS test passes), graded in a fresh sandbox as SWE-bench grades it"),
         dataset=DatasetSpec(splits=files),
         sandbox=SandboxSpec(image=instances[first][0].image_name, network=False, workdir="/testbed",
-                            limits=SandboxLimits(cpus=1.0, memory_mb=4096, pids=512, disk_mb=4096, timeout_s=60.0)),
+                            limits=SandboxLimits(cpus=1.0, memory_mb=2048, pids=256, disk_mb=2048, timeout_s=60.0)),
     )
     (target / "data").mkdir(parents=True, exist_ok=True)
     for part, rows in instances.items():

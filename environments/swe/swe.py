@@ -30,11 +30,12 @@ from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
 from swe_grade import GradeResult, grade, grading_spec
 from swe_oracle import oracle_policy_for
-from swe_bench import CONDA_ACTIVATE
+from swe_bench import CONDA_ACTIVATE, uses_eval_script
 from swe_sandbox import sandbox_config
 from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
-__all__ = ["SweEnv", "build_dataset", "checked_instances", "load_environment", "oracle_policy", "task_row"]
+__all__ = ["SweEnv", "build_dataset", "checked_instances", "load_environment", "oracle_policy", "task_row",
+           "uses_eval_script"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MAX_DIFF_BYTES = 1_000_000

@@ -46,6 +46,7 @@ async def test_imported_rows_run_and_grade_as_swebench_grades_them(tmp_path):
     manifest, splits = validate_package(package)
     assert manifest.name == "swebench-verified-mini" and set(splits) == {"test", "train"}
     assert manifest.sandbox.image == django_row()["image"] and manifest.sandbox.workdir == "/testbed"
+    assert manifest.requirements == ["swebench==5.0.2"]  # its rows are graded through swebench's parsers
 
     env = agentrl.load_environment(package)
     [task] = env.tasks("test")
