@@ -13,22 +13,19 @@ class MinimumLengthValidatorTest(unittest.TestCase):
 
 
 class UsernameValidatorsTests(unittest.TestCase):
+    def check(self, validator, valid_usernames, invalid_usernames):
+        for valid in valid_usernames:
+            validator(valid)
+        for invalid in invalid_usernames:
+            with self.assertRaises(ValidationError, msg=repr(invalid)):
+                validator(invalid)
+
     def test_unicode_validator(self):
         valid_usernames = ["joe", "René", "ᴮᴵᴳᴮᴵᴿᴰ", "أحمد"]
         invalid_usernames = ["o'connell", "عبد ال", "zerowidth\u200bspace", "nonbreaking\u00a0space", "en\u2013dash"]
-        v = UnicodeUsernameValidator()
-        for valid in valid_usernames:
-            v(valid)
-        for invalid in invalid_usernames:
-            with self.assertRaises(ValidationError, msg=repr(invalid)):
-                v(invalid)
+        self.check(UnicodeUsernameValidator(), valid_usernames, invalid_usernames)
 
     def test_ascii_validator(self):
         valid_usernames = ["glenn", "GLEnN", "jean-marc"]
         invalid_usernames = ["o'connell", "Éric", "jean marc", "أحمد"]
-        v = ASCIIUsernameValidator()
-        for valid in valid_usernames:
-            v(valid)
-        for invalid in invalid_usernames:
-            with self.assertRaises(ValidationError, msg=repr(invalid)):
-                v(invalid)
+        self.check(ASCIIUsernameValidator(), valid_usernames, invalid_usernames)
