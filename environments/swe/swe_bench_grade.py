@@ -22,6 +22,7 @@ it these rows raise a one-line error naming the extra.
 
 from __future__ import annotations
 
+import json
 import shlex
 import tempfile
 from pathlib import Path
@@ -77,6 +78,11 @@ def log_parser_name(instance: SweInstance, *, where: str = "row") -> str:
 def swebench_test_spec(instance: SweInstance, *, where: str = "row") -> Any:
     """swebench's TestSpec for the row (its `eval_script` property is the script that runs)."""
     constants, _, _, utils = _swebench()
+    assets = getattr(instance, "image_assets", None)
+    assets = json.loads(assets) if isinstance(assets, str) and assets.strip() else assets
+    if isinstance(assets, dict) and any(entry.get("path") for entries in assets.values() for entry in entries or []):
+        raise ConfigError(f"swe: {where}: image_assets (binary files swebench downloads into the tree at eval time) "
+                          "are not supported: grading sandboxes have no network; leave such rows out")
     eval_type = instance.eval_type or ("fail_only" if instance.repo in constants.FAIL_ONLY_REPOS else "pass_and_fail")
     if eval_type not in ("pass_and_fail", "fail_only"):
         raise ConfigError(f"swe: {where}: eval_type {eval_type!r} is not 'pass_and_fail' or 'fail_only'")

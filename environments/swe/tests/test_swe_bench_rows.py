@@ -123,6 +123,10 @@ def test_swebench_parses_the_log_and_decides():
         swebench_test_spec(SweInstance.from_row(_row(log_parser="parse_log_nope")))
     with pytest.raises(ConfigError, match="eval_type 'sometimes'"):
         swebench_test_spec(SweInstance.from_row(_row(eval_type="sometimes")))
+    assets = '{"test_patch": [{"path": "baseline/expected.png", "url": "https://example.invalid/e.png"}]}'
+    with pytest.raises(ConfigError, match="image_assets .* are not supported"):
+        swebench_test_spec(SweInstance.from_row(_row(image_assets=assets)))
+    swebench_test_spec(SweInstance.from_row(_row(image_assets="{}")))  # rows without assets carry an empty one
 
 
 def test_without_the_swebench_extra_the_error_names_it(monkeypatch):
