@@ -174,6 +174,7 @@ def test_serve_unknown_model_is_one_line_error():
     out = subprocess.run([sys.executable, "-m", "agentrl.cli", "serve", "--model", "nope"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and out.stdout == ""
+    from agentrl.models import PRESETS
+
     assert out.stderr.strip().splitlines() == [
-        ("error: unknown model 'nope': use a preset (tiny-moe, glm-air-5b, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
-         "a local HF model folder or an HF repo id")]
+        f"error: unknown model 'nope': use a preset ({', '.join(PRESETS)}), a local HF model folder or an HF repo id"]
