@@ -219,10 +219,11 @@ def main() -> None:
     cuda = torch.cuda.is_available() and not options.cpu
     started = time.time()
     if cuda:
-        rates = measure_rates(air_args(2), seq=16384, cuda=True, gemm_size=8192)
+        # Trainer rows first, in their own processes, on a GPU this process has not touched yet.
         rows = gpu_rows(2, [8192, 16384, 32768], 1, options.steps, []) + gpu_rows(4, [16384], 1, options.steps, [])
         if torch.cuda.device_count() >= 2:
             rows += gpu_rows(2, [32768], 2, options.steps, [65536])
+        rates = measure_rates(air_args(2), seq=16384, cuda=True, gemm_size=8192)
         args_for, path = (lambda r: air_args(r.get("layers", 2))), RESULTS / "step_time_check.json"
         device = torch.cuda.get_device_name(0)
     else:
