@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -130,6 +131,9 @@ def fit(rows: list[dict], args_for) -> dict[str, float]:
         A.append([unit["grouped_gemm_s"], unit["attention_s"], 1.0])
         b.append(r["step_s"] - unit["dense_gemm_s"] - unit["optimizer_s"])
     x, *_ = np.linalg.lstsq(np.array(A), np.array(b), rcond=None)
+    if min(x) <= 0:  # a rate or the overhead came out negative: the rows do not pin them down
+        return {"not_identifiable": f"coefficients {x.tolist()} (seconds per TFLOP/s, overhead): the rows are "
+                                    "dominated by noise or by costs the model lacks"}
     fitted = {"grouped_gemm_tflops": 1 / x[0], "attention_tflops": 1 / x[1], "step_overhead_s": x[2]}
     cp_rows = [r for r in rows if r.get("cp", 1) > 1 and "step_s" in r]
     if cp_rows:
@@ -243,7 +247,8 @@ def main() -> None:
     fitted = fit(rows, args_for) if sum(r["gpus"] == 1 for r in rows) >= 3 else None
     path = options.results or path
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"device": device, "torch": torch.__version__, "rates": rates, "rows": table,
+    path.write_text(json.dumps({"device": device, "torch": torch.__version__, "load_average_1m": os.getloadavg()[0],
+                                "cpu_count": os.cpu_count(), "rates": rates, "rows": table,
                                 "fitted": fitted, "runs": rows, "wall_s": time.time() - started}, indent=2,
                                default=str))
     print(f"wrote {path}")
