@@ -39,10 +39,22 @@ def tiny_args(layers: int):
     """A small GLM-4.5-shaped MoE for the CPU variant (GQA 4/2 heads, 8 experts top-2)."""
     from agentrl.trainer.models.args import MoEModelArgs
 
-    return MoEModelArgs(model_type="glm4_moe", vocab_size=512, hidden_size=128, intermediate_size=256,
-                        moe_intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=32, rotary_dim=16, num_experts=8, top_k=2,
-                        num_shared_experts=1, dense_layers=[])
+    return MoEModelArgs(
+        model_type="glm4_moe",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rotary_dim=16,
+        num_experts=8,
+        top_k=2,
+        num_shared_experts=1,
+        dense_layers=[],
+    )
 
 
 def _timed(fn, *, repeats: int, cuda: bool) -> float:
@@ -98,10 +110,12 @@ def measure_rates(args, *, seq: int, cuda: bool, gemm_size: int) -> dict[str, fl
     rates = {
         "dense_gemm_tflops": matmul_rate(size=gemm_size) / 1e12,
         "grouped_gemm_tflops": grouped_flops / _timed(experts_step, repeats=repeats, cuda=cuda) / 1e12,
-        "attention_tflops": attention_flops / _timed(lambda: attention_step(k, v), repeats=repeats,
-                                                     cuda=cuda) / 1e12,
-        "cp_attention_tflops": attention_flops / _timed(lambda: attention_step(k_all, v_all), repeats=repeats,
-                                                        cuda=cuda) / 1e12,
+        "attention_tflops": attention_flops
+        / _timed(lambda: attention_step(k, v), repeats=repeats, cuda=cuda)
+        / 1e12,
+        "cp_attention_tflops": attention_flops
+        / _timed(lambda: attention_step(k_all, v_all), repeats=repeats, cuda=cuda)
+        / 1e12,
     }
     return rates
 
@@ -110,13 +124,20 @@ def predict(args, row: dict, inputs) -> dict:
     from agentrl.rl.step_time import predict_trainer
     from agentrl.trainer.layout import plan_layout
 
-    plan = plan_layout(args, world=row["gpus"], row_tokens=row["seq"], cp=row.get("cp", 1), gpu_memory_bytes=1e18)
-    return predict_trainer(args, plan, inputs, tokens_per_step=row["seq"] * row["gpus"] // row.get("cp", 1),
-                           mean_sample_tokens=row["seq"])
+    plan = plan_layout(
+        args, world=row["gpus"], row_tokens=row["seq"], cp=row.get("cp", 1), gpu_memory_bytes=1e18
+    )
+    return predict_trainer(
+        args,
+        plan,
+        inputs,
+        tokens_per_step=row["seq"] * row["gpus"] // row.get("cp", 1),
+        mean_sample_tokens=row["seq"],
+    )
 
 
 def fit(rows: list[dict], args_for) -> dict[str, float]:
-    """Effective grouped/attention rates and overhead from the 1-GPU rows, the CP attention rate from CP rows."""
+    """Effective grouped/attention rates and overhead from the 1-GPU rows, CP attention from a CP row."""
     import numpy as np
 
     from agentrl.rl.step_time import StepTimeInputs
@@ -126,23 +147,41 @@ def fit(rows: list[dict], args_for) -> dict[str, float]:
         raise SystemExit("--fit needs three 1-GPU rows of different lengths")
     A, b = [], []
     for r in single:
-        unit = predict(args_for(r), r, StepTimeInputs(dense_gemm_tflops=r["matmul_tflops"], grouped_gemm_tflops=1.0,
-                                                      attention_tflops=1.0, step_overhead_s=0.0)).terms
+        unit = predict(
+            args_for(r),
+            r,
+            StepTimeInputs(
+                dense_gemm_tflops=r["matmul_tflops"],
+                grouped_gemm_tflops=1.0,
+                attention_tflops=1.0,
+                step_overhead_s=0.0,
+            ),
+        ).terms
         A.append([unit["grouped_gemm_s"], unit["attention_s"], 1.0])
         b.append(r["step_s"] - unit["dense_gemm_s"] - unit["optimizer_s"])
     x, *_ = np.linalg.lstsq(np.array(A), np.array(b), rcond=None)
     if min(x) <= 0:  # a rate or the overhead came out negative: the rows do not pin them down
-        return {"not_identifiable": f"coefficients {x.tolist()} (seconds per TFLOP/s, overhead): the rows are "
-                                    "dominated by noise or by costs the model lacks"}
+        return {
+            "not_identifiable": f"coefficients {x.tolist()} (seconds per TFLOP/s, overhead): the rows are "
+            "dominated by noise or by costs the model lacks"
+        }
     fitted = {"grouped_gemm_tflops": 1 / x[0], "attention_tflops": 1 / x[1], "step_overhead_s": x[2]}
     cp_rows = [r for r in rows if r.get("cp", 1) > 1 and "step_s" in r]
     if cp_rows:
         r = min(cp_rows, key=lambda r: r["seq"])
-        unit = predict(args_for(r), r, StepTimeInputs(dense_gemm_tflops=r["matmul_tflops"], **fitted,
-                                                      cp_attention_tflops=1.0)).terms
+        unit = predict(
+            args_for(r),
+            r,
+            StepTimeInputs(dense_gemm_tflops=r["matmul_tflops"], **fitted, cp_attention_tflops=1.0),
+        ).terms
         # step = compute (its attention at the CP rate) + exposed comms + optimizer (compute > FSDP here)
-        other = unit["compute_s"] - unit["attention_s"] + unit["ep_all_to_all_s"] + unit["cp_all_gather_s"] \
+        other = (
+            unit["compute_s"]
+            - unit["attention_s"]
+            + unit["ep_all_to_all_s"]
+            + unit["cp_all_gather_s"]
             + unit["optimizer_s"]
+        )
         fitted["cp_attention_tflops"] = unit["attention_s"] / (r["step_s"] - other)
         fitted["cp_fit_row"] = f"{r['gpus']}gpu_{r['seq']}_cp{r['cp']}"
     return fitted
@@ -157,14 +196,20 @@ def compare(rows: list[dict], args_for, measured_rates: dict | None, *, defaults
     for r in rows:
         if "step_s" not in r:
             continue
-        out = {"key": f"{r['gpus']}x_{r['seq']}" + (f"_cp{r['cp']}" if r.get("cp", 1) > 1 else "")
-               + f"_L{r.get('layers', 2)}", "measured_s": r["step_s"]}
+        out = {
+            "key": f"{r['gpus']}x_{r['seq']}"
+            + (f"_cp{r['cp']}" if r.get("cp", 1) > 1 else "")
+            + f"_L{r.get('layers', 2)}",
+            "measured_s": r["step_s"],
+        }
         if defaults:
             predicted = predict(args_for(r), r, StepTimeInputs(dense_gemm_tflops=r["matmul_tflops"]))
             out["predicted_defaults_s"] = predicted.total_s
             out["error_defaults"] = predicted.total_s / r["step_s"] - 1
         if measured_rates:
-            rated = predict(args_for(r), r, StepTimeInputs(**{**measured_rates, "dense_gemm_tflops": r["matmul_tflops"]}))
+            rated = predict(
+                args_for(r), r, StepTimeInputs(**{**measured_rates, "dense_gemm_tflops": r["matmul_tflops"]})
+            )
             out["predicted_measured_rates_s"] = rated.total_s
             out["error_measured_rates"] = rated.total_s / r["step_s"] - 1
             out["terms_measured_rates"] = rated.terms
@@ -177,8 +222,16 @@ def print_table(table: list[dict], title: str) -> None:
     from rich.table import Table
 
     view = Table(title=title)
-    for column in ("row", "measured s", "pred. (rates of this run) s", "error", "pred. (defaults) s", "error"):
+    for column in (
+        "row",
+        "measured s",
+        "pred. (rates of this run) s",
+        "error",
+        "pred. (defaults) s",
+        "error",
+    ):
         view.add_column(column, justify="right")
+
     def cells(t: dict, name: str) -> list[str]:
         value = t.get(f"predicted_{name}_s")
         return ["", ""] if value is None else [f"{value:.3f}", f"{t[f'error_{name}']:+.1%}"]
@@ -192,9 +245,19 @@ def gpu_rows(layers: int, seqs: list[int], gpus: int, steps: int, cp2: list[int]
     """Trainer steps measured by bench/trainer_mfu.py's worker (1 process, or torchrun on `gpus`)."""
     out = RESULTS / f".step_time_check_{gpus}gpu_L{layers}.json"
     out.unlink(missing_ok=True)
-    worker = [str(ROOT / "bench" / "trainer_mfu.py"), "--layers", str(layers), "--steps", str(steps),
-              "--worker-out", str(out)] + [x for s in seqs for x in ("--seq", str(s))] \
+    worker = (
+        [
+            str(ROOT / "bench" / "trainer_mfu.py"),
+            "--layers",
+            str(layers),
+            "--steps",
+            str(steps),
+            "--worker-out",
+            str(out),
+        ]
+        + [x for s in seqs for x in ("--seq", str(s))]
         + [x for s in cp2 for x in ("--cp2-seq", str(s))]
+    )
     command, env = gpu_launch(gpus, worker)
     if subprocess.run(command, env=env).returncode != 0 or not out.exists():
         print(f"{gpus}-GPU run with {layers} layers failed")
@@ -207,10 +270,14 @@ def gpu_rows(layers: int, seqs: list[int], gpus: int, steps: int, cp2: list[int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu", action="store_true", help="the CPU variant (tiny model); also without CUDA")
-    parser.add_argument("--fit", action="store_true", help="refit the defaults on bench/results/trainer_mfu.json")
+    parser.add_argument(
+        "--fit", action="store_true", help="refit the defaults on bench/results/trainer_mfu.json"
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
     parser.add_argument("--quick", action="store_true", help="CPU variant: two short rows only (the test)")
-    parser.add_argument("--results", type=Path, help="JSON output (default bench/results/step_time_check*.json)")
+    parser.add_argument(
+        "--results", type=Path, help="JSON output (default bench/results/step_time_check*.json)"
+    )
     options = parser.parse_args()
     if options.fit:
         rows = json.loads((RESULTS / "trainer_mfu.json").read_text())["runs"]
@@ -224,7 +291,9 @@ def main() -> None:
     started = time.time()
     if cuda:
         # Trainer rows first, in their own processes, on a GPU this process has not touched yet.
-        rows = gpu_rows(2, [8192, 16384, 32768], 1, options.steps, []) + gpu_rows(4, [16384], 1, options.steps, [])
+        rows = gpu_rows(2, [8192, 16384, 32768], 1, options.steps, []) + gpu_rows(
+            4, [16384], 1, options.steps, []
+        )
         if torch.cuda.device_count() >= 2:
             rows += gpu_rows(2, [32768], 2, options.steps, [65536])
         rates = measure_rates(air_args(2), seq=16384, cuda=True, gemm_size=8192)
@@ -237,8 +306,21 @@ def main() -> None:
         shapes = ((2, (128, 256)),) if options.quick else ((2, (256, 512, 1024)), (4, (512,)))
         for layers, seqs in shapes:
             for seq in seqs:
-                rows.append(dict(_measure(seq, 1, tiny_args(layers), 1, 0, options.steps, rates["dense_gemm_tflops"]
-                                          * 1e12, warmup=1), layers=layers))
+                rows.append(
+                    dict(
+                        _measure(
+                            seq,
+                            1,
+                            tiny_args(layers),
+                            1,
+                            0,
+                            options.steps,
+                            rates["dense_gemm_tflops"] * 1e12,
+                            warmup=1,
+                        ),
+                        layers=layers,
+                    )
+                )
         args_for, path = (lambda r: tiny_args(r["layers"])), RESULTS / "step_time_check_cpu.json"
         device = "cpu"
     table = compare(rows, args_for, rates, defaults=cuda)  # the defaults are H200 rates
@@ -247,10 +329,23 @@ def main() -> None:
     fitted = fit(rows, args_for) if sum(r["gpus"] == 1 for r in rows) >= 3 else None
     path = options.results or path
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"device": device, "torch": torch.__version__, "load_average_1m": os.getloadavg()[0],
-                                "cpu_count": os.cpu_count(), "rates": rates, "rows": table,
-                                "fitted": fitted, "runs": rows, "wall_s": time.time() - started}, indent=2,
-                               default=str))
+    path.write_text(
+        json.dumps(
+            {
+                "device": device,
+                "torch": torch.__version__,
+                "load_average_1m": os.getloadavg()[0],
+                "cpu_count": os.cpu_count(),
+                "rates": rates,
+                "rows": table,
+                "fitted": fitted,
+                "runs": rows,
+                "wall_s": time.time() - started,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     print(f"wrote {path}")
 
 

@@ -158,7 +158,8 @@ PRESETS: dict[str, ModelSpec] = {
         ModelSpec(
             name="kimi-k2", hf_repo="moonshotai/Kimi-K2-Instruct", architecture="DeepseekV3ForCausalLM",
             total_params=1.04e12, active_params=32e9, context=131072, inference_gpus=16, training_gpus=144,
-            description="Kimi-K2, 1.04T total / 32B active (MLA, 384 experts top-8; FP8 weights ~1 TB), multi-node",
+            description="Kimi-K2, 1.04T total / 32B active (MLA, 384 experts top-8; FP8 weights ~1 TB), "
+                        "multi-node",
             # config.json of moonshotai/Kimi-K2-Instruct (model_type kimi_k2 with DeepSeek-V3's config class);
             # inference_gpus: FP8 weights need 2 nodes of H200s with room for KV; training_gpus: the smallest
             # cluster `agentrl train --model kimi-k2 --seq-len 131072 --dry-run` fits (cookbook/kimi-k2/).

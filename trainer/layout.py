@@ -76,10 +76,11 @@ class MLAPlannerArgs(MoEModelArgs):
         heads = int(text["num_attention_heads"])
         nope, rope = int(text["qk_nope_head_dim"]), int(text["qk_rope_head_dim"])
         return cls(
-            model_type="deepseek_v3", vocab_size=int(text["vocab_size"]), hidden_size=int(text["hidden_size"]),
-            intermediate_size=int(text["intermediate_size"]), moe_intermediate_size=int(text["moe_intermediate_size"]),
-            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads, head_dim=nope + rope,
-            rotary_dim=rope, num_experts=int(text["n_routed_experts"]), top_k=int(text["num_experts_per_tok"]),
+            model_type="deepseek_v3", vocab_size=int(text["vocab_size"]),
+            hidden_size=int(text["hidden_size"]), intermediate_size=int(text["intermediate_size"]),
+            moe_intermediate_size=int(text["moe_intermediate_size"]), num_hidden_layers=layers,
+            num_attention_heads=heads, num_key_value_heads=heads, head_dim=nope + rope, rotary_dim=rope,
+            num_experts=int(text["n_routed_experts"]), top_k=int(text["num_experts_per_tok"]),
             num_shared_experts=int(text.get("n_shared_experts") or 0),
             dense_layers=list(range(min(int(text.get("first_k_dense_replace") or 0), layers))),
             n_group=int(text.get("n_group") or 1), topk_group=int(text.get("topk_group") or 1),

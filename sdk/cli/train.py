@@ -46,8 +46,8 @@ def register(app: typer.Typer) -> None:
         ray_address: Optional[str] = typer.Option(None, "--ray-address",
                                                   help="Join this Ray cluster instead of starting a local one."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run folder (default runs/<env>-<model>-<time>)."),
-        gpus: Optional[int] = typer.Option(None, "--gpus",
-                                           help="GPUs of the cluster, split by the planner (= --set launch.gpus=N)."),
+        gpus: Optional[int] = typer.Option(
+            None, "--gpus", help="GPUs of the cluster, split by the planner (= --set launch.gpus=N)."),
         seq_len: Optional[int] = typer.Option(None, "--seq-len",
                                               help="Longest sample in tokens (= --set model.max_seq_len=N)."),
     ) -> None:

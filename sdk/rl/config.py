@@ -233,25 +233,32 @@ def _gpu_defaults(config: RunConfig) -> None:
     fields = config.model_fields_set
     rows_set = "trainer" in fields and "row_tokens" in config.trainer.model_fields_set
     context_set = "inference" in fields and "max_model_len" in config.inference.model_fields_set
-    launch_set = "launch" in fields and bool(config.launch.model_fields_set - {"gpus"})
+    # [launch] counts as sized when it names a role's GPUs (the address, resources etc. are kept either way)
+    sized = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
+    launch_set = "launch" in fields and bool(sized)
     spec = PRESETS.get(config.model.name)
     gpu_preset = spec is not None and bool(spec.training_gpus)
     if config.launch.gpus:
         if not gpu_preset:
-            raise ConfigError(f"launch.gpus={config.launch.gpus}: the planner splits GPUs for GPU-sized presets "
-                              f"only; for {config.model.name!r} set launch.trainer_gpus and launch.inference_gpus")
+            raise ConfigError(f"launch.gpus={config.launch.gpus}: the planner splits GPUs for GPU-sized "
+                              f"presets only; for {config.model.name!r} set launch.trainer_gpus and "
+                              "launch.inference_gpus")
         both = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
         if both:
-            raise ConfigError(f"launch.gpus and launch.{sorted(both)[0]} are both set: set the cluster's GPUs "
-                              "(the planner splits them) or each role's, not both")
+            raise ConfigError(f"launch.gpus and launch.{sorted(both)[0]} are both set: set the cluster's "
+                              "GPUs (the planner splits them) or each role's, not both")
     gpus_per_node = config.launch.gpus_per_node
     if gpu_preset and "inference" not in fields:
         tp = max(1, spec.inference_gpus)
         if tp > gpus_per_node:  # one engine spans nodes: data + expert parallel (wide EP)
-            config.inference = DeploymentConfig(device="gpu", kind="wide_ep", nodes=-(-tp // gpus_per_node),
-                                                gpus_per_node=gpus_per_node, max_model_len=min(spec.context, 65536))
+            config.inference = DeploymentConfig(
+                device="gpu", kind="wide_ep", nodes=-(-tp // gpus_per_node), gpus_per_node=gpus_per_node,
+                max_model_len=min(spec.context, 65536),
+            )
         else:
-            inference_gpus = min(gpus_per_node, spec.training_gpus // 2) if spec.training_gpus > gpus_per_node else tp
+            inference_gpus = tp
+            if spec.training_gpus > gpus_per_node:
+                inference_gpus = min(gpus_per_node, spec.training_gpus // 2)
             config.inference = DeploymentConfig(
                 device="gpu", kind="replicas" if inference_gpus // tp > 1 else "single",
                 replicas=max(1, inference_gpus // tp), tensor_parallel_size=tp, nodes=1,
@@ -263,13 +270,14 @@ def _gpu_defaults(config: RunConfig) -> None:
         )
     if gpu_preset and config.launch.gpus and "orchestrator" not in fields:
         # A cluster-sized run: prime-rl 0.6's batch of 256 rollouts, three steps' worth in flight.
-        config.orchestrator = OrchestratorConfig(groups_per_step=32, rollouts_per_group=8, max_off_policy_steps=2,
-                                                 max_concurrent_rollouts=768)
+        config.orchestrator = OrchestratorConfig(groups_per_step=32, rollouts_per_group=8,
+                                                 max_off_policy_steps=2, max_concurrent_rollouts=768)
     seq_len = config.model.max_seq_len
     if seq_len:
         if rows_set and config.trainer.row_tokens < seq_len:
             raise ConfigError(f"model.max_seq_len={seq_len} is longer than trainer.row_tokens="
-                              f"{config.trainer.row_tokens}: a sample must fit one row; raise row_tokens or drop it")
+                              f"{config.trainer.row_tokens}: a sample must fit one row; raise row_tokens "
+                              "or drop it")
         if not rows_set:
             config.trainer.row_tokens = seq_len
         if not context_set:
@@ -283,7 +291,7 @@ def _gpu_defaults(config: RunConfig) -> None:
         return
     planned = inference_gpus_of(config.inference)
     trainer_gpus = max(gpus_per_node, spec.training_gpus - planned)
-    config.launch = LaunchConfig(trainer_gpus=trainer_gpus, inference_gpus=planned)
+    config.launch = config.launch.model_copy(update={"trainer_gpus": trainer_gpus, "inference_gpus": planned})
     # Grow the trainer by whole nodes until its layout fits the GPUs' memory.
     for nodes in range(1, 65):
         config.launch.trainer_gpus = max(trainer_gpus, nodes * gpus_per_node)

@@ -15,7 +15,8 @@ __all__ = ["REPORTED_STEP_S", "ResourceError", "check_resources", "plan_run", "p
 
 #: Published step times to print beside a prediction: model -> (seconds, what was reported).
 REPORTED_STEP_S = {
-    "glm-4.5-air": (280.0, "prime-rl 0.6 reported for GLM-4.5-Air-Base on 512 H200s, sequences up to 131k tokens"),
+    "glm-4.5-air": (280.0, "prime-rl 0.6 reported for GLM-4.5-Air-Base on 512 H200s, sequences up to "
+                           "131k tokens"),
 }
 
 
@@ -48,47 +49,47 @@ def plan_split(config: RunConfig) -> None:
     layout fits, the one with the shortest predicted step (`agentrl.rl.step_time`); sets `config.launch`
     and the inference deployment's size in place, or raises a one-line error when none fits."""
     from agentrl.models import resolve_model
-    from agentrl.rl.config import LaunchConfig
     from agentrl.rl.step_time import predict_run
 
     total, per_node = config.launch.gpus, config.launch.gpus_per_node
     if total % per_node:
-        raise AgentrlError(f"launch.gpus={total}: plan whole nodes, a multiple of launch.gpus_per_node ({per_node})")
+        raise AgentrlError(f"launch.gpus={total}: plan whole nodes, a multiple of launch.gpus_per_node "
+                           f"({per_node})")
     spec = resolve_model(config.model.name)
     engine = max(1, spec.inference_gpus)
     args = _model_args(config)
-    best, smallest_trainer, tried = None, None, 0
+    best = None
     for trainer_nodes in range(1, total // per_node):
         inference = total - trainer_nodes * per_node
         if inference < engine:
             break
-        config.launch = LaunchConfig(gpus=total, gpus_per_node=per_node, trainer_gpus=trainer_nodes * per_node,
-                                     inference_gpus=inference)
-        _size_inference(config, inference_gpus=inference, engine_gpus=engine)
+        _use_split(config, trainer_gpus=trainer_nodes * per_node, inference_gpus=inference,
+                   engine_gpus=engine)
         try:
             layout = trainer_plan(config)
         except AgentrlError:
             continue
-        tried += 1
-        smallest_trainer = smallest_trainer or trainer_nodes * per_node
         step = predict_run(config, layout, args).loop_s
         if best is None or step < best[0]:
             best = (step, trainer_nodes, inference)
     if best is None:
         raise AgentrlError(
-            f"launch.gpus={total}: no split fits {spec.name}: inference needs {engine} GPUs and no trainer of "
-            f"{per_node}-GPU nodes up to {total - engine} GPUs fits trainer.parallel.gpu_memory_gib="
-            f"{config.trainer.parallel.gpu_memory_gib:g} at row_tokens={config.trainer.row_tokens}; use more GPUs"
+            f"launch.gpus={total}: no split fits {spec.name}: inference needs {engine} GPUs and no trainer "
+            f"of {per_node}-GPU nodes up to {total - engine} GPUs fits trainer.parallel.gpu_memory_gib="
+            f"{config.trainer.parallel.gpu_memory_gib:g} at row_tokens={config.trainer.row_tokens}; "
+            "use more GPUs"
         )
     _, trainer_nodes, inference = best
-    config.launch = LaunchConfig(gpus=total, gpus_per_node=per_node, trainer_gpus=trainer_nodes * per_node,
-                                 inference_gpus=inference)
-    _size_inference(config, inference_gpus=inference, engine_gpus=engine)
+    _use_split(config, trainer_gpus=trainer_nodes * per_node, inference_gpus=inference, engine_gpus=engine)
 
 
-def _size_inference(config: RunConfig, *, inference_gpus: int, engine_gpus: int) -> None:
-    """Give the deployment `inference_gpus`: replicas of `engine_gpus` GPUs, or one wide-EP engine over whole nodes."""
-    deployment, per_node = config.inference, config.launch.gpus_per_node
+def _use_split(config: RunConfig, *, trainer_gpus: int, inference_gpus: int, engine_gpus: int) -> None:
+    """Set `launch` to this split and give the deployment `inference_gpus`: replicas of `engine_gpus`
+    GPUs, or one wide-EP engine over whole nodes."""
+    per_node = config.launch.gpus_per_node
+    config.launch = config.launch.model_copy(update={"trainer_gpus": trainer_gpus,
+                                                     "inference_gpus": inference_gpus})
+    deployment = config.inference
     if deployment.kind in ("wide_ep", "pd"):
         deployment.nodes, deployment.gpus_per_node = max(1, inference_gpus // per_node), per_node
         return
@@ -166,22 +167,24 @@ def _step_time_lines(config: RunConfig, layout) -> list[str]:
     prediction = predict_run(config, layout)
     lines = prediction.lines()
     split = f"{config.launch.trainer_gpus} trainer + {config.launch.inference_gpus} inference GPUs"
-    lines.insert(0, f"# split: {split}" + (f" of launch.gpus={config.launch.gpus} (shortest predicted step of "
-                                           "the splits that fit)" if config.launch.gpus else ""))
+    if config.launch.gpus:
+        split += f" of launch.gpus={config.launch.gpus} (shortest predicted step of the splits that fit)"
+    lines.insert(0, f"# split: {split}")
     reported = REPORTED_STEP_S.get(config.model.name)
     if reported:
-        lines.append(f"# reported: {reported[0]:.0f} s ({reported[1]}); predicted here {prediction.loop_s:.0f} s, "
-                     f"ratio {prediction.loop_s / reported[0]:.2f}")
+        lines.append(f"# reported: {reported[0]:.0f} s ({reported[1]}); predicted here "
+                     f"{prediction.loop_s:.0f} s, ratio {prediction.loop_s / reported[0]:.2f}")
     for measured in MEASURED_DECODE:
-        lines.append(f"# decode rate: {prediction.generation['decode_tokens_per_s_per_gpu']:.0f} tokens/s/GPU "
-                     f"extrapolated (decode_model) from {measured.tokens_per_s:.0f} tokens/s on {measured.gpus} GPU, "
-                     f"{measured.model}, batch {measured.batch} ({measured.source})")
+        rate = prediction.generation["decode_tokens_per_s_per_gpu"]
+        lines.append(f"# decode rate: {rate:.0f} tokens/s/GPU extrapolated (decode_model) from "
+                     f"{measured.tokens_per_s:.0f} tokens/s on {measured.gpus} GPU, {measured.model}, "
+                     f"batch {measured.batch} ({measured.source})")
     rollout = prediction.generation.get("rollout_decode_s", 0.0)
     horizon = (config.orchestrator.max_off_policy_steps + 1) * prediction.loop_s
     if rollout > horizon:
         lines.append(f"# warning: a mean rollout decodes for ~{rollout:.0f} s, longer than "
-                     f"(max_off_policy_steps + 1) x step = {horizon:.0f} s: its groups would be dropped as stale; "
-                     "raise orchestrator.max_off_policy_steps")
+                     f"(max_off_policy_steps + 1) x step = {horizon:.0f} s: its groups would be dropped as "
+                     "stale; raise orchestrator.max_off_policy_steps")
     return lines
 
 

@@ -28,8 +28,16 @@ from pydantic import Field
 
 from agentrl.config import BaseConfig
 
-__all__ = ["StepTimeInputs", "TrainerTime", "collective_bandwidth", "loop_step_s", "predict_trainer",
-           "weight_sync_s", "format_terms"]
+__all__ = [
+    "MEASURED_WEIGHT_SYNC",
+    "StepTimeInputs",
+    "TrainerTime",
+    "collective_bandwidth",
+    "loop_step_s",
+    "predict_trainer",
+    "weight_sync_s",
+    "format_terms",
+]
 
 
 class StepTimeInputs(BaseConfig):
@@ -63,7 +71,8 @@ class StepTimeInputs(BaseConfig):
     usual H200 node), 50 GB/s each way."""
     weight_sync_gbs: float | None = Field(default=None, gt=0)
     """Bandwidth of the trainer -> inference weight push (GB/s); None: `infiniband_gbs` (trainer rank 0
-    broadcasts into vLLM's NCCL engine across nodes)."""
+    broadcasts into vLLM's NCCL engine across nodes; not measured). Measured for comparison (printed with
+    the plan): the IPC path on one H200, `MEASURED_WEIGHT_SYNC`."""
     mean_sample_fraction: float = Field(default=0.5, gt=0, le=1)
     """Mean sample length as a share of `model.max_seq_len` (or trainer.row_tokens). Assumed (SWE
     rollouts 'up to 131k' in prime-rl 0.6): not measured."""
@@ -82,6 +91,15 @@ class StepTimeInputs(BaseConfig):
     """Memory of one inference GPU (GiB of the card; H200: 141 GB)."""
 
 
+#: (bf16 bytes, seconds, source) of the one weight update measured on an H200: glm-air-5b's 4.93B parameters
+#: staged by the trainer and pushed into vLLM's ipc engine (medians of the 30-step async run).
+MEASURED_WEIGHT_SYNC = (
+    4.93e9 * 2,
+    0.568 + 0.570,
+    "IPC stage + push on one H200, glm-air-5b, median of 30 steps (bench/results/gpu_loop.json)",
+)
+
+
 @dataclass
 class TrainerTime:
     """The trainer step's terms (seconds) and the counts they came from."""
@@ -92,7 +110,9 @@ class TrainerTime:
     @property
     def total_s(self) -> float:
         t = self.terms
-        return max(t["compute_s"], t["fsdp_s"]) + t["ep_all_to_all_s"] + t["cp_all_gather_s"] + t["optimizer_s"]
+        return (
+            max(t["compute_s"], t["fsdp_s"]) + t["ep_all_to_all_s"] + t["cp_all_gather_s"] + t["optimizer_s"]
+        )
 
 
 def collective_bandwidth(ranks: list[int], inputs: StepTimeInputs, *, gpus_per_node: int) -> float:
@@ -114,7 +134,7 @@ def _attention_core_flops(args, mean_context: float) -> float:
 
 
 def _kv_bytes_per_token(args) -> float:
-    """bf16 bytes per token and layer that CP all-gathers: K and V of the KV heads, or MLA's latent + RoPE key."""
+    """bf16 bytes per token and layer CP all-gathers: K and V of the KV heads, or MLA's latent + rope key."""
     if hasattr(args, "kv_lora_rank"):
         return 2.0 * (args.kv_lora_rank + args.qk_rope_head_dim)
     return 2.0 * 2 * args.num_key_value_heads * args.head_dim
@@ -139,8 +159,11 @@ def predict_trainer(
     tokens_per_gpu = plan.row_tokens / cp  # per micro-batch
     layer_passes = 4.0 if activation_checkpointing else 3.0  # forward (+ recompute) + backward (2x)
     shared = 3 * D * args.moe_intermediate_size * args.num_shared_experts
-    dense_params = layers * args.attention_params() + dense_layers * 3 * D * args.intermediate_size \
+    dense_params = (
+        layers * args.attention_params()
+        + dense_layers * 3 * D * args.intermediate_size
         + moe_layers * (shared + args.num_experts * D)
+    )
     head_params = args.vocab_size * D
     grouped_params = moe_layers * K * 3 * D * args.moe_intermediate_size
     attention_flops = layers * _attention_core_flops(args, mean_sample_tokens / 2)
@@ -161,8 +184,9 @@ def predict_trainer(
     other_params = counts["total"] - expert_params
     dense_bw = collective_bandwidth(list(range(world)), inputs, gpus_per_node=gpus_per_node)
     expert_group = world // ep
-    expert_bw = collective_bandwidth([k * ep for k in range(expert_group)], inputs,
-                                     gpus_per_node=gpus_per_node)
+    expert_bw = collective_bandwidth(
+        [k * ep for k in range(expert_group)], inputs, gpus_per_node=gpus_per_node
+    )
     # Per micro-batch: bf16 all-gather in forward and again in backward, fp32 reduce-scatter of gradients.
     fsdp_bytes_dense = _ring_bytes(other_params * (2 * 2 + 4), world)
     fsdp_bytes_experts = _ring_bytes(expert_params / ep * (2 * 2 + 4), expert_group)
@@ -175,20 +199,41 @@ def predict_trainer(
         sent = passes * 2 * tokens_per_gpu * K * D * 2.0 * (ep - 1) / ep * moe_layers
         on_node = min(ep, gpus_per_node)
         inter_share = (ep - on_node) / (ep - 1)
-        ep_s = micro_batches * max(sent * (1 - inter_share) / (inputs.nvlink_gbs * 1e9),
-                                   sent * inter_share / (inputs.infiniband_gbs * 1e9))
+        ep_s = micro_batches * max(
+            sent * (1 - inter_share) / (inputs.nvlink_gbs * 1e9),
+            sent * inter_share / (inputs.infiniband_gbs * 1e9),
+        )
     cp_s = 0.0
     if cp > 1:
-        passes = 3 if activation_checkpointing else 2  # all-gather forward (+ recompute), reduce-scatter backward
+        passes = (
+            3 if activation_checkpointing else 2
+        )  # all-gather forward (+ recompute), reduce-scatter backward
         received = passes * (cp - 1) * tokens_per_gpu * _kv_bytes_per_token(args) * layers
-        cp_s = micro_batches * received / (collective_bandwidth(list(range(cp)), inputs, gpus_per_node=gpus_per_node) * 1e9)
+        cp_s = (
+            micro_batches
+            * received
+            / (collective_bandwidth(list(range(cp)), inputs, gpus_per_node=gpus_per_node) * 1e9)
+        )
     # AdamW over this rank's fp32 shard: read weight, grad, two moments; write weight and moments.
     optimizer_s = counts["total"] / world * 28.0 / (inputs.hbm_gbs * 1e9)
-    terms = {"compute_s": compute_s, "dense_gemm_s": dense_s, "grouped_gemm_s": grouped_s,
-             "attention_s": attention_s, "fsdp_s": fsdp_s, "ep_all_to_all_s": ep_s, "cp_all_gather_s": cp_s,
-             "optimizer_s": optimizer_s}
-    return TrainerTime(terms=terms, counts={"micro_batches": micro_batches, "tokens_per_gpu": tokens_per_gpu,
-                                            "flops_per_token": sum(per_token.values())})
+    terms = {
+        "compute_s": compute_s,
+        "dense_gemm_s": dense_s,
+        "grouped_gemm_s": grouped_s,
+        "attention_s": attention_s,
+        "fsdp_s": fsdp_s,
+        "ep_all_to_all_s": ep_s,
+        "cp_all_gather_s": cp_s,
+        "optimizer_s": optimizer_s,
+    }
+    return TrainerTime(
+        terms=terms,
+        counts={
+            "micro_batches": micro_batches,
+            "tokens_per_gpu": tokens_per_gpu,
+            "flops_per_token": sum(per_token.values()),
+        },
+    )
 
 
 def weight_sync_s(total_params: float, inputs: StepTimeInputs) -> float:
@@ -218,12 +263,17 @@ def engine_shape(deployment):
 
     fp8 = bool(_use_fp8(deployment))
     if deployment.kind == "replicas":
-        return EngineShape(engines=deployment.replicas, gpus_per_engine=deployment.tensor_parallel_size, fp8=fp8)
+        return EngineShape(
+            engines=deployment.replicas, gpus_per_engine=deployment.tensor_parallel_size, fp8=fp8
+        )
     if deployment.kind == "wide_ep":
         return EngineShape(engines=1, gpus_per_engine=deployment.nodes * deployment.gpus_per_node, fp8=fp8)
     if deployment.kind == "pd":
-        return EngineShape(engines=deployment.nodes // deployment.nodes_per_instance,
-                           gpus_per_engine=deployment.nodes_per_instance * deployment.gpus_per_node, fp8=fp8)
+        return EngineShape(
+            engines=deployment.nodes // deployment.nodes_per_instance,
+            gpus_per_engine=deployment.nodes_per_instance * deployment.gpus_per_node,
+            fp8=fp8,
+        )
     return EngineShape(engines=1, gpus_per_engine=deployment.tensor_parallel_size, fp8=fp8)
 
 
@@ -240,6 +290,8 @@ class RunPrediction:
 
     def lines(self) -> list[str]:
         w, g = self.workload, self.generation
+        sync_gbs = self.inputs.weight_sync_gbs or self.inputs.infiniband_gbs
+        measured_gbs = MEASURED_WEIGHT_SYNC[0] / MEASURED_WEIGHT_SYNC[1] / 1e9
         return [
             f"# workload: {w['samples']:.0f} samples/step x {w['mean_sample_tokens']:.0f} tokens (mean; "
             f"{w['seq_len']:.0f} max), {w['tokens_per_step'] / 1e6:.2f}M tokens/step, {w['concurrency']:.0f} "
@@ -248,10 +300,14 @@ class RunPrediction:
             f"optimizer [{format_terms(self.trainer.terms)}] ({format_terms(self.trainer.counts)})",
             f"# generation: {g['generation_s']:.1f} s [{format_terms(g)}]",
             f"# weight sync: {self.weight_sync_s:.1f} s (bf16 weights at "
-            f"{self.inputs.weight_sync_gbs or self.inputs.infiniband_gbs:.0f} GB/s, not overlapped)",
+            f"{sync_gbs:.0f} GB/s, not overlapped); measured {measured_gbs:.1f} GB/s end to end by "
+            f"{MEASURED_WEIGHT_SYNC[2]}: {self.weight_sync_s * sync_gbs / measured_gbs:.0f} s at that rate",
             f"# predicted step: {self.loop_s:.1f} s "
-            + ("= max(trainer, generation) + weight sync" if w["max_off_policy_steps"] >= 1
-               else "= trainer + generation + weight sync (synchronous)"),
+            + (
+                "= max(trainer, generation) + weight sync"
+                if w["max_off_policy_steps"] >= 1
+                else "= trainer + generation + weight sync (synchronous)"
+            ),
             "# inputs: " + ", ".join(f"{k}={v}" for k, v in self.inputs.model_dump().items()),
         ]
 
@@ -262,27 +318,53 @@ def run_workload(config) -> dict[str, float]:
     seq_len = config.model.max_seq_len or config.trainer.row_tokens
     mean = config.plan.mean_sample_fraction * seq_len
     samples = orch.groups_per_step * orch.rollouts_per_group
-    return {"samples": samples, "seq_len": seq_len, "mean_sample_tokens": mean, "tokens_per_step": samples * mean,
-            "concurrency": orch.max_concurrent_rollouts, "max_off_policy_steps": orch.max_off_policy_steps}
+    return {
+        "samples": samples,
+        "seq_len": seq_len,
+        "mean_sample_tokens": mean,
+        "tokens_per_step": samples * mean,
+        "concurrency": orch.max_concurrent_rollouts,
+        "max_off_policy_steps": orch.max_off_policy_steps,
+    }
 
 
 def predict_run(config, layout, args=None) -> RunPrediction:
-    """The step-time prediction of a GPU `RunConfig` with its trainer `layout` (`agentrl.rl.plan.trainer_plan`)."""
+    """The step-time prediction of a GPU `RunConfig` with its trainer `layout` (`plan.trainer_plan`)."""
     from agentrl.rl.decode_model import predict_generation
     from agentrl.trainer.layout import planner_args
 
     args = args or planner_args(config.model.name)
     inputs = config.plan
     workload = run_workload(config)
-    trainer = predict_trainer(args, layout, inputs, tokens_per_step=workload["tokens_per_step"],
-                              mean_sample_tokens=workload["mean_sample_tokens"],
-                              activation_checkpointing=config.trainer.parallel.activation_checkpointing,
-                              gpus_per_node=config.launch.gpus_per_node)
-    generation = predict_generation(args, engine_shape(config.inference), inputs, samples=int(workload["samples"]),
-                                    mean_sample_tokens=workload["mean_sample_tokens"],
-                                    concurrency=int(workload["concurrency"]))
+    trainer = predict_trainer(
+        args,
+        layout,
+        inputs,
+        tokens_per_step=workload["tokens_per_step"],
+        mean_sample_tokens=workload["mean_sample_tokens"],
+        activation_checkpointing=config.trainer.parallel.activation_checkpointing,
+        gpus_per_node=config.launch.gpus_per_node,
+    )
+    generation = predict_generation(
+        args,
+        engine_shape(config.inference),
+        inputs,
+        samples=int(workload["samples"]),
+        mean_sample_tokens=workload["mean_sample_tokens"],
+        concurrency=int(workload["concurrency"]),
+    )
     sync = weight_sync_s(args.param_counts()["total"], inputs)
-    loop = loop_step_s(trainer_s=trainer.total_s, generation_s=generation["generation_s"], sync_s=sync,
-                       max_off_policy_steps=int(workload["max_off_policy_steps"]))
-    return RunPrediction(trainer=trainer, generation=generation, weight_sync_s=sync, loop_s=loop,
-                         workload=workload, inputs=inputs)
+    loop = loop_step_s(
+        trainer_s=trainer.total_s,
+        generation_s=generation["generation_s"],
+        sync_s=sync,
+        max_off_policy_steps=int(workload["max_off_policy_steps"]),
+    )
+    return RunPrediction(
+        trainer=trainer,
+        generation=generation,
+        weight_sync_s=sync,
+        loop_s=loop,
+        workload=workload,
+        inputs=inputs,
+    )

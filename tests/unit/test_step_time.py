@@ -23,13 +23,19 @@ AIR_512 = ["launch.gpus=512", "model.max_seq_len=131072"]
 def _air(**overrides):
     args = planner_args("glm-4.5-air")
     plan = plan_layout(args, world=64, row_tokens=65536, ep=64, cp=2, gpu_memory_bytes=1e15)
-    return predict_trainer(args, plan, StepTimeInputs(**overrides), tokens_per_step=256 * 32768,
-                           mean_sample_tokens=32768)
+    return predict_trainer(
+        args, plan, StepTimeInputs(**overrides), tokens_per_step=256 * 32768, mean_sample_tokens=32768
+    )
 
 
-@pytest.mark.parametrize("rate, term", [("dense_gemm_tflops", "dense_gemm_s"),
-                                        ("grouped_gemm_tflops", "grouped_gemm_s"),
-                                        ("cp_attention_tflops", "attention_s")])
+@pytest.mark.parametrize(
+    "rate, term",
+    [
+        ("dense_gemm_tflops", "dense_gemm_s"),
+        ("grouped_gemm_tflops", "grouped_gemm_s"),
+        ("cp_attention_tflops", "attention_s"),
+    ],
+)
 def test_doubling_a_compute_rate_halves_its_term(rate, term):
     base, fast = _air(), _air(**{rate: 2 * getattr(StepTimeInputs(), rate)})
     assert fast.terms[term] == pytest.approx(base.terms[term] / 2)
@@ -41,7 +47,7 @@ def test_doubling_a_compute_rate_halves_its_term(rate, term):
 def test_halving_a_bandwidth_doubles_the_comms_it_carries():
     base = _air()
     slow_ib = _air(infiniband_gbs=25.0)
-    # EP=64 spans 8 nodes: the all-to-all is bound by InfiniBand; FSDP over 64 ranks too; CP=2 stays on NVLink.
+    # EP=64 spans 8 nodes: the all-to-all is bound by InfiniBand, FSDP over 64 ranks too; CP=2 is on NVLink.
     assert slow_ib.terms["ep_all_to_all_s"] == pytest.approx(2 * base.terms["ep_all_to_all_s"])
     assert slow_ib.terms["fsdp_s"] == pytest.approx(2 * base.terms["fsdp_s"])
     assert slow_ib.terms["cp_all_gather_s"] == pytest.approx(base.terms["cp_all_gather_s"])
@@ -53,13 +59,19 @@ def test_halving_a_bandwidth_doubles_the_comms_it_carries():
 def test_one_node_uses_nvlink_and_one_gpu_has_no_comms():
     args = planner_args("glm-4.5-air")
     inputs = StepTimeInputs()
-    one = predict_trainer(args, plan_layout(args, world=1, row_tokens=8192, gpu_memory_bytes=1e15), inputs,
-                          tokens_per_step=8192, mean_sample_tokens=8192)
+    one = predict_trainer(
+        args,
+        plan_layout(args, world=1, row_tokens=8192, gpu_memory_bytes=1e15),
+        inputs,
+        tokens_per_step=8192,
+        mean_sample_tokens=8192,
+    )
     assert one.terms["fsdp_s"] == one.terms["ep_all_to_all_s"] == one.terms["cp_all_gather_s"] == 0
     node = plan_layout(args, world=8, row_tokens=8192, gpu_memory_bytes=1e15)
     fast = predict_trainer(args, node, inputs, tokens_per_step=8 * 8192, mean_sample_tokens=8192)
-    slow = predict_trainer(args, node, StepTimeInputs(nvlink_gbs=225.0), tokens_per_step=8 * 8192,
-                           mean_sample_tokens=8192)
+    slow = predict_trainer(
+        args, node, StepTimeInputs(nvlink_gbs=225.0), tokens_per_step=8 * 8192, mean_sample_tokens=8192
+    )
     assert fast.terms["ep_all_to_all_s"] > 0
     assert slow.terms["ep_all_to_all_s"] == pytest.approx(2 * fast.terms["ep_all_to_all_s"])
 
@@ -67,13 +79,22 @@ def test_one_node_uses_nvlink_and_one_gpu_has_no_comms():
 def test_more_inference_gpus_generate_faster_and_sync_follows_bandwidth():
     args = planner_args("glm-4.5-air")
     inputs = StepTimeInputs()
-    times = [predict_generation(args, EngineShape(engines=engines, gpus_per_engine=2, fp8=True), inputs,
-                                samples=256, mean_sample_tokens=16384, concurrency=4096)["generation_s"]
-             for engines in (8, 16, 32)]
+    times = [
+        predict_generation(
+            args,
+            EngineShape(engines=engines, gpus_per_engine=2, fp8=True),
+            inputs,
+            samples=256,
+            mean_sample_tokens=16384,
+            concurrency=4096,
+        )["generation_s"]
+        for engines in (8, 16, 32)
+    ]
     assert times[0] > times[1] > times[2]
     total = args.param_counts()["total"]
     assert weight_sync_s(total, StepTimeInputs(infiniband_gbs=100.0)) == pytest.approx(
-        weight_sync_s(total, inputs) / 2)
+        weight_sync_s(total, inputs) / 2
+    )
     assert weight_sync_s(total, StepTimeInputs(weight_sync_gbs=10.0)) == pytest.approx(total * 2 / 10e9)
 
 
@@ -86,26 +107,37 @@ def test_plan_prediction_moves_with_a_set_override():
     config = load_run_config(None, overrides=AIR_512, env="swe", model="glm-4.5-air")
     layout = trainer_plan(config)
     base = predict_run(config, layout)
-    faster = load_run_config(None, overrides=AIR_512 + ["plan.grouped_gemm_tflops=311"], env="swe",
-                             model="glm-4.5-air")
+    faster = load_run_config(
+        None, overrides=AIR_512 + ["plan.grouped_gemm_tflops=311"], env="swe", model="glm-4.5-air"
+    )
     moved = predict_run(faster, trainer_plan(faster))
     assert moved.trainer.terms["grouped_gemm_s"] < base.trainer.terms["grouped_gemm_s"]
     text = plan_run(config)
-    for needle in ("# split:", "ep=", "cp=", "memory per GPU", "# predicted step:", "# reported: 280 s",
-                   "grouped_gemm_tflops=155.5", "extrapolated"):
+    for needle in (
+        "# split:",
+        "ep=",
+        "cp=",
+        "memory per GPU",
+        "# predicted step:",
+        "# reported: 280 s",
+        "grouped_gemm_tflops=155.5",
+        "extrapolated",
+    ):
         assert needle in text
 
 
 def test_kimi_k2_plans_on_its_smallest_cluster_only():
-    config = load_run_config(None, overrides=["launch.gpus=144", "model.max_seq_len=131072"], env="swe",
-                             model="kimi-k2")
+    config = load_run_config(
+        None, overrides=["launch.gpus=144", "model.max_seq_len=131072"], env="swe", model="kimi-k2"
+    )
     assert (config.launch.trainer_gpus, config.launch.inference_gpus) == (128, 16)
     assert config.inference.kind == "wide_ep"
     counts = planner_args("kimi-k2").param_counts()
     assert 1.0e12 < counts["total"] < 1.05e12 and 30e9 < counts["active"] < 34e9
     with pytest.raises(AgentrlError, match="no split fits kimi-k2"):
-        load_run_config(None, overrides=["launch.gpus=136", "model.max_seq_len=131072"], env="swe",
-                        model="kimi-k2")
+        load_run_config(
+            None, overrides=["launch.gpus=136", "model.max_seq_len=131072"], env="swe", model="kimi-k2"
+        )
 
 
 def test_defaults_reproduce_the_held_out_h200_rows():
@@ -117,27 +149,51 @@ def test_defaults_reproduce_the_held_out_h200_rows():
     for row in json.loads((ROOT / "bench" / "results" / "trainer_mfu.json").read_text())["runs"]:
         if (row["gpus"], row["cp"]) == (1, 1) or row["seq"] <= 8192 or row["seq"] == 65536:
             continue
-        plan = plan_layout(args, world=row["gpus"], row_tokens=row["seq"], cp=row["cp"], gpu_memory_bytes=1e15)
-        predicted = predict_trainer(args, plan, StepTimeInputs(dense_gemm_tflops=row["matmul_tflops"]),
-                                    tokens_per_step=row["seq"] * row["gpus"] // row["cp"],
-                                    mean_sample_tokens=row["seq"]).total_s
+        plan = plan_layout(
+            args, world=row["gpus"], row_tokens=row["seq"], cp=row["cp"], gpu_memory_bytes=1e15
+        )
+        predicted = predict_trainer(
+            args,
+            plan,
+            StepTimeInputs(dense_gemm_tflops=row["matmul_tflops"]),
+            tokens_per_step=row["seq"] * row["gpus"] // row["cp"],
+            mean_sample_tokens=row["seq"],
+        ).total_s
         assert predicted == pytest.approx(row["step_s"], rel=0.15), row
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--env", "swe", *args, "--dry-run"],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--env", "swe", *args, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "glm-4.5-air", "--gpus", "100"], "launch.gpus=100: plan whole nodes"),
-    (["--model", "tiny-moe", "--gpus", "16"], "for GPU-sized presets only"),
-    (["--model", "glm-4.5-air", "--seq-len", "0"], "model.max_seq_len"),
-    (["--model", "glm-4.5-air", "--gpus", "64", "--set", "launch.trainer_gpus=8"], "are both set"),
-    (["--model", "glm-4.5-air", "--seq-len", "131072", "--set", "trainer.row_tokens=4096"], "a sample must fit"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "glm-4.5-air", "--gpus", "100"], "launch.gpus=100: plan whole nodes"),
+        (["--model", "tiny-moe", "--gpus", "16"], "for GPU-sized presets only"),
+        (["--model", "glm-4.5-air", "--seq-len", "0"], "model.max_seq_len"),
+        (["--model", "glm-4.5-air", "--gpus", "64", "--set", "launch.trainer_gpus=8"], "are both set"),
+        (
+            ["--model", "glm-4.5-air", "--seq-len", "131072", "--set", "trainer.row_tokens=4096"],
+            "a sample must fit",
+        ),
+    ],
+)
 def test_bad_sizes_are_one_line_errors(args, message):
     result = _cli(*args)
     assert result.returncode == 2, result.stdout + result.stderr
     error = (result.stderr or result.stdout).strip()
     assert message in error and len(error.splitlines()) == 1 and "Traceback" not in error
+
+
+def test_gpus_keeps_the_rest_of_launch():
+    config = load_run_config(None, overrides=AIR_512 + ['launch.ray_address="10.0.0.1:6379"'], env="swe",
+                             model="glm-4.5-air")
+    assert config.launch.ray_address == "10.0.0.1:6379"
+    assert config.launch.trainer_gpus + config.launch.inference_gpus == 512
+    assert config.inference.replicas * config.inference.tensor_parallel_size == config.launch.inference_gpus

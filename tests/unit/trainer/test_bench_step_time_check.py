@@ -1,4 +1,4 @@
-"""bench/step_time_check.py: the defaults come from its --fit, and its CPU variant compares measured with predicted."""
+"""bench/step_time_check.py: the defaults come from its --fit; its CPU variant predicts each measured row."""
 
 from __future__ import annotations
 
@@ -29,17 +29,36 @@ def test_fit_on_the_committed_h200_rows_gives_the_defaults():
 def test_cpu_variant_measures_rates_and_predicts_each_row(tmp_path):
     pytest.importorskip("torchtitan", reason="the trainer's extra (agentrl[train]) is not installed")
     out = tmp_path / "check.json"
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "step_time_check.py"), "--cpu", "--quick",
-                             "--steps", "1", "--results", str(out)], capture_output=True, text=True, timeout=480)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "step_time_check.py"),
+            "--cpu",
+            "--quick",
+            "--steps",
+            "1",
+            "--results",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and set(report["rates"]) == {
-        "dense_gemm_tflops", "grouped_gemm_tflops", "attention_tflops", "cp_attention_tflops"}
+        "dense_gemm_tflops",
+        "grouped_gemm_tflops",
+        "attention_tflops",
+        "cp_attention_tflops",
+    }
     assert all(rate > 0 for rate in report["rates"].values())
     assert [row["key"] for row in report["rows"]] == ["1x_128_L2", "1x_256_L2"]
     for row, run in zip(report["rows"], report["runs"]):
         assert row["measured_s"] == run["step_s"] > 0
-        assert row["error_measured_rates"] == pytest.approx(row["predicted_measured_rates_s"] / row["measured_s"] - 1)
+        assert row["error_measured_rates"] == pytest.approx(
+            row["predicted_measured_rates_s"] / row["measured_s"] - 1
+        )
         terms = row["terms_measured_rates"]  # the prediction is built from this run's rates
         assert terms["grouped_gemm_s"] > 0 and terms["attention_s"] > 0 and terms["fsdp_s"] == 0
     assert "trainer step time: measured vs predicted (cpu)" in result.stdout
