@@ -10,7 +10,7 @@ experts' rate (the trainer's own `Experts` module, forward + backward, at the la
 rows), the attention rate (the trainer's `segment_attention`: per-segment SDPA with GQA, and
 the varlen kernel with K/V repeated to every head that the CP path runs). It then times
 trainer steps with bench/trainer_mfu.py's own code (`_measure`; on GPUs its worker, through
-`gpu_launch`, at 2 and 4 MoE layers so a per-layer cost shows) and predicts each with
+`gpu_launch`, at 2 and 1 MoE layers so a per-layer cost shows) and predicts each with
 `predict_trainer` twice: from the rates measured in this run (plus the default per-micro-batch
 overhead) and from the committed defaults. ``--fit`` also solves the effective rates from the
 measured rows (grouped, attention and overhead from the 1-GPU rows, CP attention from the CP
@@ -291,8 +291,10 @@ def main() -> None:
     started = time.time()
     if cuda:
         # Trainer rows first, in their own processes, on a GPU this process has not touched yet.
+        # 1 MoE layer at 16k beside 2: a cost per layer (not per micro-batch) shows as that row's error;
+        # 3 or more layers do not fit one H200 beside fp32 Adam states (the planner: 131.6 GiB at 8k).
         rows = gpu_rows(2, [8192, 16384, 32768], 1, options.steps, []) + gpu_rows(
-            4, [16384], 1, options.steps, []
+            1, [16384], 1, options.steps, []
         )
         if torch.cuda.device_count() >= 2:
             rows += gpu_rows(2, [32768], 2, options.steps, [65536])

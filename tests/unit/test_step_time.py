@@ -197,3 +197,11 @@ def test_gpus_keeps_the_rest_of_launch():
     assert config.launch.ray_address == "10.0.0.1:6379"
     assert config.launch.trainer_gpus + config.launch.inference_gpus == 512
     assert config.inference.replicas * config.inference.tensor_parallel_size == config.launch.inference_gpus
+
+
+def test_doubling_every_compute_rate_halves_the_compute_time():
+    rates = ("dense_gemm_tflops", "grouped_gemm_tflops", "attention_tflops", "cp_attention_tflops")
+    base = _air(step_overhead_s=0.0)
+    fast = _air(step_overhead_s=0.0, **{rate: 2 * getattr(StepTimeInputs(), rate) for rate in rates})
+    assert fast.terms["compute_s"] == pytest.approx(base.terms["compute_s"] / 2)
+    assert fast.terms["fsdp_s"] == pytest.approx(base.terms["fsdp_s"])  # comms do not move with the rates
