@@ -244,9 +244,12 @@ def _gpu_defaults(config: RunConfig) -> None:
                               f"presets only; for {config.model.name!r} set launch.trainer_gpus and "
                               "launch.inference_gpus")
         both = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
-        if both:
-            raise ConfigError(f"launch.gpus and launch.{sorted(both)[0]} are both set: set the cluster's "
-                              "GPUs (the planner splits them) or each role's, not both")
+        launch = config.launch
+        # a run's config.toml holds the split beside launch.gpus (--resume): consistent, it is kept
+        if both and launch.trainer_gpus + launch.inference_gpus != launch.gpus:
+            raise ConfigError(f"launch.gpus={launch.gpus} and launch.{sorted(both)[0]} are both set and "
+                              f"trainer_gpus + inference_gpus = {launch.trainer_gpus + launch.inference_gpus}: "
+                              "set the cluster's GPUs (the planner splits them) or each role's")
     gpus_per_node = config.launch.gpus_per_node
     if gpu_preset and "inference" not in fields:
         tp = max(1, spec.inference_gpus)

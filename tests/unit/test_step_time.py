@@ -177,7 +177,7 @@ def _cli(*args):
         (["--model", "glm-4.5-air", "--gpus", "100"], "launch.gpus=100: plan whole nodes"),
         (["--model", "tiny-moe", "--gpus", "16"], "for GPU-sized presets only"),
         (["--model", "glm-4.5-air", "--seq-len", "0"], "model.max_seq_len"),
-        (["--model", "glm-4.5-air", "--gpus", "64", "--set", "launch.trainer_gpus=8"], "are both set"),
+        (["--model", "glm-4.5-air", "--gpus", "64", "--set", "launch.trainer_gpus=8"], "are both set and trainer_gpus + inference_gpus = 8"),
         (
             ["--model", "glm-4.5-air", "--seq-len", "131072", "--set", "trainer.row_tokens=4096"],
             "a sample must fit",
@@ -205,3 +205,14 @@ def test_doubling_every_compute_rate_halves_the_compute_time():
     fast = _air(step_overhead_s=0.0, **{rate: 2 * getattr(StepTimeInputs(), rate) for rate in rates})
     assert fast.terms["compute_s"] == pytest.approx(base.terms["compute_s"] / 2)
     assert fast.terms["fsdp_s"] == pytest.approx(base.terms["fsdp_s"])  # comms do not move with the rates
+
+
+def test_a_planned_run_config_reloads_as_it_was(tmp_path):
+    from agentrl.config import dump_config
+
+    config = load_run_config(None, overrides=AIR_512, env="swe", model="glm-4.5-air")
+    saved = tmp_path / "config.toml"  # what a run folder keeps (and --resume reads)
+    saved.write_text(dump_config(config))
+    again = load_run_config(saved)
+    assert again.launch == config.launch and again.inference == config.inference
+    assert again.trainer.row_tokens == 131072 and again.orchestrator == config.orchestrator
