@@ -9,7 +9,12 @@ smaller of the rollouts in flight per engine and what the KV cache holds at the 
 length. ``overhead`` (scheduler, sampler, HTTP) is fitted to `MEASURED_DECODE`, the one decode
 throughput measured on the lent H200; every other model/context/batch is an extrapolation of
 that point through this formula and is printed as such. Prefill runs at `prefill_mfu` of the
-dense GEMM rate over the tokens the policy does not decode.
+dense GEMM rate over the tokens the policy does not decode, added to decode time (chunked prefill
+shares the engines' steps; counting both in full is the pessimistic end).
+
+What it does not know: whether the overhead is per step (as assumed) or grows with the batch (then
+small batches decode faster than predicted); FP8 decode kernels (the measurement was bf16); tuned
+MoE configs (the measured server had none for the H200); wide-EP all-to-all in decode.
 """
 
 from __future__ import annotations

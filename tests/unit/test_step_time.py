@@ -216,3 +216,14 @@ def test_a_planned_run_config_reloads_as_it_was(tmp_path):
     again = load_run_config(saved)
     assert again.launch == config.launch and again.inference == config.inference
     assert again.trainer.row_tokens == 131072 and again.orchestrator == config.orchestrator
+
+
+def test_mla_attention_is_counted_from_its_ranks():
+    args = planner_args("kimi-k2")
+    D, H = 7168, 64
+    by_hand = (D * 1536 + 1536 * H * (128 + 64)  # q: down to the q rank, up to every head's nope + rope dims
+               + D * (512 + 64) + 512 * H * (128 + 128)  # kv: the latent + shared rope key, up to k_nope and v
+               + H * 128 * D + 1536 + 512 + 2 * D)  # output projection; q/kv latent norms and the two RMSNorms
+    assert args.attention_params() == by_hand
+    flops = args.training_flops_per_token(mean_context=1000) - args.training_flops_per_token(mean_context=0)
+    assert flops == 6 * 61 * H * (192 + 128) * 1000
