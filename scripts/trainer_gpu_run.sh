@@ -3,10 +3,13 @@
 # make agentrl importable from this checkout, run the trainer's GPU tests, then the MFU bench.
 # Usage (repo root, wheels in .whl/): OUT=dir bash scripts/trainer_gpu_run.sh [bench args]
 #    or: OUT=dir bash scripts/trainer_gpu_run.sh --x8 [args]   # 8-GPU scaling run, bench/trainer_mfu_x8.py, no tests
+#    or: OUT=dir bash scripts/trainer_gpu_run.sh --step-time   # bench/step_time_check.py (predicted vs measured), no tests
 set -uo pipefail
 out="${OUT:-/tmp/trainer_gpu_out}"
 x8=0
+step_time=0
 if [ "${1:-}" = "--x8" ]; then x8=1; shift; SKIP_TESTS="${SKIP_TESTS:-1}"; fi
+if [ "${1:-}" = "--step-time" ]; then step_time=1; shift; SKIP_TESTS="${SKIP_TESTS:-1}"; fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -23,6 +26,11 @@ if [ "$x8" = 1 ]; then
   # writes its JSON straight into $OUT after every launch (kept even if the call is cut short)
   timeout "${BENCH_TIMEOUT:-575}" python3 bench/trainer_mfu_x8.py --results "$out/trainer_mfu_x8.json" "$@" \
     2>&1 | tee "$out/bench_x8.log" | tail -40
+  exit 0
+fi
+if [ "$step_time" = 1 ]; then
+  timeout "${BENCH_TIMEOUT:-560}" python3 bench/step_time_check.py --results "$out/step_time_check.json" "$@" \
+    2>&1 | tee "$out/step_time_check.log" | tail -40
   exit 0
 fi
 timeout "${BENCH_TIMEOUT:-330}" python3 bench/trainer_mfu.py "$@" 2>&1 | tee "$out/bench.log" | tail -40

@@ -155,6 +155,28 @@ PRESETS: dict[str, ModelSpec] = {
             inference_gpus=8, training_gpus=128,
             description="DeepSeek-V3, 671B total / 37B active (FP8 weights ~700 GB), multi-node",
         ),
+        ModelSpec(
+            name="kimi-k2", hf_repo="moonshotai/Kimi-K2-Instruct", architecture="DeepseekV3ForCausalLM",
+            total_params=1.04e12, active_params=32e9, context=131072, inference_gpus=16, training_gpus=144,
+            description="Kimi-K2, 1.04T total / 32B active (MLA, 384 experts top-8; FP8 weights ~1 TB), "
+                        "multi-node",
+            # config.json of moonshotai/Kimi-K2-Instruct (model_type kimi_k2 with DeepSeek-V3's config class);
+            # inference_gpus: FP8 weights need 2 nodes of H200s with room for KV; training_gpus: the smallest
+            # cluster `agentrl train --model kimi-k2 --seq-len 131072 --dry-run` fits (cookbook/kimi-k2/).
+            hf_config={
+                "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 163840,
+                "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+                "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64,
+                "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "n_routed_experts": 384, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
+                "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
+                "routed_scaling_factor": 2.827, "rope_theta": 50000.0, "max_position_embeddings": 131072,
+                "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                                 "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+                "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "num_nextn_predict_layers": 0,
+            },
+        ),
     ]
 }
 

@@ -46,6 +46,10 @@ def register(app: typer.Typer) -> None:
         ray_address: Optional[str] = typer.Option(None, "--ray-address",
                                                   help="Join this Ray cluster instead of starting a local one."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run folder (default runs/<env>-<model>-<time>)."),
+        gpus: Optional[int] = typer.Option(
+            None, "--gpus", help="GPUs of the cluster, split by the planner (= --set launch.gpus=N)."),
+        seq_len: Optional[int] = typer.Option(None, "--seq-len",
+                                              help="Longest sample in tokens (= --set model.max_seq_len=N)."),
     ) -> None:
         """Train a policy with asynchronous RL: rollouts on vLLM, trainer steps, live weight updates.
 
@@ -62,6 +66,10 @@ def register(app: typer.Typer) -> None:
         extra = list(overrides)
         if ray_address:
             extra.append(f'launch.ray_address="{ray_address}"')
+        if gpus is not None:
+            extra.append(f"launch.gpus={gpus}")
+        if seq_len is not None:
+            extra.append(f"model.max_seq_len={seq_len}")
         if resume is not None:
             from agentrl.rl.report import RunDir
 

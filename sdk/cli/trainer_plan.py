@@ -8,7 +8,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("trainer-plan")
     def trainer_plan_command(
-        model: str = typer.Argument(..., help="HF model folder or preset (glm-4.5-air, qwen3-30b-a3b, tiny-moe)."),
+        model: str = typer.Argument(..., help="HF model folder or preset (glm-4.5-air, qwen3-30b-a3b, kimi-k2, tiny-moe)."),
         gpus: int = typer.Option(8, "--gpus", help="Trainer GPUs (ranks)."),
         row_tokens: int = typer.Option(65536, "--row-tokens", help="Tokens per packed row (one micro-batch)."),
         ep: str = typer.Option("auto", "--ep", help="Expert-parallel degree or 'auto'."),
@@ -26,8 +26,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from agentrl.errors import AgentrlError
-        from agentrl.trainer.layout import GIB, plan_layout
-        from agentrl.trainer.models.args import MoEModelArgs
+        from agentrl.trainer.layout import GIB, plan_layout, planner_args
 
         def _degree(value: str, flag: str) -> int | str:
             if value == "auto":
@@ -36,7 +35,7 @@ def register(app: typer.Typer) -> None:
                 raise AgentrlError(f"{flag} {value!r}: expected a positive integer or 'auto'")
             return int(value)
 
-        args = MoEModelArgs.for_model(model)
+        args = planner_args(model)
         plan = plan_layout(args, world=gpus, row_tokens=row_tokens, ep=_degree(ep, "--ep"), cp=_degree(cp, "--cp"),
                            gpu_memory_bytes=gpu_memory_gib * GIB, activation_checkpointing=activation_checkpointing)
         counts = args.param_counts()

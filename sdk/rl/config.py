@@ -7,6 +7,7 @@
     [inference]      agentrl.inference.plans.DeploymentConfig (vLLM deployment)
     [orchestrator]   agentrl.rl.orchestrator.OrchestratorConfig (async loop)
     [launch]         Ray placement (cluster address, GPUs per role, custom resources)
+    [plan]           agentrl.rl.step_time.StepTimeInputs (rates and bandwidths of the step-time model)
     [run]            output folder, name, report settings
 
 `load_run_config(path, overrides, env=..., model=...)` reads TOML through
@@ -27,6 +28,7 @@ from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.plans import DeploymentConfig
 from agentrl.project_files import project_path, resolve_project_path
 from agentrl.rl.orchestrator import OrchestratorConfig
+from agentrl.rl.step_time import StepTimeInputs
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
 from pydantic import Field
@@ -57,6 +59,9 @@ class ModelSection(BaseConfig):
     """Model preset, local HF folder or HF repo id (tokenizer, architecture)."""
     init_checkpoint: str | None = None
     """HF folder with the weights to start from (default: the SFT warm start for tiny-moe, else the model)."""
+    max_seq_len: int | None = Field(default=None, ge=1)
+    """Longest sample (prompt + completion, tokens) the run trains on (`agentrl train --seq-len`): sets
+    trainer.row_tokens and inference.max_model_len unless those are set; None: trainer.row_tokens."""
 
 
 class LaunchConfig(BaseConfig):
@@ -73,6 +78,10 @@ class LaunchConfig(BaseConfig):
     each GPU, the trainer the rest; the servers start first (vLLM sizes its share from free memory), and
     `inference.weight_transfer = "ipc"` hands the weights over in GPU memory. Needs `trainer_gpus` equal to the
     inference plan's GPUs."""
+    gpus: int = Field(default=0, ge=0)
+    """GPUs of the whole cluster (`agentrl train --gpus`), split between inference replicas and trainer nodes
+    by the planner (the split with the shortest predicted step whose trainer layout fits); GPU presets only.
+    0: `trainer_gpus` and `inference_gpus` as set, or the preset's smallest fit."""
     gpus_per_node: int = Field(default=8, ge=1)
     """GPUs of one node: trainer ranks are placed in groups of this many, each group on one node (STRICT_PACK)."""
     inference_gpus: int = 0
@@ -133,6 +142,8 @@ class RunConfig(BaseConfig):
     """Ray placement."""
     run: RunSection = Field(default_factory=RunSection)
     """Output and reporting."""
+    plan: StepTimeInputs = Field(default_factory=StepTimeInputs)
+    """Inputs of the step-time prediction `--dry-run` prints (measured rates, bandwidths, workload shape)."""
 
     def starting_weights(self) -> Path:
         """The HF folder the policy starts from (init checkpoint, warm start, or the model)."""
@@ -209,44 +220,96 @@ def load_run_config(
 
 
 def _gpu_defaults(config: RunConfig) -> None:
-    """For GPU-sized presets, plan GPUs unless the config set [inference]/[launch]/[trainer] itself.
+    """Model-dependent sizing: `model.max_seq_len` into the rows and vLLM's context, and for GPU-sized
+    presets a deployment, a trainer and a GPU split unless the config set [inference]/[launch]/[trainer].
 
     One node of 8 GPUs serves (replicas of `inference_gpus`-way tensor parallel behind the
-    router), the rest of the preset's `training_gpus` train (expert parallel, CP planned).
+    router; a wide-EP engine where a replica needs more than a node), the rest of the preset's
+    `training_gpus` train (expert parallel, CP planned). With `launch.gpus` the planner splits
+    that many GPUs (`agentrl.rl.plan.plan_split`).
     """
     from agentrl.models import PRESETS
 
+    fields = config.model_fields_set
+    rows_set = "trainer" in fields and "row_tokens" in config.trainer.model_fields_set
+    context_set = "inference" in fields and "max_model_len" in config.inference.model_fields_set
+    # [launch] counts as sized when it names a role's GPUs (the address, resources etc. are kept either way)
+    sized = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
+    launch_set = "launch" in fields and bool(sized)
     spec = PRESETS.get(config.model.name)
-    if spec is None or not spec.training_gpus:
-        return
-    gpus_per_node = 8
-    if "inference" not in config.model_fields_set:
+    gpu_preset = spec is not None and bool(spec.training_gpus)
+    if config.launch.gpus:
+        if not gpu_preset:
+            raise ConfigError(f"launch.gpus={config.launch.gpus}: the planner splits GPUs for GPU-sized "
+                              f"presets only; for {config.model.name!r} set launch.trainer_gpus and "
+                              "launch.inference_gpus")
+        both = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
+        launch = config.launch
+        # a run's config.toml holds the split beside launch.gpus (--resume): consistent, it is kept
+        if both and launch.trainer_gpus + launch.inference_gpus != launch.gpus:
+            raise ConfigError(f"launch.gpus={launch.gpus} and launch.{sorted(both)[0]} are both set and "
+                              f"trainer_gpus + inference_gpus = {launch.trainer_gpus + launch.inference_gpus}: "
+                              "set the cluster's GPUs (the planner splits them) or each role's")
+    gpus_per_node = config.launch.gpus_per_node
+    if gpu_preset and "inference" not in fields:
         tp = max(1, spec.inference_gpus)
-        inference_gpus = min(gpus_per_node, spec.training_gpus // 2) if spec.training_gpus > gpus_per_node else tp
-        nodes = max(1, -(-inference_gpus // gpus_per_node))
-        config.inference = DeploymentConfig(
-            device="gpu", kind="replicas" if inference_gpus // tp > 1 else "single",
-            replicas=max(1, inference_gpus // tp), tensor_parallel_size=tp, nodes=nodes,
-            gpus_per_node=min(gpus_per_node, inference_gpus), max_model_len=min(spec.context, 65536),
-        )
-    if "trainer" not in config.model_fields_set:
+        if tp > gpus_per_node:  # one engine spans nodes: data + expert parallel (wide EP)
+            config.inference = DeploymentConfig(
+                device="gpu", kind="wide_ep", nodes=-(-tp // gpus_per_node), gpus_per_node=gpus_per_node,
+                max_model_len=min(spec.context, 65536),
+            )
+        else:
+            inference_gpus = tp
+            if spec.training_gpus > gpus_per_node:
+                inference_gpus = min(gpus_per_node, spec.training_gpus // 2)
+            config.inference = DeploymentConfig(
+                device="gpu", kind="replicas" if inference_gpus // tp > 1 else "single",
+                replicas=max(1, inference_gpus // tp), tensor_parallel_size=tp, nodes=1,
+                gpus_per_node=min(gpus_per_node, inference_gpus), max_model_len=min(spec.context, 65536),
+            )
+    if gpu_preset and "trainer" not in fields:
         config.trainer = TrainerConfig.model_validate(
             {"row_tokens": 32768, "parallel": {"cp": "auto", "gpu_memory_gib": 141.0}, "optimizer": {"lr": 1e-6}}
         )
-    if "launch" not in config.model_fields_set:
-        planned = config.inference.replicas * config.inference.tensor_parallel_size
-        trainer_gpus = max(gpus_per_node, spec.training_gpus - planned)
-        config.launch = LaunchConfig(trainer_gpus=trainer_gpus, inference_gpus=planned)
-        # Grow the trainer by whole nodes until its layout fits the GPUs' memory.
-        from agentrl.rl.plan import trainer_plan
+    if gpu_preset and config.launch.gpus and "orchestrator" not in fields:
+        # A cluster-sized run: prime-rl 0.6's batch of 256 rollouts, three steps' worth in flight.
+        config.orchestrator = OrchestratorConfig(groups_per_step=32, rollouts_per_group=8,
+                                                 max_off_policy_steps=2, max_concurrent_rollouts=768)
+    seq_len = config.model.max_seq_len
+    if seq_len:
+        if rows_set and config.trainer.row_tokens < seq_len:
+            raise ConfigError(f"model.max_seq_len={seq_len} is longer than trainer.row_tokens="
+                              f"{config.trainer.row_tokens}: a sample must fit one row; raise row_tokens "
+                              "or drop it")
+        if not rows_set:
+            config.trainer.row_tokens = seq_len
+        if not context_set:
+            config.inference.max_model_len = seq_len
+    if not gpu_preset or launch_set:
+        return
+    from agentrl.rl.plan import plan_split, trainer_plan
 
-        for nodes in range(1, 17):
-            config.launch.trainer_gpus = max(trainer_gpus, nodes * gpus_per_node)
-            try:
-                trainer_plan(config)
-                break
-            except AgentrlError:
-                continue
+    if config.launch.gpus:
+        plan_split(config)
+        return
+    planned = inference_gpus_of(config.inference)
+    trainer_gpus = max(gpus_per_node, spec.training_gpus - planned)
+    config.launch = config.launch.model_copy(update={"trainer_gpus": trainer_gpus, "inference_gpus": planned})
+    # Grow the trainer by whole nodes until its layout fits the GPUs' memory.
+    for nodes in range(1, 65):
+        config.launch.trainer_gpus = max(trainer_gpus, nodes * gpus_per_node)
+        try:
+            trainer_plan(config)
+            break
+        except AgentrlError:
+            continue
+
+
+def inference_gpus_of(deployment: DeploymentConfig) -> int:
+    """GPUs of a GPU deployment (replicas x tensor parallel, or its nodes for wide EP / P/D)."""
+    if deployment.kind in ("wide_ep", "pd"):
+        return deployment.nodes * deployment.gpus_per_node
+    return deployment.replicas * deployment.tensor_parallel_size
 
 
 def _toml_string(value: str) -> str:

@@ -11,7 +11,13 @@ from __future__ import annotations
 from agentrl.errors import AgentrlError
 from agentrl.rl.config import RunConfig
 
-__all__ = ["ResourceError", "check_resources", "plan_run", "trainer_plan"]
+__all__ = ["REPORTED_STEP_S", "ResourceError", "check_resources", "plan_run", "plan_split", "trainer_plan"]
+
+#: Published step times to print beside a prediction: model -> (seconds, what was reported).
+REPORTED_STEP_S = {
+    "glm-4.5-air": (280.0, "prime-rl 0.6 reported for GLM-4.5-Air-Base on 512 H200s, sequences up to "
+                           "131k tokens"),
+}
 
 
 class ResourceError(AgentrlError):
@@ -33,9 +39,66 @@ def trainer_plan(config: RunConfig):
 
 def _model_args(config: RunConfig):
     """Model shape from the local folder, or from the preset's recorded config when the weights are not here."""
-    from agentrl.trainer.models.args import MoEModelArgs
+    from agentrl.trainer.layout import planner_args
 
-    return MoEModelArgs.for_model(config.model.name)
+    return planner_args(config.model.name)
+
+
+def plan_split(config: RunConfig) -> None:
+    """Split `launch.gpus` into whole trainer nodes and inference engines: of the splits whose trainer
+    layout fits, the one with the shortest predicted step (`agentrl.rl.step_time`); sets `config.launch`
+    and the inference deployment's size in place, or raises a one-line error when none fits."""
+    from agentrl.models import resolve_model
+    from agentrl.rl.step_time import predict_run
+
+    total, per_node = config.launch.gpus, config.launch.gpus_per_node
+    if total % per_node:
+        raise AgentrlError(f"launch.gpus={total}: plan whole nodes, a multiple of launch.gpus_per_node "
+                           f"({per_node})")
+    spec = resolve_model(config.model.name)
+    engine = max(1, spec.inference_gpus)
+    args = _model_args(config)
+    best = None
+    for trainer_nodes in range(1, total // per_node):
+        inference = total - trainer_nodes * per_node
+        if inference < engine:
+            break
+        _use_split(config, trainer_gpus=trainer_nodes * per_node, inference_gpus=inference,
+                   engine_gpus=engine)
+        try:
+            layout = trainer_plan(config)
+        except AgentrlError:
+            continue
+        step = predict_run(config, layout, args).loop_s
+        if best is None or step < best[0]:
+            best = (step, trainer_nodes, inference)
+    if best is None:
+        raise AgentrlError(
+            f"launch.gpus={total}: no split fits {spec.name}: inference needs {engine} GPUs and no trainer "
+            f"of {per_node}-GPU nodes up to {total - engine} GPUs fits trainer.parallel.gpu_memory_gib="
+            f"{config.trainer.parallel.gpu_memory_gib:g} at row_tokens={config.trainer.row_tokens}; "
+            "use more GPUs"
+        )
+    _, trainer_nodes, inference = best
+    _use_split(config, trainer_gpus=trainer_nodes * per_node, inference_gpus=inference, engine_gpus=engine)
+
+
+def _use_split(config: RunConfig, *, trainer_gpus: int, inference_gpus: int, engine_gpus: int) -> None:
+    """Set `launch` to this split and give the deployment `inference_gpus`: replicas of `engine_gpus`
+    GPUs, or one wide-EP engine over whole nodes."""
+    per_node = config.launch.gpus_per_node
+    config.launch = config.launch.model_copy(update={"trainer_gpus": trainer_gpus,
+                                                     "inference_gpus": inference_gpus})
+    deployment = config.inference
+    if deployment.kind in ("wide_ep", "pd"):
+        deployment.nodes, deployment.gpus_per_node = max(1, inference_gpus // per_node), per_node
+        return
+    tp = max(1, min(engine_gpus, per_node))
+    deployment.tensor_parallel_size = tp
+    deployment.replicas = max(1, inference_gpus // tp)
+    deployment.kind = "replicas" if deployment.replicas > 1 else "single"
+    deployment.nodes = max(1, -(-inference_gpus // per_node))
+    deployment.gpus_per_node = min(per_node, inference_gpus)
 
 
 def plan_run(config: RunConfig) -> str:
@@ -65,9 +128,12 @@ def plan_run(config: RunConfig) -> str:
                      f"trainer: {trainer_range}, 8 GPUs each)")
         if spec.total_params:
             fp8 = "--quantization" in " ".join(p.shell() for p in deployment.servers)
-            weight_bytes = spec.total_params * (1 if fp8 else 2) / max(1, config.inference.tensor_parallel_size)
+            from agentrl.rl.step_time import engine_shape
+
+            engine_gpus = engine_shape(config.inference).gpus_per_engine
+            weight_bytes = spec.total_params * (1 if fp8 else 2) / max(1, engine_gpus)
             lines.append(f"# inference memory per GPU: weights ~{weight_bytes / 1024**3:.0f} GiB "
-                         f"({'fp8' if fp8 else 'bf16'}, tensor parallel {config.inference.tensor_parallel_size}), "
+                         f"({'fp8' if fp8 else 'bf16'}, over the {engine_gpus} GPUs of an engine), "
                          f"KV cache fills the rest up to gpu_memory_utilization")
     if spec.training_gpus:
         lines.append(f"# the preset asks for at least {spec.training_gpus} GPUs for a full RL run")
@@ -80,7 +146,11 @@ def plan_run(config: RunConfig) -> str:
         lines.append(f"# memory per GPU: {plan.estimated_bytes / 1024**3:.1f} GiB of "
                      f"{config.trainer.parallel.gpu_memory_gib:.0f} GiB planned")
     except AgentrlError as error:
+        plan = None
         lines.append(f"# layout: not plannable: {error}")
+    if plan is not None and config.inference.device == "gpu" and config.launch.trainer_gpus:
+        lines.append("\n## step time (agentrl.rl.step_time; inputs: [plan])")
+        lines.extend(_step_time_lines(config, plan))
     lines.append("\n## inference")
     lines.append(deployment.render())
     lines.append("\n## orchestrator")
@@ -88,6 +158,34 @@ def plan_run(config: RunConfig) -> str:
     lines.append(f"# {orch.max_steps} steps x {orch.groups_per_step} groups x {orch.rollouts_per_group} rollouts, "
                  f"max_off_policy_steps={orch.max_off_policy_steps}, max_concurrent_rollouts={orch.max_concurrent_rollouts}")
     return "\n".join(lines)
+
+
+def _step_time_lines(config: RunConfig, layout) -> list[str]:
+    from agentrl.rl.decode_model import MEASURED_DECODE
+    from agentrl.rl.step_time import predict_run
+
+    prediction = predict_run(config, layout)
+    lines = prediction.lines()
+    split = f"{config.launch.trainer_gpus} trainer + {config.launch.inference_gpus} inference GPUs"
+    if config.launch.gpus:
+        split += f" of launch.gpus={config.launch.gpus} (shortest predicted step of the splits that fit)"
+    lines.insert(0, f"# split: {split}")
+    reported = REPORTED_STEP_S.get(config.model.name)
+    if reported:
+        lines.append(f"# reported: {reported[0]:.0f} s ({reported[1]}); predicted here "
+                     f"{prediction.loop_s:.0f} s, ratio {prediction.loop_s / reported[0]:.2f}")
+    for measured in MEASURED_DECODE:
+        rate = prediction.generation["decode_tokens_per_s_per_gpu"]
+        lines.append(f"# decode rate: {rate:.0f} tokens/s/GPU extrapolated (decode_model) from "
+                     f"{measured.tokens_per_s:.0f} tokens/s on {measured.gpus} GPU, {measured.model}, "
+                     f"batch {measured.batch} ({measured.source})")
+    rollout = prediction.generation.get("rollout_decode_s", 0.0)
+    horizon = (config.orchestrator.max_off_policy_steps + 1) * prediction.loop_s
+    if rollout > horizon:
+        lines.append(f"# warning: a mean rollout decodes for ~{rollout:.0f} s, longer than "
+                     f"(max_off_policy_steps + 1) x step = {horizon:.0f} s: its groups would be dropped as "
+                     "stale; raise orchestrator.max_off_policy_steps")
+    return lines
 
 
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:

@@ -11,7 +11,10 @@ from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 
 def test_presets_record_architecture_facts():
     names = [spec.name for spec in list_presets()]
-    assert names == ["tiny-moe", "glm-air-5b", "glm-4.5-air", "qwen3-30b-a3b", "deepseek-v3"]
+    assert names[:5] == ["tiny-moe", "glm-air-5b", "glm-4.5-air", "qwen3-30b-a3b", "deepseek-v3"]
+    kimi = PRESETS["kimi-k2"]  # Kimi-K2-Instruct's config.json: DeepSeek-V3 shapes with 384 experts, 64 heads
+    assert (kimi.architecture, kimi.layers, kimi.hidden_size, kimi.experts, kimi.experts_per_token,
+            kimi.shared_experts, kimi.dense_layers) == ("DeepseekV3ForCausalLM", 61, 7168, 384, 8, 1, 1)
     air = PRESETS["glm-4.5-air"]
     assert (air.hf_repo, air.architecture, air.layers, air.experts, air.experts_per_token) == (
         "zai-org/GLM-4.5-Air", "Glm4MoeForCausalLM", 46, 128, 8)
@@ -171,6 +174,7 @@ def test_serve_unknown_model_is_one_line_error():
     out = subprocess.run([sys.executable, "-m", "agentrl.cli", "serve", "--model", "nope"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and out.stdout == ""
+    from agentrl.models import PRESETS
+
     assert out.stderr.strip().splitlines() == [
-        ("error: unknown model 'nope': use a preset (tiny-moe, glm-air-5b, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
-         "a local HF model folder or an HF repo id")]
+        f"error: unknown model 'nope': use a preset ({', '.join(PRESETS)}), a local HF model folder or an HF repo id"]
