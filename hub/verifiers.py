@@ -157,6 +157,7 @@ def load_verifiers_package(path: str | Path, **kwargs: Any):
     if taskset is not None:
         from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
 
+        _require_v1_version(project)
         env = VerifiersTasksetEnv.from_class(taskset, name=_env_name(project.name), options=kwargs)
     elif callable(getattr(module, "load_environment", None)):
         from agentrl.hub.verifiers_legacy import VerifiersLegacyEnv
@@ -175,6 +176,21 @@ def load_verifiers_package(path: str | Path, **kwargs: Any):
                            "defines no load_environment(); a verifiers package needs one of them")
     env.path = project.folder
     return env
+
+
+def _require_v1_version(project: VerifiersProject) -> None:
+    """v1 Tasksets are run against verifiers 0.4's v1 API (0.3's earlier v1 differs)."""
+    import verifiers
+    from packaging.version import InvalidVersion, Version
+
+    installed = getattr(verifiers, "__version__", "0")
+    try:
+        too_old = Version(installed) < Version("0.4.0")
+    except InvalidVersion:
+        too_old = False
+    if too_old:
+        raise AgentrlError(f"verifiers package {project.name!r} is a v1 Taskset, which agentrl runs with verifiers>=0.4; "
+                           f"verifiers {installed} is installed: pip install 'agentrl[verifiers]'")
 
 
 def _env_name(project_name: str) -> str:

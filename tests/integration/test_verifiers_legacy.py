@@ -178,6 +178,11 @@ def test_imported_package_loads_and_validates(tmp_path, monkeypatch):
     assert rollout.reward == 1.5 and rollout.metrics["num_turns"] == 1.0
 
 
+def test_v1_packages_need_verifiers_0_4():
+    with pytest.raises(AgentrlError, match=r"v1 Taskset, which agentrl runs with verifiers>=0.4"):
+        agentrl.load_environment(FIXTURES / "v1_reverse")
+
+
 def test_a_second_copy_of_a_loaded_package_is_refused(tmp_path):
     import shutil
 
