@@ -30,21 +30,31 @@ from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 
-__all__ = ["ENTRY_MODULE", "VerifiersProject", "find_verifiers_project", "import_verifiers_package",
-           "load_verifiers_package", "require_verifiers"]
+__all__ = [
+    "ENTRY_MODULE",
+    "VerifiersProject",
+    "find_verifiers_project",
+    "import_verifiers_package",
+    "load_verifiers_package",
+    "require_verifiers",
+]
 
 ENTRY_MODULE = "verifiers_entry"
 COPY_DIR = "verifiers_package"
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._\-]*)")
 _SKIPPED = {"__pycache__", ".git", ".venv", "build", "dist", ".pytest_cache", "outputs"}
-INSTALL_HINT = ("pip install 'agentrl[verifiers]' (v1 Tasksets need verifiers>=0.4; load_environment() packages "
-                "need verifiers<0.4, whose 0.3 releases keep that API as verifiers.legacy)")
+INSTALL_HINT = (
+    "pip install 'agentrl[verifiers]' (v1 Tasksets need verifiers>=0.4; load_environment() packages "
+    "need verifiers<0.4, whose 0.3 releases keep that API as verifiers.legacy)"
+)
 
 
 class VerifiersProject:
     """A verifiers package folder: its project name, module and dependencies (from pyproject.toml)."""
 
-    def __init__(self, folder: Path, *, name: str, version: str, description: str, dependencies: list[str]) -> None:
+    def __init__(
+        self, folder: Path, *, name: str, version: str, description: str, dependencies: list[str]
+    ) -> None:
         self.folder = folder
         self.name = name
         self.version = version
@@ -57,8 +67,10 @@ class VerifiersProject:
         for candidate in (self.folder / f"{self.module}.py", self.folder / self.module / "__init__.py"):
             if candidate.is_file():
                 return candidate
-        raise NotFoundError(f"{self.folder / 'pyproject.toml'}: project {self.name!r} has no module "
-                            f"{self.module}.py or {self.module}/__init__.py in the folder")
+        raise NotFoundError(
+            f"{self.folder / 'pyproject.toml'}: project {self.name!r} has no module "
+            f"{self.module}.py or {self.module}/__init__.py in the folder"
+        )
 
 
 def _requirement_name(requirement: str) -> str:
@@ -86,8 +98,13 @@ def find_verifiers_project(path: str | Path) -> VerifiersProject | None:
     name = project.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{pyproject}: [project] name is missing; a verifiers package is named by it")
-    return VerifiersProject(folder.resolve(), name=name.strip(), version=str(project.get("version") or "0.1.0"),
-                            description=str(project.get("description") or ""), dependencies=dependencies)
+    return VerifiersProject(
+        folder.resolve(),
+        name=name.strip(),
+        version=str(project.get("version") or "0.1.0"),
+        description=str(project.get("description") or ""),
+        dependencies=dependencies,
+    )
 
 
 def require_verifiers(what: str) -> Any:
@@ -95,7 +112,9 @@ def require_verifiers(what: str) -> Any:
     try:
         import verifiers
     except ImportError:
-        raise AgentrlError(f"{what} needs the verifiers package, which is not installed: {INSTALL_HINT}") from None
+        raise AgentrlError(
+            f"{what} needs the verifiers package, which is not installed: {INSTALL_HINT}"
+        ) from None
     return verifiers
 
 
@@ -108,8 +127,10 @@ def _import_module(project: VerifiersProject) -> Any:
     if loaded is not None:
         origin = Path(getattr(loaded, "__file__", "") or "").resolve()
         if origin != module_file.resolve():
-            raise AgentrlError(f"{project.folder}: a different module {project.module!r} is already imported "
-                               f"(from {origin}); load one package of that name per process")
+            raise AgentrlError(
+                f"{project.folder}: a different module {project.module!r} is already imported "
+                f"(from {origin}); load one package of that name per process"
+            )
         return loaded
     entry = str(project.folder)
     if entry not in sys.path:
@@ -124,24 +145,32 @@ def _import_module(project: VerifiersProject) -> Any:
             import verifiers
 
             raise AgentrlError(
-                f"{module_file}: import failed ({type(error).__name__}: {error}); this package uses verifiers' "
-                f"load_environment() API, which verifiers {getattr(verifiers, '__version__', '?')} does not have: "
-                "install verifiers<0.4 (0.3.1 keeps it as verifiers.legacy)") from None
+                f"{module_file}: import failed ({type(error).__name__}: {error}); this package uses "
+                f"verifiers' load_environment() API, which verifiers "
+                f"{getattr(verifiers, '__version__', '?')} does not have: "
+                "install verifiers<0.4 (0.3.1 keeps it as verifiers.legacy)"
+            ) from None
         raise AgentrlError(f"{module_file}: import failed: {type(error).__name__}: {error}") from None
 
 
 def _taskset_class(module: Any) -> type | None:
-    """The `verifiers.v1.Taskset` subclass the module exports through `__all__` (as verifiers' loader wants)."""
+    """The `verifiers.v1.Taskset` subclass the module exports in `__all__` (as verifiers' loader wants)."""
     try:
         from verifiers.v1 import Taskset
     except ImportError:
         return None
-    found = [value for name in getattr(module, "__all__", None) or []
-             if isinstance(value := getattr(module, name, None), type) and issubclass(value, Taskset)
-             and value is not Taskset]
+    found = [
+        value
+        for name in getattr(module, "__all__", None) or []
+        if isinstance(value := getattr(module, name, None), type)
+        and issubclass(value, Taskset)
+        and value is not Taskset
+    ]
     if len(found) > 1:
-        raise AgentrlError(f"{module.__file__}: __all__ exports {len(found)} Taskset subclasses "
-                           f"({', '.join(cls.__name__ for cls in found)}); verifiers wants exactly one")
+        raise AgentrlError(
+            f"{module.__file__}: __all__ exports {len(found)} Taskset subclasses "
+            f"({', '.join(cls.__name__ for cls in found)}); verifiers wants exactly one"
+        )
     return found[0] if found else None
 
 
@@ -150,8 +179,10 @@ def load_verifiers_package(path: str | Path, **kwargs: Any):
     `load_environment(**kwargs)` (old API) or, as config fields, to its TasksetConfig (v1)."""
     project = find_verifiers_project(path)
     if project is None:
-        raise NotFoundError(f"{path}: not a verifiers package (a folder with a pyproject.toml that depends on "
-                            "verifiers and no environment.toml)")
+        raise NotFoundError(
+            f"{path}: not a verifiers package (a folder with a pyproject.toml that depends on "
+            "verifiers and no environment.toml)"
+        )
     module = _import_module(project)
     taskset = _taskset_class(module)
     if taskset is not None:
@@ -165,15 +196,20 @@ def load_verifiers_package(path: str | Path, **kwargs: Any):
         try:
             vf_env = module.load_environment(**kwargs)
         except TypeError as error:
-            raise AgentrlError(f"verifiers package {project.name!r}: bad arguments to load_environment: {error}") \
-                from None
+            raise AgentrlError(
+                f"verifiers package {project.name!r}: bad arguments to load_environment: {error}"
+            ) from None
         except Exception as error:  # noqa: BLE001
-            raise AgentrlError(f"verifiers package {project.name!r}: load_environment failed: "
-                               f"{type(error).__name__}: {error}") from None
+            raise AgentrlError(
+                f"verifiers package {project.name!r}: load_environment failed: "
+                f"{type(error).__name__}: {error}"
+            ) from None
         env = VerifiersLegacyEnv(vf_env, name=_env_name(project.name))
     else:
-        raise AgentrlError(f"{project.module_file()}: exports no verifiers.v1 Taskset subclass in __all__ and "
-                           "defines no load_environment(); a verifiers package needs one of them")
+        raise AgentrlError(
+            f"{project.module_file()}: exports no verifiers.v1 Taskset subclass in __all__ and "
+            "defines no load_environment(); a verifiers package needs one of them"
+        )
     env.path = project.folder
     return env
 
@@ -189,8 +225,10 @@ def _require_v1_version(project: VerifiersProject) -> None:
     except InvalidVersion:
         too_old = False
     if too_old:
-        raise AgentrlError(f"verifiers package {project.name!r} is a v1 Taskset, which agentrl runs with verifiers>=0.4; "
-                           f"verifiers {installed} is installed: pip install 'agentrl[verifiers]'")
+        raise AgentrlError(
+            f"verifiers package {project.name!r} is a v1 Taskset, which agentrl runs with verifiers>=0.4; "
+            f"verifiers {installed} is installed: pip install 'agentrl[verifiers]'"
+        )
 
 
 def _env_name(project_name: str) -> str:
@@ -217,7 +255,9 @@ def build_dataset():
 '''
 
 
-def import_verifiers_package(path: str | Path, *, out: str | Path | None = None, name: str | None = None) -> Path:
+def import_verifiers_package(
+    path: str | Path, *, out: str | Path | None = None, name: str | None = None
+) -> Path:
     """Write an agentrl package (in `out`, default ./<name>) that runs the verifiers package in `path`."""
     import tomli_w
 
@@ -225,29 +265,39 @@ def import_verifiers_package(path: str | Path, *, out: str | Path | None = None,
 
     project = find_verifiers_project(path)
     if project is None:
-        raise NotFoundError(f"{path}: not a verifiers package (needs a pyproject.toml whose dependencies name "
-                            "verifiers, and no environment.toml)")
+        raise NotFoundError(
+            f"{path}: not a verifiers package (needs a pyproject.toml whose dependencies name "
+            "verifiers, and no environment.toml)"
+        )
     project.module_file()
     env_name = _env_name(name or project.name)
     target = Path(out) if out is not None else Path.cwd() / env_name
     if target.exists() and any(target.iterdir()):
         raise AgentrlError(f"{target}: already exists and is not empty; choose another --out")
     target.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(project.folder, target / COPY_DIR, ignore=lambda _dir, names: [n for n in names if n in _SKIPPED])
+    shutil.copytree(
+        project.folder, target / COPY_DIR, ignore=lambda _dir, names: [n for n in names if n in _SKIPPED]
+    )
     (target / f"{ENTRY_MODULE}.py").write_text(_ENTRY.format(copy_dir=COPY_DIR))
     version = project.version if re.match(r"^\d+\.\d+\.\d+", project.version) else "0.1.0"
     manifest = {
-        "name": env_name, "version": version,
+        "name": env_name,
+        "version": version,
         "description": project.description or f"verifiers environment {project.name}",
-        "tags": ["verifiers"], "entrypoint": f"{ENTRY_MODULE}:load_environment",
+        "tags": ["verifiers"],
+        "entrypoint": f"{ENTRY_MODULE}:load_environment",
         "requirements": project.dependencies,
         "reward": {"description": f"verifiers' own reward functions of {project.name} (see {COPY_DIR}/)"},
         "dataset": {"generator": f"{ENTRY_MODULE}:build_dataset"},
     }
     (target / "environment.toml").write_text(tomli_w.dumps(manifest))
     readme = project.folder / "README.md"
-    note = (f"# {env_name}\n\nImported with `agentrl env import verifiers` from the verifiers package "
-            f"`{project.name}` {project.version}; its files are in `{COPY_DIR}/`, unchanged.\n")
-    (target / "README.md").write_text(note + ("\n" + readme.read_text(errors="replace") if readme.is_file() else ""))
+    note = (
+        f"# {env_name}\n\nImported with `agentrl env import verifiers` from the verifiers package "
+        f"`{project.name}` {project.version}; its files are in `{COPY_DIR}/`, unchanged.\n"
+    )
+    (target / "README.md").write_text(
+        note + ("\n" + readme.read_text(errors="replace") if readme.is_file() else "")
+    )
     load_manifest(target)  # what was written validates
     return target

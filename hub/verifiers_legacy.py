@@ -57,7 +57,7 @@ def _field(message: Any, name: str) -> Any:
 
 
 def from_vf_message(message: Any) -> Message:
-    """An agentrl Message from a verifiers message (pydantic or dict; flat `.name`/`.arguments` tool calls)."""
+    """An agentrl Message from a verifiers message (pydantic or dict; flat `.name`/`.arguments` calls)."""
     role = _field(message, "role")
     if role == "text":  # verifiers' completion-style prompt
         role = "user"
@@ -68,15 +68,30 @@ def from_vf_message(message: Any) -> Message:
         arguments = _field(call, "arguments") or _field(function, "arguments") or "{}"
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments)
-        calls.append(ToolCall(id=str(_field(call, "id") or f"call_{uuid.uuid4().hex[:8]}"),
-                              function=FunctionCall(name=str(name), arguments=arguments)))
-    return Message(role=role, content=_text(_field(message, "content")), tool_calls=calls or None,
-                   tool_call_id=_field(message, "tool_call_id"), name=_field(message, "name") if role == "tool" else None)
+        calls.append(
+            ToolCall(
+                id=str(_field(call, "id") or f"call_{uuid.uuid4().hex[:8]}"),
+                function=FunctionCall(name=str(name), arguments=arguments),
+            )
+        )
+    return Message(
+        role=role,
+        content=_text(_field(message, "content")),
+        tool_calls=calls or None,
+        tool_call_id=_field(message, "tool_call_id"),
+        name=_field(message, "name") if role == "tool" else None,
+    )
 
 
 def _tool_schema(tool: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description or "",
-                                             "parameters": tool.parameters or {"type": "object", "properties": {}}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description or "",
+            "parameters": tool.parameters or {"type": "object", "properties": {}},
+        },
+    }
 
 
 def _finish_reason(turn: Turn, has_calls: bool) -> str | None:
@@ -105,23 +120,44 @@ def agentrl_client_class() -> type:
 
             messages = [from_vf_message(message) for message in prompt]
             schemas = [_tool_schema(tool) for tool in tools or []] or None
-            message, turn = await self.client.chat(messages, tools=schemas, sampling=self.sampling,
-                                                   previous=self.turns[-1] if self.turns else None)
+            message, turn = await self.client.chat(
+                messages,
+                tools=schemas,
+                sampling=self.sampling,
+                previous=self.turns[-1] if self.turns else None,
+            )
             self.turns.append(turn)
-            calls = [VfToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
-                     for call in message.tool_calls or []]
+            calls = [
+                VfToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+                for call in message.tool_calls or []
+            ]
             completion = turn.completion
             prompt_ids, completion_ids = list(turn.prompt_token_ids), list(completion.token_ids)
-            tokens = ResponseTokens(prompt_ids=prompt_ids, prompt_mask=[0] * len(prompt_ids),
-                                    completion_ids=completion_ids, completion_mask=[1] * len(completion_ids),
-                                    completion_logprobs=list(completion.logprobs))
+            tokens = ResponseTokens(
+                prompt_ids=prompt_ids,
+                prompt_mask=[0] * len(prompt_ids),
+                completion_ids=completion_ids,
+                completion_mask=[1] * len(completion_ids),
+                completion_logprobs=list(completion.logprobs),
+            )
             finish = _finish_reason(turn, bool(calls))
             return Response(
-                id=f"agentrl-{uuid.uuid4().hex[:12]}", created=int(time.time()), model=model,
-                usage=Usage(prompt_tokens=len(prompt_ids), reasoning_tokens=0, completion_tokens=len(completion_ids),
-                            total_tokens=len(prompt_ids) + len(completion_ids)),
-                message=ResponseMessage(content=message.content, tool_calls=calls or None, finish_reason=finish,
-                                        is_truncated=finish == "length", tokens=tokens),
+                id=f"agentrl-{uuid.uuid4().hex[:12]}",
+                created=int(time.time()),
+                model=model,
+                usage=Usage(
+                    prompt_tokens=len(prompt_ids),
+                    reasoning_tokens=0,
+                    completion_tokens=len(completion_ids),
+                    total_tokens=len(prompt_ids) + len(completion_ids),
+                ),
+                message=ResponseMessage(
+                    content=message.content,
+                    tool_calls=calls or None,
+                    finish_reason=finish,
+                    is_truncated=finish == "length",
+                    tokens=tokens,
+                ),
             )
 
         # The abstract hooks of a provider client; get_response above does the whole call.
@@ -160,12 +196,17 @@ def _rows(dataset: Any) -> list[dict[str, Any]]:
         info = row.get("info") or {}
         if isinstance(info, str):
             info = json.loads(info) if info.strip() else {}
-        rows.append({
-            "prompt": [from_vf_message(message).model_dump(exclude_none=True) for message in row["prompt"]],
-            "answer": str(row.get("answer") or ""), "task": str(row.get("task") or "default"),
-            "example_id": row.get("example_id", index),
-            "info": {**(info if isinstance(info, dict) else {"info": info}), INPUT_KEY: vf_input},
-        })
+        rows.append(
+            {
+                "prompt": [
+                    from_vf_message(message).model_dump(exclude_none=True) for message in row["prompt"]
+                ],
+                "answer": str(row.get("answer") or ""),
+                "task": str(row.get("task") or "default"),
+                "example_id": row.get("example_id", index),
+                "info": {**(info if isinstance(info, dict) else {"info": info}), INPUT_KEY: vf_input},
+            }
+        )
     return rows
 
 
@@ -174,15 +215,25 @@ class VerifiersLegacyEnv(Environment):
 
     def __init__(self, vf_env: Any, *, name: str) -> None:
         if not hasattr(vf_env, "rollout") or not hasattr(vf_env, "rubric"):
-            raise AgentrlError(f"verifiers package {name!r}: load_environment returned {type(vf_env).__name__}, "
-                               "not a verifiers Environment")
+            raise AgentrlError(
+                f"verifiers package {name!r}: load_environment returned {type(vf_env).__name__}, "
+                "not a verifiers Environment"
+            )
         splits: dict[str, Any] = {}
-        if getattr(vf_env, "dataset_source", None) is not None or getattr(vf_env, "dataset", None) is not None:
+        if (
+            getattr(vf_env, "dataset_source", None) is not None
+            or getattr(vf_env, "dataset", None) is not None
+        ):
             splits["train"] = lambda: _rows(vf_env.get_dataset())
-        if getattr(vf_env, "eval_dataset_source", None) is not None or getattr(vf_env, "eval_dataset", None) is not None:
+        if (
+            getattr(vf_env, "eval_dataset_source", None) is not None
+            or getattr(vf_env, "eval_dataset", None) is not None
+        ):
             splits["test"] = lambda: _rows(vf_env.get_eval_dataset())
         elif "train" in splits:
-            splits["test"] = splits["train"]  # verifiers evaluates on the train set when there is no eval_dataset
+            splits["test"] = splits[
+                "train"
+            ]  # verifiers evaluates on the train set when there is no eval_dataset
         super().__init__(name=name, splits=splits, rubric=Rubric())
         self.vf_env = vf_env
         """The verifiers Environment that runs the episodes and scores them."""
@@ -191,8 +242,10 @@ class VerifiersLegacyEnv(Environment):
     async def rollout(self, client: ChatClient, task: Task, *, sampling: SamplingConfig) -> Rollout:
         vf_input = task.info.get(INPUT_KEY)
         if not isinstance(vf_input, dict):
-            raise AgentrlError(f"environment {self.name!r}: task info has no {INPUT_KEY!r} (rows come from "
-                               "this environment's own datasets)")
+            raise AgentrlError(
+                f"environment {self.name!r}: task info has no {INPUT_KEY!r} (rows come from "
+                "this environment's own datasets)"
+            )
         started = time.monotonic()
         adapter = agentrl_client_class()(client, sampling)
         error = None
@@ -208,9 +261,15 @@ class VerifiersLegacyEnv(Environment):
                 error = f"{type(state['error']).__name__}: {state['error']}"
             kept = {"stop_condition": state.get("stop_condition"), _STATE_KEY: state["trajectory_id"]}
             self._states[state["trajectory_id"]] = state
-        return Rollout(task=task, messages=messages, turns=adapter.turns, error=error,
-                       truncated=bool(state and state.get("is_truncated")), elapsed_s=time.monotonic() - started,
-                       state=kept)
+        return Rollout(
+            task=task,
+            messages=messages,
+            turns=adapter.turns,
+            error=error,
+            truncated=bool(state and state.get("is_truncated")),
+            elapsed_s=time.monotonic() - started,
+            state=kept,
+        )
 
     async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
         """verifiers' own rubric scores the group (`rubric.score_group`), then its cleanup runs."""

@@ -92,7 +92,9 @@ def sandbox_runtime_class() -> type:
         async def _read(self, path: str, max_bytes: int | None = None) -> bytes:
             if max_bytes is None:
                 return await self.sandbox.read_bytes(path)
-            raw = await self.sandbox.exec_bytes(["/bin/sh", "-c", f"head -c {int(max_bytes)} -- {shlex.quote(path)}"])
+            raw = await self.sandbox.exec_bytes(
+                ["/bin/sh", "-c", f"head -c {int(max_bytes)} -- {shlex.quote(path)}"]
+            )
             if raw.exit_code != 0:
                 from verifiers.v1.errors import SandboxError
 
@@ -112,9 +114,13 @@ def _to_vf_message(message: Message) -> Any:
     if message.role == "user":
         return vf.UserMessage(content=message.content)
     if message.role == "tool":
-        return vf.ToolMessage(tool_call_id=message.tool_call_id or "", content=message.content, name=message.name)
-    calls = [vf.ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
-             for call in message.tool_calls or []]
+        return vf.ToolMessage(
+            tool_call_id=message.tool_call_id or "", content=message.content, name=message.name
+        )
+    calls = [
+        vf.ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+        for call in message.tool_calls or []
+    ]
     return vf.AssistantMessage(content=message.content, tool_calls=calls or None)
 
 
@@ -125,8 +131,11 @@ def build_trace(vf_task: Any, rollout: Rollout | None = None) -> Any:
     from verifiers.v1.state import state_cls
     from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
-    trace = Trace(task=TraceTask(type=type(vf_task).__name__, data=vf_task.data, key=vf_task.key, hash=vf_task.hash),
-                  agent=AgentInfo(config=AgentConfig()), state=state_cls(type(vf_task))())
+    trace = Trace(
+        task=TraceTask(type=type(vf_task).__name__, data=vf_task.data, key=vf_task.key, hash=vf_task.hash),
+        agent=AgentInfo(config=AgentConfig()),
+        state=state_cls(type(vf_task))(),
+    )
     if rollout is not None:
         fill_trace(trace, rollout)
     return trace
@@ -143,15 +152,19 @@ def fill_trace(trace: Any, rollout: Rollout) -> None:
     trace.calls.clear()
     for index, message in enumerate(rollout.messages):
         sampled = index >= prompt_len and message.role == "assistant"
-        trace.nodes.append(MessageNode(parent=index - 1 if index else None, message=_to_vf_message(message),
-                                       sampled=sampled))
+        trace.nodes.append(
+            MessageNode(parent=index - 1 if index else None, message=_to_vf_message(message), sampled=sampled)
+        )
         if sampled:
             turn = next(turns, None)
             finish = turn.completion.finish_reason if turn is not None else None
             if message.tool_calls and finish != "length":
                 finish = "tool_calls"
-            trace.calls.append(ModelCall(node=index, finish_reason=finish if finish in ("stop", "length", "tool_calls")
-                                         else None))
+            trace.calls.append(
+                ModelCall(
+                    node=index, finish_reason=finish if finish in ("stop", "length", "tool_calls") else None
+                )
+            )
     if rollout.error is not None:
         trace.record_error(AgentrlError(rollout.error))
     else:
@@ -197,8 +210,16 @@ async def bash(command: str, sandbox: Any) -> str:
 class VerifiersTasksetEnv(ToolEnv):
     """A verifiers v1 Taskset: its tasks as rows, agentrl's loop as the harness, verifiers' own scoring."""
 
-    def __init__(self, *, name: str, taskset: Any, harness: str | None = None, sandbox: dict[str, Any] | None = None,
-                 max_turns: int = 10, max_tasks: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        taskset: Any,
+        harness: str | None = None,
+        sandbox: dict[str, Any] | None = None,
+        max_turns: int = 10,
+        max_tasks: int | None = None,
+    ) -> None:
         tasks = list(taskset.take(max_tasks) if max_tasks is not None else _bounded(taskset, name))
         if not tasks:
             raise AgentrlError(f"verifiers taskset {name!r}: load() yielded no tasks")
@@ -207,18 +228,26 @@ class VerifiersTasksetEnv(ToolEnv):
         self.harness = harness or ("bash" if needs else "null")
         """`null` (the model answers) or `bash` (one bash tool in the task's runtime)."""
         if self.harness not in ("null", "bash"):
-            raise AgentrlError(f"verifiers taskset {name!r}: harness must be 'null' or 'bash', got {self.harness!r}")
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: harness must be 'null' or 'bash', got {self.harness!r}"
+            )
         from agentrl.sandbox.base import SandboxConfig
 
         try:
             self.sandbox_config = SandboxConfig.model_validate(sandbox or {})
         except ValueError as error:
-            raise AgentrlError(f"verifiers taskset {name!r}: bad sandbox option: "
-                               f"{' '.join(str(error).split())}") from None
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: bad sandbox option: {' '.join(str(error).split())}"
+            ) from None
         self.vf_tasks = tasks
         tools = [Tool(bash, hidden=("sandbox",))] if self.harness == "bash" else []
-        super().__init__(name=name, splits={"train": self._rows, "test": self._rows}, rubric=Rubric(), tools=tools,
-                         max_turns=max_turns if self.harness == "bash" else 1)
+        super().__init__(
+            name=name,
+            splits={"train": self._rows, "test": self._rows},
+            rubric=Rubric(),
+            tools=tools,
+            max_turns=max_turns if self.harness == "bash" else 1,
+        )
         self._live: dict[str, _Live] = {}
 
     @classmethod
@@ -229,13 +258,16 @@ class VerifiersTasksetEnv(ToolEnv):
 
         config_type = concrete_type(taskset_class, TasksetConfig, origin=Taskset) or TasksetConfig
         fields = set(getattr(config_type, "model_fields", {}))
-        adapter = {key: options.pop(key) for key in list(options) if key in _ADAPTER_OPTIONS and key not in fields}
+        adapter = {
+            key: options.pop(key) for key in list(options) if key in _ADAPTER_OPTIONS and key not in fields
+        }
         try:
             config = config_type.model_validate(options)
         except ValueError as error:
             problem = " ".join(str(error).split())
-            raise AgentrlError(f"verifiers taskset {name!r}: bad options for {config_type.__name__}: {problem}") \
-                from None
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: bad options for {config_type.__name__}: {problem}"
+            ) from None
         return cls(name=name, taskset=taskset_class(config), **adapter)
 
     # ----- rows ---------------------------------------------------------------------------------
@@ -245,11 +277,19 @@ class VerifiersTasksetEnv(ToolEnv):
         for position, vf_task in enumerate(self.vf_tasks):
             data = vf_task.data
             answer = getattr(data, "answer", "")
-            rows.append({
-                "prompt": _prompt_messages(data, extra), "answer": answer if isinstance(answer, str) else json.dumps(answer),
-                "task": type(vf_task).__name__, "example_id": data.id if data.id is not None else data.idx,
-                "info": {TASK_KEY: position, "key": vf_task.key, "data": data.model_dump(mode="json", exclude_none=True)},
-            })
+            rows.append(
+                {
+                    "prompt": _prompt_messages(data, extra),
+                    "answer": answer if isinstance(answer, str) else json.dumps(answer),
+                    "task": type(vf_task).__name__,
+                    "example_id": data.id if data.id is not None else data.idx,
+                    "info": {
+                        TASK_KEY: position,
+                        "key": vf_task.key,
+                        "data": data.model_dump(mode="json", exclude_none=True),
+                    },
+                }
+            )
         return rows
 
     @staticmethod
@@ -283,7 +323,9 @@ class VerifiersTasksetEnv(ToolEnv):
     async def setup_state(self, task: Task) -> dict[str, Any]:
         position = task.info.get(TASK_KEY)
         if not isinstance(position, int) or not 0 <= position < len(self.vf_tasks):
-            raise AgentrlError(f"environment {self.name!r}: task info has no {TASK_KEY!r} index of this taskset")
+            raise AgentrlError(
+                f"environment {self.name!r}: task info has no {TASK_KEY!r} index of this taskset"
+            )
         from verifiers.v1.utils.decorators import invoke
 
         vf_task = self.vf_tasks[position]
@@ -321,7 +363,7 @@ class VerifiersTasksetEnv(ToolEnv):
         return rollout
 
     async def _finish(self, live: _Live, rollout: Rollout) -> None:
-        """Finalize, then score with verifiers' own Task.score (in a fresh sandbox when there is a runtime)."""
+        """Finalize, then score with verifiers' own Task.score (in a fresh sandbox if there is a runtime)."""
         from verifiers.v1.utils.decorators import invoke
 
         trace, vf_task, data = live.trace, live.vf_task, live.vf_task.data
@@ -347,8 +389,10 @@ class VerifiersTasksetEnv(ToolEnv):
                 await score(sandbox_runtime_class()(fresh))
 
             await grade_in_fresh_sandbox(live.sandbox, grade)
-        rollout.state["verifiers_rewards"] = {name: None if value is None else {"score": value.score, "weight": value.weight}
-                                              for name, value in trace.rewards.items()}
+        rollout.state["verifiers_rewards"] = {
+            name: None if value is None else {"score": value.score, "weight": value.weight}
+            for name, value in trace.rewards.items()
+        }
         rollout.state["verifiers_metrics"] = dict(trace.metrics)
 
     async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
@@ -359,7 +403,9 @@ class VerifiersTasksetEnv(ToolEnv):
                 rollout.metrics[name] = 0.0 if value is None else float(value["score"])
             for name, value in (rollout.state.get("verifiers_metrics") or {}).items():
                 rollout.metrics[name] = 0.0 if value is None else float(value)
-            rollout.reward = sum(value["score"] * value["weight"] for value in rewards.values() if value is not None)
+            rollout.reward = sum(
+                value["score"] * value["weight"] for value in rewards.values() if value is not None
+            )
             if rollout.error is not None:
                 rollout.reward, rollout.metrics["rollout_error"] = 0.0, 1.0
         return rollouts
@@ -367,20 +413,28 @@ class VerifiersTasksetEnv(ToolEnv):
 
 def _bounded(taskset: Any, name: str) -> Any:
     if not taskset.bounded:
-        raise AgentrlError(f"verifiers taskset {name!r} is infinite; pass max_tasks=N to take its first N tasks")
+        raise AgentrlError(
+            f"verifiers taskset {name!r} is infinite; pass max_tasks=N to take its first N tasks"
+        )
     return taskset
 
 
 def _refuse_unsupported(name: str, taskset: Any, tasks: list[Any]) -> None:
     """One-line refusals of what agentrl cannot run faithfully."""
     if taskset.toolsets(taskset.config) or any(type(task).toolsets(task.config) for task in tasks[:1]):
-        raise AgentrlError(f"verifiers taskset {name!r}: MCP toolsets are not supported by agentrl's harness; "
-                           "offer the tools as agentrl tools (agentrl.ToolEnv) instead")
+        raise AgentrlError(
+            f"verifiers taskset {name!r}: MCP toolsets are not supported by agentrl's harness; "
+            "offer the tools as agentrl tools (agentrl.ToolEnv) instead"
+        )
     for vf_task in tasks:
         data = vf_task.data
         if data.agent_user:
-            raise AgentrlError(f"verifiers taskset {name!r}: task {data.idx} sets agent_user={data.agent_user!r}; "
-                               "agentrl sandboxes run every command as one user: set sandbox={'user': ...} instead")
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: task {data.idx} sets agent_user={data.agent_user!r}; "
+                "agentrl sandboxes run every command as one user: set sandbox={'user': ...} instead"
+            )
         if data.resources.gpu:
-            raise AgentrlError(f"verifiers taskset {name!r}: task {data.idx} asks for GPU {data.resources.gpu!r}; "
-                               "agentrl sandboxes have no GPUs")
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: task {data.idx} asks for GPU {data.resources.gpu!r}; "
+                "agentrl sandboxes have no GPUs"
+            )

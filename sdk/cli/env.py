@@ -260,7 +260,7 @@ def import_harbor(
 
 @import_app.command("verifiers")
 def import_verifiers(
-    path: Path = typer.Argument(..., help="verifiers package folder (pyproject.toml depending on verifiers)."),
+    path: Path = typer.Argument(..., help="verifiers package folder (a pyproject.toml naming verifiers)."),
     out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<project name>)."),
     name: Optional[str] = typer.Option(None, help="Environment name (default: the project name)."),
 ) -> None:

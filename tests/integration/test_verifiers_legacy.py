@@ -2,7 +2,8 @@
 
 Each fixture package (tests/fixtures/verifiers/legacy_*) is loaded with `agentrl.load_environment`
 and played by a ScriptedPolicy through agentrl's rollout loop; the reference is verifiers' own
-pipeline (`vf_env.run_group` with a verifiers Client replaying the same replies, no agentrl code),
+pipeline (`vf_env.run_group` with verifiers' own OpenAI chat client replaying the same replies:
+tests/verifiers_replay.py, no agentrl code),
 and each rollout's reward and metrics must equal verifiers'. Needs verifiers < 0.4 (the old API;
 0.3.1 keeps it as verifiers.legacy): skipped otherwise, with the reason.
 """
@@ -12,68 +13,38 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-verifiers = pytest.importorskip("verifiers", reason="verifiers is not installed (pip install 'verifiers<0.4')")
+verifiers = pytest.importorskip(
+    "verifiers", reason="verifiers is not installed (pip install 'verifiers<0.4')"
+)
 try:
     verifiers.SingleTurnEnv
 except AttributeError:
-    pytest.skip(f"verifiers {verifiers.__version__} has no load_environment() API (SingleTurnEnv...); "
-                "these tests need verifiers<0.4", allow_module_level=True)
+    pytest.skip(
+        f"verifiers {verifiers.__version__} has no load_environment() API (SingleTurnEnv...); "
+        "these tests need verifiers<0.4",
+        allow_module_level=True,
+    )
 
 import agentrl  # noqa: E402
 from agentrl.errors import AgentrlError  # noqa: E402
 from agentrl.policies import ScriptedPolicy, tool_call  # noqa: E402
 from agentrl.sampling import SamplingConfig  # noqa: E402
+from tests.verifiers_replay import replay_client  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verifiers"
-
-
-def _replay_client(replies):
-    """A verifiers Client (verifiers' own types only) answering call i of a conversation with replies[i]."""
-    from verifiers.clients import Client
-    from verifiers.types import Response, ResponseMessage, ToolCall
-
-    class Replay(Client):
-        def setup_client(self, config):
-            return None
-
-        async def to_native_tool(self, tool):
-            return tool
-
-        async def to_native_prompt(self, messages):
-            return messages, {}
-
-        async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
-            reply = replies[sum(1 for message in prompt if message.role == "assistant")]
-            if isinstance(reply, str):
-                reply = {"content": reply}
-            calls = [ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
-                     for call in reply.get("tool_calls", [])]
-            return Response(id="replay", created=int(time.time()), model=model, message=ResponseMessage(
-                content=reply.get("content", ""), tool_calls=calls or None,
-                finish_reason="tool_calls" if calls else "stop", is_truncated=False))
-
-        async def raise_from_native_response(self, response):
-            return None
-
-        async def from_native_response(self, response):
-            return response
-
-        async def close(self):
-            return None
-
-    return Replay(object())
 
 
 def _verifiers_reference(folder: Path, module: str, task, replies, n: int) -> list[dict]:
     """verifiers' own run_group (rollout + rubric.score_group) of the task's row with the same replies."""
     vf_env = importlib.import_module(module).load_environment()
     row = task.info["verifiers_input"]
-    outputs = asyncio.run(vf_env.run_group([dict(row) for _ in range(n)], _replay_client(replies), "replay", {}))
+    outputs = asyncio.run(
+        vf_env.run_group([dict(row) for _ in range(n)], replay_client(replies), "replay", {})
+    )
     return [{"reward": output["reward"], "metrics": output["metrics"]} for output in outputs]
 
 
@@ -89,12 +60,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("fixture", "module", "split", "index", "replies"), CASES,
-                         ids=[f"{c[0]}-{c[2]}{c[3]}" for c in CASES])
+@pytest.mark.parametrize(
+    ("fixture", "module", "split", "index", "replies"), CASES, ids=[f"{c[0]}-{c[2]}{c[3]}" for c in CASES]
+)
 def test_rewards_equal_verifiers_own(fixture, module, split, index, replies):
     env = agentrl.load_environment(FIXTURES / fixture)
     task = env.tasks(split)[index]
-    rollouts = asyncio.run(env.run_group(ScriptedPolicy(replies), task, n=2, sampling=SamplingConfig(max_tokens=256)))
+    rollouts = asyncio.run(
+        env.run_group(ScriptedPolicy(replies), task, n=2, sampling=SamplingConfig(max_tokens=256))
+    )
     reference = _verifiers_reference(FIXTURES / fixture, module, task, replies, n=2)
     for rollout, expected in zip(rollouts, reference):
         assert rollout.error is None
@@ -108,7 +82,10 @@ def test_rows_are_verifiers_formatting():
     env = agentrl.load_environment(FIXTURES / "legacy_qa", num_eval=2)
     assert env.splits == ["test", "train"]
     test_tasks = env.tasks("test")
-    assert [task.answer for task in test_tasks] == ["Rome", "Cairo"]  # the num_eval argument reached load_environment
+    assert [task.answer for task in test_tasks] == [
+        "Rome",
+        "Cairo",
+    ]  # the num_eval argument reached load_environment
     assert [m.role for m in test_tasks[0].prompt] == ["system", "user"]
     assert test_tasks[0].prompt[0].content.startswith("Think in <think>")
     assert test_tasks[0].prompt[1].content == "What is the capital of Italy?"
@@ -125,8 +102,9 @@ def test_tool_env_offers_the_tools_and_runs_them():
             return messages[-1].content
         return {"tool_calls": [tool_call("add", a=123, b=456)]}
 
-    [rollout] = asyncio.run(env.run_group(ScriptedPolicy(policy), env.tasks("train")[1], n=1,
-                                          sampling=SamplingConfig()))
+    [rollout] = asyncio.run(
+        env.run_group(ScriptedPolicy(policy), env.tasks("train")[1], n=1, sampling=SamplingConfig())
+    )
     assert seen["tools"][0]["function"]["name"] == "add"
     assert set(seen["tools"][0]["function"]["parameters"]["properties"]) == {"a", "b"}
     assert [m.role for m in rollout.messages[2:]] == ["assistant", "tool", "assistant"]
@@ -140,19 +118,37 @@ def test_evaluate_writes_verifiers_rewards(tmp_path):
 
     env = agentrl.load_environment(FIXTURES / "legacy_qa")
     tasks = env.tasks("test")
-    replies = {"Italy": "<answer>Rome</answer>", "Egypt": "<think>x</think><answer>Cairo</answer>", "Chile": "Lima"}
+    replies = {
+        "Italy": "<answer>Rome</answer>",
+        "Egypt": "<think>x</think><answer>Cairo</answer>",
+        "Chile": "Lima",
+    }
 
     def policy(messages, tools):
         return replies[messages[-1].content.rsplit(" ", 1)[1].rstrip("?")]
 
-    groups = [asyncio.run(env.run_group(ScriptedPolicy(policy), task, n=2, sampling=SamplingConfig()))
-              for task in tasks]
-    summary = summarize(groups, config=EvalConfig(env=str(FIXTURES / "legacy_qa"), n=3, rollouts_per_task=2),
-                        env_name=env.name, elapsed_s=1.0, client="scripted", base_url="scripted")
-    expected = [_verifiers_reference(FIXTURES / "legacy_qa", "vf_legacy_qa", task,
-                                     [policy(task.prompt, None)], n=1)[0]["reward"] for task in tasks]
+    groups = [
+        asyncio.run(env.run_group(ScriptedPolicy(policy), task, n=2, sampling=SamplingConfig()))
+        for task in tasks
+    ]
+    summary = summarize(
+        groups,
+        config=EvalConfig(env=str(FIXTURES / "legacy_qa"), n=3, rollouts_per_task=2),
+        env_name=env.name,
+        elapsed_s=1.0,
+        client="scripted",
+        base_url="scripted",
+    )
+    expected = [
+        _verifiers_reference(FIXTURES / "legacy_qa", "vf_legacy_qa", task, [policy(task.prompt, None)], n=1)[
+            0
+        ]["reward"]
+        for task in tasks
+    ]
     assert summary.mean_reward == pytest.approx(sum(expected) / 3)
-    assert json.loads(json.dumps(groups[0][0].model_dump(mode="json")))["reward"] == pytest.approx(expected[0])
+    assert json.loads(json.dumps(groups[0][0].model_dump(mode="json")))["reward"] == pytest.approx(
+        expected[0]
+    )
 
 
 def test_bad_arguments_are_one_line():
@@ -170,11 +166,16 @@ def test_imported_package_loads_and_validates(tmp_path, monkeypatch):
     out = import_verifiers_package(FIXTURES / "legacy_guess", out=tmp_path / "guess")
     monkeypatch.delitem(sys.modules, "vf_legacy_guess", raising=False)  # one module of a name per process
     manifest, splits = validate_package(out)
-    assert manifest.name == "vf-legacy-guess" and sorted(splits) == ["test", "train"] and len(splits["train"]) == 2
+    assert (
+        manifest.name == "vf-legacy-guess"
+        and sorted(splits) == ["test", "train"]
+        and len(splits["train"]) == 2
+    )
     env = agentrl.load_environment(out)
     assert env.path == out and env.manifest.name == "vf-legacy-guess"
-    [rollout] = asyncio.run(env.run_group(ScriptedPolicy(["7"]), env.tasks("train")[1], n=1,
-                                          sampling=SamplingConfig()))
+    [rollout] = asyncio.run(
+        env.run_group(ScriptedPolicy(["7"]), env.tasks("train")[1], n=1, sampling=SamplingConfig())
+    )
     assert rollout.reward == 1.5 and rollout.metrics["num_turns"] == 1.0
 
 

@@ -18,12 +18,16 @@ from pathlib import Path
 
 import pytest
 
-verifiers = pytest.importorskip("verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')")
+verifiers = pytest.importorskip(
+    "verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')"
+)
 from packaging.version import Version  # noqa: E402
 
 if Version(verifiers.__version__) < Version("0.4.0"):
-    pytest.skip(f"verifiers {verifiers.__version__} is installed; these tests need verifiers>=0.4 (its v1 API)",
-                allow_module_level=True)
+    pytest.skip(
+        f"verifiers {verifiers.__version__} is installed; these tests need verifiers>=0.4 (its v1 API)",
+        allow_module_level=True,
+    )
 import verifiers.v1 as vf  # noqa: E402
 
 import agentrl  # noqa: E402
@@ -40,10 +44,17 @@ def _reference_trace(vf_task, messages):
     from verifiers.v1.graph import MessageNode
     from verifiers.v1.trace import AgentInfo, Trace, TraceTask
 
-    trace = Trace(task=TraceTask(type=type(vf_task).__name__, data=vf_task.data), agent=AgentInfo(config=AgentConfig()))
+    trace = Trace(
+        task=TraceTask(type=type(vf_task).__name__, data=vf_task.data), agent=AgentInfo(config=AgentConfig())
+    )
     for index, message in enumerate(messages):
-        trace.nodes.append(MessageNode(parent=index - 1 if index else None, message=message,
-                                       sampled=isinstance(message, vf.AssistantMessage)))
+        trace.nodes.append(
+            MessageNode(
+                parent=index - 1 if index else None,
+                message=message,
+                sampled=isinstance(message, vf.AssistantMessage),
+            )
+        )
     return trace
 
 
@@ -54,7 +65,9 @@ def _scores(trace):
 REVERSE_CASES = [(0, "desserts"), (1, "reward"), (1, "rewards!"), (2, "LEVEL"), (3, "")]
 
 
-@pytest.mark.parametrize(("index", "reply"), REVERSE_CASES, ids=[f"task{i}-{r or 'empty'}" for i, r in REVERSE_CASES])
+@pytest.mark.parametrize(
+    ("index", "reply"), REVERSE_CASES, ids=[f"task{i}-{r or 'empty'}" for i, r in REVERSE_CASES]
+)
 def test_v1_rewards_equal_verifiers_own(index, reply):
     env = agentrl.load_environment(FIXTURES / "v1_reverse")
     assert env.harness == "null" and env.tool_schemas is None
@@ -63,8 +76,14 @@ def test_v1_rewards_equal_verifiers_own(index, reply):
     import vf_v1_reverse
 
     vf_task = list(vf_v1_reverse.ReverseTaskset(vf_v1_reverse.taskset.ReverseConfig()))[index]
-    trace = _reference_trace(vf_task, [vf.SystemMessage(content=vf_task.data.system_prompt),
-                                       vf.UserMessage(content=vf_task.data.prompt), vf.AssistantMessage(content=reply)])
+    trace = _reference_trace(
+        vf_task,
+        [
+            vf.SystemMessage(content=vf_task.data.system_prompt),
+            vf.UserMessage(content=vf_task.data.prompt),
+            vf.AssistantMessage(content=reply),
+        ],
+    )
     asyncio.run(vf_task.score(trace))
     reward, metrics = _scores(trace)
     for rollout in rollouts:
@@ -97,8 +116,12 @@ needs_docker = pytest.mark.skipif(not _docker_ready(), reason="needs a running D
 
 
 def _containers_of_this_process() -> list[str]:
-    listed = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.pid={os.getpid()}"],
-                            capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=agentrl.pid={os.getpid()}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return listed.stdout.split()
 
 
@@ -121,10 +144,15 @@ async def _verifiers_reference_with_runtime(vf_task, command: str, reply: str):
         await vf_task.setup(trace, runtime)
         output = await runtime.run(["bash", "-c", command], {})
         call = vf.ToolCall(id="c1", name="bash", arguments="{}")
-        trace = _reference_trace(vf_task, [vf.UserMessage(content=vf_task.data.prompt),
-                                           vf.AssistantMessage(content="", tool_calls=[call]),
-                                           vf.ToolMessage(tool_call_id="c1", content=output.stdout + output.stderr),
-                                           vf.AssistantMessage(content=reply)])
+        trace = _reference_trace(
+            vf_task,
+            [
+                vf.UserMessage(content=vf_task.data.prompt),
+                vf.AssistantMessage(content="", tool_calls=[call]),
+                vf.ToolMessage(tool_call_id="c1", content=output.stdout + output.stderr),
+                vf.AssistantMessage(content=reply),
+            ],
+        )
         await vf_task.finalize(trace, runtime)
         await vf_task.score(trace, runtime)
         return trace
@@ -134,8 +162,9 @@ async def _verifiers_reference_with_runtime(vf_task, command: str, reply: str):
 
 
 @needs_docker
-@pytest.mark.parametrize(("index", "command", "reply"), FILE_CASES, ids=[f"task{c[0]}-{i}" for i, c in
-                                                                        enumerate(FILE_CASES)])
+@pytest.mark.parametrize(
+    ("index", "command", "reply"), FILE_CASES, ids=[f"task{c[0]}-{i}" for i, c in enumerate(FILE_CASES)]
+)
 def test_v1_runtime_task_in_agentrl_sandboxes(index, command, reply):
     env = agentrl.load_environment(FIXTURES / "v1_files")
     assert env.harness == "bash" and env.tool_schemas[0]["function"]["name"] == "bash"
@@ -162,7 +191,7 @@ class _Data(vf.TaskData):
 
 
 class _BoxTask(vf.Task[_Data]):
-    """Marks the agent's box outside its workdir; scoring says whether it sees the mark or an agent process."""
+    """Marks the agent's box outside its workdir; scoring says if it sees the mark or an agent process."""
 
     NEEDS_CONTAINER = True
 
@@ -178,13 +207,17 @@ class _BoxTask(vf.Task[_Data]):
 
 @needs_docker
 def test_v1_scoring_runs_out_of_the_agents_reach():
-    """The agent leaves `sleep 1000` running; scoring runs in a fresh sandbox where no agent process exists."""
+    """The agent leaves `sleep 1000` running; scoring runs in a fresh sandbox without any agent process."""
     from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
 
     env = VerifiersTasksetEnv.from_class(_taskset(_BoxTask), name="box", options={})
-    script = [{"tool_calls": [tool_call("bash", command="sleep 1000 >/dev/null 2>&1 & echo started")]}, "done"]
-    [rollout] = asyncio.run(env.run_group(ScriptedPolicy(script), env.tasks("test")[0], n=1,
-                                          sampling=SamplingConfig()))
+    script = [
+        {"tool_calls": [tool_call("bash", command="sleep 1000 >/dev/null 2>&1 & echo started")]},
+        "done",
+    ]
+    [rollout] = asyncio.run(
+        env.run_group(ScriptedPolicy(script), env.tasks("test")[0], n=1, sampling=SamplingConfig())
+    )
     assert rollout.error is None, rollout.error
     assert rollout.messages[3].content == "started\n"
     assert rollout.reward == 1.0
@@ -206,7 +239,9 @@ def test_v1_imported_package_runs(tmp_path, monkeypatch):
     assert len(splits["test"]) == 3 and manifest.requirements == ["verifiers>=0.4.0"]
     env = agentrl.load_environment(out)
     script = [{"tool_calls": [tool_call("bash", command="echo 10 > answer.txt")]}, "10"]
-    [rollout] = asyncio.run(env.run_group(ScriptedPolicy(script), env.tasks("test")[1], n=1, sampling=SamplingConfig()))
+    [rollout] = asyncio.run(
+        env.run_group(ScriptedPolicy(script), env.tasks("test")[1], n=1, sampling=SamplingConfig())
+    )
     assert rollout.reward == 1.25
 
 
@@ -247,12 +282,15 @@ class _ForeverTaskset(vf.Taskset[_PlainTask, vf.TasksetConfig]):
             index += 1
 
 
-@pytest.mark.parametrize(("taskset", "message"), [
-    (_taskset(_ToolTask), "MCP toolsets are not supported"),
-    (_taskset(_PlainTask, agent_user="alice"), "agent_user='alice'"),
-    (_taskset(_PlainTask, resources={"gpu": "A100"}), "asks for GPU 'A100'"),
-    (_ForeverTaskset, "is infinite; pass max_tasks=N"),
-])
+@pytest.mark.parametrize(
+    ("taskset", "message"),
+    [
+        (_taskset(_ToolTask), "MCP toolsets are not supported"),
+        (_taskset(_PlainTask, agent_user="alice"), "agent_user='alice'"),
+        (_taskset(_PlainTask, resources={"gpu": "A100"}), "asks for GPU 'A100'"),
+        (_ForeverTaskset, "is infinite; pass max_tasks=N"),
+    ],
+)
 def test_v1_refusals_are_one_line(taskset, message):
     from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
 
@@ -266,6 +304,7 @@ def test_v1_infinite_taskset_with_max_tasks():
 
     env = VerifiersTasksetEnv.from_class(_ForeverTaskset, name="forever", options={"max_tasks": 3})
     assert [task.prompt[-1].content for task in env.tasks("test")] == ["task 0", "task 1", "task 2"]
-    [rollout] = asyncio.run(env.run_group(ScriptedPolicy(["ok"]), env.tasks("test")[2], n=1,
-                                          sampling=SamplingConfig()))
+    [rollout] = asyncio.run(
+        env.run_group(ScriptedPolicy(["ok"]), env.tasks("test")[2], n=1, sampling=SamplingConfig())
+    )
     assert rollout.reward == 1.0 and rollout.metrics == {"one": 1.0}

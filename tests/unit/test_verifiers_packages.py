@@ -1,4 +1,4 @@
-"""Finding verifiers packages and importing them as agentrl packages; the one-line errors (no verifiers needed)."""
+"""Finding verifiers packages, importing them as agentrl packages; one-line errors (no verifiers needed)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verifiers"
 
 def test_finds_both_layouts():
     flat = find_verifiers_project(FIXTURES / "legacy_qa")
-    assert (flat.name, flat.module, flat.module_file().name) == ("vf-legacy-qa", "vf_legacy_qa", "vf_legacy_qa.py")
+    assert (flat.name, flat.module, flat.module_file().name) == (
+        "vf-legacy-qa",
+        "vf_legacy_qa",
+        "vf_legacy_qa.py",
+    )
     package = find_verifiers_project(FIXTURES / "v1_reverse")
     assert package.module_file() == FIXTURES / "v1_reverse" / "vf_v1_reverse" / "__init__.py"
     assert package.version == "0.2.0"
@@ -24,7 +28,9 @@ def test_finds_both_layouts():
 
 def test_other_folders_are_not_verifiers_packages(tmp_path):
     assert find_verifiers_project(tmp_path) is None
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["verifiers-extra", "numpy"]\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\ndependencies = ["verifiers-extra", "numpy"]\n'
+    )
     assert find_verifiers_project(tmp_path) is None  # a name that only starts with verifiers
     builtin = Path(agentrl.__file__).resolve().parents[1] / "environments" / "reverse_text"
     assert find_verifiers_project(builtin) is None
@@ -74,8 +80,19 @@ def test_cli_import(tmp_path):
 
     from agentrl.cli import app
 
-    result = CliRunner().invoke(app, ["env", "import", "verifiers", str(FIXTURES / "legacy_qa"),
-                                      "--out", str(tmp_path / "qa"), "--name", "capitals"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "env",
+            "import",
+            "verifiers",
+            str(FIXTURES / "legacy_qa"),
+            "--out",
+            str(tmp_path / "qa"),
+            "--name",
+            "capitals",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "created" in result.output
     assert tomllib.loads((tmp_path / "qa" / "environment.toml").read_text())["name"] == "capitals"
