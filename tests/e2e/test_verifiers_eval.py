@@ -2,8 +2,9 @@
 
 Runs the CLI (`agentrl eval --env <verifiers package folder> --base-url ...`) on a fixture package
 of whichever verifiers API is installed, then takes every completion tiny-moe produced from
-`results.jsonl` and scores it again with verifiers alone (old API: `vf_env.run_group` with a Client
-replaying the model's replies; v1: `Task.score` on a Trace of verifiers' own types): each reward
+`results.jsonl` and scores it again with verifiers alone (old API: `vf_env.run_group` with verifiers' own
+OpenAI chat client replaying the model's replies, tests/verifiers_replay.py; v1: `Task.score` on a
+Trace of verifiers' own types): each reward
 must equal verifiers' own.
 
 The server: `$AGENTRL_TEST_BASE_URL` (a running `agentrl serve --model tiny-moe`; verifiers 0.4 and
@@ -16,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-verifiers = pytest.importorskip("verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')")
+verifiers = pytest.importorskip(
+    "verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')"
+)
 from packaging.version import Version  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verifiers"
@@ -44,9 +46,30 @@ def _eval(env: Path, base_url: str, out: Path, client: str) -> list[dict]:
 
     from agentrl.cli import app
 
-    result = CliRunner().invoke(app, ["eval", "--env", str(env), "--model", "tiny-moe", "--base-url", base_url,
-                                      "--client", client, "-n", "3", "-r", "2", "--max-tokens", "24",
-                                      "--temperature", "1.0", "--output", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--env",
+            str(env),
+            "--model",
+            "tiny-moe",
+            "--base-url",
+            base_url,
+            "--client",
+            client,
+            "-n",
+            "3",
+            "-r",
+            "2",
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "1.0",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     assert "mean reward" in result.output
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -56,47 +79,21 @@ def _eval(env: Path, base_url: str, out: Path, client: str) -> list[dict]:
     return records
 
 
-@pytest.mark.skipif(V1, reason=f"verifiers {verifiers.__version__}: the load_environment() API needs verifiers<0.4")
+@pytest.mark.skipif(
+    V1, reason=f"verifiers {verifiers.__version__}: the load_environment() API needs verifiers<0.4"
+)
 def test_eval_legacy_package_rewards_equal_verifiers(base_url, tmp_path):
     import importlib
 
-    from verifiers.clients import Client
-    from verifiers.types import Response, ResponseMessage
+    from tests.verifiers_replay import replay_client
 
     records = _eval(FIXTURES / "legacy_qa", base_url, tmp_path / "eval", client="token")
     vf_env = importlib.import_module("vf_legacy_qa").load_environment()
 
-    class Replay(Client):  # verifiers' own types only: the model's recorded reply
-        def __init__(self, text):
-            super().__init__(object())
-            self.text = text
-
-        def setup_client(self, config):
-            return None
-
-        async def to_native_tool(self, tool):
-            return tool
-
-        async def to_native_prompt(self, messages):
-            return messages, {}
-
-        async def get_native_response(self, prompt, model, sampling_args, tools=None, **kwargs):
-            return Response(id="r", created=int(time.time()), model=model, message=ResponseMessage(
-                content=self.text, finish_reason="stop", is_truncated=False))
-
-        async def raise_from_native_response(self, response):
-            return None
-
-        async def from_native_response(self, response):
-            return response
-
-        async def close(self):
-            return None
-
     for record in records:
         reply = record["messages"][-1]["content"]
-        [output] = asyncio.run(vf_env.run_group([dict(record["task"]["info"]["verifiers_input"])], Replay(reply),
-                                                "replay", {}))
+        row = dict(record["task"]["info"]["verifiers_input"])
+        [output] = asyncio.run(vf_env.run_group([row], replay_client([reply]), "replay", {}))
         assert record["reward"] == pytest.approx(output["reward"])
         assert record["metrics"]["correct_answer"] == pytest.approx(output["metrics"]["correct_answer"])
 
@@ -114,11 +111,19 @@ def test_eval_v1_package_rewards_equal_verifiers(base_url, tmp_path):
     tasks = list(vf_v1_reverse.ReverseTaskset(vf_v1_reverse.taskset.ReverseConfig()))
     for record in records:
         vf_task = tasks[record["task"]["info"]["verifiers_task"]]
-        messages = [vf.SystemMessage(content=vf_task.data.system_prompt), vf.UserMessage(content=vf_task.data.prompt),
-                    vf.AssistantMessage(content=record["messages"][-1]["content"])]
-        trace = Trace(task=TraceTask(type="ReverseTask", data=vf_task.data), agent=AgentInfo(config=AgentConfig()),
-                      nodes=[MessageNode(parent=i - 1 if i else None, message=m, sampled=m.role == "assistant")
-                             for i, m in enumerate(messages)])
+        messages = [
+            vf.SystemMessage(content=vf_task.data.system_prompt),
+            vf.UserMessage(content=vf_task.data.prompt),
+            vf.AssistantMessage(content=record["messages"][-1]["content"]),
+        ]
+        trace = Trace(
+            task=TraceTask(type="ReverseTask", data=vf_task.data),
+            agent=AgentInfo(config=AgentConfig()),
+            nodes=[
+                MessageNode(parent=i - 1 if i else None, message=m, sampled=m.role == "assistant")
+                for i, m in enumerate(messages)
+            ],
+        )
         asyncio.run(vf_task.score(trace))
         assert record["reward"] == pytest.approx(trace.reward)
         assert record["metrics"]["similarity"] == pytest.approx(trace.rewards["similarity"].score)
