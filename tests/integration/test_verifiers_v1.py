@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sandbox_backends import BACKENDS
 
 verifiers = pytest.importorskip(
     "verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')"
@@ -205,12 +206,12 @@ class _BoxTask(vf.Task[_Data]):
         return float("sleep 1000" not in seen.stdout)
 
 
-@needs_docker
-def test_v1_scoring_runs_out_of_the_agents_reach():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v1_scoring_runs_out_of_the_agents_reach(backend):
     """The agent leaves `sleep 1000` running; scoring runs in a fresh sandbox without any agent process."""
     from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
 
-    env = VerifiersTasksetEnv.from_class(_taskset(_BoxTask), name="box", options={})
+    env = VerifiersTasksetEnv.from_class(_taskset(_BoxTask), name="box", options={"sandbox": backend})
     script = [
         {"tool_calls": [tool_call("bash", command="sleep 1000 >/dev/null 2>&1 & echo started")]},
         "done",
@@ -222,7 +223,25 @@ def test_v1_scoring_runs_out_of_the_agents_reach():
     assert rollout.messages[3].content == "started\n"
     assert rollout.reward == 1.0
     assert _BOXES == {"setup": "0", "scoring": "1"}  # /tmp of the agent's box is not where scoring ran
-    assert _containers_of_this_process() == []
+    if backend["type"] == "docker":
+        assert _containers_of_this_process() == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v1_runtime_task_under_each_backend(backend):
+    index, command, reply = FILE_CASES[0]
+    env = agentrl.load_environment(FIXTURES / "v1_files", sandbox=backend)
+    script = [{"tool_calls": [tool_call("bash", command=command)]}, reply]
+    [rollout] = asyncio.run(
+        env.run_group(ScriptedPolicy(script), env.tasks("test")[index], n=1, sampling=SamplingConfig())
+    )
+    assert rollout.error is None, rollout.error
+    import vf_v1_files
+
+    vf_task = list(vf_v1_files.SumFilesTaskset(vf.TasksetConfig()))[index]
+    reward, metrics = _scores(asyncio.run(_verifiers_reference_with_runtime(vf_task, command, reply)))
+    assert (rollout.reward, rollout.metrics) == (pytest.approx(reward), pytest.approx(metrics))
+    assert reward == 1.25
 
 
 @needs_docker
