@@ -24,6 +24,7 @@ import functools
 import json
 import time
 import uuid
+import weakref
 from typing import Any
 
 from agentrl.environment import Environment
@@ -261,7 +262,7 @@ class VerifiersLegacyEnv(Environment):
                 error = f"{type(state['error']).__name__}: {state['error']}"
             kept = {"stop_condition": state.get("stop_condition"), _STATE_KEY: state["trajectory_id"]}
             self._states[state["trajectory_id"]] = state
-        return Rollout(
+        rollout = Rollout(
             task=task,
             messages=messages,
             turns=adapter.turns,
@@ -270,6 +271,11 @@ class VerifiersLegacyEnv(Environment):
             elapsed_s=time.monotonic() - started,
             state=kept,
         )
+        if (
+            state is not None
+        ):  # a rollout never scored (an SFT demonstration...) does not keep its state alive
+            weakref.finalize(rollout, self._states.pop, state["trajectory_id"], None)
+        return rollout
 
     async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
         """verifiers' own rubric scores the group (`rubric.score_group`), then its cleanup runs."""

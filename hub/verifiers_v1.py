@@ -53,6 +53,12 @@ _LIVE_KEY = "verifiers_rollout"
 _ADAPTER_OPTIONS = ("harness", "sandbox", "max_turns", "max_tasks")
 BASH_SYSTEM_PROMPT = "You work as a coding agent: a bash tool runs your shell commands."
 _HOOKS = ("setup", "finalize", "stage_verifier")
+# agentrl's stop reasons -> verifiers' stop conditions (a cut reply is `is_truncated` through its ModelCall)
+_STOP_CONDITIONS = {
+    "completed": "agent_completed",
+    "length": "agent_completed",
+    "max_completion_tokens": "max_output_tokens",
+}
 
 
 def _vf():
@@ -169,7 +175,8 @@ def fill_trace(trace: Any, rollout: Rollout) -> None:
         trace.record_error(AgentrlError(rollout.error))
     else:
         trace.ok = True
-        trace.stop(str(rollout.state.get("stop_reason") or "agent_completed"))
+        reason = str(rollout.state.get("stop_reason") or "completed")
+        trace.stop(_STOP_CONDITIONS.get(reason, reason))
 
 
 def _takes_runtime(func: Any) -> bool:

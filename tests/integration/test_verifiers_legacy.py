@@ -191,3 +191,16 @@ def test_a_second_copy_of_a_loaded_package_is_refused(tmp_path):
     shutil.copytree(FIXTURES / "legacy_qa", tmp_path / "copy")
     with pytest.raises(AgentrlError, match="a different module 'vf_legacy_qa' is already imported"):
         agentrl.load_environment(tmp_path / "copy")
+
+
+def test_unscored_rollouts_do_not_keep_verifiers_state():
+    import gc
+
+    env = agentrl.load_environment(FIXTURES / "legacy_qa")
+    rollout = asyncio.run(
+        env.rollout(ScriptedPolicy(["Rome"]), env.tasks("test")[0], sampling=SamplingConfig())
+    )
+    assert len(env._states) == 1
+    del rollout
+    gc.collect()
+    assert env._states == {}

@@ -327,3 +327,23 @@ def test_v1_infinite_taskset_with_max_tasks():
         env.run_group(ScriptedPolicy(["ok"]), env.tasks("test")[2], n=1, sampling=SamplingConfig())
     )
     assert rollout.reward == 1.0 and rollout.metrics == {"one": 1.0}
+
+
+def test_v1_trace_stop_conditions():
+    from agentrl.hub.verifiers_v1 import build_trace
+    from agentrl.types import Rollout
+
+    import vf_v1_reverse
+
+    vf_task = list(vf_v1_reverse.ReverseTaskset(vf_v1_reverse.taskset.ReverseConfig()))[0]
+    env = agentrl.load_environment(FIXTURES / "v1_reverse")
+    task = env.tasks("test")[0]
+    rollout = asyncio.run(
+        env.rollout(ScriptedPolicy(["x" * 50]), task, sampling=SamplingConfig(max_tokens=8))
+    )
+    trace = build_trace(vf_task, rollout)
+    assert rollout.truncated and trace.is_truncated and trace.stop_condition == "agent_completed"
+    done = build_trace(
+        vf_task, Rollout(task=task, messages=[*task.prompt], state={"stop_reason": "max_turns"})
+    )
+    assert done.stop_condition == "max_turns" and done.ok and done.is_truncated
