@@ -347,3 +347,16 @@ def test_v1_trace_stop_conditions():
         vf_task, Rollout(task=task, messages=[*task.prompt], state={"stop_reason": "max_turns"})
     )
     assert done.stop_condition == "max_turns" and done.ok and done.is_truncated
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"harness": "claude_code"}, "harness must be 'null' or 'bash', got 'claude_code'"),
+        ({"sandbox": {"type": "qemu"}}, "bad sandbox option: .*type"),
+    ],
+)
+def test_v1_bad_adapter_options_are_one_line(options, message):
+    with pytest.raises(AgentrlError, match=message) as caught:
+        agentrl.load_environment(FIXTURES / "v1_reverse", **options)
+    assert "\n" not in str(caught.value)
