@@ -9,7 +9,9 @@ schema in `agentrl.hub.manifest`). `load_environment` accepts
 - a package in a directory listed in `$AGENTRL_ENV_PATH` (os.pathsep-separated), matched
   by folder name or manifest name;
 - a package installed from the hub: `owner/name[@version]` (`agentrl.hub.refs.find_installed`),
-  or its bare name (the hub's `agentrl.hub.local.installed_environment_dirs()`).
+  or its bare name (the hub's `agentrl.hub.local.installed_environment_dirs()`);
+- a verifiers package folder (a pyproject.toml depending on verifiers, no environment.toml):
+  `agentrl.hub.verifiers.load_verifiers_package` runs it.
 
 The entrypoint module is imported from the package folder as a submodule of a private
 package (`_agentrl_env_<name>_<hash>`), so two packages with the same module name do not
@@ -233,6 +235,11 @@ def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
     from agentrl.environment import Environment
     from agentrl.hub.manifest import load_manifest
 
+    if os.fspath(name_or_path) and Path(name_or_path).expanduser().is_dir():
+        from agentrl.hub.verifiers import find_verifiers_project, load_verifiers_package
+
+        if find_verifiers_project(name_or_path) is not None:  # a verifiers package: pyproject.toml, no manifest
+            return load_verifiers_package(name_or_path, **kwargs)
     folder = find_environment(name_or_path)
     manifest = load_manifest(folder)
     factory = import_package_attr(folder, manifest.entrypoint, package_name=manifest.name)

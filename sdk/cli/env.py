@@ -273,3 +273,16 @@ def import_swebench(
 
     folder = import_swebench_rows(source, out=out, name=name, namespace=namespace, split=split)
     _echo(f"created {folder}; validate with: agentrl env validate {folder}")
+
+
+@import_app.command("verifiers")
+def import_verifiers(
+    path: Path = typer.Argument(..., help="verifiers package folder (a pyproject.toml naming verifiers)."),
+    out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<project name>)."),
+    name: Optional[str] = typer.Option(None, help="Environment name (default: the project name)."),
+) -> None:
+    """Turn a verifiers environment package (v1 Taskset or load_environment()) into an agentrl package."""
+    from agentrl.hub.verifiers import import_verifiers_package
+
+    folder = import_verifiers_package(path, out=out, name=name)
+    _echo(f"created {folder}; install its requirements with: agentrl env install {folder}")

@@ -1,0 +1,447 @@
+"""verifiers v1 Tasksets (verifiers >= 0.4) as agentrl Environments.
+
+`VerifiersTasksetEnv` runs a package's `vf.Taskset` the way verifiers' own rollout does, with
+agentrl in the harness's seat:
+
+- rows: the taskset's tasks in `load()` order (its config built from the caller's keyword
+  arguments), each a row whose prompt is what verifiers' harnesses send (the task's
+  `system_prompt` as a system message, then its `prompt`); `info` keeps the task's idx, key and
+  wire data. A taskset has no splits, so `train` and `test` are both the whole taskset.
+- episodes: agentrl's chat loop plays the harness. `harness="null"` (default) is verifiers'
+  `null` harness for a task without tools: the model answers the prompt. `harness="bash"`
+  (default when a task needs a container) is modelled on verifiers' `bash` harness: one `bash`
+  tool whose commands run in the task's runtime.
+- runtime: a task that needs one (`NEEDS_CONTAINER`, an `image`, setup/finalize/stage_verifier
+  hooks, a scoring hook taking `runtime`, or the bash harness) gets an agentrl sandbox behind
+  verifiers' `Runtime` interface (`SandboxRuntime`): `image`, `workdir` and `resources` from
+  the task data, network off. `setup(trace, runtime)` runs before the first model call,
+  `finalize` after the agent's processes are killed; then the workdir is carried into a fresh
+  sandbox (`agentrl.sandbox.grading`), where `stage_verifier` and scoring run.
+- rewards: the rollout becomes a verifiers `Trace` (its messages as the message graph, one
+  `ModelCall` per model turn) and verifiers' own `Task.score(trace, runtime)` runs the task's
+  `@vf.reward`/`@vf.metric` methods and config-plugged functions; the reward is
+  `trace.reward` (sum of score x weight), every reward and metric lands in the metrics.
+
+Refused in one line at load time: MCP toolsets (taskset or task), infinite tasksets without
+`max_tasks`, `agent_user`, GPU resources. `@vf.stop`/`@vf.intercept` hooks do not run
+(agentrl's budgets end episodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import shlex
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.errors import AgentrlError
+from agentrl.hub.verifiers_legacy import from_vf_message
+from agentrl.rubric import Rubric
+from agentrl.sampling import ChatClient, SamplingConfig
+from agentrl.tool_env import ToolEnv
+from agentrl.tools import Tool
+from agentrl.types import Message, Rollout, Task
+
+__all__ = ["BASH_SYSTEM_PROMPT", "VerifiersTasksetEnv", "build_trace", "fill_trace", "sandbox_runtime_class"]
+
+TASK_KEY = "verifiers_task"
+_LIVE_KEY = "verifiers_rollout"
+_ADAPTER_OPTIONS = ("harness", "sandbox", "max_turns", "max_tasks")
+BASH_SYSTEM_PROMPT = "You work as a coding agent: a bash tool runs your shell commands."
+_HOOKS = ("setup", "finalize", "stage_verifier")
+# agentrl's stop reasons -> verifiers' stop conditions (a cut reply is `is_truncated` through its ModelCall)
+_STOP_CONDITIONS = {
+    "completed": "agent_completed",
+    "length": "agent_completed",
+    "max_completion_tokens": "max_output_tokens",
+}
+
+
+def _vf():
+    import verifiers.v1 as vf
+
+    return vf
+
+
+@functools.cache
+def sandbox_runtime_class() -> type:
+    """`SandboxRuntime`: verifiers' `Runtime` over a started agentrl `Sandbox` (made on first use: it needs
+    verifiers)."""
+    from verifiers.v1.runtimes.base import BaseRuntimeInfo, ProgramResult, Runtime
+
+    class _Config:
+        type = "agentrl"
+
+    class SandboxRuntime(Runtime):
+        """verifiers' Runtime interface on an agentrl sandbox (started and closed by its owner)."""
+
+        def __init__(self, sandbox: Any) -> None:
+            super().__init__(name=f"agentrl-{sandbox.id or uuid.uuid4().hex[:8]}")
+            self.sandbox = sandbox
+            self.config = _Config()
+            self.info = BaseRuntimeInfo(id=sandbox.id)
+
+        async def start(self) -> None:
+            return None
+
+        async def teardown(self) -> None:
+            return None
+
+        async def run(self, argv: list[str], env: dict[str, str]) -> ProgramResult:
+            result = await self.sandbox.exec(list(argv), env=self.process_env(env))
+            return ProgramResult(exit_code=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+
+        async def _read(self, path: str, max_bytes: int | None = None) -> bytes:
+            if max_bytes is None:
+                return await self.sandbox.read_bytes(path)
+            raw = await self.sandbox.exec_bytes(
+                ["/bin/sh", "-c", f"head -c {int(max_bytes)} -- {shlex.quote(path)}"]
+            )
+            if raw.exit_code != 0:
+                from verifiers.v1.errors import SandboxError
+
+                raise SandboxError(f"read {path!r}: {raw.stderr.decode(errors='replace').strip()[-500:]}")
+            return raw.stdout
+
+        async def write(self, path: str, data: bytes) -> None:
+            await self.sandbox.write_file(path, data)
+
+    return SandboxRuntime
+
+
+def _to_vf_message(message: Message) -> Any:
+    vf = _vf()
+    if message.role == "system":
+        return vf.SystemMessage(content=message.content)
+    if message.role == "user":
+        return vf.UserMessage(content=message.content)
+    if message.role == "tool":
+        return vf.ToolMessage(
+            tool_call_id=message.tool_call_id or "", content=message.content, name=message.name
+        )
+    calls = [
+        vf.ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+        for call in message.tool_calls or []
+    ]
+    return vf.AssistantMessage(content=message.content, tool_calls=calls or None)
+
+
+def build_trace(vf_task: Any, rollout: Rollout | None = None) -> Any:
+    """A verifiers Trace of `vf_task`; with `rollout`, its conversation as the message graph (one chain:
+    model turns `sampled`, one `ModelCall` per model turn with its finish reason)."""
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.state import state_cls
+    from verifiers.v1.trace import AgentInfo, Trace, TraceTask
+
+    trace = Trace(
+        task=TraceTask(type=type(vf_task).__name__, data=vf_task.data, key=vf_task.key, hash=vf_task.hash),
+        agent=AgentInfo(config=AgentConfig()),
+        state=state_cls(type(vf_task))(),
+    )
+    if rollout is not None:
+        fill_trace(trace, rollout)
+    return trace
+
+
+def fill_trace(trace: Any, rollout: Rollout) -> None:
+    """Put the rollout's messages, model calls and outcome on `trace`."""
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.trace import ModelCall
+
+    prompt_len = len(rollout.task.prompt)
+    turns = iter(rollout.turns)
+    trace.nodes.clear()
+    trace.calls.clear()
+    for index, message in enumerate(rollout.messages):
+        sampled = index >= prompt_len and message.role == "assistant"
+        trace.nodes.append(
+            MessageNode(parent=index - 1 if index else None, message=_to_vf_message(message), sampled=sampled)
+        )
+        if sampled:
+            turn = next(turns, None)
+            finish = turn.completion.finish_reason if turn is not None else None
+            if message.tool_calls and finish != "length":
+                finish = "tool_calls"
+            trace.calls.append(
+                ModelCall(
+                    node=index, finish_reason=finish if finish in ("stop", "length", "tool_calls") else None
+                )
+            )
+    if rollout.error is not None:
+        trace.record_error(AgentrlError(rollout.error))
+    else:
+        trace.ok = True
+        reason = str(rollout.state.get("stop_reason") or "completed")
+        trace.stop(_STOP_CONDITIONS.get(reason, reason))
+
+
+def _takes_runtime(func: Any) -> bool:
+    param = inspect.signature(func).parameters.get("runtime")
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def _prompt_messages(data: Any, extra_system: str | None) -> list[dict[str, Any]]:
+    system = "\n\n".join(text for text in (extra_system, data.system_prompt) if text) or None
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    if isinstance(data.prompt, str):
+        messages.append({"role": "user", "content": data.prompt})
+    else:
+        messages += [from_vf_message(message).model_dump(exclude_none=True) for message in data.prompt or []]
+    return messages
+
+
+@dataclass
+class _Live:
+    """What one rollout holds while it runs (not serialisable, so kept off Rollout.state)."""
+
+    vf_task: Any
+    trace: Any
+    sandbox: Any = None
+    runtime: Any = None
+
+
+async def bash(command: str, sandbox: Any) -> str:
+    """Run a bash command and return its combined stdout and stderr.
+
+    Args:
+        command: The bash command to run.
+    """
+    result = await sandbox.exec(["bash", "-c", command])
+    return result.stdout + result.stderr
+
+
+class VerifiersTasksetEnv(ToolEnv):
+    """A verifiers v1 Taskset: its tasks as rows, agentrl's loop as the harness, verifiers' own scoring."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        taskset: Any,
+        harness: str | None = None,
+        sandbox: dict[str, Any] | None = None,
+        max_turns: int = 10,
+        max_tasks: int | None = None,
+    ) -> None:
+        tasks = list(taskset.take(max_tasks) if max_tasks is not None else _bounded(taskset, name))
+        if not tasks:
+            raise AgentrlError(f"verifiers taskset {name!r}: load() yielded no tasks")
+        _refuse_unsupported(name, taskset, tasks)
+        needs = any(self._needs_runtime(task) for task in tasks)
+        self.harness = harness or ("bash" if needs else "null")
+        """`null` (the model answers) or `bash` (one bash tool in the task's runtime)."""
+        if self.harness not in ("null", "bash"):
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: harness must be 'null' or 'bash', got {self.harness!r}"
+            )
+        from agentrl.sandbox.base import SandboxConfig
+
+        try:
+            self.sandbox_config = SandboxConfig.model_validate(sandbox or {})
+        except ValueError as error:
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: bad sandbox option: {' '.join(str(error).split())}"
+            ) from None
+        self.vf_tasks = tasks
+        tools = [Tool(bash, hidden=("sandbox",))] if self.harness == "bash" else []
+        super().__init__(
+            name=name,
+            splits={"train": self._rows, "test": self._rows},
+            rubric=Rubric(),
+            tools=tools,
+            max_turns=max_turns if self.harness == "bash" else 1,
+        )
+        self._live: dict[str, _Live] = {}
+
+    @classmethod
+    def from_class(cls, taskset_class: type, *, name: str, options: dict[str, Any]) -> VerifiersTasksetEnv:
+        """Build the taskset from its config type (verifiers' own resolution) and the caller's options."""
+        from verifiers.v1 import Taskset, TasksetConfig
+        from verifiers.v1.utils.generic import concrete_type
+
+        config_type = concrete_type(taskset_class, TasksetConfig, origin=Taskset) or TasksetConfig
+        fields = set(getattr(config_type, "model_fields", {}))
+        adapter = {
+            key: options.pop(key) for key in list(options) if key in _ADAPTER_OPTIONS and key not in fields
+        }
+        try:
+            config = config_type.model_validate(options)
+        except ValueError as error:
+            problem = " ".join(str(error).split())
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: bad options for {config_type.__name__}: {problem}"
+            ) from None
+        return cls(name=name, taskset=taskset_class(config), **adapter)
+
+    # ----- rows ---------------------------------------------------------------------------------
+    def _rows(self) -> list[dict[str, Any]]:
+        extra = BASH_SYSTEM_PROMPT if self.harness == "bash" else None
+        rows = []
+        for position, vf_task in enumerate(self.vf_tasks):
+            data = vf_task.data
+            answer = getattr(data, "answer", "")
+            rows.append(
+                {
+                    "prompt": _prompt_messages(data, extra),
+                    "answer": answer if isinstance(answer, str) else json.dumps(answer),
+                    "task": type(vf_task).__name__,
+                    "example_id": data.id if data.id is not None else data.idx,
+                    "info": {
+                        TASK_KEY: position,
+                        "key": vf_task.key,
+                        "data": data.model_dump(mode="json", exclude_none=True),
+                    },
+                }
+            )
+        return rows
+
+    @staticmethod
+    def _needs_runtime(vf_task: Any) -> bool:
+        from verifiers.v1 import Task as VfTask
+
+        if vf_task.NEEDS_CONTAINER or vf_task.data.image:
+            return True
+        if any(getattr(type(vf_task), hook) is not getattr(VfTask, hook) for hook in _HOOKS):
+            return True
+        return any(_takes_runtime(func) for kind in ("reward", "metric") for func in vf_task.hooks(kind))
+
+    def _sandbox_spec(self, vf_task: Any) -> Any:
+        data, update = vf_task.data, {}
+        if data.image:
+            update["image"] = data.image
+        if data.workdir:
+            update["workdir"] = data.workdir
+        if data.resources.cpu:
+            update["cpus"] = float(data.resources.cpu)
+        if data.resources.memory:
+            update["memory_mb"] = int(data.resources.memory * 1024)
+        if data.resources.disk:
+            update["disk_mb"] = int(data.resources.disk * 1024)
+        return self.sandbox_config.model_copy(update=update)
+
+    # ----- episodes -----------------------------------------------------------------------------
+    def hidden_tool_args(self, tool: Tool, state: dict[str, Any]) -> dict[str, Any]:
+        return {"sandbox": self._live[state[_LIVE_KEY]].sandbox, "state": state}
+
+    async def setup_state(self, task: Task) -> dict[str, Any]:
+        position = task.info.get(TASK_KEY)
+        if not isinstance(position, int) or not 0 <= position < len(self.vf_tasks):
+            raise AgentrlError(
+                f"environment {self.name!r}: task info has no {TASK_KEY!r} index of this taskset"
+            )
+        from verifiers.v1.utils.decorators import invoke
+
+        vf_task = self.vf_tasks[position]
+        live = _Live(vf_task=vf_task, trace=build_trace(vf_task))
+        try:
+            if self.harness == "bash" or self._needs_runtime(vf_task):
+                from agentrl.sandbox import create_sandbox
+
+                live.sandbox = create_sandbox(self._sandbox_spec(vf_task))
+                await live.sandbox.start()
+                live.runtime = sandbox_runtime_class()(live.sandbox)
+            async with asyncio.timeout(vf_task.data.timeout.setup):
+                await invoke(vf_task.setup, {"trace": live.trace, "runtime": live.runtime})
+        except BaseException:
+            if live.sandbox is not None:
+                await live.sandbox.close()
+            raise
+        key = uuid.uuid4().hex
+        self._live[key] = live
+        return {_LIVE_KEY: key}
+
+    async def rollout(self, client: ChatClient, task: Task, *, sampling: SamplingConfig) -> Rollout:
+        rollout = await super().rollout(client, task, sampling=sampling)
+        live = self._live.pop(rollout.state.get(_LIVE_KEY), None)
+        if live is None:
+            return rollout
+        try:
+            if rollout.error is None:
+                await self._finish(live, rollout)
+        except Exception as exc:  # noqa: BLE001 - a scoring failure is the rollout's error, never a crash
+            rollout.error = f"verifiers scoring failed: {type(exc).__name__}: {exc}"
+        finally:
+            if live.sandbox is not None and not live.sandbox.closed:
+                await live.sandbox.close()
+        return rollout
+
+    async def _finish(self, live: _Live, rollout: Rollout) -> None:
+        """Finalize, then score with verifiers' own Task.score (in a fresh sandbox if there is a runtime)."""
+        from verifiers.v1.utils.decorators import invoke
+
+        trace, vf_task, data = live.trace, live.vf_task, live.vf_task.data
+        fill_trace(trace, rollout)
+
+        async def score(runtime: Any) -> None:
+            if runtime is not None:
+                await invoke(vf_task.stage_verifier, {"trace": trace, "runtime": runtime})
+            async with asyncio.timeout(data.timeout.scoring):
+                await vf_task.score(trace, runtime)
+
+        if live.sandbox is None:
+            await invoke(vf_task.finalize, {"trace": trace, "runtime": None})
+            await score(None)
+        else:
+            from agentrl.sandbox.grading import grade_in_fresh_sandbox
+
+            await live.sandbox.kill_processes()
+            async with asyncio.timeout(data.timeout.finalize):
+                await invoke(vf_task.finalize, {"trace": trace, "runtime": live.runtime})
+
+            async def grade(fresh: Any) -> None:
+                await score(sandbox_runtime_class()(fresh))
+
+            await grade_in_fresh_sandbox(live.sandbox, grade)
+        rollout.state["verifiers_rewards"] = {
+            name: None if value is None else {"score": value.score, "weight": value.weight}
+            for name, value in trace.rewards.items()
+        }
+        rollout.state["verifiers_metrics"] = dict(trace.metrics)
+
+    async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
+        """Each rollout's verifiers scores (computed at the end of its episode, as verifiers does)."""
+        for rollout in rollouts:
+            rewards = rollout.state.get("verifiers_rewards") or {}
+            for name, value in rewards.items():
+                rollout.metrics[name] = 0.0 if value is None else float(value["score"])
+            for name, value in (rollout.state.get("verifiers_metrics") or {}).items():
+                rollout.metrics[name] = 0.0 if value is None else float(value)
+            rollout.reward = sum(
+                value["score"] * value["weight"] for value in rewards.values() if value is not None
+            )
+            if rollout.error is not None:
+                rollout.reward, rollout.metrics["rollout_error"] = 0.0, 1.0
+        return rollouts
+
+
+def _bounded(taskset: Any, name: str) -> Any:
+    if not taskset.bounded:
+        raise AgentrlError(
+            f"verifiers taskset {name!r} is infinite; pass max_tasks=N to take its first N tasks"
+        )
+    return taskset
+
+
+def _refuse_unsupported(name: str, taskset: Any, tasks: list[Any]) -> None:
+    """One-line refusals of what agentrl cannot run faithfully."""
+    if taskset.toolsets(taskset.config) or any(type(task).toolsets(task.config) for task in tasks[:1]):
+        raise AgentrlError(
+            f"verifiers taskset {name!r}: MCP toolsets are not supported by agentrl's harness; "
+            "offer the tools as agentrl tools (agentrl.ToolEnv) instead"
+        )
+    for vf_task in tasks:
+        data = vf_task.data
+        if data.agent_user:
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: task {data.idx} sets agent_user={data.agent_user!r}; "
+                "agentrl sandboxes run every command as one user: set sandbox={'user': ...} instead"
+            )
+        if data.resources.gpu:
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: task {data.idx} asks for GPU {data.resources.gpu!r}; "
+                "agentrl sandboxes have no GPUs"
+            )
