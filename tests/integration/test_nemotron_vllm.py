@@ -186,3 +186,20 @@ def test_vllm_cpu_alone_refuses_the_non_gated_experts(nemotron_folder, tmp_path)
     assert not server.is_running()
     log = (tmp_path / "vllm.log").read_text()
     assert "is_act_and_mul=False is supported only for CUDA, XPU and ROCm" in log
+
+
+def test_a_plain_server_serves_chat_with_the_char_template(nemotron_folder, tmp_path):
+    """`VLLMServer("tiny-nemotron")` as `agentrl serve` starts it: plugin fixes on, prefix caching off."""
+    from transformers import AutoTokenizer
+
+    from agentrl.inference.server import VLLMServer
+
+    messages = [{"role": "system", "content": "Reverse the text."}, {"role": "user", "content": "abc"}]
+    expected_prompt = AutoTokenizer.from_pretrained(nemotron_folder).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    with VLLMServer("tiny-nemotron", log_path=tmp_path / "vllm.log") as server:
+        body = {"model": "tiny-nemotron", "messages": messages, "max_tokens": 6, "temperature": 0}
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text[:300]
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] == len(expected_prompt) and usage["completion_tokens"] >= 1

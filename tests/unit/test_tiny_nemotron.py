@@ -61,3 +61,17 @@ def test_runs_in_transformers_with_seeded_router_biases(nemotron_path):
     with torch.no_grad():
         logits = model(torch.tensor([[3, 20, 21, 22]])).logits
     assert logits.shape == (1, 4, 128) and torch.isfinite(logits).all()
+
+
+def test_cpu_server_gets_the_plugin_fixes_and_no_prefix_caching(nemotron_path, monkeypatch):
+    from agentrl.inference.server import VLLMServer
+
+    monkeypatch.delenv("AGENTRL_CPU_FIXES", raising=False)
+    server = VLLMServer("tiny-nemotron", device="cpu", port=18002)
+    assert "--no-enable-prefix-caching" in server.command()  # Mamba prefix caching needs chunked prefill
+    assert server.environment()["AGENTRL_CPU_FIXES"] == "1"  # the non-gated experts need the plugin
+    assert VLLMServer("tiny-nemotron", device="cpu", env={"AGENTRL_CPU_FIXES": "0"}).environment()[
+        "AGENTRL_CPU_FIXES"] == "0"
+    gated = VLLMServer("tiny-moe", device="cpu", port=18003)
+    assert "--no-enable-prefix-caching" not in gated.command()
+    assert "AGENTRL_CPU_FIXES" not in gated.environment()
