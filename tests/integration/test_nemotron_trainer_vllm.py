@@ -63,17 +63,13 @@ def test_exported_nemotron_serves_with_trainer_logprobs_and_routing(tmp_path):
     assert max(abs(a - b) for a, b in zip(ours, original)) > 1e-3  # training moved the weights
 
     server_args, env = cpu_server_options(routed_experts=True)
-    server = VLLMServer(exported, dtype="float32", max_num_seqs=4, extra_args=server_args, env=env,
-                        log_path=tmp_path / "vllm.log")
-    server.start()
-    try:
-        params = {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
-        body = {"token_ids": TOKENS, "sampling_params": params}
-        response = httpx.post(f"{server.url}/inference/v1/generate", json=body, timeout=120)
-        response.raise_for_status()
-        result = response.json()
-    finally:
-        server.stop()
+    params = {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}
+    with VLLMServer(exported, dtype="float32", max_num_seqs=4, extra_args=server_args, env=env,
+                    log_path=tmp_path / "vllm.log") as server:
+        response = httpx.post(f"{server.url}/inference/v1/generate",
+                              json={"token_ids": TOKENS, "sampling_params": params}, timeout=120)
+    response.raise_for_status()
+    result = response.json()
     entries = result["prompt_logprobs"][1:]
     served = [entry[str(token)]["logprob"] for entry, token in zip(entries, TOKENS[1:], strict=True)]
     gap = max(abs(a - b) for a, b in zip(served, ours, strict=True))

@@ -58,16 +58,11 @@ def nemotron_server(tmp_path_factory, nemotron_folder):
     from agentrl.inference.server import VLLMServer
 
     args, env = cpu_server_options(routed_experts=True)
-    server = VLLMServer(
-        nemotron_folder, dtype="float32", max_num_seqs=8, env=env,
-        extra_args=args + ["--enable-chunked-prefill", "--max-num-batched-tokens", "64"],
-        log_path=tmp_path_factory.mktemp("nemotron-server") / "vllm.log",
-    )
-    server.start()
-    try:
+    chunked = ["--enable-chunked-prefill", "--max-num-batched-tokens", "64"]
+    log_path = tmp_path_factory.mktemp("nemotron-server") / "vllm.log"
+    with VLLMServer(nemotron_folder, dtype="float32", max_num_seqs=8, env=env, extra_args=args + chunked,
+                    log_path=log_path) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _load_reference(folder):
