@@ -7,7 +7,7 @@ down_proj); writes the reverse in the Hugging Face hub layout vLLM and transform
 (per-expert tensors, sharded with an index, config and tokenizer files copied beside).
 The fused in-memory layout of transformers 5 (``experts.gate_up_proj``) is also read.
 Extra layers past ``num_hidden_layers`` (GLM-4.5's multi-token-prediction layer) are
-skipped on load.
+skipped on load. ``nemotron_h`` checkpoints map through `nemotron_h_weights`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.trainer.models import nemotron_h_weights
 from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "load_hf_weights_sharded",
@@ -63,6 +64,8 @@ def read_hf_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
     """Map HF names/layouts to the trainer's; raises on missing or unexpected tensors."""
+    if args.model_type == "nemotron_h":
+        return nemotron_h_weights.hf_to_native(hf, args)
     native: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
     moe_layers = set(args.moe_layers)
@@ -111,6 +114,8 @@ def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str
 def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
                  contiguous: bool = True) -> dict[str, torch.Tensor]:
     """Map the trainer's state dict to HF hub names (per-expert tensors: copies, or views without `contiguous`)."""
+    if args.model_type == "nemotron_h":
+        return nemotron_h_weights.native_to_hf(native, args, contiguous=contiguous)
     inverse_dense = {v: k for k, v in _DENSE_MLP.items()}
     inverse_expert = {v: k for k, v in _EXPERT_PARAM.items()}
     hf: dict[str, torch.Tensor] = {}
@@ -185,6 +190,8 @@ class HFCheckpointReader:
 
     def native(self, name: str, args: MoEModelArgs, *, expert_range: tuple[int, int] | None = None) -> torch.Tensor:
         """The trainer tensor ``name`` (experts: only ``expert_range``, stacked)."""
+        if args.model_type == "nemotron_h" and ".mixer.experts.w" in name:
+            return self._nemotron_experts(name, args, expert_range)
         if ".mlp.experts.w" in name:
             _, layer, _ = name.split(".", 2)
             param = name.rsplit(".", 1)[1]
@@ -198,7 +205,18 @@ class HFCheckpointReader:
             gate, up = self.get(f"model.layers.{layer}.mlp.experts.gate_up_proj")[lo:hi].chunk(2, dim=1)
             return gate if proj == "gate_proj" else up
         (hf_name,) = native_to_hf({name: torch.empty(0)}, args).keys()
+        if args.model_type == "nemotron_h" and hf_name not in self:
+            hf_name = nemotron_h_weights.hf_prefix(self._where) + hf_name.split(".", 1)[1]  # transformers' names
         return self.get(hf_name)
+
+    def _nemotron_experts(self, name: str, args: MoEModelArgs, expert_range: tuple[int, int] | None) -> torch.Tensor:
+        _, layer, _ = name.split(".", 2)
+        lo, hi = expert_range or (0, args.num_experts)
+        proj = "up_proj" if name.endswith("w1_EFD") else "down_proj"
+        prefix = nemotron_h_weights.hf_prefix(self._where)
+        if nemotron_h_weights.expert_key(prefix, layer, lo, proj) in self:
+            return torch.stack([self.get(nemotron_h_weights.expert_key(prefix, layer, e, proj)) for e in range(lo, hi)])
+        return self.get(f"{prefix}layers.{layer}.mixer.experts.{proj}")[lo:hi]
 
 
 def load_hf_weights_sharded(model: torch.nn.Module, model_dir: str | Path) -> None:

@@ -1,0 +1,142 @@
+"""The trainer's NVIDIA Nemotron-3 model (``NemotronHForCausalLM``, model_type ``nemotron_h``).
+
+Every layer is ``x + mixer(rmsnorm(x))`` with one mixer chosen by the config's layer pattern
+(`MoEModelArgs.layer_types`, from ``hybrid_override_pattern`` or ``layers_block_type``):
+
+* ``M`` Mamba-2 (`mamba2.Mamba2Mixer`), restarting at each packed document;
+* ``*`` attention: GQA without positional embedding (Nemotron-H's attention has no RoPE) over
+  packed documents and under context parallelism through `attention.segment_attention`;
+* ``E`` MoE: `glm4_moe.MoEBlock` with non-gated squared-ReLU experts on torchtitan's grouped
+  experts (`glm4_moe.ReluSquaredExperts`), a squared-ReLU shared expert, the sigmoid router with
+  the expert-score correction bias, group-limited top-k and routed scaling, and (Super) the
+  latent projections around the routed experts; Router Replay as in the GLM model;
+* ``-`` a squared-ReLU MLP.
+
+The decoder takes the same inputs and gives the same outputs as `glm4_moe.MoEDecoder` (its
+subclass here), so the trainer, FSDP2/EP/CP and checkpoints treat both alike; HF weights map
+through `nemotron_h_weights`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
+from agentrl.trainer.models.glm4_moe import MoEBlock, MoEDecoder, ReluSquaredMLP
+from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences
+from agentrl.trainer.models.rounding import RoundingRMSNorm
+
+__all__ = ["NemotronHDecoder", "NemotronHBlock", "NemotronAttention"]
+
+
+class NemotronAttention(nn.Module):
+    """GQA over packed documents without RoPE (HF names q/k/v/o_proj)."""
+
+    def __init__(self, args: MoEModelArgs) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(args.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=bias)
+
+    def forward(self, x_TD: torch.Tensor, segments: AttentionSegments) -> torch.Tensor:
+        tokens = x_TD.shape[0]
+        q = self.q_proj(x_TD).view(tokens, self.heads, self.head_dim)
+        k = self.k_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
+        v = self.v_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
+        out = segment_attention(q, k, v, segments, scale=self.head_dim**-0.5)
+        return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
+
+
+class NemotronHBlock(nn.Module):
+    """One layer: pre-norm, the mixer its layer type names, residual."""
+
+    def __init__(self, args: MoEModelArgs, layer_index: int) -> None:
+        super().__init__()
+        self.kind = args.layer_types[layer_index]
+        self.is_moe = self.kind == "moe"
+        self.norm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        if self.kind == "mamba":
+            self.mixer: nn.Module = Mamba2Mixer(args)
+        elif self.kind == "attention":
+            self.mixer = NemotronAttention(args)
+        elif self.kind == "moe":
+            self.mixer = MoEBlock(args)
+        else:
+            self.mixer = ReluSquaredMLP(args.hidden_size, args.intermediate_size, bias=args.mlp_bias)
+
+    @property
+    def mlp(self) -> nn.Module:
+        """The MoE block of an MoE layer (the name `parallel.apply_parallelism` shards experts by)."""
+        return self.mixer
+
+    def forward(self, x_TD, segments, sequences, replay_TK=None, replay_mask_T=None):
+        h = self.norm(x_TD)
+        if self.kind == "mamba":
+            out = self.mixer(h, sequences)
+        elif self.kind == "attention":
+            out = self.mixer(h, segments)
+        elif self.kind == "moe":
+            out = self.mixer(h, replay_TK, replay_mask_T)
+        else:
+            out = self.mixer(h)
+        return x_TD + out
+
+
+class NemotronHDecoder(MoEDecoder):
+    """Embedding, the hybrid layers, final norm, LM head (the `MoEDecoder` interface)."""
+
+    def __init__(self, args: MoEModelArgs) -> None:
+        nn.Module.__init__(self)
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleDict({str(i): NemotronHBlock(args, i) for i in range(args.num_hidden_layers)})
+        self.norm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.logprob_chunk_tokens = 4096
+        self.rounding: torch.dtype | None = None
+
+    def forward(
+        self,
+        tokens_T: torch.Tensor,
+        positions_T: torch.Tensor,
+        segments: AttentionSegments,
+        *,
+        targets_T: torch.Tensor | None = None,
+        replay_experts_TLK: torch.Tensor | None = None,
+        replay_mask_T: torch.Tensor | None = None,
+        needed_T: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logprobs of ``targets_T``, or logits without targets (as `MoEDecoder.forward`).
+
+        With ``needed_T`` and a position-wise last layer (MoE or MLP, as in Nemotron-3), that
+        layer runs only from each sample's first needed token on; other last layers run in full.
+        """
+        x_TD = self.embed_tokens(tokens_T)
+        sequences = None
+        if self.args.mamba_layers:
+            sequences = MambaSequences.for_row(positions_T, cp_group=segments.cp_group)
+        layers = list(self.layers.values())
+        tail_index = None
+        if needed_T is not None and targets_T is not None and layers[-1].kind in ("moe", "mlp"):
+            tail = query_tail(segments, needed_T)
+            tail_index = None if tail is None else tail[1]
+        moe_index = 0
+        for number, layer in enumerate(layers, start=1):
+            replay = replay_mask = None
+            if layer.is_moe:
+                if replay_experts_TLK is not None:
+                    replay, replay_mask = replay_experts_TLK[:, moe_index], replay_mask_T
+                moe_index += 1
+            if tail_index is not None and number == len(layers):
+                x_TD = x_TD.index_select(0, tail_index)
+                replay = None if replay is None else replay.index_select(0, tail_index)
+                replay_mask = None if replay_mask is None else replay_mask.index_select(0, tail_index)
+            x_TD = layer(x_TD, segments, sequences, replay, replay_mask)
+        return self._output(x_TD, tokens_T, targets_T, tail_index)
