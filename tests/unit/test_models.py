@@ -11,7 +11,8 @@ from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 
 def test_presets_record_architecture_facts():
     names = [spec.name for spec in list_presets()]
-    assert names == ["tiny-moe", "glm-air-5b", "glm-4.5-air", "qwen3-30b-a3b", "deepseek-v3"]
+    assert names == ["tiny-moe", "glm-air-5b", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano", "nemotron-3-super",
+                     "deepseek-v3"]
     air = PRESETS["glm-4.5-air"]
     assert (air.hf_repo, air.architecture, air.layers, air.experts, air.experts_per_token) == (
         "zai-org/GLM-4.5-Air", "Glm4MoeForCausalLM", 46, 128, 8)
@@ -172,5 +173,5 @@ def test_serve_unknown_model_is_one_line_error():
                          capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
-        ("error: unknown model 'nope': use a preset (tiny-moe, glm-air-5b, glm-4.5-air, qwen3-30b-a3b, deepseek-v3), "
+        (f"error: unknown model 'nope': use a preset ({', '.join(PRESETS)}), "
          "a local HF model folder or an HF repo id")]

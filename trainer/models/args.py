@@ -302,6 +302,21 @@ class MoEModelArgs:
         return (self.hidden_size * (inner + conv + heads) + conv * (self.conv_kernel + int(self.use_conv_bias))
                 + 3 * heads + inner + inner * self.hidden_size + bias + self.hidden_size)
 
+    def mamba_working_bytes_per_token(self) -> float:
+        """Bytes per token one Mamba-2 layer holds while it is recomputed and backpropagated (estimate).
+
+        The scan runs in float32: the intra-chunk score and decay matrices (chunk x heads per
+        token, each with its gradient), B and C repeated to every head, x dt, y and their
+        gradients, the chunk states (heads x head_dim x state per chunk), and the conv's input
+        and output (x, B, C channels) with the in_proj output in compute precision. Under CP a
+        rank holds the whole row for heads / cp heads: the same count per rank.
+        """
+        heads, head_dim, state, chunk = self.mamba_num_heads, self.mamba_head_dim, self.ssm_state_size, self.mamba_chunk_size
+        scan = 4.0 * heads * (10 * chunk + 4 * state + 4 * head_dim) + 4.0 * 3 * heads * head_dim * state / chunk
+        conv = 4.0 * 3 * self.mamba_conv_dim
+        projections = 2.0 * 2 * (self.mamba_intermediate_size + self.mamba_conv_dim + self.mamba_num_heads)
+        return scan + conv + projections
+
     def layer_params(self, index: int, *, ep: int = 1) -> int:
         """Parameters of one nemotron_h layer (routed experts: this EP rank's share)."""
         kind, hidden = self.layer_types[index], self.hidden_size
