@@ -184,7 +184,7 @@ class MoEModelArgs:
             head_dim=int(config.get("head_dim") or hidden // heads),
             rotary_dim=0,
             rms_norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
-            attention_bias=bool(config.get("attention_bias", False)),
+            attention_bias=False,  # NemotronH's projections have no bias (transformers ignores attention_bias)
             num_experts=num_experts,
             top_k=int(config.get("num_experts_per_tok") or 0),
             num_shared_experts=1 if shared else 0,

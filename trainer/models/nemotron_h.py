@@ -24,32 +24,20 @@ from torch import nn
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
-from agentrl.trainer.models.glm4_moe import MoEBlock, MoEDecoder, ReluSquaredMLP
+from agentrl.trainer.models.glm4_moe import Attention, MoEBlock, MoEDecoder, ReluSquaredMLP
 from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences
 from agentrl.trainer.models.rounding import RoundingRMSNorm
 
 __all__ = ["NemotronHDecoder", "NemotronHBlock", "NemotronAttention"]
 
 
-class NemotronAttention(nn.Module):
-    """GQA over packed documents without RoPE (HF names q/k/v/o_proj)."""
+class NemotronAttention(Attention):
+    """GQA over packed documents without RoPE: `glm4_moe.Attention`'s projections (HF q/k/v/o_proj, no bias)."""
 
-    def __init__(self, args: MoEModelArgs) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
-        bias = args.attention_bias
-        self.q_proj = nn.Linear(args.hidden_size, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(args.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, args.hidden_size, bias=bias)
-
-    def forward(self, x_TD: torch.Tensor, segments: AttentionSegments) -> torch.Tensor:
-        tokens = x_TD.shape[0]
-        q = self.q_proj(x_TD).view(tokens, self.heads, self.head_dim)
-        k = self.k_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
-        v = self.v_proj(x_TD).view(tokens, self.kv_heads, self.head_dim)
-        out = segment_attention(q, k, v, segments, scale=self.head_dim**-0.5)
-        return self.o_proj(out.reshape(tokens, self.heads * self.head_dim))
+    def forward(self, x_TD: torch.Tensor, segments: AttentionSegments) -> torch.Tensor:  # type: ignore[override]
+        q, k, v = self._project(x_TD, None)
+        out = segment_attention(q, k, v, segments, scale=self.scale)
+        return self.o_proj(out.reshape(x_TD.shape[0], self.heads * self.head_dim))
 
 
 class NemotronHBlock(nn.Module):

@@ -20,6 +20,7 @@ import torch
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.trainer.models.state_dict import split_experts, stack_experts
 
 __all__ = ["hf_to_native", "native_to_hf", "expert_key", "hf_prefix"]
 
@@ -69,12 +70,7 @@ def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str
                 raise AgentrlError(f"HF tensor {key!r} is not part of a nemotron_h model; check config.json")
         else:
             raise AgentrlError(f"HF tensor {key!r} is not part of a nemotron_h model; check config.json")
-    for (layer, proj), by_index in experts.items():
-        if sorted(by_index) != list(range(args.num_experts)):
-            raise AgentrlError(f"layer {layer} {proj}: found experts {len(by_index)} of {args.num_experts}; "
-                               "the checkpoint is incomplete")
-        native[f"layers.{layer}.mixer.experts.{_EXPERT_PARAM[proj]}"] = torch.stack(
-            [by_index[i] for i in range(args.num_experts)])
+    stack_experts(native, experts, args, lambda layer, proj: f"layers.{layer}.mixer.experts.{_EXPERT_PARAM[proj]}")
     return native
 
 
@@ -96,9 +92,8 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
             prefix = f"backbone.layers.{layer}."
             if rest.startswith("mixer.experts.w"):
                 proj = proj_of[rest.rsplit(".", 1)[1]]
-                for index in range(tensor.shape[0]):
-                    view = tensor[index]
-                    hf[expert_key("backbone.", layer, index, proj)] = view.contiguous() if contiguous else view
+                split_experts(hf, tensor, lambda index: expert_key("backbone.", layer, index, proj),
+                              contiguous=contiguous)
             elif rest in router:
                 hf[prefix + router[rest]] = tensor.float() if rest == "mixer.expert_bias" else tensor
             else:

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from agentrl.errors import AgentrlError, NotFoundError
-from agentrl.trainer.models import nemotron_h_weights
 from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "load_hf_weights_sharded",
@@ -65,6 +64,8 @@ def read_hf_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
 def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
     """Map HF names/layouts to the trainer's; raises on missing or unexpected tensors."""
     if args.model_type == "nemotron_h":
+        from agentrl.trainer.models import nemotron_h_weights
+
         return nemotron_h_weights.hf_to_native(hf, args)
     native: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
@@ -102,19 +103,34 @@ def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str
                 raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
         else:
             raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
+    stack_experts(native, experts, args, lambda layer, proj: f"layers.{layer}.mlp.experts.{_EXPERT_PARAM[proj]}")
+    return native
+
+
+def stack_experts(native: dict[str, torch.Tensor], experts: Mapping[tuple[int, str], Mapping[int, torch.Tensor]],
+                  args: MoEModelArgs, name_of) -> None:
+    """Stack per-expert HF tensors ``experts[(layer, proj)][index]`` into ``native[name_of(layer, proj)]``."""
     for (layer, proj), by_index in experts.items():
         if sorted(by_index) != list(range(args.num_experts)):
             raise AgentrlError(
                 f"layer {layer} {proj}: found experts {len(by_index)} of {args.num_experts}; the checkpoint is incomplete"
             )
-        native[f"layers.{layer}.mlp.experts.{_EXPERT_PARAM[proj]}"] = torch.stack([by_index[i] for i in range(args.num_experts)])
-    return native
+        native[name_of(layer, proj)] = torch.stack([by_index[i] for i in range(args.num_experts)])
+
+
+def split_experts(hf: dict[str, torch.Tensor], tensor: torch.Tensor, key_of, *, contiguous: bool) -> None:
+    """One HF tensor per expert of a stacked ``(E, ...)`` tensor, named ``key_of(index)`` (copies or views)."""
+    for index in range(tensor.shape[0]):
+        view = tensor[index]
+        hf[key_of(index)] = view.contiguous() if contiguous else view
 
 
 def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
                  contiguous: bool = True) -> dict[str, torch.Tensor]:
     """Map the trainer's state dict to HF hub names (per-expert tensors: copies, or views without `contiguous`)."""
     if args.model_type == "nemotron_h":
+        from agentrl.trainer.models import nemotron_h_weights
+
         return nemotron_h_weights.native_to_hf(native, args, contiguous=contiguous)
     inverse_dense = {v: k for k, v in _DENSE_MLP.items()}
     inverse_expert = {v: k for k, v in _EXPERT_PARAM.items()}
@@ -132,9 +148,8 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
             prefix = f"model.layers.{layer}."
             if rest.startswith("mlp.experts."):
                 proj = inverse_expert[rest.rsplit(".", 1)[1]]
-                for index in range(tensor.shape[0]):
-                    view = tensor[index]
-                    hf[f"{prefix}mlp.experts.{index}.{proj}.weight"] = view.contiguous() if contiguous else view
+                split_experts(hf, tensor, lambda index: f"{prefix}mlp.experts.{index}.{proj}.weight",
+                              contiguous=contiguous)
             elif rest == "mlp.router.gate.weight":
                 hf[prefix + "mlp.gate.weight"] = tensor
             elif rest == "mlp.expert_bias":
@@ -206,10 +221,14 @@ class HFCheckpointReader:
             return gate if proj == "gate_proj" else up
         (hf_name,) = native_to_hf({name: torch.empty(0)}, args).keys()
         if args.model_type == "nemotron_h" and hf_name not in self:
-            hf_name = nemotron_h_weights.hf_prefix(self._where) + hf_name.split(".", 1)[1]  # transformers' names
+            from agentrl.trainer.models.nemotron_h_weights import hf_prefix
+
+            hf_name = hf_prefix(self._where) + hf_name.split(".", 1)[1]  # transformers' names
         return self.get(hf_name)
 
     def _nemotron_experts(self, name: str, args: MoEModelArgs, expert_range: tuple[int, int] | None) -> torch.Tensor:
+        from agentrl.trainer.models import nemotron_h_weights
+
         _, layer, _ = name.split(".", 2)
         lo, hi = expert_range or (0, args.num_experts)
         proj = "up_proj" if name.endswith("w1_EFD") else "down_proj"
