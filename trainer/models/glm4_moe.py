@@ -107,6 +107,10 @@ class ReluSquaredExperts(Experts):
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if not x_RD.is_cuda:
             return super().forward(x_RD, num_tokens_per_expert_E)
+        return self.grouped_forward(x_RD, num_tokens_per_expert_E)
+
+    def grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        """The CUDA path: two bf16 grouped GEMMs (torch's CPU `_grouped_mm` runs it too, for tests)."""
         from torch.distributed.tensor import DTensor
 
         w1, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF))

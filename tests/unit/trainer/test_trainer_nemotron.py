@@ -111,6 +111,27 @@ def test_mamba_mixer_on_packed_documents_equals_each_alone_with_gradients(tiny_n
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # some gradients are ~30
 
 
+def test_relu_squared_experts_grouped_gemm_path_equals_the_loop():
+    from torchtitan.models.common.moe import GroupedExperts
+
+    from agentrl.trainer.models.glm4_moe import ReluSquaredExperts
+
+    experts = ReluSquaredExperts(GroupedExperts.Config(dim=64, hidden_dim=32, num_experts=4))
+    assert not hasattr(experts, "w3_EFD")  # non-gated: up (w1) and down (w2) only
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # bf16-exact weights and inputs: both paths then see the same numbers
+        for param in experts.parameters():
+            param.copy_((torch.randn(param.shape, generator=generator) * 0.2).bfloat16().float())
+    x = torch.randn(10, 64, generator=generator).bfloat16().float()
+    counts = torch.tensor([3, 0, 5, 2])
+    loop = experts(x, counts)  # the CPU per-expert loop, float32
+    grouped = experts.grouped_forward(x, counts)  # torch._grouped_mm in bf16, as on CUDA
+    up = torch.cat([torch.square(torch.relu(rows @ experts.w1_EFD[e].t())) @ experts.w2_EDF[e].t()
+                    for e, rows in enumerate(torch.split(x, counts.tolist()))])
+    torch.testing.assert_close(loop, up, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grouped, loop, atol=0.05, rtol=0.02)  # one bf16 rounding of the hidden activation
+
+
 def test_hf_to_trainer_to_hf_is_bit_exact(tmp_path):
     source = tmp_path / "source"
     hf = make_hf_folder(source, tiny_nemotron_config(moe_latent_size=24), max_shard_size="100KB")
