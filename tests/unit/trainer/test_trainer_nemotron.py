@@ -73,7 +73,7 @@ def _sequential_scan(x, dt, A, B, C, D, doc):
 
 def test_chunked_scan_equals_the_recurrence_across_chunks_and_documents():
     generator = torch.Generator().manual_seed(0)
-    lengths = (3, 8, 14, 1, 6)  # boundaries inside chunks, on a chunk edge, and a padded last chunk
+    lengths = (3, 9, 12, 1, 6)  # boundaries inside chunks, on a chunk edge (24), and a padded last chunk (31 tokens)
     tokens, heads, head_dim, groups, state = sum(lengths), 4, 3, 2, 5
     doc = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
     x = torch.randn(tokens, heads, head_dim, generator=generator)
