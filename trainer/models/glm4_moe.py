@@ -278,11 +278,13 @@ def _chunk_logprobs(hidden_TD: torch.Tensor, weight_VD: torch.Tensor, targets_T:
 class MoEDecoder(nn.Module):
     """Embedding, decoder layers (dense then MoE), final norm, LM head."""
 
+    layer_class: type[nn.Module] = DecoderLayer
+
     def __init__(self, args: MoEModelArgs) -> None:
         super().__init__()
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(args, i) for i in range(args.num_hidden_layers)})
+        self.layers = nn.ModuleDict({str(i): self.layer_class(args, i) for i in range(args.num_hidden_layers)})
         self.norm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:

@@ -124,17 +124,7 @@ class NemotronHBlock(nn.Module):
 class NemotronHDecoder(MoEDecoder):
     """Embedding, the hybrid layers, final norm, LM head (the `MoEDecoder` interface)."""
 
-    def __init__(self, args: MoEModelArgs) -> None:
-        nn.Module.__init__(self)
-        self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleDict({str(i): NemotronHBlock(args, i) for i in range(args.num_hidden_layers)})
-        self.norm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        if args.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-        self.logprob_chunk_tokens = 4096
-        self.rounding: torch.dtype | None = None
+    layer_class = NemotronHBlock
 
     def forward(
         self,
