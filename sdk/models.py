@@ -155,6 +155,44 @@ PRESETS: dict[str, ModelSpec] = {
             },
         ),
         ModelSpec(
+            name="nemotron-3-nano", hf_repo="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+            architecture="NemotronHForCausalLM", total_params=31.6e9, active_params=3.2e9, context=262144,
+            inference_gpus=1, training_gpus=9,  # trainer: 8 (cp=2 at 131k tokens, `agentrl trainer-plan`)
+            description="NVIDIA Nemotron-3 Nano 30B-A3B: hybrid Mamba-2 / attention MoE, 52 layers (23 Mamba-2, "
+                        "23 MoE, 6 attention), 128 routed + 1 shared relu^2 experts, top-6 (bf16 weights ~63 GB)",
+            hf_config={
+                "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 2688, "num_hidden_layers": 52,
+                "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+                "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "attention_bias": False,
+                "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+                "chunk_size": 128, "use_conv_bias": True, "time_step_min": 0.001, "intermediate_size": 1856,
+                "mlp_hidden_act": "relu2", "n_routed_experts": 128, "n_shared_experts": 1, "num_experts_per_tok": 6,
+                "moe_intermediate_size": 1856, "moe_shared_expert_intermediate_size": 3712, "n_group": 1,
+                "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5, "layer_norm_epsilon": 1e-5,
+                "max_position_embeddings": 262144, "tie_word_embeddings": False,
+            },
+        ),
+        ModelSpec(
+            name="nemotron-3-super", hf_repo="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+            architecture="NemotronHForCausalLM", total_params=120.7e9, active_params=12.2e9, context=262144,
+            inference_gpus=2, training_gpus=26,  # trainer: 24 (cp=8 at 131k tokens, `agentrl trainer-plan`)
+            description="NVIDIA Nemotron-3 Super 120B-A12B: 88 layers (40 Mamba-2, 40 latent MoE, 8 attention), "
+                        "512 experts top-22 in a 1024-wide latent (4096 -> 1024), 1 shared expert (bf16 ~242 GB); "
+                        "the layer order here is a stand-in with the published counts",
+            hf_config={
+                "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 4096, "num_hidden_layers": 88,
+                "hybrid_override_pattern": "MEMEMEMEME*" * 8,
+                "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "attention_bias": False,
+                "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+                "chunk_size": 128, "use_conv_bias": True, "time_step_min": 0.001, "mlp_hidden_act": "relu2",
+                "n_routed_experts": 512, "n_shared_experts": 1, "num_experts_per_tok": 22,
+                "moe_intermediate_size": 2688, "moe_latent_size": 1024, "moe_shared_expert_intermediate_size": 5376,
+                "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 5.0,
+                "layer_norm_epsilon": 1e-5, "max_position_embeddings": 262144, "tie_word_embeddings": False,
+                "num_nextn_predict_layers": 1,
+            },
+        ),
+        ModelSpec(
             name="deepseek-v3", hf_repo="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
             layers=61, hidden_size=7168, experts=256, experts_per_token=8, shared_experts=1,
             dense_layers=3, total_params=671e9, active_params=37e9, context=131072,

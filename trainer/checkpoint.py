@@ -27,7 +27,7 @@ from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "full_state_dict", "export_hf"]
 
-_EXPERT_KEYS = (".mlp.experts.w1_EFD", ".mlp.experts.w2_EDF", ".mlp.experts.w3_EFD")
+_EXPERT_KEYS = (".experts.w1_EFD", ".experts.w2_EDF", ".experts.w3_EFD")  # mlp.experts / mixer.experts (nemotron_h)
 _CLEAN = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
 

@@ -142,8 +142,9 @@ def estimate_memory(
       the step) and one all-gathered layer in compute precision; in one process, the
       autocast copy of the LM head.
     * activations: the saved input of every layer (checkpointing) plus the larger of one
-      MoE layer's recompute/backward working set and one logits chunk; without
-      checkpointing, every layer's working set.
+      MoE layer's recompute/backward working set, one Mamba-2 layer's (nemotron_h: its float32
+      scan matrices, chunk states and conv buffers, `MoEModelArgs.mamba_working_bytes_per_token`)
+      and one logits chunk; without checkpointing, every layer's working set.
     """
     counts = args.param_counts()
     tokens = row_tokens // cp
@@ -153,13 +154,15 @@ def estimate_memory(
     root = head if args.tie_word_embeddings else 2 * head
     layer = args.attention_params() + 3 * D * args.moe_intermediate_size * args.num_shared_experts \
         + args.num_experts * D + args.expert_params_per_layer() / ep
+    if args.layer_types:  # nemotron_h: one mixer per layer; the largest is all-gathered
+        layer = max(args.layer_params(i, ep=ep) for i in range(args.num_hidden_layers))
     if world > 1:
         unsharded = compute_bytes * (root + layer)
         residual_bytes = compute_bytes
     else:
         unsharded = compute_bytes * head if compute_bytes < 4 else 0.0
         residual_bytes = 4  # autocast keeps the residual stream in fp32
-    moe_working = tokens * K * D * MOE_WORKING_BYTES * (compute_bytes / 2 if compute_bytes < 4 else 1.5)
+    moe_working = tokens * K * args.expert_dim * MOE_WORKING_BYTES * (compute_bytes / 2 if compute_bytes < 4 else 1.5)
     # A recomputed layer keeps its attention inputs/outputs for the attention backward while
     # the MoE backward runs: q and o, and the keys/values each query segment reads. Under CP a
     # rank reads keys from the document start ((2cp+1)/(2cp) of the row for one document) and,
@@ -170,10 +173,11 @@ def estimate_memory(
     attention_saved = compute_bytes * hd * (2 * tokens * heads_q + 2 * keys * kv_heads)
     logits = min(tokens, logprob_chunk_tokens) * args.vocab_size * 4 * 3
     saved_inputs = args.num_hidden_layers * tokens * D * residual_bytes
+    mamba = tokens * args.mamba_working_bytes_per_token() if args.mamba_layers else 0.0
     if activation_checkpointing:
-        activations = saved_inputs + max(moe_working + attention_saved, logits)
+        activations = saved_inputs + max(moe_working + attention_saved, mamba, logits)
     else:
-        activations = args.num_hidden_layers * moe_working + logits
+        activations = args.num_hidden_layers * moe_working + len(args.mamba_layers) * mamba + logits
     return {"states": states, "unsharded_params": unsharded, "activations": activations}
 
 
@@ -207,8 +211,10 @@ def plan_layout(
         return estimate_memory(args, world=world, ep=ep, cp=cp_degree, row_tokens=row_tokens,
                                activation_checkpointing=activation_checkpointing, compute_bytes=compute_bytes,
                                logprob_chunk_tokens=logprob_chunk_tokens)
+    def _mamba_splits(degree: int) -> bool:  # Mamba-2 CP gives each rank heads / cp heads and n_groups / cp groups
+        return not args.mamba_layers or (args.mamba_num_heads % degree == 0 and args.mamba_n_groups % degree == 0)
     if cp == "auto":
-        candidates = [d for d in _divisors(world) if d == 1 or row_tokens % (2 * d) == 0]
+        candidates = [d for d in _divisors(world) if d == 1 or (row_tokens % (2 * d) == 0 and _mamba_splits(d))]
         for degree in candidates:
             if sum(_estimate(degree).values()) <= gpu_memory_bytes:
                 cp = degree
@@ -225,4 +231,8 @@ def plan_layout(
             f"trainer.parallel.cp={cp}: must divide the world size ({world}), and 2 x cp must divide "
             f"trainer.row_tokens ({row_tokens})"
         )
+    if not _mamba_splits(cp):
+        raise AgentrlError(f"trainer.parallel.cp={cp}: Mamba-2 context parallelism splits the heads "
+                           f"({args.mamba_num_heads}) and n_groups ({args.mamba_n_groups}) over the CP ranks; "
+                           "use a cp that divides both")
     return LayoutPlan(world=world, cp=cp, ep=ep, row_tokens=row_tokens, memory=_estimate(cp))

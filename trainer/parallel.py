@@ -12,7 +12,8 @@ Layout over ``world`` ranks (rank = dp_rank * cp + cp_rank):
   experts (torchtitan's "edp" mesh).
 * Context parallel (CP): the ``cp`` ranks of a group share a packed row, each taking two
   of its ``2 cp`` chunks (zigzag, balanced causal work); attention all-gathers K/V
-  (`models.attention`).
+  (`models.attention`); Mamba-2 layers trade the sequence split for a head split by an
+  all-to-all (`all_to_all_rows`, `models.mamba2`) and scan whole documents.
 * Activation checkpointing: each decoder layer is recomputed in backward.
 
 `plan_layout` picks ``ep`` (``auto``: the largest divisor of the world size that divides
@@ -34,7 +35,7 @@ from torch import nn
 from agentrl.trainer.layout import GIB, MOE_WORKING_BYTES, LayoutPlan, estimate_memory, plan_layout
 
 __all__ = ["GIB", "MOE_WORKING_BYTES", "LayoutPlan", "plan_layout", "estimate_memory", "Meshes",
-           "build_meshes", "apply_parallelism", "clip_grad_norm", "EPTokenDispatcher"]
+           "build_meshes", "apply_parallelism", "clip_grad_norm", "EPTokenDispatcher", "all_to_all_rows"]
 
 
 # ---------------------------------------------------------------------------------- meshes
@@ -87,6 +88,11 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None, None
 
 
+def all_to_all_rows(tensor: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
+    """Autograd-aware all-to-all of row blocks (``input_splits`` rows to each rank; Mamba-2 CP uses it)."""
+    return _AllToAll.apply(tensor, output_splits, input_splits, group)
+
+
 def _torchtitan_plain_collectives() -> None:
     from torchtitan.distributed.utils import set_spmd_backend
 
@@ -131,6 +137,8 @@ def _apply_ep(model: nn.Module, plan: LayoutPlan, meshes: Meshes) -> None:
         local = experts.num_experts // plan.ep
         lo, hi = ep_rank * local, (ep_rank + 1) * local
         for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
+            if not hasattr(experts, name):  # non-gated experts have no w3
+                continue
             full = getattr(experts, name)
             setattr(experts, name, nn.Parameter(full.detach()[lo:hi].clone(), requires_grad=full.requires_grad))
         experts.num_experts = local

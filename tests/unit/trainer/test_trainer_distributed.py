@@ -1,5 +1,10 @@
 """Multi-process CPU tests (gloo, 2 ranks via torchrun): FSDP2, EP=2, CP=2 and EP=2+CP=2.
 
+Two models: the tiny GLM-4.5 and the tiny Nemotron-3 (NemotronH), where under CP the attention
+layer gathers K/V while the Mamba-2 layers trade the sequence split for a head split
+(all-to-all), scan whole documents and trade back, and under EP the non-gated experts travel
+by all-to-all.
+
 Each layout trains 3 steps on the same packed batches as a single process and must match
 it step for step: losses, mismatch KL and grad norms within 1e-5 relative (float32; only
 the summation order differs). Final weights after 3 AdamW steps at lr=1e-2 agree within
@@ -21,17 +26,22 @@ from trainer_helpers import assert_matches_single_process, launch_ranks, run_ste
 HERE = Path(__file__).parent
 
 
+@pytest.fixture(scope="module", params=["glm", "nemotron"])
+def model_dir(request):
+    return request.getfixturevalue(f"tiny_{request.param}_dir")
+
+
 @pytest.fixture(scope="module")
-def distributed_results(tiny_glm_dir, tmp_path_factory):
+def distributed_results(model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    launch_ranks(HERE / "dist_worker.py", 2, tiny_glm_dir, out / "results.pt", out / "ckpt", "fsdp,ep,cp,epcp",
+    launch_ranks(HERE / "dist_worker.py", 2, model_dir, out / "results.pt", out / "ckpt", "fsdp,ep,cp,epcp",
                  timeout=600)
     return torch.load(out / "results.pt", weights_only=False)
 
 
 @pytest.fixture(scope="module")
-def single_process(tiny_glm_dir, tmp_path_factory):
-    return run_steps(tiny_glm_dir, checkpoint_dir=tmp_path_factory.mktemp("single") / "ckpt")
+def single_process(model_dir, tmp_path_factory):
+    return run_steps(model_dir, checkpoint_dir=tmp_path_factory.mktemp("single") / "ckpt")
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "ep", "cp", "epcp"])

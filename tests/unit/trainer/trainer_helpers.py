@@ -1,4 +1,4 @@
-"""Helpers for the trainer tests: tiny GLM-4.5 / Qwen3-MoE HF folders built with transformers."""
+"""Helpers for the trainer tests: tiny GLM-4.5 / Qwen3-MoE / NemotronH HF folders built with transformers."""
 
 from __future__ import annotations
 
@@ -17,6 +17,24 @@ def tiny_glm_config(**overrides):
     )
     values.update(overrides)
     return Glm4MoeConfig(**values)
+
+
+def tiny_nemotron_config(**overrides):
+    """A tiny random Nemotron-3 (NemotronH): Mamba-2, MoE, attention, MLP, Mamba, MoE; 8 experts top-2.
+
+    Mamba chunks of 8 tokens, so packed rows of 32 tokens cross chunk and document boundaries.
+    """
+    from transformers import NemotronHConfig
+
+    values = dict(
+        vocab_size=128, hidden_size=64, hybrid_override_pattern="ME*-ME", num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=96, mamba_num_heads=8, mamba_head_dim=16,
+        ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, moe_latent_size=None, n_group=2,
+        topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
+    )
+    values.update(overrides)
+    return NemotronHConfig(**values)
 
 
 def make_hf_folder(path, config, *, seed: int = 0, max_shard_size: str | None = None):
