@@ -12,24 +12,21 @@ keep AMX. Active only with ``AGENTRL_CPU_FIXES=1``, on the CPU platform.
 
 from __future__ import annotations
 
-_INSTALLED = False
-
 
 def install() -> None:
-    """Wrap `CpuPlatform.get_attn_backend_cls`: float32 MLA -> CPU_MLA."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    _INSTALLED = True
+    """Wrap `CpuPlatform.get_attn_backend_cls`: float32 MLA -> CPU_MLA (once per process)."""
     import torch
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     original = CpuPlatform.get_attn_backend_cls.__func__
+    if getattr(original, "agentrl_float32_mla", False):
+        return
 
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, *args, **kwargs):
         if attn_selector_config.use_mla and attn_selector_config.dtype == torch.float32 and selected_backend is None:
             selected_backend = AttentionBackendEnum.CPU_MLA
         return original(cls, selected_backend, attn_selector_config, *args, **kwargs)
 
+    get_attn_backend_cls.agentrl_float32_mla = True
     CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)

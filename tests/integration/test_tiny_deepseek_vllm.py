@@ -39,13 +39,9 @@ def server(model_dir, tmp_path_factory):
     from agentrl.inference.server import VLLMServer
 
     args, env = cpu_server_options(routed_experts=True)
-    server = VLLMServer(model_dir, dtype="float32", max_num_seqs=4, max_model_len=1024, extra_args=args, env=env,
-                        log_path=tmp_path_factory.mktemp("tiny-deepseek-vllm") / "vllm.log")
-    server.start()
-    try:
+    with VLLMServer(model_dir, dtype="float32", max_num_seqs=4, max_model_len=1024, extra_args=args, env=env,
+                    log_path=tmp_path_factory.mktemp("tiny-deepseek-vllm") / "vllm.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
