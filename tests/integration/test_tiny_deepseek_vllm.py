@@ -101,3 +101,34 @@ def test_decoded_logprobs_and_routed_experts_equal_the_trainers(server, trainer_
     assert rows.shape == (len(SHORT) + len(completion) - 1, trainer_model.args.num_hidden_layers, 2)
     assert not rows[:, 0].any()  # the dense first layer routes nothing
     assert routing_agreement(rows[:, moe_layers].astype(np.int64), experts[:-1]) == 1.0
+
+
+def test_weight_update_reaches_prefill_and_decode(server, model_dir, tmp_path):
+    """After a live filesystem weight update both MLA paths compute with the new weights.
+
+    vLLM's decode absorbs ``kv_b_proj`` into per-head matrices when the model loads; the
+    update must rebuild them, or decoded logprobs would keep the old weights. (Runs last:
+    the server keeps the new weights.)
+    """
+    from safetensors.torch import load_file
+
+    from agentrl.inference.weights import FilesystemWeightPublisher
+    from agentrl.trainer.models.args import MoEModelArgs
+    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.state_dict import hf_to_native
+
+    generator = torch.Generator().manual_seed(11)
+    new_weights = {name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator)
+                   for name, tensor in load_file(str(model_dir / "model.safetensors")).items()}
+    updated = build_model(MoEModelArgs.from_hf_dir(model_dir)).eval()
+    updated.load_state_dict(hf_to_native(new_weights, updated.args))
+    FilesystemWeightPublisher([server.url], staging_dir=tmp_path / "staging").publish(new_weights, version=1)
+    body = {"token_ids": SHORT, "sampling_params": {"max_tokens": 16, "temperature": 1.0, "seed": 3, "logprobs": 0,
+                                                   "ignore_eos": True, "detokenize": False, "prompt_logprobs": 0}}
+    response = _post(server, body)
+    choice = response["choices"][0]
+    ours, _ = _trainer_pass(updated, SHORT + choice["token_ids"])
+    prompt = [entry[str(token)]["logprob"] for entry, token in zip(response["prompt_logprobs"][1:], SHORT[1:])]
+    assert prompt == pytest.approx(ours[:len(SHORT) - 1], abs=1e-4)
+    assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == pytest.approx(ours[len(SHORT) - 1:],
+                                                                                         abs=1e-4)
