@@ -3,7 +3,8 @@
 The same check as `test_trainer_distributed` for the GLM model: 3 training steps on the
 same packed batches as one process, metrics within 1e-5 relative and final weights within
 2e-3 (`trainer_helpers.assert_matches_single_process`). Under CP the ranks all-gather the
-compressed latent kv (`models.mla`), so CP=2 exercises that gather and its backward.
+compressed latent kv (`models.mla`), so CP=2 exercises that gather and its backward. Each
+run also resumes from a DCP checkpoint saved before its last step and repeats that step.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def test_mla_layout_matches_single_process(layout, distributed_results, single_p
     result = distributed_results[layout]
     assert f"cp={2 if 'cp' in layout else 1} ep={2 if 'ep' in layout else 1}" in result["plan"]
     assert_matches_single_process(result, single_process, layout)
+    last, resumed = result["metrics"][-1], result["resumed"]  # DCP checkpoint before the last step, resumed
+    for key in ("loss", "mismatch_kl", "grad_norm"):
+        assert resumed[key] == pytest.approx(last[key], rel=1e-6, abs=1e-7), (layout, key)
 
 
 
