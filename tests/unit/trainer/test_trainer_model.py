@@ -16,7 +16,7 @@ from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments
 from agentrl.trainer.models.glm4_moe import build_model
 from agentrl.trainer.models.state_dict import load_hf_weights, read_hf_state, save_hf_weights
-from trainer_helpers import make_hf_folder, tiny_glm_config
+from trainer_helpers import make_hf_folder, tiny_deepseek_config, tiny_glm_config
 
 ATOL = 1e-4
 
@@ -95,9 +95,10 @@ def test_targets_give_logprobs_of_logits(tiny_glm_dir):
     torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=0)
 
 
-def test_hf_to_trainer_to_hf_is_lossless(tmp_path):
+@pytest.mark.parametrize("config", [tiny_glm_config, tiny_deepseek_config], ids=["glm4_moe", "deepseek_v3"])
+def test_hf_to_trainer_to_hf_is_lossless(tmp_path, config):
     source = tmp_path / "source"
-    make_hf_folder(source, tiny_glm_config(), max_shard_size="100KB")
+    make_hf_folder(source, config(), max_shard_size="100KB")
     assert (source / "model.safetensors.index.json").is_file()  # sharded input
     model = _load(source)
     out = save_hf_weights(model.state_dict(), tmp_path / "export", args=model.args, source_dir=source,
@@ -107,7 +108,7 @@ def test_hf_to_trainer_to_hf_is_lossless(tmp_path):
     for key in original:
         assert original[key].dtype == exported[key].dtype, key
         assert torch.equal(original[key], exported[key]), key
-    assert json.loads((out / "config.json").read_text())["model_type"] == "glm4_moe"
+    assert json.loads((out / "config.json").read_text())["model_type"] == config().model_type
     from transformers import AutoModelForCausalLM
 
     reloaded = AutoModelForCausalLM.from_pretrained(out).eval()

@@ -143,3 +143,21 @@ def assert_matches_single_process(result, single, label) -> None:
     assert set(result["state"]) == set(single["state"])
     for key, tensor in single["state"].items():
         torch.testing.assert_close(result["state"][key], tensor, atol=2e-3, rtol=0, msg=f"{label} {key}")
+
+
+def tiny_deepseek_config(**overrides):
+    """A tiny DeepSeek-V3 (MLA, YaRN with mscale, group-limited routing) with the tiny GLM's MoE shapes."""
+    from transformers import DeepseekV3Config
+
+    values = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        max_position_embeddings=256, num_nextn_predict_layers=0, tie_word_embeddings=False, rope_interleave=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 1.0, "mscale_all_dim": 1.0},
+    )
+    values.update(overrides)
+    return DeepseekV3Config(**values)
