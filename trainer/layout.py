@@ -11,13 +11,11 @@ re-exports these names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
 
-__all__ = ["GIB", "MOE_WORKING_BYTES", "LayoutPlan", "MLAPlannerArgs", "estimate_memory", "plan_layout",
-           "planner_args"]
+__all__ = ["GIB", "MOE_WORKING_BYTES", "LayoutPlan", "estimate_memory", "plan_layout"]
 
 GIB = 1024**3
 
@@ -48,72 +46,6 @@ class LayoutPlan:
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.memory.items())
         return (f"world={self.world} dp={self.dp} cp={self.cp} ep={self.ep} (experts fsdp={self.ep_fsdp}); "
                 f"row_tokens={self.row_tokens}; est. {self.estimated_bytes / GIB:.2f} GiB/GPU [{parts}]")
-
-
-@dataclass(kw_only=True)
-class MLAPlannerArgs(MoEModelArgs):
-    """Shapes of a DeepSeek-V3-family model (Multi-head Latent Attention) for planning only.
-
-    The router, experts, shared expert, dense layers and vocabulary count as in
-    `MoEModelArgs` (DeepSeek-V3's router is GLM-4.5's: sigmoid, correction bias, group-limited
-    top-k); attention is MLA: q through a rank-``q_lora_rank`` bottleneck, keys and values from
-    one ``kv_lora_rank`` latent plus a shared ``qk_rope_head_dim`` RoPE key. ``head_dim`` is the
-    query/key head width (nope + rope) and every head has its own K/V in training (the latent is
-    expanded), which is what the memory estimate's attention term reads.
-    """
-
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-
-    @classmethod
-    def from_deepseek_v3_config(cls, config: dict[str, Any]) -> "MLAPlannerArgs":
-        """From a DeepSeek-V3 / Kimi-K2 ``config.json`` dict (the preset's recorded shapes)."""
-        text = config.get("text_config", config)
-        layers = int(text["num_hidden_layers"])
-        heads = int(text["num_attention_heads"])
-        nope, rope = int(text["qk_nope_head_dim"]), int(text["qk_rope_head_dim"])
-        return cls(
-            model_type="deepseek_v3", vocab_size=int(text["vocab_size"]),
-            hidden_size=int(text["hidden_size"]), intermediate_size=int(text["intermediate_size"]),
-            moe_intermediate_size=int(text["moe_intermediate_size"]), num_hidden_layers=layers,
-            num_attention_heads=heads, num_key_value_heads=heads, head_dim=nope + rope, rotary_dim=rope,
-            num_experts=int(text["n_routed_experts"]), top_k=int(text["num_experts_per_tok"]),
-            num_shared_experts=int(text.get("n_shared_experts") or 0),
-            dense_layers=list(range(min(int(text.get("first_k_dense_replace") or 0), layers))),
-            n_group=int(text.get("n_group") or 1), topk_group=int(text.get("topk_group") or 1),
-            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-            q_lora_rank=int(text["q_lora_rank"]), kv_lora_rank=int(text["kv_lora_rank"]),
-            qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=int(text["v_head_dim"]),
-        )
-
-    def attention_params(self) -> int:
-        D, H = self.hidden_size, self.num_attention_heads
-        q = D * self.q_lora_rank + self.q_lora_rank * H * self.head_dim
-        kv = D * (self.kv_lora_rank + self.qk_rope_head_dim) \
-            + self.kv_lora_rank * H * (self.qk_nope_head_dim + self.v_head_dim)
-        norms = self.q_lora_rank + self.kv_lora_rank + 2 * D
-        return q + kv + H * self.v_head_dim * D + norms
-
-    def training_flops_per_token(self, *, mean_context: float) -> float:
-        """6 x active matmul parameters + causal MLA attention (QK^T of nope+rope, PV of v_head_dim)."""
-        dense = super().training_flops_per_token(mean_context=0.0)
-        width = self.head_dim + self.v_head_dim
-        return dense + 6.0 * self.num_hidden_layers * self.num_attention_heads * width * mean_context
-
-
-def planner_args(model: str) -> MoEModelArgs:
-    """The shapes the planner reads for a model: `MoEModelArgs.for_model`, or a DeepSeek-V3-family
-    preset's recorded config (MLA) as `MLAPlannerArgs` (the trainer's model code does not read it)."""
-    from agentrl.models import PRESETS
-
-    spec = PRESETS.get(str(model))
-    config = spec.hf_config if spec is not None and spec.path is None else None
-    if config and config.get("model_type") in ("deepseek_v3", "kimi_k2"):
-        return MLAPlannerArgs.from_deepseek_v3_config(config)
-    return MoEModelArgs.for_model(model)
 
 
 # Bytes of recompute/backward working set per (token x top_k x hidden) element of one MoE

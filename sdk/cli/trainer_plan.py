@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from agentrl.errors import AgentrlError
-        from agentrl.trainer.layout import GIB, plan_layout, planner_args
+        from agentrl.trainer.layout import GIB, plan_layout
+        from agentrl.trainer.models.args import MoEModelArgs
 
         def _degree(value: str, flag: str) -> int | str:
             if value == "auto":
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
                 raise AgentrlError(f"{flag} {value!r}: expected a positive integer or 'auto'")
             return int(value)
 
-        args = planner_args(model)
+        args = MoEModelArgs.for_model(model)
         plan = plan_layout(args, world=gpus, row_tokens=row_tokens, ep=_degree(ep, "--ep"), cp=_degree(cp, "--cp"),
                            gpu_memory_bytes=gpu_memory_gib * GIB, activation_checkpointing=activation_checkpointing)
         counts = args.param_counts()

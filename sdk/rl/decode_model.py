@@ -97,8 +97,8 @@ class EngineShape:
 def _kv_bytes_per_token(args, *, fp8: bool) -> float:
     """KV-cache bytes per token over all layers: MLA's latent + RoPE key, or K and V of the KV heads."""
     per_layer = (
-        (args.kv_lora_rank + args.qk_rope_head_dim)
-        if hasattr(args, "kv_lora_rank")
+        (args.kv_lora_rank + args.rotary_dim)
+        if args.is_mla
         else 2 * args.num_key_value_heads * args.head_dim
     )
     return per_layer * args.num_hidden_layers * (1 if fp8 else 2)
@@ -171,11 +171,10 @@ def predict_generation(
     decode_tokens = samples * mean_sample_tokens * inputs.completion_fraction
     decode_s = decode_tokens / (per_gpu * engine.gpus)
     prefill_tokens = samples * mean_sample_tokens - decode_tokens
-    heads = args.num_attention_heads
-    value_dim = getattr(args, "v_head_dim", args.head_dim)
     flops = (
         2.0 * args.param_counts()["active"]
-        + 2.0 * args.num_hidden_layers * heads * (args.head_dim + value_dim) * mean_sample_tokens / 2
+        + 2.0 * len(args.attention_layers) * args.num_attention_heads * (args.head_dim + args.value_head_dim)
+        * mean_sample_tokens / 2
     )
     prefill_s = prefill_tokens * flops / (engine.gpus * inputs.prefill_mfu * inputs.dense_gemm_tflops * 1e12)
     return {

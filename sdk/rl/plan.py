@@ -39,9 +39,9 @@ def trainer_plan(config: RunConfig):
 
 def _model_args(config: RunConfig):
     """Model shape from the local folder, or from the preset's recorded config when the weights are not here."""
-    from agentrl.trainer.layout import planner_args
+    from agentrl.trainer.models.args import MoEModelArgs
 
-    return planner_args(config.model.name)
+    return MoEModelArgs.for_model(config.model.name)
 
 
 def plan_split(config: RunConfig) -> None:

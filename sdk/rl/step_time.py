@@ -128,15 +128,13 @@ def _ring_bytes(total_bytes: float, group: int) -> float:
 
 def _attention_core_flops(args, mean_context: float) -> float:
     """Forward FLOPs of the attention core per token and layer (QK^T + PV), GQA or MLA."""
-    heads = args.num_attention_heads
-    value_dim = getattr(args, "v_head_dim", args.head_dim)
-    return 2.0 * heads * (args.head_dim + value_dim) * mean_context
+    return 2.0 * args.num_attention_heads * (args.head_dim + args.value_head_dim) * mean_context
 
 
 def _kv_bytes_per_token(args) -> float:
     """bf16 bytes per token and layer CP all-gathers: K and V of the KV heads, or MLA's latent + rope key."""
-    if hasattr(args, "kv_lora_rank"):
-        return 2.0 * (args.kv_lora_rank + args.qk_rope_head_dim)
+    if args.is_mla:
+        return 2.0 * (args.kv_lora_rank + args.rotary_dim)
     return 2.0 * 2 * args.num_key_value_heads * args.head_dim
 
 
@@ -331,9 +329,9 @@ def run_workload(config) -> dict[str, float]:
 def predict_run(config, layout, args=None) -> RunPrediction:
     """The step-time prediction of a GPU `RunConfig` with its trainer `layout` (`plan.trainer_plan`)."""
     from agentrl.rl.decode_model import predict_generation
-    from agentrl.trainer.layout import planner_args
+    from agentrl.trainer.models.args import MoEModelArgs
 
-    args = args or planner_args(config.model.name)
+    args = args or MoEModelArgs.for_model(config.model.name)
     inputs = config.plan
     workload = run_workload(config)
     trainer = predict_trainer(

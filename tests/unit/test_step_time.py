@@ -14,14 +14,15 @@ from agentrl.rl.config import load_run_config
 from agentrl.rl.decode_model import EngineShape, predict_generation
 from agentrl.rl.plan import plan_run, trainer_plan
 from agentrl.rl.step_time import StepTimeInputs, loop_step_s, predict_run, predict_trainer, weight_sync_s
-from agentrl.trainer.layout import planner_args, plan_layout
+from agentrl.trainer.layout import plan_layout
+from agentrl.trainer.models.args import MoEModelArgs
 
 ROOT = Path(__file__).resolve().parents[2]
 AIR_512 = ["launch.gpus=512", "model.max_seq_len=131072"]
 
 
 def _air(**overrides):
-    args = planner_args("glm-4.5-air")
+    args = MoEModelArgs.for_model("glm-4.5-air")
     plan = plan_layout(args, world=64, row_tokens=65536, ep=64, cp=2, gpu_memory_bytes=1e15)
     return predict_trainer(
         args, plan, StepTimeInputs(**overrides), tokens_per_step=256 * 32768, mean_sample_tokens=32768
@@ -57,7 +58,7 @@ def test_halving_a_bandwidth_doubles_the_comms_it_carries():
 
 
 def test_one_node_uses_nvlink_and_one_gpu_has_no_comms():
-    args = planner_args("glm-4.5-air")
+    args = MoEModelArgs.for_model("glm-4.5-air")
     inputs = StepTimeInputs()
     one = predict_trainer(
         args,
@@ -77,7 +78,7 @@ def test_one_node_uses_nvlink_and_one_gpu_has_no_comms():
 
 
 def test_more_inference_gpus_generate_faster_and_sync_follows_bandwidth():
-    args = planner_args("glm-4.5-air")
+    args = MoEModelArgs.for_model("glm-4.5-air")
     inputs = StepTimeInputs()
     times = [
         predict_generation(
@@ -132,7 +133,7 @@ def test_kimi_k2_plans_on_its_smallest_cluster_only():
     )
     assert (config.launch.trainer_gpus, config.launch.inference_gpus) == (128, 16)
     assert config.inference.kind == "wide_ep"
-    counts = planner_args("kimi-k2").param_counts()
+    counts = MoEModelArgs.for_model("kimi-k2").param_counts()
     assert 1.0e12 < counts["total"] < 1.05e12 and 30e9 < counts["active"] < 34e9
     with pytest.raises(AgentrlError, match="no split fits kimi-k2"):
         load_run_config(
@@ -219,7 +220,7 @@ def test_a_planned_run_config_reloads_as_it_was(tmp_path):
 
 
 def test_mla_attention_is_counted_from_its_ranks():
-    args = planner_args("kimi-k2")
+    args = MoEModelArgs.for_model("kimi-k2")
     D, H = 7168, 64
     by_hand = (D * 1536 + 1536 * H * (128 + 64)  # q: down to the q rank, up to every head's nope + rope dims
                + D * (512 + 64) + 512 * H * (128 + 128)  # kv: the latent + shared rope key, up to k_nope and v
