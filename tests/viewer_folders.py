@@ -55,7 +55,7 @@ class _Bookkeeping:
         return None
 
 
-def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6) -> Path:
+def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6, groups_per_step: int = 3) -> Path:
     run = RunDir(path).create('[env]\nname = "arithmetic"\n[model]\nname = "tiny-moe"\n'
                               f'[orchestrator]\nmax_steps = {steps}\n')
     log = RolloutLog(path, samples_per_step=samples_per_step, max_bytes=2**26)
@@ -70,7 +70,8 @@ def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6) -> 
 
     bookkeeping = _Bookkeeping()
     orchestrator = Orchestrator(
-        config=OrchestratorConfig(max_steps=steps, groups_per_step=3, rollouts_per_group=4, max_off_policy_steps=0),
+        config=OrchestratorConfig(max_steps=steps, groups_per_step=groups_per_step, rollouts_per_group=4,
+                                  max_off_policy_steps=0),
         environment=load_environment("arithmetic", num_train=24, num_test=8), client=policy(),
         trainer=bookkeeping, weight_sync=bookkeeping, sampling=SamplingConfig(), on_step=run.append_metrics,
         on_groups=record,

@@ -1,7 +1,7 @@
 """The folders `agentrl view` shows: training runs and evaluations, found under the paths it is given.
 
-A run folder (`agentrl train`) holds `config.toml` and `metrics.jsonl` (and, as it trains,
-`rollouts.jsonl`: `agentrl.rl.rollout_log`); an evaluation folder (`agentrl eval`) holds
+A run folder (`agentrl train`) holds `config.toml` from its start, then `metrics.jsonl` and
+`rollouts.jsonl` (`agentrl.rl.rollout_log`) as it trains; an evaluation folder (`agentrl eval`) holds
 `results.jsonl` and, once finished, `summary.json`. Each path given is such a folder or a
 parent of some (e.g. `runs/`), looked at one level down, again at every listing so runs
 started later appear. Folders get ids in the order they were found; requests name folders
@@ -24,10 +24,18 @@ from agentrl.viewer.rollouts import RolloutIndex
 __all__ = ["Folder", "FolderSet", "folder_kind"]
 
 
+def _is_run_config(path: Path) -> bool:
+    """A run's config.toml (the resolved RunConfig, written before the first step) has an [orchestrator] table."""
+    try:
+        return path.is_file() and "[orchestrator]" in path.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def folder_kind(path: Path) -> Literal["run", "eval"] | None:
     """"run", "eval" or None for a folder that is neither."""
-    if (path / "config.toml").is_file() and ((path / "metrics.jsonl").exists() or (path / ROLLOUTS_FILE).exists()):
-        return "run"
+    if (path / "metrics.jsonl").exists() or (path / ROLLOUTS_FILE).exists() or _is_run_config(path / "config.toml"):
+        return "run" if (path / "config.toml").is_file() else None
     if (path / "results.jsonl").is_file() or (path / "summary.json").is_file():
         return "eval"
     return None

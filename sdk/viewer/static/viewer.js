@@ -355,6 +355,7 @@ async function route() {
     else if (parts[0] === "f" && parts[2] === "r") await showRollout(parts[1], parts[3]);
     else if (parts[0] === "compare") await showCompare(parts[1], parts[2]);
     else await showFolders();
+    document.body.dataset.readyMs = String(Math.round(performance.now()));  // since navigation start
     document.body.dataset.ready = location.hash || "#/";
   } catch (error) {
     main.replaceChildren(el("p", {class: "error", id: "error"}, String(error.message || error)));
