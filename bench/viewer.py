@@ -79,13 +79,15 @@ def main() -> int:
         try:
             with ViewerServer([folder]) as viewer:
                 shown = driver.execute_script("return 0")  # the browser is up before the clock starts
-                pages = {"run page (all rollouts)": viewer.url + "#/f/0", "one rollout": viewer.url + "#/f/0/r/0"}
+                pages = {"run page (all rollouts)": viewer.url + "#/f/0",
+                         "one rollout": viewer.url + "#/f/0/r/0"}
                 timings: dict[str, list[tuple[float, float]]] = {}
                 for name, url in pages.items():
                     _load(driver, url)  # warm-up: the server's first index of the file, the browser's cache
                     timings[name] = [_load(driver, url) for _ in range(args.repeat)]
                     if name.startswith("run page"):
-                        shown = driver.execute_script("return document.querySelectorAll('#rollout-list tbody tr').length")
+                        shown = driver.execute_script(
+                            "return document.querySelectorAll('#rollout-list tbody tr').length")
                 version = driver.capabilities.get("browserVersion", "?")
         finally:
             driver.quit()
@@ -97,9 +99,11 @@ def main() -> int:
     for name, runs in timings.items():
         page = [p for p, _ in runs]
         wall = [w for _, w in runs]
-        results[name] = {"page_s": page, "wall_s": wall, "median_s": statistics.median(page), "max_s": max(page),
+        results[name] = {"page_s": page, "wall_s": wall, "median_s": statistics.median(page),
+                         "max_s": max(page),
                          "wall_median_s": statistics.median(wall)}
-        table.add_row(name, f"{statistics.median(page):.3f}", f"{max(page):.3f}", f"{statistics.median(wall):.3f}")
+        table.add_row(name, f"{statistics.median(page):.3f}", f"{max(page):.3f}",
+                      f"{statistics.median(wall):.3f}")
     console.print(table)
     run_page = results["run page (all rollouts)"]["median_s"]
     run_wall = results["run page (all rollouts)"]["wall_median_s"]

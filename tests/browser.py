@@ -75,3 +75,14 @@ def open_page(driver, url: str, *, timeout_s: float = 20.0) -> None:
 def browser_errors(driver) -> list[str]:
     """The console's error messages so far."""
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def count(driver, selector: str) -> int:
+    """How many elements match a CSS selector."""
+    return driver.execute_script("return document.querySelectorAll(arguments[0]).length", selector)
+
+
+def texts(driver, selector: str, attribute: str = "textContent") -> list[str]:
+    """`attribute` of each element matching a CSS selector (textContent by default)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map(e => e[arguments[1]])"
+    return driver.execute_script(script, selector, attribute)

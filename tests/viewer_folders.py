@@ -24,7 +24,8 @@ from agentrl.rl.report import RunDir
 from agentrl.rl.rollout_log import RolloutLog
 from agentrl.sampling import SamplingConfig
 
-DIFF = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
+DIFF = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n"
+        " def add(a, b):\n-    return a - b\n+    return a + b\n")
 HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1"><script>document.body.dataset.pwned=1</script>'
 
 
@@ -55,7 +56,8 @@ class _Bookkeeping:
         return None
 
 
-def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6, groups_per_step: int = 3) -> Path:
+def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6,
+                   groups_per_step: int = 3) -> Path:
     run = RunDir(path).create('[env]\nname = "arithmetic"\n[model]\nname = "tiny-moe"\n'
                               f'[orchestrator]\nmax_steps = {steps}\n')
     log = RolloutLog(path, samples_per_step=samples_per_step, max_bytes=2**26)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32 * 1024
@@ -31,6 +32,8 @@ def _payloads(data: bytes) -> list[bytes]:
         if kind == 0 and length == 0:  # zero padding to the block's end
             position += left - HEADER
             continue
+        if position + length > len(data):  # a record still being written
+            break
         chunk = data[position: position + length]
         position += length
         if kind == 1:
@@ -44,15 +47,31 @@ def _payloads(data: bytes) -> list[bytes]:
     return payloads
 
 
-def history_rows(run_file: str | Path) -> list[dict]:
-    """The `history` records of a run file: {key: value} per logged step (keys joined with '/')."""
+def _records(run_file: str | Path) -> list:
     from wandb.proto import wandb_internal_pb2
 
-    rows = []
+    records = []
     for payload in _payloads(Path(run_file).read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
-        if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
-    return rows
+        records.append(record)
+    return records
+
+
+def history_rows(run_file: str | Path, *, timeout_s: float = 30.0) -> list[dict]:
+    """The `history` records of a finished run file: {key: value} per logged step (keys joined with '/').
+
+    `wandb.finish()` can return while wandb-core is still writing the file; this waits (up to
+    `timeout_s`) for the run's `exit` record, which wandb-core writes last.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _records(run_file)
+        if any(record.WhichOneof("record_type") == "exit" for record in records):
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{run_file}: no exit record after {timeout_s:g} s (the run did not finish)")
+        time.sleep(0.1)
+    return [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
+             for item in record.history.item}
+            for record in records if record.WhichOneof("record_type") == "history"]

@@ -60,7 +60,7 @@ def _compare_with_baseline(resolved, summary, console, on_server) -> None:
         from agentrl.viewer.serve import view_command
 
         console.print(f"side by side: {view_command(summary.output_dir, base.output_dir)}", markup=False,
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -136,7 +136,8 @@ def register(app: typer.Typer) -> None:
         if summary.output_dir:
             from agentrl.viewer.serve import view_command
 
-            console.print(f"view it: {view_command(summary.output_dir)}", markup=False, highlight=False)
+            console.print(f"view it: {view_command(summary.output_dir)}", markup=False, highlight=False,
+                          soft_wrap=True)
         if summary.errors:
             console.print(f"[yellow]{summary.errors} rollouts failed; first error: {summary.first_error}")
         _compare_with_baseline(resolved, summary, console, on_server)

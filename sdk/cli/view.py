@@ -10,7 +10,8 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("view")
     def view_command(
-        folders: list[Path] = typer.Argument(None, help="Run or eval folders, or folders holding them (default: runs)."),
+        folders: list[Path] = typer.Argument(None, help="Run or eval folders, or folders holding them "
+                                                        "(default: runs)."),
         port: int = typer.Option(8765, "--port", "-p", help="Port on 127.0.0.1 (0: a free one)."),
     ) -> None:
         """Open runs and evaluations in the browser: curves that update while a run trains, its rollouts

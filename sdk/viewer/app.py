@@ -12,8 +12,9 @@
 Everything a rollout holds came from a model or a sandbox, so the page treats it as
 hostile: it is inserted as text, never as HTML, and the page is served with a
 Content-Security-Policy that allows only the viewer's own script and style files.
-Requests whose Host is not 127.0.0.1 or localhost are refused (DNS rebinding). Bad parameters get a 400 with a one-line message naming the parameter; unknown folders
-and rollouts a 404.
+Requests whose Host is not 127.0.0.1 or localhost are refused (DNS rebinding). Bad
+parameters get a 400 with a one-line message naming the parameter; unknown folders and
+rollouts a 404.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def _number(params: Any, name: str, kind: type, default: Any = None) -> Any:
     try:
         return kind(value)
     except ValueError:
-        raise BadParameter(f"parameter {name}={value!r} is not {'an integer' if kind is int else 'a number'}") \
-            from None
+        expected = "an integer" if kind is int else "a number"
+        raise BadParameter(f"parameter {name}={value!r} is not {expected}") from None
 
 
 def create_app(paths: list[str | Path]):
@@ -87,7 +88,8 @@ def create_app(paths: list[str | Path]):
         offset = _number(params, "offset", int, 0)
         limit = _number(params, "limit", int, 1000)
         if offset < 0 or not 1 <= limit <= MAX_LIMIT:
-            raise BadParameter(f"parameters offset={offset} and limit={limit}: offset >= 0, 1 <= limit <= {MAX_LIMIT}")
+            raise BadParameter(f"parameters offset={offset} and limit={limit}: "
+                               f"offset >= 0, 1 <= limit <= {MAX_LIMIT}")
         matched = folder.rollouts.filter(step=_number(params, "step", int), task=params.get("task") or None,
                                          min_reward=_number(params, "min_reward", float),
                                          max_reward=_number(params, "max_reward", float))
@@ -120,7 +122,8 @@ def create_app(paths: list[str | Path]):
             tasks.append({"task_key": key, "prompt": left[0]["prompt"], "a": left, "b": right,
                           "a_reward": _mean(left), "b_reward": _mean(right)})
         return JSONResponse({"a": sides[0].describe(), "b": sides[1].describe(), "tasks": tasks,
-                             "only_a": len(grouped[0]) - len(tasks), "only_b": len(set(grouped[1]) - set(grouped[0]))})
+                             "only_a": len(grouped[0]) - len(tasks),
+                             "only_b": len(set(grouped[1]) - set(grouped[0]))})
 
     async def not_found(request: Request, error: Exception):
         return JSONResponse({"error": str(error)}, status_code=404)
@@ -150,7 +153,8 @@ def create_app(paths: list[str | Path]):
     ]
     # Only requests addressed to this machine's loopback names: a page elsewhere cannot reach the API
     # through a DNS name rebound to 127.0.0.1.
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(ALLOWED_HOSTS)), Middleware(SecurityHeaders)]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(ALLOWED_HOSTS)),
+                  Middleware(SecurityHeaders)]
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={NotFoundError: not_found, BadParameter: bad_request})
     app.state.folders = folders

@@ -25,7 +25,7 @@ __all__ = ["Folder", "FolderSet", "folder_kind"]
 
 
 def _is_run_config(path: Path) -> bool:
-    """A run's config.toml (the resolved RunConfig, written before the first step) has an [orchestrator] table."""
+    """A run's config.toml (the resolved RunConfig, written before step 0) has an [orchestrator] table."""
     try:
         return path.is_file() and "[orchestrator]" in path.read_text(errors="replace")
     except OSError:
@@ -34,7 +34,8 @@ def _is_run_config(path: Path) -> bool:
 
 def folder_kind(path: Path) -> Literal["run", "eval"] | None:
     """"run", "eval" or None for a folder that is neither."""
-    if (path / "metrics.jsonl").exists() or (path / ROLLOUTS_FILE).exists() or _is_run_config(path / "config.toml"):
+    if (path / "metrics.jsonl").exists() or (path / ROLLOUTS_FILE).exists() \
+            or _is_run_config(path / "config.toml"):
         return "run" if (path / "config.toml").is_file() else None
     if (path / "results.jsonl").is_file() or (path / "summary.json").is_file():
         return "eval"
@@ -79,7 +80,7 @@ class Folder:
             return {}
 
     def model(self) -> str | None:
-        """The model whose tokenizer decodes this folder's tokens: a run's starting weights, an eval's model."""
+        """The model whose tokenizer decodes the folder's tokens: run: starting weights; eval: its model."""
         if self.kind == "eval":
             summary = self.summary() or {}
             return summary.get("model")
@@ -88,8 +89,8 @@ class Folder:
 
     def describe(self) -> dict[str, Any]:
         """What the folder list shows."""
-        info: dict[str, Any] = {"id": self.id, "name": self.path.name, "path": str(self.path), "kind": self.kind,
-                                "rollouts": self.rollouts.count()}
+        info: dict[str, Any] = {"id": self.id, "name": self.path.name, "path": str(self.path),
+                                "kind": self.kind, "rollouts": self.rollouts.count()}
         if self.kind == "run":
             rows = self.metrics()
             config = self.run_config()
@@ -109,18 +110,19 @@ class FolderSet:
 
     def __init__(self, paths: list[str | Path]) -> None:
         if not paths:
-            raise NotFoundError("agentrl view: no folder given; pass a run or eval folder, or a parent like runs/")
+            raise NotFoundError("agentrl view: no folder given; pass a run or eval folder, or one like runs/")
         self.roots = [Path(p) for p in paths]
         for root in self.roots:
             if not root.is_dir():
-                raise NotFoundError(f"{root}: no such folder; pass a run folder (agentrl train -o), an eval folder "
-                                    "(agentrl eval -o) or a folder holding them")
+                raise NotFoundError(f"{root}: no such folder; pass a run folder (agentrl train -o), an eval "
+                                    "folder (agentrl eval -o) or a folder holding them")
         self._by_path: dict[Path, Folder] = {}
         self.scan()
         if not self._by_path:
             names = ", ".join(str(root) for root in self.roots)
-            raise NotFoundError(f"{names}: no run or eval folder there (a run has config.toml and metrics.jsonl, "
-                                "an eval results.jsonl); pass the folder agentrl train or agentrl eval wrote")
+            raise NotFoundError(f"{names}: no run or eval folder there (a run has config.toml and "
+                                "metrics.jsonl, an eval results.jsonl); pass the folder agentrl train or "
+                                "agentrl eval wrote")
 
     def scan(self) -> list[Folder]:
         """Look for new folders; return every folder known, in the order found."""

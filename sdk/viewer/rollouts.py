@@ -117,7 +117,7 @@ class RolloutIndex:
 
     def filter(self, *, step: int | None = None, task: str | None = None, min_reward: float | None = None,
                max_reward: float | None = None) -> list[dict[str, Any]]:
-        """Summaries of the records matching every filter given (task: a substring of its name, id or prompt)."""
+        """Summaries of the records matching every filter given (task: part of its name, id or prompt)."""
         needle = task.lower() if task else None
         matched = []
         for summary in self.summaries():
@@ -167,7 +167,8 @@ def token_rows(record: dict[str, Any], *, decode: Any = None) -> list[dict[str, 
         trainer_logprob = _finite(trainer[position]) if trainer and position < len(trainer) else None
         rows.append({
             "id": token, "text": decode(token) if decode is not None else None, "loss": mask,
-            "logprob": _finite(logprob) if mask else None, "trainer_logprob": trainer_logprob if mask else None,
+            "logprob": _finite(logprob) if mask else None,
+            "trainer_logprob": trainer_logprob if mask else None,
             "mismatch": (logprob - trainer_logprob) if mask and trainer_logprob is not None else None,
             "version": sample.policy_versions[position] if mask else None,
         })

@@ -20,7 +20,7 @@ HOST = "127.0.0.1"
 
 
 def view_command(*paths: str | Path) -> str:
-    """The command line that opens the viewer on these folders (printed by `agentrl train` and `agentrl eval`)."""
+    """The command that opens the viewer on these folders (printed by `agentrl train` and `agentrl eval`)."""
     import shlex
 
     return "agentrl view " + " ".join(shlex.quote(str(path)) for path in paths)

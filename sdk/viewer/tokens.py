@@ -16,7 +16,7 @@ __all__ = ["decoder_for", "model_folder"]
 
 
 def model_folder(model: str) -> Path | None:
-    """The local folder of `model` (a folder, a `cookbook/...` path, a preset or a cached repo id), or None."""
+    """The local folder of `model` (a folder, a `cookbook/...` path, a preset, a cached repo id) or None."""
     from agentrl.errors import AgentrlError
     from agentrl.project_files import resolve_project_path
 

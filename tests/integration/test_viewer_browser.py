@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser import browser_errors, chromium_or_skip, open_page, wait_for
+from tests.browser import browser_errors, chromium_or_skip, count, open_page, texts, wait_for
 from tests.viewer_folders import HOSTILE, arithmetic_eval, arithmetic_run
 
 pytestmark = pytest.mark.integration
@@ -48,9 +48,8 @@ def _ids(driver, viewer) -> dict[str, str]:
 def test_a_tool_using_rollout_with_its_diff_and_reward_parts(driver, viewer, tmp_path):
     run = _ids(driver, viewer)["run"]
     open_page(driver, viewer.url + f"#/f/{run}")
-    assert driver.execute_script("return document.querySelectorAll('svg.chart').length") == 6
-    rows = driver.execute_script("return document.querySelectorAll('#rollout-list tbody tr').length")
-    assert rows == 18
+    assert count(driver, "svg.chart") == 6
+    assert count(driver, "#rollout-list tbody tr") == 18
     driver.find_element("css selector", "#rollout-list tbody tr[data-n='0'] a").click()
     wait_for(driver, f"document.body.dataset.ready === '#/f/{run}/r/0'")
     transcript = driver.find_element("id", "transcript").text
@@ -59,19 +58,16 @@ def test_a_tool_using_rollout_with_its_diff_and_reward_parts(driver, viewer, tmp
         "return [...document.querySelectorAll('.role-tool pre')].map(p => p.textContent).join('\\n')")
     assert HOSTILE in tool_output  # shown as text ...
     assert driver.execute_script("return document.body.dataset.pwned") is None  # ... never run
-    assert driver.execute_script("return document.querySelectorAll('#transcript img, #transcript script').length") == 0
-    added = driver.execute_script("return [...document.querySelectorAll('#state pre.diff .diff-add')].map(s => s.textContent)")
-    removed = driver.execute_script("return [...document.querySelectorAll('#state pre.diff .diff-del')].map(s => s.textContent)")
+    assert count(driver, "#transcript img, #transcript script") == 0
+    added, removed = texts(driver, "#state pre.diff .diff-add"), texts(driver, "#state pre.diff .diff-del")
     assert added == ["+    return a + b\n"] and removed == ["-    return a - b\n"]
     reward = driver.find_element("id", "reward").text
     assert "correct_answer" in reward and "tool_calls" in reward and "advantage" in reward
-    tokens = driver.execute_script("return document.querySelectorAll('#tokens .tok').length")
-    trained = driver.execute_script("return document.querySelectorAll('#tokens .tok.loss').length")
+    tokens, trained = count(driver, "#tokens .tok"), count(driver, "#tokens .tok.loss")
     assert tokens > trained > 0
     driver.find_element("css selector", "button[data-mode='mask']").click()
-    painted = driver.execute_script(
-        "return [...document.querySelectorAll('#tokens .tok.loss')].every(s => s.style.backgroundColor !== '')")
-    assert painted
+    assert driver.execute_script("return [...document.querySelectorAll('#tokens .tok.loss')]"
+                                 ".every(s => s.style.backgroundColor !== '')")
     driver.find_element("css selector", "button[data-mode='mismatch']").click()
     assert "no trainer logprobs" in driver.find_element("id", "token-note").text
     driver.save_screenshot(str(tmp_path / "rollout.png"))
@@ -83,8 +79,7 @@ def test_filters_narrow_the_rollout_list(driver, viewer, tmp_path):
     open_page(driver, viewer.url + f"#/f/{run}")
     driver.find_element("id", "f-min").send_keys("1")
     wait_for(driver, "!document.getElementById('f-count').textContent.startsWith('18 of 18')")
-    rewards = driver.execute_script(
-        "return [...document.querySelectorAll('#rollout-list tbody tr td:nth-child(6)')].map(td => td.textContent)")
+    rewards = texts(driver, "#rollout-list tbody tr td:nth-child(6)")
     assert rewards and set(rewards) == {"1"}
     from selenium.webdriver.support.ui import Select
 
@@ -97,7 +92,7 @@ def test_filters_narrow_the_rollout_list(driver, viewer, tmp_path):
 def test_two_evaluations_side_by_side(driver, viewer, tmp_path):
     ids = _ids(driver, viewer)
     open_page(driver, viewer.url + f"#/compare/{ids['eval-base']}/{ids['eval-tuned']}")
-    assert driver.execute_script("return document.querySelectorAll('#compare-tasks tbody tr').length") == 4
+    assert count(driver, "#compare-tasks tbody tr") == 4
     wait_for(driver, "document.querySelectorAll('.side').length === 2")
     sides = driver.execute_script(
         "return [...document.querySelectorAll('.side')].map(side => ({label: side.dataset.side, "

@@ -57,7 +57,8 @@ async def _run(tmp_path, *, samples_per_step: int, max_bytes: int = 2**30, steps
     log = RolloutLog(tmp_path, samples_per_step=samples_per_step, max_bytes=max_bytes)
     trainer = RecordingTrainer()
     orchestrator = Orchestrator(
-        config=OrchestratorConfig(max_steps=steps, groups_per_step=3, rollouts_per_group=4, max_off_policy_steps=0),
+        config=OrchestratorConfig(max_steps=steps, groups_per_step=3, rollouts_per_group=4,
+                                  max_off_policy_steps=0),
         environment=env, client=_alternating_policy(), trainer=trainer, weight_sync=trainer,
         sampling=SamplingConfig(), on_groups=log.record,
     )
@@ -79,10 +80,11 @@ async def test_each_step_writes_a_sample_spread_over_its_groups(tmp_path):
     assert calls and calls[0]["tool_calls"][0]["function"]["name"] == "calculator"
     tool_output = next(m for m in record["messages"] if m["role"] == "tool")
     assert tool_output["content"] == record["task"]["answer"]  # the calculator's result
-    assert set(record["metrics"]) >= {"correct_answer", "used_answer_tags", "tool_calls"}  # the reward's parts
+    assert set(record["metrics"]) >= {"correct_answer", "used_answer_tags", "tool_calls"}  # reward parts
     assert record["reward"] == record["metrics"]["correct_answer"]
     turn = record["turns"][0]
-    assert turn["prompt_token_ids"] and len(turn["completion"]["token_ids"]) == len(turn["completion"]["logprobs"])
+    completion = turn["completion"]
+    assert turn["prompt_token_ids"] and len(completion["token_ids"]) == len(completion["logprobs"])
     assert "routed_experts" not in turn["completion"] and "prompt_routed_experts" not in turn
     assert record["policy_versions"] == []  # the scripted policy reports no weight versions
     # advantages are the ones trained with: reward minus the group's mean
@@ -109,8 +111,9 @@ async def test_the_size_cap_stops_recording_with_one_warning(tmp_path):
 def test_long_strings_are_cut_and_truncate_keeps_earlier_steps(tmp_path):
     task = Task(prompt=[Message(role="user", content="x")])
     long_output = "y" * (MAX_STRING_CHARS + 500)
-    rollout = Rollout(task=task, messages=[Message(role="tool", content=long_output)], state={"diff": long_output},
-                      turns=[Turn(prompt_token_ids=[1], completion=Completion(token_ids=[2], logprobs=[-0.5]))])
+    turn = Turn(prompt_token_ids=[1], completion=Completion(token_ids=[2], logprobs=[-0.5]))
+    rollout = Rollout(task=task, messages=[Message(role="tool", content=long_output)],
+                      state={"diff": long_output}, turns=[turn])
     record = rollout_record(rollout, step=3)
     assert record["messages"][0]["content"].endswith("[... 500 more characters cut]")
     assert len(record["state"]["diff"]) < MAX_STRING_CHARS + 100

@@ -119,7 +119,8 @@ def test_new_rollouts_and_runs_appear_while_running(folders, client):
 def test_bad_requests_are_one_line_errors(client):
     run = _ids(client)["run"]
     answer = client.get(f"/api/folders/{run}/rollouts?min_reward=high")
-    assert answer.status_code == 400 and answer.json()["error"] == "parameter min_reward='high' is not a number"
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "parameter min_reward='high' is not a number"
     answer = client.get(f"/api/folders/{run}/rollouts?limit=0")
     assert answer.status_code == 400 and "limit" in answer.json()["error"]
     answer = client.get(f"/api/folders/{run}/rollouts/999")
@@ -157,8 +158,9 @@ def test_agentrl_view_serves_on_loopback_and_refuses_bad_folders(folders, tmp_pa
     missing = subprocess.run([sys.executable, "-m", "agentrl.cli", "view", str(tmp_path / "nope")],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such folder" in missing.stderr
-    process = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "view", "--port", "0", str(folders / "run")],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "view", "--port", "0",
+                                str(folders / "run")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
     try:
         line = process.stdout.readline()
         assert line.startswith("agentrl view: http://127.0.0.1:"), line
