@@ -50,6 +50,7 @@ def test_a_tool_using_rollout_with_its_diff_and_reward_parts(driver, viewer, tmp
     open_page(driver, viewer.url + f"#/f/{run}")
     assert count(driver, "svg.chart") == 6
     assert count(driver, "#rollout-list tbody tr") == 18
+    assert driver.execute_script("return document.getElementById('f-next').disabled")  # one page of 18
     driver.find_element("css selector", "#rollout-list tbody tr[data-n='0'] a").click()
     wait_for(driver, f"document.body.dataset.ready === '#/f/{run}/r/0'")
     transcript = driver.find_element("id", "transcript").text

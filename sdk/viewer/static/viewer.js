@@ -155,10 +155,14 @@ function rolloutFilters(id, box) {
   const maxReward = el("input", {id: "f-max", placeholder: "max", size: 5});
   const count = el("span", {class: "muted", id: "f-count"});
   const table = el("div", {id: "rollout-list"});
+  const PAGE = 1000;
+  let offset = 0;
+  const previous = el("button", {id: "f-prev", onclick: () => { offset = Math.max(0, offset - PAGE); load(); }}, "◀ previous");
+  const next = el("button", {id: "f-next", onclick: () => { offset += PAGE; load(); }}, "next ▶");
   let lastKey = "";
   let timer = null;
   const load = async ({quiet} = {}) => {
-    const query = new URLSearchParams({limit: "1000"});
+    const query = new URLSearchParams({limit: String(PAGE), offset: String(offset)});
     if (step.value !== "") query.set("step", step.value);
     if (task.value.trim()) query.set("task", task.value.trim());
     if (minReward.value.trim()) query.set("min_reward", minReward.value.trim());
@@ -171,13 +175,17 @@ function rolloutFilters(id, box) {
     lastKey = key;
     const known = new Set([...step.options].map(o => o.value));
     for (const s of page.steps) if (!known.has(String(s))) step.append(el("option", {value: s}, `step ${s}`));
-    count.textContent = `${page.matched} of ${page.total} rollouts${page.matched > page.rows.length ? `, first ${page.rows.length} shown` : ""}`;
+    const shown = page.rows.length ? `, ${offset + 1}-${offset + page.rows.length} shown` : "";
+    count.textContent = `${page.matched} of ${page.total} rollouts${page.matched > page.rows.length ? shown : ""}`;
+    previous.disabled = offset === 0;
+    next.disabled = offset + page.rows.length >= page.matched;
     table.innerHTML = rolloutTable(id, page.rows);
   };
-  const later = () => { clearTimeout(timer); timer = setTimeout(load, 250); };
-  step.onchange = load;
+  const later = () => { clearTimeout(timer); timer = setTimeout(() => { offset = 0; load(); }, 250); };
+  step.onchange = () => { offset = 0; load(); };
   for (const input of [task, minReward, maxReward]) input.oninput = later;
-  box.replaceChildren(el("div", {class: "filters"}, step, " ", task, " reward ", minReward, " to ", maxReward, " ", count), table);
+  box.replaceChildren(el("div", {class: "filters"}, step, " ", task, " reward ", minReward, " to ", maxReward, " ", count,
+                         previous, next), table);
   return {load};
 }
 
