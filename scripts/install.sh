@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything agentrl and its tests need on a Debian machine (run as root): Debian packages
-# (Docker engine, gVisor, bubblewrap, debootstrap, an OCI registry), this checkout as an editable
+# (Docker engine, gVisor, bubblewrap, debootstrap, an OCI registry, headless Chromium and its WebDriver
+# for the viewer's browser tests), this checkout as an editable
 # Python package with its extras, a Docker engine, and the local sandbox base image.
 #
 # Where the Python package goes:
@@ -41,7 +42,8 @@ fi
 
 # 1. Debian packages.
 need=()
-for pkg_bin in docker.io:dockerd runsc:runsc bubblewrap:bwrap debootstrap:debootstrap docker-registry:docker-registry git:git; do
+for pkg_bin in docker.io:dockerd runsc:runsc bubblewrap:bwrap debootstrap:debootstrap docker-registry:docker-registry git:git \
+    chromium:chromium chromium-driver:chromedriver; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   command -v "$bin" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -38,7 +38,7 @@ def version() -> None:
 
 
 # Modules that define top-level commands through `register(app)`.
-COMMAND_MODULES = ["models", "serve", "eval", "train", "trainer_plan"]
+COMMAND_MODULES = ["models", "serve", "eval", "train", "trainer_plan", "view"]
 # Modules that define a command group `app`, mounted under the given name.
 GROUP_MODULES = {"env": "env", "sandbox": "sandbox"}
 

@@ -56,6 +56,11 @@ def _compare_with_baseline(resolved, summary, console, on_server) -> None:
     base = run_evaluation(resolved.model_copy(update={"model": baseline, "output": output}), progress=True,
                           on_server=on_server)
     console.print(comparison_table(Comparison(checkpoint=summary, baseline=base)))
+    if summary.output_dir and base.output_dir:
+        from agentrl.viewer.serve import view_command
+
+        console.print(f"side by side: {view_command(summary.output_dir, base.output_dir)}", markup=False,
+                      highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -128,6 +133,11 @@ def register(app: typer.Typer) -> None:
         _interrupt_on_sigterm()
         summary = run_evaluation(resolved, progress=True, on_server=on_server)
         console.print(summary_table(summary))
+        if summary.output_dir:
+            from agentrl.viewer.serve import view_command
+
+            console.print(f"view it: {view_command(summary.output_dir)}", markup=False, highlight=False,
+                          soft_wrap=True)
         if summary.errors:
             console.print(f"[yellow]{summary.errors} rollouts failed; first error: {summary.first_error}")
         _compare_with_baseline(resolved, summary, console, on_server)

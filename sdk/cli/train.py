@@ -89,7 +89,9 @@ def register(app: typer.Typer) -> None:
             console.print(plan_run(resolved), markup=False, highlight=False)
             raise typer.Exit(0)
         from agentrl.rl.launch import run_training
+        from agentrl.viewer.serve import view_command
 
+        console.print(f"watch it: {view_command(run_dir)}", markup=False, highlight=False, soft_wrap=True)
         total = resolved.orchestrator.max_steps
         with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.description}"), console=console, transient=False) as progress:
@@ -116,7 +118,8 @@ def register(app: typer.Typer) -> None:
         if history:
             console.print(f"reward: step {history[0]['step']} {history[0]['reward']:.4f} -> "
                           f"step {history[-1]['step']} {history[-1]['reward']:.4f}")
-        console.print(f"run folder: {result.run_dir} (report.md, metrics.jsonl, plots/, checkpoints/)")
+        console.print(f"run folder: {result.run_dir} (report.md, metrics.jsonl, rollouts.jsonl, plots/, checkpoints/)")
+        console.print(f"view it: {view_command(result.run_dir)}", markup=False, highlight=False, soft_wrap=True)
 
     @app.command("sft")
     def sft_command(

@@ -8,7 +8,7 @@
     [orchestrator]   agentrl.rl.orchestrator.OrchestratorConfig (async loop)
     [launch]         Ray placement (cluster address, GPUs per role, custom resources)
     [plan]           agentrl.rl.step_time.StepTimeInputs (rates and bandwidths of the step-time model)
-    [run]            output folder, name, report settings
+    [run]            output folder, name, report settings, recorded rollouts, metric loggers
 
 `load_run_config(path, overrides, env=..., model=...)` reads TOML through
 `agentrl.config.load_config` (one-line errors naming file, line and key) and fills in the
@@ -21,7 +21,7 @@ a GPU deployment and a trainer with enough GPUs for its layout to fit.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentrl.config import BaseConfig, load_config
 from agentrl.errors import AgentrlError, ConfigError
@@ -121,6 +121,16 @@ class RunSection(BaseConfig):
     checkpoint_trainer_state: bool = True
     """Checkpoints hold the trainer's DCP state (weights, optimizer, RNG) for `--resume`; false keeps only the
     HF export (for `agentrl eval`), a tenth of the disk for Adam's state of a 5B model."""
+    rollout_samples_per_step: int = Field(default=8, ge=0)
+    """Rollouts of each step written to `rollouts.jsonl` in the run folder, spread over the step's groups
+    (0: none), for `agentrl view` (agentrl.rl.rollout_log)."""
+    rollouts_max_mb: float = Field(default=256.0, gt=0)
+    """Most size of `rollouts.jsonl` in MB; once reached no more rollouts are recorded (a warning says so)."""
+    loggers: list[Literal["tensorboard", "wandb"]] = []
+    """Where step metrics also go: "tensorboard" (event files in `<run>/tensorboard`, extra `tensorboard`) and
+    "wandb" (a W&B run in `<run>/wandb`, offline unless WANDB_API_KEY is set; extra `wandb`)."""
+    wandb_project: str = "agentrl"
+    """W&B project of the "wandb" logger."""
 
 
 class RunConfig(BaseConfig):

@@ -13,9 +13,11 @@
    NCCL on GPUs); then the rollout workers, pointed at the inference endpoint;
 3. runs the `Orchestrator` in the driver's event loop; after each step the new weights go
    to every server through `inference.weight_transfer` (`agentrl.rl.transport`);
-4. keeps the run folder on the driver, the one source of truth: config, metrics, placement,
-   checkpoints (each node's files shipped back and merged), server logs; actors write only
-   into their node's own folder, so no shared filesystem is needed;
+4. keeps the run folder on the driver, the one source of truth: config, metrics, a sample of each
+   step's rollouts (`agentrl.rl.rollout_log`), TensorBoard / W&B copies of the metrics
+   (`agentrl.rl.loggers`, `run.loggers`), placement, checkpoints (each node's files shipped back
+   and merged), server logs; actors write only into their node's own folder, so no shared
+   filesystem is needed;
 5. stops every actor, the router, the placement groups (and the local cluster it started),
    also on errors.
 """
@@ -32,6 +34,7 @@ from typing import Any, Callable
 
 from agentrl.errors import require
 from agentrl.rl.config import RunConfig
+from agentrl.rl.loggers import make_loggers
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorState
 from agentrl.rl.plan import check_resources
 from agentrl.rl.report import RunDir
@@ -43,6 +46,7 @@ from agentrl.rl.resume import (
     prune_checkpoints,
     remove_partials,
 )
+from agentrl.rl.rollout_log import RolloutLog
 from agentrl.types import Rollout, Task
 
 __all__ = ["TrainingResult", "run_training"]
@@ -176,7 +180,10 @@ def run_training(
     trainer: TrainerGroup | None = None
     inference: InferenceGroup | None = None
     workers: list[Any] = []
+    loggers: list[Any] = []
     try:
+        loggers = make_loggers(config.run.loggers, run_dir=folder.path, run_name=folder.path.name,
+                               project=config.run.wandb_project, config=config.model_dump(mode="json"))
         status("waiting for the placement groups")
         reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
         model_files = _model_files(start_weights, reservation)
@@ -228,8 +235,14 @@ def run_training(
             commit_checkpoint(partial, OrchestratorState.from_dict(current.to_dict()))
             prune_checkpoints(checkpoint_root, keep=config.run.keep_checkpoints)
 
+        rollout_log = RolloutLog(folder.path, samples_per_step=config.run.rollout_samples_per_step,
+                                 max_bytes=int(config.run.rollouts_max_mb * 2**20))
+        rollout_log.truncate(before_step=state.step)  # a resumed run redoes the steps after its checkpoint
+
         def record(metrics: dict[str, Any]) -> None:
             folder.append_metrics(metrics)
+            for logger in loggers:
+                logger.log(metrics, step=int(metrics["step"]))
             if on_step is not None:
                 on_step(metrics)
 
@@ -238,6 +251,7 @@ def run_training(
             trainer=trainer, weight_sync=WeightPush(trainer, inference, transport=config.weight_transfer(),
                                                     staging_dir=folder.path / "weights"),
             sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
+            on_groups=rollout_log.record,
         )
         status("training")
         asyncio.run(orchestrator.run())
@@ -246,6 +260,8 @@ def run_training(
             folder.finish(title=f"agentrl train: {config.env.name} on {config.model.name}")
         return TrainingResult(folder.path, history, placement)
     finally:
+        for logger in loggers:
+            logger.close()
         if inference is not None:
             inference.save_logs(folder.path / "logs")
             inference.stop()

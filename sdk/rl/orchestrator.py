@@ -292,6 +292,9 @@ class Environment(Protocol):  # the part of agentrl.environment.Environment used
 
 
 StepCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
+GroupsCallback = Callable[[int, list["ScoredGroup"], list[list[float | None]]], None]
+"""`(step, groups, advantages)` after a step's groups are collected; `advantages[g][m]` is the advantage
+rollout m of group g was trained with, None when it was not trained on (an error, no turns)."""
 
 
 @dataclass
@@ -320,6 +323,7 @@ class Orchestrator:
         on_step: StepCallback | None = None,
         checkpoint: Callable[[int, OrchestratorState], Awaitable[None]] | None = None,
         env_name: str | None = None,
+        on_groups: GroupsCallback | None = None,
     ) -> None:
         self.config = config
         self.environment = environment
@@ -330,6 +334,7 @@ class Orchestrator:
         self.state = state or OrchestratorState()
         self.on_step = on_step
         self.checkpoint = checkpoint
+        self.on_groups = on_groups
         self.env_name = env_name or getattr(environment, "name", None) or getattr(
             getattr(environment, "local_env", None), "name", None)
         """The environment's name, for `agentrl env check NAME` in failure hints."""
@@ -349,6 +354,7 @@ class Orchestrator:
         self._failed_steps: list[int] = []  # the current streak of failed steps
         self._failed_errors: list[str | None] = []  # one entry per rollout of those steps
         self._step_errors: list[str | None] = []
+        self._step_advantages: list[list[float | None]] = []  # per group, per rollout (None: not trained on)
         self._r3_seen = False  # some step's samples carried routed experts
         self._r3_warned = False
 
@@ -445,6 +451,7 @@ class Orchestrator:
         errors = 0
         first_error: str | None = None
         self._step_errors = [r.error for group in groups for r in group.rollouts]
+        self._step_advantages = []
         for group in groups:
             usable = [r for r in group.rollouts if r.error is None and r.turns]
             errors += len(group.rollouts) - len(usable)
@@ -452,6 +459,8 @@ class Orchestrator:
                 first_error = next((r.error for r in group.rollouts if r.error), None)
             rewards += [r.reward for r in group.rollouts]
             advantages = group_advantages([r.reward for r in usable], normalize=self.config.normalize_advantages)
+            trained = {id(rollout): advantage for rollout, advantage in zip(usable, advantages)}
+            self._step_advantages.append([trained.get(id(r)) for r in group.rollouts])
             for rollout, advantage in zip(usable, advantages):
                 sample = rollout.sample()
                 sample.advantage = advantage
@@ -540,6 +549,8 @@ class Orchestrator:
                 groups = collect.result()
                 wait_s = time.monotonic() - wait_start
                 samples, batch_metrics = self._samples(groups)
+                if self.on_groups is not None:
+                    self.on_groups(step, groups, self._step_advantages)
                 if samples:
                     self._failed_steps, self._failed_errors = [], []
                 else:  # nothing to train on: a failed step

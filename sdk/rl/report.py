@@ -3,6 +3,8 @@
     runs/<name>/
       config.toml        the resolved RunConfig (what `--resume` reloads)
       metrics.jsonl      one JSON object per optimizer step (appended and flushed per step)
+      rollouts.jsonl     a sample of each step's rollouts (agentrl.rl.rollout_log; `agentrl view` shows them)
+      tensorboard/, wandb/   the step metrics for TensorBoard and W&B, with `run.loggers` (agentrl.rl.loggers)
       checkpoints/       step_N/ (see agentrl.rl.resume)
       plots/             reward.png, mismatch_kl.png, staleness.png, throughput.png
       report.md          summary table, reward first vs last, links to the plots

@@ -17,6 +17,7 @@ HEAVY = ("torch", "vllm", "ray", "transformers", "torchtitan")
         "import agentrl, agentrl.types, agentrl.config",
         "import agentrl.rl, agentrl.rl.config, agentrl.rl.orchestrator, agentrl.rl.plan, agentrl.rl.launch, "
         "agentrl.rl.actors, agentrl.rl.resume, agentrl.rl.report, agentrl.rl.sft",
+        "import agentrl.rl.loggers, agentrl.rl.rollout_log, agentrl.viewer.app, agentrl.viewer.serve",
         "from agentrl.rl.config import load_run_config; load_run_config()",
         # planning needs no torch: `agentrl train --dry-run` and `trainer-plan` work without the train extra
         "from agentrl.rl.config import load_run_config; from agentrl.rl.plan import plan_run; plan_run(load_run_config())",

@@ -1,0 +1,104 @@
+"""The viewer in headless Chromium over tool-using rollouts: transcript, tool calls and outputs, diffs,
+reward parts, filters, the per-token view, hostile markup shown as text, two evaluations side by side.
+
+The folders come from `tests/viewer_folders.py` (the real arithmetic environment and loop
+bookkeeping); tests/e2e/test_viewer_run.py does the same over a real CPU training run and a
+real `agentrl eval`. Screenshots go to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.browser import browser_errors, chromium_or_skip, count, open_page, texts, wait_for
+from tests.viewer_folders import HOSTILE, arithmetic_eval, arithmetic_run
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def viewer(tmp_path_factory):
+    pytest.importorskip("uvicorn", reason="the view extra (starlette, uvicorn) is not installed")
+    from agentrl.viewer.serve import ViewerServer
+
+    root = tmp_path_factory.mktemp("folders")
+    arithmetic_run(root / "run")
+    arithmetic_eval(root / "eval-base", right_every=3)
+    arithmetic_eval(root / "eval-tuned", right_every=1)
+    with ViewerServer([root]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def driver():
+    browser = chromium_or_skip()
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def _ids(driver, viewer) -> dict[str, str]:
+    open_page(driver, viewer.url + "#/")
+    return driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#folders tbody tr')]"
+        ".map(tr => [tr.querySelector('a').textContent, tr.dataset.folder]));")
+
+
+def test_a_tool_using_rollout_with_its_diff_and_reward_parts(driver, viewer, tmp_path):
+    run = _ids(driver, viewer)["run"]
+    open_page(driver, viewer.url + f"#/f/{run}")
+    assert count(driver, "svg.chart") == 6
+    assert count(driver, "#rollout-list tbody tr") == 18
+    assert driver.execute_script("return document.getElementById('f-next').disabled")  # one page of 18
+    driver.find_element("css selector", "#rollout-list tbody tr[data-n='0'] a").click()
+    wait_for(driver, f"document.body.dataset.ready === '#/f/{run}/r/0'")
+    transcript = driver.find_element("id", "transcript").text
+    assert "calculator" in transcript and "TOOL" in transcript and "Let me compute." in transcript
+    tool_output = driver.execute_script(
+        "return [...document.querySelectorAll('.role-tool pre')].map(p => p.textContent).join('\\n')")
+    assert HOSTILE in tool_output  # shown as text ...
+    assert driver.execute_script("return document.body.dataset.pwned") is None  # ... never run
+    assert count(driver, "#transcript img, #transcript script") == 0
+    added, removed = texts(driver, "#state pre.diff .diff-add"), texts(driver, "#state pre.diff .diff-del")
+    assert added == ["+    return a + b\n"] and removed == ["-    return a - b\n"]
+    reward = driver.find_element("id", "reward").text
+    assert "correct_answer" in reward and "tool_calls" in reward and "advantage" in reward
+    tokens, trained = count(driver, "#tokens .tok"), count(driver, "#tokens .tok.loss")
+    assert tokens > trained > 0
+    driver.find_element("css selector", "button[data-mode='mask']").click()
+    assert driver.execute_script("return [...document.querySelectorAll('#tokens .tok.loss')]"
+                                 ".every(s => s.style.backgroundColor !== '')")
+    driver.find_element("css selector", "button[data-mode='mismatch']").click()
+    assert "no trainer logprobs" in driver.find_element("id", "token-note").text
+    driver.save_screenshot(str(tmp_path / "rollout.png"))
+    assert browser_errors(driver) == []
+
+
+def test_filters_narrow_the_rollout_list(driver, viewer, tmp_path):
+    run = _ids(driver, viewer)["run"]
+    open_page(driver, viewer.url + f"#/f/{run}")
+    driver.find_element("id", "f-min").send_keys("1")
+    wait_for(driver, "!document.getElementById('f-count').textContent.startsWith('18 of 18')")
+    rewards = texts(driver, "#rollout-list tbody tr td:nth-child(6)")
+    assert rewards and set(rewards) == {"1"}
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element("id", "f-step")).select_by_value("2")
+    wait_for(driver, "[...document.querySelectorAll('#rollout-list tbody tr td:nth-child(2)')]"
+                     ".every(td => td.textContent === '2')")
+    driver.save_screenshot(str(tmp_path / "filtered.png"))
+
+
+def test_two_evaluations_side_by_side(driver, viewer, tmp_path):
+    ids = _ids(driver, viewer)
+    open_page(driver, viewer.url + f"#/compare/{ids['eval-base']}/{ids['eval-tuned']}")
+    assert count(driver, "#compare-tasks tbody tr") == 4
+    wait_for(driver, "document.querySelectorAll('.side').length === 2")
+    sides = driver.execute_script(
+        "return [...document.querySelectorAll('.side')].map(side => ({label: side.dataset.side, "
+        "rollouts: side.querySelectorAll('.side-rollout').length, text: side.textContent}))")
+    assert [s["label"] for s in sides] == ["A", "B"] and all(s["rollouts"] == 2 for s in sides)
+    assert all("reward" in s["text"] and "<answer>" in s["text"] for s in sides)
+    assert "reward 1" in sides[1]["text"]
+    driver.save_screenshot(str(tmp_path / "compare.png"))

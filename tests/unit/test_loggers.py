@@ -1,0 +1,83 @@
+"""`run.loggers`: step metrics into real TensorBoard event files and a real offline W&B run.
+
+TensorBoard's own reader (`EventAccumulator`) loads the event files; the W&B run file is read
+back with `tests/wandb_records.py` (LevelDB log records of wandb's own protobufs).
+"""
+
+from __future__ import annotations
+
+import glob
+import sys
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.rl.config import load_run_config
+from agentrl.rl.loggers import make_loggers, scalars
+
+
+def _rows() -> list[dict]:
+    return [{"step": step, "reward": 0.1 * step, "reward_std": 0.05, "mismatch_kl": 1e-4 * (step + 1),
+             "staleness": {"0": 3, "1": step}, "dropped_stale": step % 2, "tokens_per_s": 100.0 + step,
+             "step_time_s": 2.0, "wait_s": 1.0, "train_s": 0.5, "bound": "inference" if step else "trainer",
+             "first_error": "boom", "train/loss": float("nan") if step == 1 else 0.5, "time": 1.7e9 + step}
+            for step in range(4)]
+
+
+def test_scalars_flatten_and_keep_only_finite_numbers():
+    values = scalars(_rows()[1])
+    assert values["staleness/1"] == 1.0 and values["inference_bound"] == 1.0
+    assert "first_error" not in values and "bound" not in values
+    assert "train/loss" not in values  # NaN left out
+
+
+def test_tensorboard_event_files_load_in_tensorboards_reader(tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    [logger] = make_loggers(["tensorboard"], run_dir=tmp_path, run_name="t")
+    for row in _rows():
+        logger.log(row, step=row["step"])
+    logger.close()
+    reader = EventAccumulator(str(tmp_path / "tensorboard"))
+    reader.Reload()
+    tags = set(reader.Tags()["scalars"])
+    assert {"reward", "mismatch_kl", "staleness/0", "staleness/1", "tokens_per_s", "wait_s"} <= tags
+    expected = [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [(e.step, round(e.value, 6)) for e in reader.Scalars("reward")] == expected
+    assert [e.step for e in reader.Scalars("train/loss")] == [0, 2, 3]  # the NaN step is left out
+    assert reader.Scalars("reward")[2].wall_time == pytest.approx(1.7e9 + 2)
+
+
+def test_wandb_offline_run_folder_holds_the_scalars(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from tests.wandb_records import history_rows
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    [logger] = make_loggers(["wandb"], run_dir=tmp_path, run_name="my-run", config={"lr": 3e-4})
+    assert logger.mode == "offline"
+    for row in _rows():
+        logger.log(row, step=row["step"])
+    logger.close()
+    [run_file] = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    history = history_rows(run_file)
+    assert [row["_step"] for row in history] == [0, 1, 2, 3]
+    assert [row["reward"] for row in history] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert history[3]["staleness/1"] == 3 and history[0]["inference_bound"] == 0
+
+
+def test_logger_names_are_checked():
+    with pytest.raises(ConfigError, match="run.loggers"):
+        load_run_config(overrides=['run.loggers=["tensorbored"]'])
+    with pytest.raises(ConfigError, match="unknown logger 'x'"):
+        make_loggers(["x"], run_dir=".", run_name="r")
+
+
+@pytest.mark.parametrize("name", ["tensorboard", "wandb"])
+def test_a_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch, name):
+    from agentrl.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, name, None)  # what `import name` sees where the extra is not installed
+    with pytest.raises(MissingExtraError, match=rf"pip install 'agentrl\[{name}\]'"):
+        make_loggers([name], run_dir=tmp_path, run_name="r")
