@@ -26,7 +26,7 @@ from agentrl.sandbox.archive import extract_archive, resolve_path
 from pydantic import Field
 
 __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner",
-           "limit_not_enforced"]
+           "limit_not_enforced", "network_not_available"]
 
 BASE_IMAGE = "agentrl-base:bookworm"
 QUICK_READ_BYTES = 4 * 1024 * 1024  # reads try this cap first (fast paths), then max_file_bytes
@@ -86,6 +86,23 @@ class SandboxConfig(BaseConfig):
     unenforceable_limits: Literal["warn", "refuse"] = "warn"
     """When the host cannot enforce a limit (no cgroup for bwrap's memory, no seccomp filter under gVisor):
     'warn' once in one line naming it and run without it, or 'refuse' to create the sandbox."""
+
+
+_warned_networks: set[str] = set()
+
+
+def network_not_available(config: SandboxConfig, why: str) -> str:
+    """The host cannot give the network `config` asks for: refuse or warn once, per `unenforceable_limits`.
+
+    Returns the one-line note the sandbox keeps (`Sandbox.network_note`); the sandbox then runs with no network.
+    """
+    message = f"sandbox network: asked for, but this host gives sandboxes none ({why})"
+    if config.unenforceable_limits == "refuse":
+        raise SandboxError(f"{message}; give the engine a network or set sandbox unenforceable_limits='warn'")
+    if why not in _warned_networks:
+        _warned_networks.add(why)
+        warnings.warn(f"{message}; running with no network", RuntimeWarning, stacklevel=3)
+    return f"{message}; ran with no network"
 
 
 @dataclass
@@ -178,6 +195,8 @@ class Sandbox(ABC):
         self.owner = config.owner or default_owner()
         self.id: str = ""
         self.closed = False
+        self.network_note: str | None = None
+        """Set when `config.network` asked for network access that this host could not give (one line why)."""
 
     # --- backend hooks -------------------------------------------------------------
     @abstractmethod

@@ -35,7 +35,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.errors import NotFoundError, require
-from agentrl.sandbox.base import RawExecResult, Sandbox, SandboxConfig, SandboxError, limit_not_enforced
+from agentrl.sandbox.base import (
+    RawExecResult, Sandbox, SandboxConfig, SandboxError, limit_not_enforced, network_not_available,
+)
 from agentrl.sandbox.docker_exec import (
     HARD_DEADLINE_GRACE_S,
     exec_via_docker,
@@ -119,6 +121,20 @@ def runsc_applies_seccomp(client) -> bool:
     return _runsc_seccomp
 
 
+def network_unavailable(client, runtime: str) -> str | None:
+    """Why sandboxes of `runtime` on this engine get no network even when asked (None: they get the bridge)."""
+    docker = require("docker", "cpu")
+    if runtime == "runsc":
+        args = ((client.info().get("Runtimes") or {}).get("runsc") or {}).get("runtimeArgs") or []
+        if "--network=none" in args:
+            return "the engine registers runsc with --network=none"
+    try:
+        client.api.inspect_network("bridge")
+    except docker.errors.NotFound:
+        return "the Docker engine has no 'bridge' network: dockerd runs with --bridge=none"
+    return None
+
+
 def _explain(error) -> str:
     return str(getattr(error, "explanation", None) or error).split("\n")[0][:300]
 
@@ -155,7 +171,7 @@ class DockerSandbox(Sandbox):
         cfg = self.config
         host: dict = dict(
             init=True,
-            network_mode="none" if not cfg.network else "bridge",
+            network_mode="bridge" if cfg.network and self.network_note is None else "none",
             nano_cpus=int(cfg.cpus * 1e9),
             mem_limit=f"{cfg.memory_mb}m",
             memswap_limit=f"{cfg.memory_mb}m",
@@ -244,6 +260,10 @@ class DockerSandbox(Sandbox):
         if self.config.user is None:
             self.command_user = self._image_user() or "0"
         self.disk_mode = self._disk_mode()
+        if self.config.network:
+            why = network_unavailable(self.client, self.config.runtime)
+            if why is not None:
+                self.network_note = network_not_available(self.config, why)
         create, host = self._create_args()
         try:
             self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]

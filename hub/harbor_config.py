@@ -1,0 +1,370 @@
+"""Harbor's task.toml as agentrl reads it: every field of harbor 0.25 (schema 1.0 to 1.4) mapped, warned or refused.
+
+`read_harbor_task(folder)` parses a Harbor task folder into a `HarborTask`. Each field set
+in task.toml falls in one of three classes (`FIELD_POLICY`):
+
+- honoured: mapped onto the sandbox, the episode, the oracle or the verifier (see
+  docs/ENVIRONMENTS.md, "Harbor tasks");
+- warned: agentrl runs the task without it and says so in one line naming the field
+  (`HarborTask.notes`), e.g. `artifacts` (agentrl keeps no trial folders);
+- refused: the task cannot run as its author meant (a Windows container, GPUs, MCP
+  servers, a verifier image of its own); a one-line `ConfigError` names the field.
+
+A field harbor 0.25 does not know is warned as such, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.config import BaseConfig
+from agentrl.errors import ConfigError, NotFoundError
+from pydantic import Field
+
+__all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_harbor_task", "resolve_env",
+           "SCHEMA_VERSIONS"]
+
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+NetworkMode = Literal["public", "no-network", "allowlist"]
+
+_OK = "ok"
+_PHASE = {"timeout_sec": _OK, "user": _OK, "network_mode": _OK, "allowed_hosts": _OK}
+_VERIFIER = {**_PHASE, "env": _OK, "environment_mode": "mode",
+             "environment": "refuse:a verifier environment of its own (another image) is not supported; agentrl "
+                            "grades in a fresh sandbox of the task's own environment",
+             "collect": "refuse:collect hooks run in docker-compose sidecars, which agentrl does not run"}
+_ARTIFACTS = "warn:agentrl keeps no trial artifacts (the verifier's reward, metrics and output are in the rollout)"
+_HEALTHCHECK = {"command": _OK, "interval_sec": _OK, "timeout_sec": _OK, "start_period_sec": _OK,
+                "start_interval_sec": _OK, "retries": _OK}
+FIELD_POLICY: dict[str, Any] = {
+    "schema_version": _OK, "version": _OK, "source": _OK, "multi_step_reward_strategy": _OK,
+    "task": {"name": _OK, "version": _OK, "description": _OK, "authors": _OK, "keywords": _OK},
+    "metadata": "any",
+    "verifier": _VERIFIER,
+    "agent": _PHASE,
+    "solution": {"env": _OK},
+    "artifacts": _ARTIFACTS,
+    "environment": {
+        "build_timeout_sec": "warn:agentrl builds images without a deadline", "docker_image": _OK, "os": "os", "cpus": _OK, "memory_mb": _OK,
+        "storage_mb": _OK, "memory": _OK, "storage": _OK, "env": _OK, "healthcheck": _HEALTHCHECK,
+        "workdir": _OK, "allow_internet": _OK, "network_mode": _OK, "allowed_hosts": _OK,
+        "gpus": "gpus", "gpu_types": "refuse:GPU sandboxes are not supported",
+        "tpu": "refuse:TPU sandboxes are not supported",
+        "mcp_servers": "mcp", "skills_dir": "warn:agentrl's bash agent loads no skills; the folder stays in the image",
+    },
+    "steps": {"name": _OK, "agent": _PHASE, "verifier": _VERIFIER, "min_reward": _OK,
+              "healthcheck": _HEALTHCHECK, "artifacts": _ARTIFACTS},
+}
+
+
+class NetworkPolicy(BaseConfig):
+    """One phase's network policy, as Harbor declares it."""
+
+    mode: NetworkMode = "public"
+    """'public' (Harbor's default), 'no-network' or 'allowlist'."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Hosts reachable under 'allowlist'."""
+
+
+class Healthcheck(BaseConfig):
+    """Harbor's healthcheck (Docker HEALTHCHECK semantics), run after the sandbox starts."""
+
+    command: str
+    """Shell command; exit 0 means healthy."""
+    interval_sec: float = 5.0
+    """Seconds between attempts after the start period."""
+    timeout_sec: float = 30.0
+    """Limit of one attempt."""
+    start_period_sec: float = 0.0
+    """Grace period during which failures do not count."""
+    start_interval_sec: float = 5.0
+    """Seconds between attempts during the start period."""
+    retries: int = 3
+    """Consecutive failures (after the start period) that fail the trial."""
+
+
+class HarborStep(BaseConfig):
+    """One step of a trial: an instruction, its agent phase and its verifier (a single-step task has one)."""
+
+    name: str
+    """Step name (`steps/<name>/` holds its instruction, tests, solution, workdir)."""
+    instruction: str
+    """What the agent is asked to do in this step."""
+    folder: str = ""
+    """The step's folder relative to the task ('' for a single-step task)."""
+    agent_timeout_s: float | None = None
+    """Total wall-clock budget of the agent in this step (None: unlimited)."""
+    agent_user: str | None = None
+    """User the agent's commands run as (None: the image's USER)."""
+    agent_network: NetworkPolicy = NetworkPolicy()
+    """Network of the agent phase."""
+    verifier_timeout_s: float = 600.0
+    """Limit of tests/test.sh."""
+    verifier_user: str | None = None
+    """User the verifier runs as (None: the image's USER)."""
+    verifier_env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables of the verifier (templates resolved on the host at run time)."""
+    verifier_network: NetworkPolicy = NetworkPolicy()
+    """Network of the verifier phase."""
+    min_reward: float | dict[str, float] | None = None
+    """Abort the remaining steps when this step's rewards fall below it."""
+    healthcheck: Healthcheck | None = None
+    """A step healthcheck, run after the step's setup and before its agent."""
+
+
+class HarborTask(BaseConfig):
+    """A Harbor task folder, read and checked."""
+
+    folder: str
+    """The task folder."""
+    task_name: str
+    """`[task] name`, else the folder name."""
+    description: str
+    """`[task] description`, else the instruction's first line."""
+    schema_version: str = "1.4"
+    """task.toml's schema version."""
+    tags: list[str] = Field(default_factory=list)
+    """`[metadata] tags` and `[task] keywords`."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """`[metadata]` as written."""
+    image: str | None = None
+    """`[environment] docker_image`: a pre-built image instead of environment/Dockerfile."""
+    workdir: str | None = None
+    """`[environment] workdir`, else the Dockerfile's last WORKDIR (None: '/')."""
+    cpus: float = 1.0
+    """`[environment] cpus`."""
+    memory_mb: int = 2048
+    """`[environment] memory_mb` (or the deprecated `memory`)."""
+    storage_mb: int = 10240
+    """`[environment] storage_mb` (or the deprecated `storage`)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """`[environment] env`, for every command of the trial."""
+    healthcheck: Healthcheck | None = None
+    """`[environment] healthcheck`."""
+    network: NetworkPolicy = NetworkPolicy()
+    """`[environment]` network baseline (with the deprecated `allow_internet`)."""
+    solution_env: dict[str, str] = Field(default_factory=dict)
+    """`[solution] env`, for the oracle's solve.sh."""
+    steps: list[HarborStep]
+    """The steps, one for a single-step task."""
+    multi_step: bool = False
+    """Whether task.toml declares `[[steps]]`."""
+    reward_strategy: Literal["mean", "final"] = "mean"
+    """How a multi-step trial's reward comes from its steps' rewards."""
+    primary_reward: str | None = None
+    """`[metadata] primary_reward`: the named reward that is the reward (else 'reward', else the mean)."""
+    notes: list[str] = Field(default_factory=list)
+    """One line per field agentrl runs the task without."""
+
+
+def _size_mb(value: Any, field: str, source: Path) -> int | None:
+    """Harbor sizes: `memory_mb = 2048` or the deprecated `memory = "4G"` / "512M"."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", str(value), re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"{source}: [environment] {field} = {value!r} is not a size like '4G' or '512M'")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    return int(number * {"": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}[unit])
+
+
+def _dockerfile_workdir(dockerfile: Path) -> str | None:
+    workdir = None
+    if not dockerfile.is_file():
+        return None
+    for line in dockerfile.read_text().splitlines():
+        match = re.match(r"^\s*WORKDIR\s+(\S+)", line, re.IGNORECASE)
+        if match:
+            path = match.group(1).strip("\"'")
+            workdir = path if path.startswith("/") else f"{(workdir or '').rstrip('/')}/{path}"
+    return workdir
+
+
+def _check_fields(data: dict[str, Any], policy: dict[str, Any], where: str, source: Path, notes: list[str]) -> None:
+    """Walk the fields set in task.toml: refuse or note what agentrl cannot honour, note unknown fields."""
+    for key, value in data.items():
+        field = f"{where}.{key}" if where else key
+        rule = policy.get(key)
+        if rule is None:
+            notes.append(f"{source}: {field} is not a field of Harbor 0.25's task.toml; ignored")
+        elif rule == "any" or rule == _OK:
+            continue
+        elif isinstance(rule, dict):
+            items = value if isinstance(value, list) else [value]
+            for index, item in enumerate(items):
+                if not isinstance(item, dict):
+                    raise ConfigError(f"{source}: {field} must be a table")
+                _check_fields(item, rule, f"{field}[{index}]" if isinstance(value, list) else field, source, notes)
+        elif rule.startswith("refuse:"):
+            raise ConfigError(f"{source}: {field} cannot be run by agentrl: {rule[7:]}")
+        elif rule.startswith("warn:"):
+            if value:
+                notes.append(f"{source}: {field} ignored: {rule[5:]}")
+        elif rule == "os" and str(value).lower() != "linux":
+            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: its sandboxes are Linux")
+        elif rule == "gpus" and value:
+            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: GPU sandboxes are not supported")
+        elif rule == "mcp" and value:
+            raise ConfigError(f"{source}: {field} cannot be run by agentrl: its bash agent has no MCP client")
+        elif rule == "mode" and value == "shared":
+            notes.append(f"{source}: {field} = 'shared' runs as 'separate': agentrl grades in a fresh sandbox "
+                         "that gets the agent's working directory only")
+
+
+def _policy(table: dict[str, Any], base: NetworkPolicy, source: Path, where: str) -> NetworkPolicy:
+    """A phase's network policy: its own `network_mode` when set, else `base`."""
+    mode = table.get("network_mode")
+    hosts = table.get("allowed_hosts")
+    if mode is None and "allow_internet" in table and where == "environment":
+        mode = "public" if table["allow_internet"] else "no-network"
+    if mode is None:
+        if hosts is not None:
+            raise ConfigError(f"{source}: [{where}] allowed_hosts is only valid with network_mode = 'allowlist'")
+        return base
+    if mode not in ("public", "no-network", "allowlist"):
+        raise ConfigError(f"{source}: [{where}] network_mode = {mode!r}; use 'public', 'no-network' or 'allowlist'")
+    if hosts and mode != "allowlist":
+        raise ConfigError(f"{source}: [{where}] allowed_hosts is only valid with network_mode = 'allowlist'")
+    return NetworkPolicy(mode=mode, allowed_hosts=[str(h).strip().lower() for h in hosts or []])
+
+
+def _timeout(table: dict[str, Any], default: float | None) -> float | None:
+    value = table.get("timeout_sec")
+    return default if value is None else float(value)
+
+
+def _table(config: dict[str, Any], key: str, source: Path) -> dict[str, Any]:
+    value = config.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: [{key}] must be a table")
+    return value
+
+
+def _user(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+_CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
+
+
+def _instruction(path: Path) -> str:
+    if not path.is_file():
+        raise NotFoundError(f"{path.parent}: not a Harbor task, {path.name} is missing")
+    lines = path.read_text().splitlines()
+    while lines and (_CANARY.match(lines[0].strip()) or not lines[0].strip()):  # Harbor hides canary lines
+        lines.pop(0)
+    text = "\n".join(lines).strip()
+    if not text:
+        raise ConfigError(f"{path}: the instruction is empty")
+    return text
+
+
+def read_harbor_task(path: str | Path) -> HarborTask:
+    """Parse and check a Harbor task folder (raises a one-line error naming the file or field)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise NotFoundError(f"{folder}: no such Harbor task folder")
+    source = folder / "task.toml"
+    if not source.is_file():
+        raise NotFoundError(f"{folder}: not a Harbor task, task.toml is missing")
+    try:
+        config = tomllib.loads(source.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: malformed TOML: {error}") from None
+    notes: list[str] = []
+    _check_fields(config, FIELD_POLICY, "", source, notes)
+    schema = str(config.get("schema_version", config.get("version", "1.4")))
+    if schema not in SCHEMA_VERSIONS:
+        notes.append(f"{source}: schema_version = {schema!r} is not one of Harbor 0.25's {', '.join(SCHEMA_VERSIONS)}; "
+                     "read as 1.4")
+    metadata, task_info = _table(config, "metadata", source), _table(config, "task", source)
+    environment = _table(config, "environment", source)
+    verifier, agent = _table(config, "verifier", source), _table(config, "agent", source)
+    compose = [name for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
+               if (folder / "environment" / name).is_file()]
+    if compose:
+        raise ConfigError(f"{folder / 'environment' / compose[0]}: docker-compose tasks (several containers) cannot be "
+                          "run by agentrl's sandboxes; only tasks with one environment/Dockerfile or docker_image")
+    image = environment.get("docker_image")
+    if not image and not (folder / "environment" / "Dockerfile").is_file():
+        raise NotFoundError(f"{folder}: not a Harbor task, environment/Dockerfile is missing "
+                            "(or set [environment] docker_image)")
+    baseline = _policy(environment, NetworkPolicy(), source, "environment")
+    raw_steps = config.get("steps")
+    if raw_steps is not None and not isinstance(raw_steps, list):
+        raise ConfigError(f"{source}: steps must be an array of tables ([[steps]])")
+    steps: list[HarborStep] = []
+    for index, step in enumerate(raw_steps or [{}]):
+        multi = raw_steps is not None
+        name = str(step.get("name") or "") if multi else "main"
+        if multi and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ConfigError(f"{source}: steps[{index}].name = {name!r} must be a folder name (letters, digits, . _ -)")
+        step_dir = folder / "steps" / name if multi else folder
+        step_agent = {**agent, **(step.get("agent") or {})} if multi else agent
+        step_verifier = {**verifier, **(step.get("verifier") or {})} if multi else verifier
+        verifier_base = _policy(verifier, baseline, source, "verifier")
+        if not (step_dir / "tests" / "test.sh").is_file() and not (folder / "tests" / "test.sh").is_file():
+            raise NotFoundError(f"{step_dir}: not a Harbor task, tests/test.sh is missing")
+        steps.append(HarborStep(
+            name=name, instruction=_instruction(step_dir / "instruction.md"),
+            folder=f"steps/{name}" if multi else "",
+            agent_timeout_s=_timeout(step_agent, None), agent_user=_user(step_agent.get("user")),
+            agent_network=_policy(step.get("agent") or {}, _policy(agent, baseline, source, "agent"), source,
+                                  f"steps[{index}].agent") if multi else _policy(agent, baseline, source, "agent"),
+            verifier_timeout_s=_timeout(step.get("verifier") or {} if multi else verifier, 600.0),
+            verifier_user=_user(step_verifier.get("user")),
+            verifier_env={str(k): str(v) for k, v in {**(verifier.get("env") or {}),
+                                                       **((step.get("verifier") or {}).get("env") or {})}.items()},
+            verifier_network=_policy(step.get("verifier") or {}, verifier_base, source, f"steps[{index}].verifier")
+            if multi else verifier_base,
+            min_reward=step.get("min_reward"),
+            healthcheck=Healthcheck(**step["healthcheck"]) if step.get("healthcheck") else None,
+        ))
+    memory = _size_mb(environment.get("memory_mb", environment.get("memory")), "memory", source)
+    storage = _size_mb(environment.get("storage_mb", environment.get("storage")), "storage", source)
+    tags = list(metadata.get("tags") or []) + list(task_info.get("keywords") or [])
+    first_line = steps[0].instruction.splitlines()[0].lstrip("# ").strip()
+    strategy = config.get("multi_step_reward_strategy") or "mean"
+    if strategy not in ("mean", "final"):
+        raise ConfigError(f"{source}: multi_step_reward_strategy = {strategy!r}; use 'mean' or 'final'")
+    try:
+        return HarborTask(
+            folder=str(folder), task_name=str(task_info.get("name") or folder.name),
+            description=str(task_info.get("description") or first_line)[:200], schema_version=schema,
+            tags=[str(t) for t in tags], metadata=metadata, image=image,
+            workdir=environment.get("workdir") or _dockerfile_workdir(folder / "environment" / "Dockerfile"),
+            cpus=float(environment.get("cpus") or 1), memory_mb=memory or 2048, storage_mb=storage or 10240,
+            env={str(k): str(v) for k, v in (environment.get("env") or {}).items()},
+            healthcheck=Healthcheck(**environment["healthcheck"]) if environment.get("healthcheck") else None,
+            network=baseline,
+            solution_env={str(k): str(v) for k, v in (_table(config, "solution", source).get("env") or {}).items()},
+            steps=steps, multi_step=raw_steps is not None, reward_strategy=strategy,
+            primary_reward=metadata.get("primary_reward"), notes=notes,
+        )
+    except Exception as error:  # pydantic ValidationError: the first problem on one line
+        raise ConfigError(f"{source}: {str(error).splitlines()[0]}: {str(error).splitlines()[-1].strip()}") from None
+
+
+_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}")
+
+
+def resolve_env(values: dict[str, str], *, where: str) -> dict[str, str]:
+    """Harbor's env templates: `${VAR}` / `${VAR:-default}` from the host's environment, literals as they are."""
+    resolved = {}
+    for key, value in values.items():
+        match = _TEMPLATE.fullmatch(value)
+        if not match:
+            resolved[key] = value
+        elif match.group(1) in os.environ:
+            resolved[key] = os.environ[match.group(1)]
+        elif match.group(2) is not None:
+            resolved[key] = match.group(2)
+        else:
+            raise ConfigError(f"{where}: {key} = {value!r} needs the host environment variable {match.group(1)}; set it")
+    return resolved
