@@ -1,0 +1,148 @@
+"""Harbor trials in real Docker sandboxes under runc and gVisor: the project's Harbor tasks (tests/integration/
+harbor_tasks.py) imported as one dataset package; each oracle (Harbor's: solution/ in /solution, solve.sh run
+there) scores 1 and a do-nothing policy 0, with named rewards, users, workdir, env, healthcheck, two steps and
+each network mode as the tasks declare them. Then the opt-in writable root for the verifier and the agent's
+total time budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import harbor_tasks
+import pytest
+from sandbox_backends import DOCKER_BACKENDS
+
+from tests.fakes.hub_fixtures import docker_client  # noqa: F401
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def bash_call(command: str) -> dict:
+    return {"content": "", "tool_calls": [{"id": "call_0", "type": "function",
+                                           "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
+
+
+@pytest.fixture(scope="module")
+def harbor_packages(tmp_path_factory, docker_client):  # noqa: F811
+    """The fixture tasks as one dataset package (images built), and the install task as its own package."""
+    from agentrl.hub.harbor import build_harbor_images, import_harbor_task
+    from agentrl.sandbox.base_image import build_base_image
+
+    build_base_image()
+    root = tmp_path_factory.mktemp("harbor")
+    dataset = root / "dataset"
+    harbor_tasks.named(dataset / "named")
+    harbor_tasks.steps(dataset / "steps")
+    for mode in ("public", "no-network", "allowlist"):
+        harbor_tasks.network(dataset / f"net-{mode}", mode)
+    harbor_tasks.slow(dataset / "slow")
+    package = import_harbor_task(dataset, out=root / "pkg", name="harbor-fixtures", log=lambda line: None)
+    installs = import_harbor_task(harbor_tasks.installs(root / "installs"), out=root / "installs-pkg",
+                                  name="harbor-installs")
+    images = build_harbor_images(package) + build_harbor_images(installs)
+    yield package, installs
+    for image in images:
+        docker_client.images.remove(image, force=True)
+
+
+def _rows(env):
+    return {task.info["harbor_task"].split("/")[-1]: task for task in env.tasks("train")}
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+async def test_oracles_score_one_and_idle_policies_zero(backend, harbor_packages):
+    import agentrl
+    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.policies import ScriptedPolicy
+    from agentrl.sampling import SamplingConfig
+
+    package, _ = harbor_packages
+    env = agentrl.load_environment(package, runtime=backend["runtime"])
+    rows = _rows(env)
+    oracle, idle = harbor_oracle_policy(package), ScriptedPolicy(["I did nothing."] * 2)
+    sampling = SamplingConfig()
+    names = ["named-rewards", "two-steps", "net-public", "net-no-network", "net-allowlist"]
+
+    async def both(name):
+        [solved] = await env.run_group(oracle, rows[name], n=1, sampling=sampling)
+        [nothing] = await env.run_group(idle, rows[name], n=1, sampling=sampling)
+        return solved, nothing
+
+    results = dict(zip(names, await asyncio.gather(*(both(name) for name in names)), strict=True))
+    for name, (solved, nothing) in results.items():
+        assert solved.error is None and solved.reward == 1.0, (name, solved.error, solved.state.get("verifier_output"))
+        assert nothing.error is None and nothing.reward == 0.0, (name, nothing.error, nothing.state)
+        assert solved.metrics["verifier_ran"] == 1.0 and "verifier_error" not in solved.state
+
+    named, idle_named = results["named-rewards"]
+    # reward.json (named, 'correctness' primary) wins over the stale reward.txt of 0; every key is a metric
+    assert named.state["rewards"] == {"correctness": 1.0, "agent_user": 1.0, "verifier_root": 1.0, "host_env": 1.0}
+    assert named.metrics["reward_agent_user"] == 1.0 and named.metrics["reward_verifier_root"] == 1.0
+    assert idle_named.state["rewards"]["correctness"] == 0.0 and idle_named.metrics["reward_verifier_root"] == 1.0
+    assert named.messages[-3].tool_calls[0].function.arguments == json.dumps({"command": "/solution/solve.sh"})
+
+    steps, idle_steps = results["two-steps"]
+    assert steps.state["step_rewards"] == [{"reward": 1.0}, {"reward": 1.0}]
+    assert [m.content for m in steps.messages if m.role == "user"][1].startswith("Append the content of seed.txt")
+    assert idle_steps.state["stopped_after_step"] == "write"  # min_reward = 1.0 ends the trial after step one
+    assert idle_steps.state["step_rewards"] == [{"reward": 0.0}]
+
+    public, _ = results["net-public"]
+    assert public.state["rewards"]["had_network"] == 0.0  # the verifier phase declares no-network
+    for mode in ("net-public", "net-allowlist"):
+        solved = results[mode][0]
+        if solved.metrics["network_unavailable"]:  # this machine cannot give it: the rollout says why
+            notes = solved.state["network_notes"]
+            assert any("gives sandboxes none" in note or "cannot be enforced" in note for note in notes), notes
+    assert any("allowlist" in note for note in results["net-allowlist"][0].state["network_notes"])
+    assert results["net-no-network"][0].metrics["network_unavailable"] == 0.0
+    assert results["net-no-network"][0].state["rewards"]["had_network"] == 0.0
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+async def test_a_partly_solved_multi_step_trial_scores_the_mean(backend, harbor_packages):
+    import agentrl
+    from agentrl.policies import ScriptedPolicy
+    from agentrl.sampling import SamplingConfig
+
+    package, _ = harbor_packages
+    env = agentrl.load_environment(package, runtime=backend["runtime"])
+    half = ScriptedPolicy([bash_call("echo one > /app/notes.txt"), "done", "done"])
+    [rollout] = await env.run_group(half, _rows(env)["two-steps"], n=1, sampling=SamplingConfig(max_tokens=1024))
+    assert rollout.error is None and rollout.state["step_rewards"] == [{"reward": 1.0}, {"reward": 0.0}]
+    assert rollout.reward == 0.5  # multi_step_reward_strategy = "mean"
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+async def test_a_test_script_that_installs_needs_the_opt_in_writable_root(backend, harbor_packages):
+    import agentrl
+    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.sampling import SamplingConfig
+
+    _, installs = harbor_packages
+    sampling = SamplingConfig()
+    results = {}
+    for writable_root in ("never", "verifier"):
+        env = agentrl.load_environment(installs, runtime=backend["runtime"], writable_root=writable_root)
+        [task] = env.tasks("train")
+        [results[writable_root]] = await env.run_group(harbor_oracle_policy(installs), task, n=1, sampling=sampling)
+    assert results["never"].reward == 0.0 and "Read-only file system" in results["never"].state["verifier_output"]
+    assert results["verifier"].error is None and results["verifier"].reward == 1.0, results["verifier"].state
+
+
+async def test_the_agent_timeout_is_a_total_budget_and_the_verifier_still_runs(harbor_packages):
+    import time
+
+    import agentrl
+    from agentrl.policies import ScriptedPolicy
+    from agentrl.sampling import SamplingConfig
+
+    package, _ = harbor_packages
+    env = agentrl.load_environment(package)
+    sleeper = ScriptedPolicy([bash_call("sleep 1; echo first"), bash_call("sleep 30; echo second"), "done"])
+    started = time.monotonic()
+    [rollout] = await env.run_group(sleeper, _rows(env)["slow"], n=1, sampling=SamplingConfig(max_tokens=1024))
+    assert time.monotonic() - started < 25  # 3 s of agent budget, not 30 s per command
+    assert "first" in rollout.messages[2].content and "(timed out)" in rollout.messages[4].content
+    assert rollout.state["agent_timeouts"] == [0] and rollout.reward == 0.25  # the verifier ran after the budget
