@@ -203,12 +203,21 @@ def build_harbor_images(package_dir: str | Path) -> list[str]:
     from agentrl.hub.images import build_image
     from agentrl.sandbox.docker_backend import docker_client, network_unavailable
 
+    from agentrl.hub.harbor_compose import read_compose, service_image
+
     package_dir = Path(package_dir)
     network = network_unavailable(docker_client(), "runc") is None  # Harbor builds with the network when there is one
     built = []
     for line in (package_dir / "data" / "tasks.jsonl").read_text().splitlines():
-        info = json.loads(line).get("info") or {} if line.strip() else {}
+        info = (json.loads(line).get("info") or {}) if line.strip() else {}
         if info.get("dockerfile") and info["image"] not in built:
             build_image(package_dir, dockerfile=info["dockerfile"], tag=info["image"], network=network)
             built.append(info["image"])
+        task = read_harbor_task(package_dir / (info.get("harbor_dir") or "."))
+        for service in read_compose(Path(task.folder) / task.compose)[0] if task.compose else []:
+            tag = service_image(info["image"], service)
+            if service.build_context is not None and tag not in built:
+                dockerfile = Path(task.folder, "environment", service.build_context, service.dockerfile)
+                build_image(package_dir, dockerfile=str(dockerfile.relative_to(package_dir)), tag=tag, network=network)
+                built.append(tag)
     return built

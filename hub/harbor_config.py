@@ -145,6 +145,8 @@ class HarborTask(BaseConfig):
     """`[environment] env`, for every command of the trial."""
     healthcheck: Healthcheck | None = None
     """`[environment] healthcheck`."""
+    compose: str | None = None
+    """`environment/docker-compose.yaml` (relative to the task) when the task runs services beside the agent."""
     network: NetworkPolicy = NetworkPolicy()
     """`[environment]` network baseline (with the deprecated `allow_internet`)."""
     solution_env: dict[str, str] = Field(default_factory=dict)
@@ -286,11 +288,10 @@ def read_harbor_task(path: str | Path) -> HarborTask:
     metadata, task_info = _table(config, "metadata", source), _table(config, "task", source)
     environment = _table(config, "environment", source)
     verifier, agent = _table(config, "verifier", source), _table(config, "agent", source)
-    compose = [name for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml")
-               if (folder / "environment" / name).is_file()]
-    if compose:
-        raise ConfigError(f"{folder / 'environment' / compose[0]}: docker-compose tasks (several containers) cannot be "
-                          "run by agentrl's sandboxes; only tasks with one environment/Dockerfile or docker_image")
+    from agentrl.hub.harbor_compose import COMPOSE_FILES, read_compose
+
+    compose = next((name for name in COMPOSE_FILES if (folder / "environment" / name).is_file()), None)
+    main_env = read_compose(folder / "environment" / compose)[1] if compose else {}
     image = environment.get("docker_image")
     if not image and not (folder / "environment" / "Dockerfile").is_file():
         raise NotFoundError(f"{folder}: not a Harbor task, environment/Dockerfile is missing "
@@ -340,7 +341,8 @@ def read_harbor_task(path: str | Path) -> HarborTask:
             tags=[str(t) for t in tags], metadata=metadata, image=image,
             workdir=environment.get("workdir") or _dockerfile_workdir(folder / "environment" / "Dockerfile"),
             cpus=float(environment.get("cpus") or 1), memory_mb=memory or 2048, storage_mb=storage or 10240,
-            env={str(k): str(v) for k, v in (environment.get("env") or {}).items()},
+            env={**main_env, **{str(k): str(v) for k, v in (environment.get("env") or {}).items()}},
+            compose=f"environment/{compose}" if compose else None,
             healthcheck=Healthcheck(**environment["healthcheck"]) if environment.get("healthcheck") else None,
             network=baseline,
             solution_env={str(k): str(v) for k, v in (_table(config, "solution", source).get("env") or {}).items()},

@@ -104,6 +104,7 @@ class HarborTaskEnv(ToolEnv):
         if self.writable_root not in ("never", "verifier", "always"):
             raise ConfigError(f"writable_root = {self.writable_root!r}; use 'never', 'verifier' or 'always'")
         self._live: dict[str, Any] = {}  # sandbox_key -> the agent's sandbox
+        self._services: dict[str, Any] = {}  # sandbox_key -> the trial's compose services
         self._rows: dict[str, Task] = {}  # sandbox_key -> the row it plays
         self._tasks: dict[str, HarborTask] = {}
 
@@ -147,8 +148,9 @@ class HarborTaskEnv(ToolEnv):
             return str(ImageRef(ref.registry, ref.repository, None, sandbox.digest))
         return sandbox.image
 
-    def sandbox_config(self, task: Task, *, phase: str = "agent", step: HarborStep | None = None):
-        """The SandboxConfig of one phase ('agent' or 'verifier') of a row's trial."""
+    def sandbox_config(self, task: Task, *, phase: str = "agent", step: HarborStep | None = None,
+                       docker_network: str | None = None):
+        """The SandboxConfig of one phase ('agent' or 'verifier') of a row's trial (on a compose network)."""
         from agentrl.sandbox import SandboxConfig
 
         harbor = self.harbor_task(task)
@@ -161,7 +163,7 @@ class HarborTaskEnv(ToolEnv):
             user=step.agent_user if phase == "agent" else step.verifier_user,
             network=policy.mode == "public", env=resolve_env(harbor.env, where=f"{harbor.folder}: [environment] env"),
             cpus=harbor.cpus, memory_mb=harbor.memory_mb, pids_limit=limits.pids, disk_mb=harbor.storage_mb,
-            disk_limit="none" if writable else "auto", exec_timeout_s=limits.timeout_s,
+            disk_limit="none" if writable else "auto", exec_timeout_s=limits.timeout_s, docker_network=docker_network,
             max_output_bytes=limits.output_bytes,
             # where a read-only root (tmpfs disk limits) still lets the trial and its verifier write
             writable_paths=["/tmp", "/root", "/home", "/tests", "/logs", SOLUTION_DIR],
@@ -186,22 +188,41 @@ class HarborTaskEnv(ToolEnv):
             _running_oracle.reset(token)
 
     async def setup_state(self, task: Task) -> dict[str, Any]:
-        from agentrl.sandbox import create_sandbox
-
         harbor = self.harbor_task(task)
         key = uuid.uuid4().hex
         state: dict[str, Any] = {"step": 0, "oracle": _running_oracle.get(), "step_rewards": [], "sandbox_key": key}
         step = harbor.steps[0]
         self._network_note(step.agent_network, "agent", state)
-        sandbox = create_sandbox(self.sandbox_config(task, step=step))
-        self._live[key], self._rows[key] = sandbox, task
+        self._rows[key] = task
+        try:
+            await self._start_trial(task, harbor, state)
+        except BaseException:  # the rollout gets no state back: release what started here
+            state["stop_reason"] = "error"
+            await self.cleanup_state(state)
+            raise
+        return state
+
+    async def _start_trial(self, task: Task, harbor: HarborTask, state: dict[str, Any]) -> None:
+        """The trial's compose services (if any), the agent's sandbox, healthchecks, the first step."""
+        from agentrl.sandbox import create_sandbox
+
+        key, step, network = state["sandbox_key"], harbor.steps[0], None
+        if harbor.compose:
+            from agentrl.hub.harbor_compose import ComposeServices, read_compose
+
+            services = ComposeServices(read_compose(Path(harbor.folder) / harbor.compose)[0],
+                                       task_image=self.image(task), runtime=self.runtime, cpus=harbor.cpus,
+                                       memory_mb=harbor.memory_mb)
+            self._services[key] = services
+            network = (await services.start()).network
+        sandbox = create_sandbox(self.sandbox_config(task, step=step, docker_network=network))
+        self._live[key] = sandbox
         await sandbox.start()
         if getattr(sandbox, "network_note", None):
             state.setdefault("network_notes", []).append(f"agent: {sandbox.network_note}")
         if harbor.healthcheck is not None:
             await self._healthcheck(sandbox, harbor.healthcheck, "[environment] healthcheck")
         await self._start_step(sandbox, harbor, step, state)
-        return state
 
     async def _healthcheck(self, sandbox, check, where: str) -> None:
         """Harbor's healthcheck: failures in the start period do not count; `retries` consecutive ones fail."""
@@ -285,7 +306,9 @@ class HarborTaskEnv(ToolEnv):
         from agentrl.sandbox.grading import grade_in_fresh_sandbox
 
         self._network_note(step.verifier_network, f"verifier {step.name}", state)
-        config = self.sandbox_config(self._rows[state["sandbox_key"]], phase="verifier", step=step)
+        services = self._services.get(state["sandbox_key"])
+        config = self.sandbox_config(self._rows[state["sandbox_key"]], phase="verifier", step=step,
+                                     docker_network=services.network if services else None)
         await grade_in_fresh_sandbox(sandbox, lambda fresh: self.run_verifier(fresh, harbor, step, state),
                                      config=config, keep_open=keep_agent_sandbox)
 
@@ -324,10 +347,12 @@ class HarborTaskEnv(ToolEnv):
     async def cleanup_state(self, state: dict[str, Any]) -> None:
         key = state.get("sandbox_key")
         sandbox = self._live.get(key)
-        if sandbox is None:
-            return
-        harbor = self.harbor_task(self._rows[key])
         try:
+            if sandbox is None:
+                return
+            harbor = self.harbor_task(self._rows[key])
+            if sandbox.closed or not sandbox.id:  # it never started
+                return
             if state.get("stop_reason") == "error" or "stopped_after_step" in state:
                 await sandbox.close()
             else:
@@ -335,6 +360,9 @@ class HarborTaskEnv(ToolEnv):
         finally:
             self._live.pop(key, None)
             self._rows.pop(key, None)
+            services = self._services.pop(key, None)
+            if services is not None:
+                await services.close()
         self._settle_reward(harbor, state)
 
     def _settle_reward(self, harbor: HarborTask, state: dict[str, Any]) -> None:

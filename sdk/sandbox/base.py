@@ -63,6 +63,11 @@ class SandboxConfig(BaseConfig):
     (the workdir's tmpfs is seeded with the image's content there)."""
     network: bool = False
     """Give the sandbox network access (off by default)."""
+    docker_network: str | None = None
+    """docker only: join this existing (internal) Docker network instead, reachable by its other containers as
+    `network_alias` (a Harbor docker-compose task's services); `network` is then not used."""
+    network_alias: str = "main"
+    """docker only: the sandbox's name on `docker_network`."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables set for every command."""
     workdir: str = "/workspace"

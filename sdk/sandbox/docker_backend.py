@@ -171,7 +171,7 @@ class DockerSandbox(Sandbox):
         cfg = self.config
         host: dict = dict(
             init=True,
-            network_mode="bridge" if cfg.network and self.network_note is None else "none",
+            network_mode=cfg.docker_network or ("bridge" if cfg.network and self.network_note is None else "none"),
             nano_cpus=int(cfg.cpus * 1e9),
             mem_limit=f"{cfg.memory_mb}m",
             memswap_limit=f"{cfg.memory_mb}m",
@@ -260,12 +260,15 @@ class DockerSandbox(Sandbox):
         if self.config.user is None:
             self.command_user = self._image_user() or "0"
         self.disk_mode = self._disk_mode()
-        if self.config.network:
+        if self.config.network and self.config.docker_network is None:
             why = network_unavailable(self.client, self.config.runtime)
             if why is not None:
                 self.network_note = network_not_available(self.config, why)
         create, host = self._create_args()
         try:
+            if self.config.docker_network:
+                create["networking_config"] = api.create_networking_config(
+                    {self.config.docker_network: api.create_endpoint_config(aliases=[self.config.network_alias])})
             self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
             _live.add(self.id)
         except docker.errors.ImageNotFound:

@@ -185,3 +185,55 @@ def harbor_validate(folders: list[Path]) -> str:
     if result.returncode != 0:
         raise AssertionError(f"harbor rejected a fixture: {result.stderr.strip().splitlines()[-1]}")
     return result.stdout
+
+
+COMPOSE = """services:
+  main:
+    environment:
+      STORE_URL: http://store:8000
+    depends_on: [store]
+  store:
+    build:
+      context: ./store
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/x')"]
+      interval: 500ms
+      retries: 60
+"""
+STORE = """import http.server
+
+DATA = {"/x": b""}
+
+
+class Store(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = DATA.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def do_PUT(self):
+        DATA[self.path] = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(204)
+        self.end_headers()
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Store).serve_forever()
+"""
+FETCH = "python3 -c \"import os, urllib.request; print(urllib.request.urlopen(os.environ['STORE_URL'] + '/answer').read().decode())\""
+
+
+def compose(folder: Path) -> Path:
+    """A service beside the agent: the agent PUTs the answer into `store`, the verifier reads it back from there."""
+    return _write(folder, {
+        "task.toml": '[environment]\nmemory_mb = 512\nnetwork_mode = "no-network"\n',
+        "instruction.md": "Store the answer 42 under /answer in the key-value service at $STORE_URL (HTTP PUT).\n",
+        "environment/Dockerfile": BASE + "WORKDIR /app\n",
+        "environment/docker-compose.yaml": COMPOSE,
+        "environment/store/Dockerfile": BASE + 'COPY server.py /server.py\nCMD ["python3", "/server.py"]\n',
+        "environment/store/server.py": STORE,
+        "tests/test.sh": f"#!/bin/bash\nif [ \"$({FETCH} 2>/dev/null)\" = 42 ]; then echo 1; else echo 0; fi"
+                         " > /logs/verifier/reward.txt\n",
+        "solution/solve.sh": "#!/bin/bash\npython3 -c \"import os, urllib.request; urllib.request.urlopen("
+                             "urllib.request.Request(os.environ['STORE_URL'] + '/answer', data=b'42', method='PUT'))\"\n",
+    })

@@ -37,6 +37,7 @@ def harbor_packages(tmp_path_factory, docker_client):  # noqa: F811
     for mode in ("public", "no-network", "allowlist"):
         harbor_tasks.network(dataset / f"net-{mode}", mode)
     harbor_tasks.slow(dataset / "slow")
+    harbor_tasks.compose(dataset / "compose")
     package = import_harbor_task(dataset, out=root / "pkg", name="harbor-fixtures", log=lambda line: None)
     installs = import_harbor_task(harbor_tasks.installs(root / "installs"), out=root / "installs-pkg",
                                   name="harbor-installs")
@@ -146,3 +147,23 @@ async def test_the_agent_timeout_is_a_total_budget_and_the_verifier_still_runs(h
     assert time.monotonic() - started < 25  # 3 s of agent budget, not 30 s per command
     assert "first" in rollout.messages[2].content and "(timed out)" in rollout.messages[4].content
     assert rollout.state["agent_timeouts"] == [0] and rollout.reward == 0.25  # the verifier ran after the budget
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+async def test_a_compose_task_runs_its_service_beside_the_agent_or_is_refused(backend, harbor_packages):
+    import agentrl
+    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.policies import ScriptedPolicy
+    from agentrl.sampling import SamplingConfig
+
+    package, _ = harbor_packages
+    env = agentrl.load_environment(package, runtime=backend["runtime"])
+    task = _rows(env)["compose"]
+    [solved] = await env.run_group(harbor_oracle_policy(package), task, n=1, sampling=SamplingConfig())
+    if backend["runtime"] == "runsc":  # this engine's gVisor has no container networking: one line says so
+        assert solved.reward == 0.0 and "registers runsc with --network=none" in solved.error
+        assert "\n" not in solved.error
+        return
+    [idle] = await env.run_group(ScriptedPolicy(["I did nothing."]), task, n=1, sampling=SamplingConfig())
+    assert solved.error is None and solved.reward == 1.0, (solved.error, solved.state.get("verifier_output"))
+    assert idle.error is None and idle.reward == 0.0

@@ -83,7 +83,8 @@ def test_fixtures_are_tasks_harbor_itself_accepts(tmp_path):
     folders = [harbor_tasks.named(tmp_path / "named"), harbor_tasks.steps(tmp_path / "steps"),
                harbor_tasks.installs(tmp_path / "installs"), harbor_tasks.slow(tmp_path / "slow"),
                write_harbor_task(tmp_path / "hello"),
-               *(harbor_tasks.network(tmp_path / mode, mode) for mode in ("public", "no-network", "allowlist"))]
+               *(harbor_tasks.network(tmp_path / mode, mode) for mode in ("public", "no-network", "allowlist")),
+               harbor_tasks.compose(tmp_path / "compose")]
     out = harbor_tasks.harbor_validate(folders)
     assert f"{tmp_path / 'steps'} 1.4 2" in out and len(out.splitlines()) == len(folders)
 
@@ -147,9 +148,13 @@ def test_bad_harbor_folders_are_one_line_errors(tmp_path):
     with pytest.raises(AgentrlError, match=r"\[environment\] memory = 'lots' is not a size"):
         import_harbor_task(folder, out=tmp_path / "out2")
     folder = write_harbor_task(tmp_path / "compose")
-    (folder / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    build: .\n")
-    with pytest.raises(ConfigError, match="docker-compose tasks .* cannot be run by agentrl's sandboxes"):
+    compose = folder / "environment" / "docker-compose.yaml"
+    compose.write_text("services:\n  main:\n    build: .\n  db:\n    image: postgres\n    ports: ['5432:5432']\n")
+    with pytest.raises(ConfigError, match=r"services.db.ports cannot be run by agentrl \(its services may use"):
         import_harbor_task(folder, out=tmp_path / "out3")
+    compose.write_text("services:\n  a:\n    image: x\n    depends_on: [b]\n  b:\n    image: y\n    depends_on: [a]\n")
+    with pytest.raises(ConfigError, match="services depend on each other in a cycle: a -> b -> a"):
+        import_harbor_task(folder, out=tmp_path / "out5")
     steps = harbor_tasks.steps(tmp_path / "steps")
     (steps / "steps" / "extend" / "instruction.md").unlink()
     with pytest.raises(NotFoundError, match=r"steps/extend: not a Harbor task, instruction.md is missing"):
