@@ -245,3 +245,31 @@ def test_cli_import_prints_warnings_and_refusals_as_lines(tmp_path):
     refused = _cli("import", "harbor", str(bad), "--out", str(tmp_path / "pkg2"), env=dict(os.environ))
     assert refused.returncode == 2 and "environment.gpus = 2 cannot be run by agentrl" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_env_templates_resolve_from_the_host_or_name_the_missing_variable(monkeypatch):
+    from agentrl.hub.harbor_config import resolve_env
+
+    monkeypatch.setenv("AGENTRL_HARBOR_SET", "from-host")
+    monkeypatch.delenv("AGENTRL_HARBOR_UNSET", raising=False)
+    values = {"A": "${AGENTRL_HARBOR_SET}", "B": "${AGENTRL_HARBOR_UNSET:-fallback}", "C": "literal ${x}"}
+    assert resolve_env(values, where="task") == {"A": "from-host", "B": "fallback", "C": "literal ${x}"}
+    with pytest.raises(ConfigError, match="B = '\\$\\{AGENTRL_HARBOR_UNSET\\}' needs the host environment variable"):
+        resolve_env({"B": "${AGENTRL_HARBOR_UNSET}"}, where="task.toml: [verifier] env")
+
+
+async def test_a_sandbox_asking_for_network_it_cannot_get_says_so_or_is_refused(docker_client, base_image):  # noqa: F811
+    from agentrl.sandbox import SandboxConfig, create_sandbox
+    from agentrl.sandbox.docker_backend import network_unavailable
+
+    why = network_unavailable(docker_client, "runc")
+    if why is None:
+        pytest.skip("this engine gives sandboxes a bridge network")
+    async with create_sandbox(SandboxConfig(network=True, memory_mb=256)) as sandbox:
+        assert sandbox.network_note is not None and why in sandbox.network_note and "\n" not in sandbox.network_note
+        interfaces = await sandbox.exec("tail -n +3 /proc/net/dev | grep -vc '^ *lo:'")
+        assert interfaces.stdout.strip() == "0"
+    from agentrl.errors import SandboxError
+
+    with pytest.raises(SandboxError, match="sandbox network: asked for, but this host gives sandboxes none"):
+        await create_sandbox(SandboxConfig(network=True, unenforceable_limits="refuse")).start()
