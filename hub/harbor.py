@@ -1,4 +1,4 @@
-"""`agentrl env import harbor PATH`: Harbor tasks (one, a dataset folder, or a registry list) become a package.
+"""`agentrl env import harbor PATH`: Harbor tasks (one, a dataset folder, a registry list) become a package.
 
 A Harbor task (harborframework.com/docs/tasks) is a folder with `task.toml`, `instruction.md`
 (or `steps/<name>/instruction.md` per step), `environment/Dockerfile` (or `[environment]
@@ -29,7 +29,8 @@ from pathlib import Path
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.harbor_config import HarborTask, read_harbor_task
 
-__all__ = ["read_harbor_task", "import_harbor_task", "find_harbor_tasks", "build_harbor_images", "ENTRY_MODULE"]
+__all__ = ["read_harbor_task", "import_harbor_task", "find_harbor_tasks", "build_harbor_images",
+           "ENTRY_MODULE"]
 
 ENTRY_MODULE = "harbor_task"
 _COPIED = ("task.toml", "instruction.md", "environment", "tests", "solution", "steps")
@@ -84,8 +85,8 @@ def _registry_tasks(path: Path) -> list[Path]:
             if not isinstance(task, dict) or not task.get("path"):
                 raise ConfigError(f"{where} has no path")
             if task.get("git_url"):
-                raise ConfigError(f"{where} lives in {task['git_url']}; agentrl downloads nothing: clone it and "
-                                  "import the local folder (or give a registry whose paths are local)")
+                raise ConfigError(f"{where} lives in {task['git_url']}; agentrl downloads nothing: clone it "
+                                  "and import the local folder (or give a registry whose paths are local)")
             folders.append((path.parent / task["path"]).resolve())
     if not folders:
         raise ConfigError(f"{path}: the registry names no tasks")
@@ -109,8 +110,9 @@ def find_harbor_tasks(path: str | Path) -> list[Path]:
 
 def _row(task: HarborTask, *, env_name: str, folder: str, image: str, dockerfile: str | None) -> dict:
     return {"prompt": [{"role": "user", "content": task.steps[0].instruction}], "answer": "",
-            "info": {"harbor_task": task.task_name, "harbor_dir": folder, "image": image, "dockerfile": dockerfile,
-                     "difficulty": task.metadata.get("difficulty"), "category": task.metadata.get("category")},
+            "info": {"harbor_task": task.task_name, "harbor_dir": folder, "image": image,
+                     "dockerfile": dockerfile, "difficulty": task.metadata.get("difficulty"),
+                     "category": task.metadata.get("category")},
             "task": env_name, "example_id": task.task_name}
 
 
@@ -142,7 +144,7 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
     for task in tasks:
         slug = _slug(task.task_name) or "task"
         if slug in seen:
-            raise ConfigError(f"{task.folder}: two tasks are named {task.task_name!r}; task names must differ")
+            raise ConfigError(f"{task.folder}: two tasks are named {task.task_name!r}; names must differ")
         seen.add(slug)
         folder = "." if single else f"tasks/{slug}"
         dockerfile = None if task.image else (f"{folder}/environment/Dockerfile" if not single
@@ -157,12 +159,14 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
             f"{len(tasks)} Harbor tasks imported from {Path(path).name}",
             tags=sorted({"harbor", "sandbox", "multi-turn", *(t for task in tasks for t in task.tags)}),
             entrypoint=f"{ENTRY_MODULE}:load_environment",
-            reward=RewardSpec(description="Harbor verifier: tests/test.sh runs in a fresh sandbox after the episode "
-                                          "and writes /logs/verifier/reward.json (named rewards) or reward.txt"),
+            reward=RewardSpec(description="Harbor verifier: tests/test.sh runs in a fresh sandbox after the "
+                                          "episode and writes /logs/verifier/reward.json (named rewards) or "
+                                          "reward.txt"),
             dataset=DatasetSpec(splits={"train": "data/tasks.jsonl", "test": "data/tasks.jsonl"}),
             sandbox=SandboxSpec(
                 image=first_info["image"], dockerfile=first_info["dockerfile"],
-                network=step.agent_network.mode == "public", workdir=first.workdir or "/app", user=step.agent_user,
+                network=step.agent_network.mode == "public", workdir=first.workdir or "/app",
+                user=step.agent_user,
                 limits=SandboxLimits(cpus=first.cpus, memory_mb=first.memory_mb, disk_mb=first.storage_mb,
                                      timeout_s=600.0),
             ),
@@ -181,7 +185,8 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
                 shutil.copytree(source, destination / item)
             elif source.is_file():
                 shutil.copyfile(source, destination / item)
-    origin = f"the Harbor task {first.task_name!r}" if single else f"{len(tasks)} Harbor tasks of {Path(path).name}"
+    origin = (f"the Harbor task {first.task_name!r}" if single
+              else f"{len(tasks)} Harbor tasks of {Path(path).name}")
     (target / "environment.toml").write_text(f"# Imported from {origin} by `agentrl env import harbor`.\n"
                                              + dump_config(manifest))
     (target / f"{ENTRY_MODULE}.py").write_text(_ENTRY)
@@ -192,21 +197,22 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
     (target / "README.md").write_text(
         f"# {env_name}\n\nImported from {origin}.\n\n{listing}\n\n"
         "The agent works in each task's container through a `bash` tool; the reward is what the task's "
-        "`tests/test.sh` writes to `/logs/verifier/reward.json` (or `reward.txt`) when run in a fresh sandbox "
-        "after the episode. `agentrl env import harbor --build` (or `build_harbor_images`) builds every task's image.\n"
+        "`tests/test.sh` writes to `/logs/verifier/reward.json` (or `reward.txt`) when run in a fresh "
+        "sandbox after the episode. `agentrl env import harbor --build` (or `build_harbor_images`) builds "
+        "every task's image.\n"
     )
     return target
 
 
 def build_harbor_images(package_dir: str | Path) -> list[str]:
-    """Build every row's image from its Dockerfile (the build context is the Dockerfile's folder); returns the tags."""
+    """Build each row's image (and compose services') from its Dockerfile's folder; returns the tags."""
     from agentrl.hub.images import build_image
     from agentrl.sandbox.docker_backend import docker_client, network_unavailable
 
     from agentrl.hub.harbor_compose import read_compose, service_image
 
     package_dir = Path(package_dir)
-    network = network_unavailable(docker_client(), "runc") is None  # Harbor builds with the network when there is one
+    network = network_unavailable(docker_client(), "runc") is None  # Harbor builds with the network if any
     built = []
     for line in (package_dir / "data" / "tasks.jsonl").read_text().splitlines():
         info = (json.loads(line).get("info") or {}) if line.strip() else {}
@@ -218,6 +224,7 @@ def build_harbor_images(package_dir: str | Path) -> list[str]:
             tag = service_image(info["image"], service)
             if service.build_context is not None and tag not in built:
                 dockerfile = Path(task.folder, "environment", service.build_context, service.dockerfile)
-                build_image(package_dir, dockerfile=str(dockerfile.relative_to(package_dir)), tag=tag, network=network)
+                build_image(package_dir, dockerfile=str(dockerfile.relative_to(package_dir)), tag=tag,
+                            network=network)
                 built.append(tag)
     return built

@@ -134,7 +134,8 @@ def read_compose(path: Path) -> tuple[list[ComposeService], dict[str, str]]:
 
     def visit(name: str, trail: tuple[str, ...]) -> None:
         if name in trail:
-            raise ConfigError(f"{path}: services depend on each other in a cycle: {' -> '.join((*trail, name))}")
+            cycle = " -> ".join((*trail, name))
+            raise ConfigError(f"{path}: services depend on each other in a cycle: {cycle}")
         if name not in found:
             raise ConfigError(f"{path}: depends_on names {name!r}, which is not a service")
         for dependency in found[name].depends_on:
@@ -151,12 +152,13 @@ def service_image(task_image: str, service: ComposeService) -> str:
     """The image a service runs: its own `image` unless it is built, then `<task image repo>-<service>`."""
     if service.build_context is None:
         return service.image
-    repository, _, tag = task_image.rpartition(":") if ":" in task_image.split("/")[-1] else (task_image, "", "")
+    tagged = ":" in task_image.split("/")[-1]
+    repository, _, tag = task_image.rpartition(":") if tagged else (task_image, "", "")
     return service.image or f"{repository}-{service.name.lower()}:{tag or 'latest'}"
 
 
 class ComposeServices:
-    """The services of one trial: an internal network and one container per service; `close()` removes both."""
+    """One trial's services: an internal network and a container per service; `close()` removes them."""
 
     def __init__(self, services: list[ComposeService], *, task_image: str, runtime: str, cpus: float,
                  memory_mb: int, owner: str | None = None) -> None:
@@ -178,11 +180,12 @@ class ComposeServices:
 
         client = docker_client()
         if self.runtime == "runsc" and network_unavailable(client, "runsc"):
-            raise SandboxError("a docker-compose task needs container networking, and this engine registers runsc "
-                               "with --network=none; run it with runtime='runc'")
+            raise SandboxError("a docker-compose task needs container networking, and this engine registers "
+                               "runsc with --network=none; run it with runtime='runc'")
         api = client.api
         labels = sandbox_labels(owner=self.owner or default_owner(), backend="docker")
-        self._network_id = api.create_network(self.network, driver="bridge", internal=True, labels=labels)["Id"]
+        self._network_id = api.create_network(self.network, driver="bridge", internal=True,
+                                              labels=labels)["Id"]
         for service in self.services:
             healthcheck = None
             if service.healthcheck:
@@ -203,12 +206,14 @@ class ComposeServices:
             try:
                 container = api.create_container(
                     image=service_image(self.task_image, service), command=service.command,
-                    entrypoint=service.entrypoint, environment=service.environment, working_dir=service.working_dir,
+                    entrypoint=service.entrypoint, environment=service.environment,
+                    working_dir=service.working_dir,
                     user=service.user, labels=labels, host_config=host, networking_config=networking,
                     hostname=service.name, healthcheck=healthcheck,
                 )["Id"]
             except Exception as error:  # docker.errors: a missing image, a refused option
-                raise SandboxError(f"compose service {service.name!r}: {str(error).splitlines()[0][:300]}") from None
+                reason = str(error).splitlines()[0][:300]
+                raise SandboxError(f"compose service {service.name!r}: {reason}") from None
             self._containers.append(container)
             api.start(container)
             if healthcheck:

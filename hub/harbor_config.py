@@ -1,4 +1,4 @@
-"""Harbor's task.toml as agentrl reads it: every field of harbor 0.25 (schema 1.0 to 1.4) mapped, warned or refused.
+"""Harbor's task.toml as agentrl reads it: each harbor 0.25 field (schema 1.0-1.4) mapped, warned or refused.
 
 `read_harbor_task(folder)` parses a Harbor task folder into a `HarborTask`. Each field set
 in task.toml falls in one of three classes (`FIELD_POLICY`):
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError, NotFoundError
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 __all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_harbor_task", "resolve_env",
            "SCHEMA_VERSIONS"]
@@ -34,10 +34,10 @@ NetworkMode = Literal["public", "no-network", "allowlist"]
 _OK = "ok"
 _PHASE = {"timeout_sec": _OK, "user": _OK, "network_mode": _OK, "allowed_hosts": _OK}
 _VERIFIER = {**_PHASE, "env": _OK, "environment_mode": "mode",
-             "environment": "refuse:a verifier environment of its own (another image) is not supported; agentrl "
-                            "grades in a fresh sandbox of the task's own environment",
+             "environment": "refuse:a verifier environment of its own (another image) is not supported; "
+                            "agentrl grades in a fresh sandbox of the task's own environment",
              "collect": "refuse:collect hooks run in docker-compose sidecars, which agentrl does not run"}
-_ARTIFACTS = "warn:agentrl keeps no trial artifacts (the verifier's reward, metrics and output are in the rollout)"
+_ARTIFACTS = "warn:agentrl keeps no trial artifacts (the verifier's rewards and output are in the rollout)"
 _HEALTHCHECK = {"command": _OK, "interval_sec": _OK, "timeout_sec": _OK, "start_period_sec": _OK,
                 "start_interval_sec": _OK, "retries": _OK}
 FIELD_POLICY: dict[str, Any] = {
@@ -49,12 +49,14 @@ FIELD_POLICY: dict[str, Any] = {
     "solution": {"env": _OK},
     "artifacts": _ARTIFACTS,
     "environment": {
-        "build_timeout_sec": "warn:agentrl builds images without a deadline", "docker_image": _OK, "os": "os", "cpus": _OK, "memory_mb": _OK,
+        "build_timeout_sec": "warn:agentrl builds images without a deadline", "docker_image": _OK, "os": "os",
+        "cpus": _OK, "memory_mb": _OK,
         "storage_mb": _OK, "memory": _OK, "storage": _OK, "env": _OK, "healthcheck": _HEALTHCHECK,
         "workdir": _OK, "allow_internet": _OK, "network_mode": _OK, "allowed_hosts": _OK,
         "gpus": "gpus", "gpu_types": "refuse:GPU sandboxes are not supported",
         "tpu": "refuse:TPU sandboxes are not supported",
-        "mcp_servers": "mcp", "skills_dir": "warn:agentrl's bash agent loads no skills; the folder stays in the image",
+        "mcp_servers": "mcp",
+        "skills_dir": "warn:agentrl's bash agent loads no skills; the folder stays in the image",
     },
     "steps": {"name": _OK, "agent": _PHASE, "verifier": _VERIFIER, "min_reward": _OK,
               "healthcheck": _HEALTHCHECK, "artifacts": _ARTIFACTS},
@@ -146,7 +148,7 @@ class HarborTask(BaseConfig):
     healthcheck: Healthcheck | None = None
     """`[environment] healthcheck`."""
     compose: str | None = None
-    """`environment/docker-compose.yaml` (relative to the task) when the task runs services beside the agent."""
+    """`environment/docker-compose.yaml` (relative to the task) when services run beside the agent."""
     network: NetworkPolicy = NetworkPolicy()
     """`[environment]` network baseline (with the deprecated `allow_internet`)."""
     solution_env: dict[str, str] = Field(default_factory=dict)
@@ -188,7 +190,8 @@ def _dockerfile_workdir(dockerfile: Path) -> str | None:
     return workdir
 
 
-def _check_fields(data: dict[str, Any], policy: dict[str, Any], where: str, source: Path, notes: list[str]) -> None:
+def _check_fields(data: dict[str, Any], policy: dict[str, Any], where: str, source: Path,
+                  notes: list[str]) -> None:
     """Walk the fields set in task.toml: refuse or note what agentrl cannot honour, note unknown fields."""
     for key, value in data.items():
         field = f"{where}.{key}" if where else key
@@ -202,21 +205,24 @@ def _check_fields(data: dict[str, Any], policy: dict[str, Any], where: str, sour
             for index, item in enumerate(items):
                 if not isinstance(item, dict):
                     raise ConfigError(f"{source}: {field} must be a table")
-                _check_fields(item, rule, f"{field}[{index}]" if isinstance(value, list) else field, source, notes)
+                inner = f"{field}[{index}]" if isinstance(value, list) else field
+                _check_fields(item, rule, inner, source, notes)
         elif rule.startswith("refuse:"):
             raise ConfigError(f"{source}: {field} cannot be run by agentrl: {rule[7:]}")
         elif rule.startswith("warn:"):
             if value:
                 notes.append(f"{source}: {field} ignored: {rule[5:]}")
         elif rule == "os" and str(value).lower() != "linux":
-            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: its sandboxes are Linux")
+            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: "
+                              "its sandboxes are Linux")
         elif rule == "gpus" and value:
-            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: GPU sandboxes are not supported")
+            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: "
+                              "GPU sandboxes are not supported")
         elif rule == "mcp" and value:
             raise ConfigError(f"{source}: {field} cannot be run by agentrl: its bash agent has no MCP client")
         elif rule == "mode" and value == "shared":
-            notes.append(f"{source}: {field} = 'shared' runs as 'separate': agentrl grades in a fresh sandbox "
-                         "that gets the agent's working directory only")
+            notes.append(f"{source}: {field} = 'shared' runs as 'separate': agentrl grades in a fresh "
+                         "sandbox that gets the agent's working directory only")
 
 
 def _policy(table: dict[str, Any], base: NetworkPolicy, source: Path, where: str) -> NetworkPolicy:
@@ -227,18 +233,22 @@ def _policy(table: dict[str, Any], base: NetworkPolicy, source: Path, where: str
         mode = "public" if table["allow_internet"] else "no-network"
     if mode is None:
         if hosts is not None:
-            raise ConfigError(f"{source}: [{where}] allowed_hosts is only valid with network_mode = 'allowlist'")
+            raise ConfigError(f"{source}: [{where}] allowed_hosts is only valid with "
+                              "network_mode = 'allowlist'")
         return base
     if mode not in ("public", "no-network", "allowlist"):
-        raise ConfigError(f"{source}: [{where}] network_mode = {mode!r}; use 'public', 'no-network' or 'allowlist'")
+        raise ConfigError(f"{source}: [{where}] network_mode = {mode!r}; "
+                          "use 'public', 'no-network' or 'allowlist'")
     if hosts and mode != "allowlist":
-        raise ConfigError(f"{source}: [{where}] allowed_hosts is only valid with network_mode = 'allowlist'")
+        raise ConfigError(f"{source}: [{where}] allowed_hosts is only valid with "
+                          "network_mode = 'allowlist'")
     return NetworkPolicy(mode=mode, allowed_hosts=[str(h).strip().lower() for h in hosts or []])
 
 
-def _timeout(table: dict[str, Any], default: float | None) -> float | None:
+def _timeout(table: dict[str, Any], default: float | None) -> Any:
+    """The table's `timeout_sec` (checked as a number by the models), else `default`."""
     value = table.get("timeout_sec")
-    return default if value is None else float(value)
+    return default if value is None else value
 
 
 def _table(config: dict[str, Any], key: str, source: Path) -> dict[str, Any]:
@@ -267,8 +277,76 @@ def _instruction(path: Path) -> str:
     return text
 
 
+def _healthcheck(table: dict[str, Any] | None, source: Path, where: str) -> Healthcheck | None:
+    if not table:
+        return None
+    try:
+        return Healthcheck(**table)
+    except (ValidationError, TypeError) as error:
+        problem = error.errors()[0] if isinstance(error, ValidationError) else {"loc": (), "msg": str(error)}
+        field = ".".join([where, *(str(part) for part in problem["loc"])])
+        raise ConfigError(f"{source}: {field}: {problem['msg']}") from None
+
+
+def _env(table: dict[str, Any]) -> dict[str, str]:
+    return {str(key): str(value) for key, value in (table.get("env") or {}).items()}
+
+
+def _read_steps(config: dict[str, Any], folder: Path, source: Path,
+                baseline: NetworkPolicy) -> list[HarborStep]:
+    """`[[steps]]`, the task's [agent]/[verifier] as their defaults (as Harbor merges them); else one step."""
+    agent, verifier = _table(config, "agent", source), _table(config, "verifier", source)
+    agent_base = _policy(agent, baseline, source, "agent")
+    verifier_base = _policy(verifier, baseline, source, "verifier")
+    raw_steps = config.get("steps")
+    if raw_steps is None:
+        if not (folder / "tests" / "test.sh").is_file():
+            raise NotFoundError(f"{folder}: not a Harbor task, tests/test.sh is missing")
+        return [HarborStep(
+            name="main", instruction=_instruction(folder / "instruction.md"),
+            agent_timeout_s=_timeout(agent, None),
+            agent_user=_user(agent.get("user")), agent_network=agent_base,
+            verifier_timeout_s=_timeout(verifier, 600.0), verifier_user=_user(verifier.get("user")),
+            verifier_env=_env(verifier), verifier_network=verifier_base,
+            healthcheck=None)]
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise ConfigError(f"{source}: steps must be a non-empty array of tables ([[steps]])")
+    steps = []
+    for index, step in enumerate(raw_steps):
+        name = str(step.get("name") or "")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ConfigError(f"{source}: steps[{index}].name = {name!r} must be a folder name "
+                              "(letters, digits, . _ -)")
+        step_dir = folder / "steps" / name
+        if not (step_dir / "tests" / "test.sh").is_file() and not (folder / "tests" / "test.sh").is_file():
+            raise NotFoundError(f"{step_dir}: not a Harbor task, tests/test.sh is missing")
+        own_agent, own_verifier = step.get("agent") or {}, step.get("verifier") or {}
+        steps.append(HarborStep(
+            name=name, instruction=_instruction(step_dir / "instruction.md"), folder=f"steps/{name}",
+            agent_timeout_s=_timeout(own_agent, _timeout(agent, None)),
+            agent_user=_user(own_agent.get("user", agent.get("user"))),
+            agent_network=_policy(own_agent, agent_base, source, f"steps[{index}].agent"),
+            verifier_timeout_s=_timeout(own_verifier, 600.0),  # a step's own default, as in Harbor
+            verifier_user=_user(own_verifier.get("user", verifier.get("user"))),
+            verifier_env={**_env(verifier), **_env(own_verifier)},
+            verifier_network=_policy(own_verifier, verifier_base, source, f"steps[{index}].verifier"),
+            min_reward=step.get("min_reward"),
+            healthcheck=_healthcheck(step.get("healthcheck"), source, f"steps[{index}].healthcheck"),
+        ))
+    return steps
+
+
+_HARBOR_NAMES = {"agent_timeout_s": "[agent] timeout_sec", "verifier_timeout_s": "[verifier] timeout_sec",
+                 "agent_user": "[agent] user", "verifier_user": "[verifier] user",
+                 "cpus": "[environment] cpus",
+                 "min_reward": "steps.min_reward", "primary_reward": "[metadata] primary_reward",
+                 "image": "[environment] docker_image", "workdir": "[environment] workdir"}
+
+
 def read_harbor_task(path: str | Path) -> HarborTask:
     """Parse and check a Harbor task folder (raises a one-line error naming the file or field)."""
+    from agentrl.hub.harbor_compose import COMPOSE_FILES, read_compose
+
     folder = Path(path)
     if not folder.is_dir():
         raise NotFoundError(f"{folder}: no such Harbor task folder")
@@ -283,13 +361,10 @@ def read_harbor_task(path: str | Path) -> HarborTask:
     _check_fields(config, FIELD_POLICY, "", source, notes)
     schema = str(config.get("schema_version", config.get("version", "1.4")))
     if schema not in SCHEMA_VERSIONS:
-        notes.append(f"{source}: schema_version = {schema!r} is not one of Harbor 0.25's {', '.join(SCHEMA_VERSIONS)}; "
-                     "read as 1.4")
+        notes.append(f"{source}: schema_version = {schema!r} is not one of Harbor 0.25's "
+                     f"{', '.join(SCHEMA_VERSIONS)}; read as 1.4")
     metadata, task_info = _table(config, "metadata", source), _table(config, "task", source)
     environment = _table(config, "environment", source)
-    verifier, agent = _table(config, "verifier", source), _table(config, "agent", source)
-    from agentrl.hub.harbor_compose import COMPOSE_FILES, read_compose
-
     compose = next((name for name in COMPOSE_FILES if (folder / "environment" / name).is_file()), None)
     main_env = read_compose(folder / "environment" / compose)[1] if compose else {}
     image = environment.get("docker_image")
@@ -297,67 +372,39 @@ def read_harbor_task(path: str | Path) -> HarborTask:
         raise NotFoundError(f"{folder}: not a Harbor task, environment/Dockerfile is missing "
                             "(or set [environment] docker_image)")
     baseline = _policy(environment, NetworkPolicy(), source, "environment")
-    raw_steps = config.get("steps")
-    if raw_steps is not None and not isinstance(raw_steps, list):
-        raise ConfigError(f"{source}: steps must be an array of tables ([[steps]])")
-    steps: list[HarborStep] = []
-    for index, step in enumerate(raw_steps or [{}]):
-        multi = raw_steps is not None
-        name = str(step.get("name") or "") if multi else "main"
-        if multi and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-            raise ConfigError(f"{source}: steps[{index}].name = {name!r} must be a folder name (letters, digits, . _ -)")
-        step_dir = folder / "steps" / name if multi else folder
-        step_agent = {**agent, **(step.get("agent") or {})} if multi else agent
-        step_verifier = {**verifier, **(step.get("verifier") or {})} if multi else verifier
-        verifier_base = _policy(verifier, baseline, source, "verifier")
-        if not (step_dir / "tests" / "test.sh").is_file() and not (folder / "tests" / "test.sh").is_file():
-            raise NotFoundError(f"{step_dir}: not a Harbor task, tests/test.sh is missing")
-        steps.append(HarborStep(
-            name=name, instruction=_instruction(step_dir / "instruction.md"),
-            folder=f"steps/{name}" if multi else "",
-            agent_timeout_s=_timeout(step_agent, None), agent_user=_user(step_agent.get("user")),
-            agent_network=_policy(step.get("agent") or {}, _policy(agent, baseline, source, "agent"), source,
-                                  f"steps[{index}].agent") if multi else _policy(agent, baseline, source, "agent"),
-            verifier_timeout_s=_timeout(step.get("verifier") or {} if multi else verifier, 600.0),
-            verifier_user=_user(step_verifier.get("user")),
-            verifier_env={str(k): str(v) for k, v in {**(verifier.get("env") or {}),
-                                                       **((step.get("verifier") or {}).get("env") or {})}.items()},
-            verifier_network=_policy(step.get("verifier") or {}, verifier_base, source, f"steps[{index}].verifier")
-            if multi else verifier_base,
-            min_reward=step.get("min_reward"),
-            healthcheck=Healthcheck(**step["healthcheck"]) if step.get("healthcheck") else None,
-        ))
     memory = _size_mb(environment.get("memory_mb", environment.get("memory")), "memory", source)
     storage = _size_mb(environment.get("storage_mb", environment.get("storage")), "storage", source)
     tags = list(metadata.get("tags") or []) + list(task_info.get("keywords") or [])
-    first_line = steps[0].instruction.splitlines()[0].lstrip("# ").strip()
     strategy = config.get("multi_step_reward_strategy") or "mean"
     if strategy not in ("mean", "final"):
         raise ConfigError(f"{source}: multi_step_reward_strategy = {strategy!r}; use 'mean' or 'final'")
     try:
+        steps = _read_steps(config, folder, source, baseline)
+        first_line = steps[0].instruction.splitlines()[0].lstrip("# ").strip()
         return HarborTask(
             folder=str(folder), task_name=str(task_info.get("name") or folder.name),
             description=str(task_info.get("description") or first_line)[:200], schema_version=schema,
             tags=[str(t) for t in tags], metadata=metadata, image=image,
             workdir=environment.get("workdir") or _dockerfile_workdir(folder / "environment" / "Dockerfile"),
-            cpus=float(environment.get("cpus") or 1), memory_mb=memory or 2048, storage_mb=storage or 10240,
-            env={**main_env, **{str(k): str(v) for k, v in (environment.get("env") or {}).items()}},
-            compose=f"environment/{compose}" if compose else None,
-            healthcheck=Healthcheck(**environment["healthcheck"]) if environment.get("healthcheck") else None,
-            network=baseline,
-            solution_env={str(k): str(v) for k, v in (_table(config, "solution", source).get("env") or {}).items()},
-            steps=steps, multi_step=raw_steps is not None, reward_strategy=strategy,
+            cpus=environment.get("cpus") or 1, memory_mb=memory or 2048, storage_mb=storage or 10240,
+            env={**main_env, **_env(environment)}, compose=f"environment/{compose}" if compose else None,
+            healthcheck=_healthcheck(environment.get("healthcheck"), source, "environment.healthcheck"),
+            network=baseline, solution_env=_env(_table(config, "solution", source)),
+            steps=steps, multi_step="steps" in config, reward_strategy=strategy,
             primary_reward=metadata.get("primary_reward"), notes=notes,
         )
-    except Exception as error:  # pydantic ValidationError: the first problem on one line
-        raise ConfigError(f"{source}: {str(error).splitlines()[0]}: {str(error).splitlines()[-1].strip()}") from None
+    except ValidationError as error:  # the first problem on one line, named as task.toml names it
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        where = _HARBOR_NAMES.get(where.split(".")[0], where)
+        raise ConfigError(f"{source}: {where}: {problem['msg']}") from None
 
 
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}")
 
 
 def resolve_env(values: dict[str, str], *, where: str) -> dict[str, str]:
-    """Harbor's env templates: `${VAR}` / `${VAR:-default}` from the host's environment, literals as they are."""
+    """Harbor's env templates: `${VAR}` / `${VAR:-default}` from the host's environment; literals stay."""
     resolved = {}
     for key, value in values.items():
         match = _TEMPLATE.fullmatch(value)
@@ -368,5 +415,6 @@ def resolve_env(values: dict[str, str], *, where: str) -> dict[str, str]:
         elif match.group(2) is not None:
             resolved[key] = match.group(2)
         else:
-            raise ConfigError(f"{where}: {key} = {value!r} needs the host environment variable {match.group(1)}; set it")
+            raise ConfigError(f"{where}: {key} = {value!r} needs the host environment variable "
+                              f"{match.group(1)}; set it")
     return resolved

@@ -42,7 +42,8 @@ from agentrl.tool_env import ToolEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
 
-__all__ = ["HarborTaskEnv", "load_harbor_environment", "harbor_oracle_policy", "combine_rewards", "parse_rewards"]
+__all__ = ["HarborTaskEnv", "load_harbor_environment", "harbor_oracle_policy", "combine_rewards",
+           "parse_rewards"]
 
 REWARD_DIR = "/logs/verifier"
 SOLUTION_DIR = "/solution"
@@ -52,7 +53,7 @@ _running_oracle: contextvars.ContextVar[bool] = contextvars.ContextVar("harbor_o
 
 
 def parse_rewards(text: str, name: str) -> dict[str, float]:
-    """The rewards in reward.json (a number or an object of numbers) or reward.txt (a number); ValueError if bad."""
+    """The rewards of reward.json (a number or named numbers) or reward.txt (a number); else ValueError."""
     if not text.strip():
         raise ValueError("the file is empty")
     if name.endswith(".json"):
@@ -94,7 +95,8 @@ class HarborTaskEnv(ToolEnv):
         self.package_dir = Path(package_dir)
         self.manifest = load_manifest(self.package_dir)
         if self.manifest.sandbox is None:
-            raise AgentrlError(f"{self.package_dir / 'environment.toml'}: a Harbor package needs a [sandbox] table")
+            raise AgentrlError(f"{self.package_dir / 'environment.toml'}: a Harbor package needs a [sandbox] "
+                               "table")
         self.command_timeout_s = command_timeout_s
         """Most seconds one bash call may take (also bounded by the agent's remaining budget)."""
         self.runtime = runtime
@@ -157,13 +159,15 @@ class HarborTaskEnv(ToolEnv):
         step = step or harbor.steps[0]
         limits = self.manifest.sandbox.limits
         policy = step.agent_network if phase == "agent" else step.verifier_network
-        writable = self.writable_root == "always" or (self.writable_root == "verifier" and phase == "verifier")
+        writable = self.writable_root == "always" or self.writable_root == phase == "verifier"
         return SandboxConfig(
             image=self.image(task), workdir=harbor.workdir or "/app", runtime=self.runtime,
             user=step.agent_user if phase == "agent" else step.verifier_user,
-            network=policy.mode == "public", env=resolve_env(harbor.env, where=f"{harbor.folder}: [environment] env"),
+            network=policy.mode == "public",
+            env=resolve_env(harbor.env, where=f"{harbor.folder}: [environment] env"),
             cpus=harbor.cpus, memory_mb=harbor.memory_mb, pids_limit=limits.pids, disk_mb=harbor.storage_mb,
-            disk_limit="none" if writable else "auto", exec_timeout_s=limits.timeout_s, docker_network=docker_network,
+            disk_limit="none" if writable else "auto", exec_timeout_s=limits.timeout_s,
+            docker_network=docker_network,
             max_output_bytes=limits.output_bytes,
             # where a read-only root (tmpfs disk limits) still lets the trial and its verifier write
             writable_paths=["/tmp", "/root", "/home", "/tests", "/logs", SOLUTION_DIR],
@@ -172,8 +176,8 @@ class HarborTaskEnv(ToolEnv):
     def _network_note(self, policy: NetworkPolicy, phase: str, state: dict[str, Any]) -> None:
         if policy.mode == "allowlist":
             state.setdefault("network_notes", []).append(
-                f"{phase}: network_mode 'allowlist' ({', '.join(policy.allowed_hosts) or 'no hosts'}) cannot be "
-                "enforced by agentrl's sandboxes (no egress filter); this phase runs with no network")
+                f"{phase}: network_mode 'allowlist' ({', '.join(policy.allowed_hosts) or 'no hosts'}) cannot "
+                "be enforced by agentrl's sandboxes (no egress filter); this phase runs with no network")
 
     def _command_limit(self, state: dict[str, Any]) -> float:
         remaining = max(1.0, state.get("deadline", time.monotonic() + NO_BUDGET_S) - time.monotonic())
@@ -190,7 +194,8 @@ class HarborTaskEnv(ToolEnv):
     async def setup_state(self, task: Task) -> dict[str, Any]:
         harbor = self.harbor_task(task)
         key = uuid.uuid4().hex
-        state: dict[str, Any] = {"step": 0, "oracle": _running_oracle.get(), "step_rewards": [], "sandbox_key": key}
+        state: dict[str, Any] = {"step": 0, "oracle": _running_oracle.get(), "step_rewards": [],
+                                 "sandbox_key": key}
         step = harbor.steps[0]
         self._network_note(step.agent_network, "agent", state)
         self._rows[key] = task
@@ -225,7 +230,7 @@ class HarborTaskEnv(ToolEnv):
         await self._start_step(sandbox, harbor, step, state)
 
     async def _healthcheck(self, sandbox, check, where: str) -> None:
-        """Harbor's healthcheck: failures in the start period do not count; `retries` consecutive ones fail."""
+        """Harbor's healthcheck: failures in the start period do not count; `retries` in a row fail it."""
         start_period_end = time.monotonic() + check.start_period_sec
         failures = 0
         while True:
@@ -236,8 +241,9 @@ class HarborTaskEnv(ToolEnv):
             if not in_start_period:
                 failures += 1
                 if failures >= check.retries:
+                    output = (result.stderr or result.stdout).strip()[-200:]
                     raise AgentrlError(f"{where} failed {check.retries} times in a row: {check.command!r} "
-                                       f"(exit code {result.exit_code}: {(result.stderr or result.stdout)[-200:]})")
+                                       f"(exit code {result.exit_code}: {output})")
             await asyncio.sleep(check.start_interval_sec if in_start_period else check.interval_sec)
 
     async def _start_step(self, sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any]) -> None:
@@ -247,8 +253,8 @@ class HarborTaskEnv(ToolEnv):
             if (folder / "workdir").is_dir():
                 await sandbox.upload(folder / "workdir", sandbox.config.workdir)
                 if (folder / "workdir" / "setup.sh").is_file():
-                    setup = await sandbox.exec(f"bash {shlex.quote(sandbox.config.workdir.rstrip('/') + '/setup.sh')}",
-                                               timeout=NO_BUDGET_S)
+                    script = shlex.quote(sandbox.config.workdir.rstrip("/") + "/setup.sh")
+                    setup = await sandbox.exec(f"bash {script}", timeout=NO_BUDGET_S)
                     if not setup.ok:
                         raise AgentrlError(f"step {step.name!r}: setup.sh exited with {setup.exit_code}: "
                                            f"{setup.stderr.strip()[-200:]}")
@@ -260,11 +266,12 @@ class HarborTaskEnv(ToolEnv):
                 Path(harbor.folder) / "solution"
             if not (solution / "solve.sh").is_file():
                 raise AgentrlError(f"{solution / 'solve.sh'}: this Harbor task has no reference solution")
-            await sandbox.exec(["/bin/sh", "-c", f"rm -rf {SOLUTION_DIR}/* 2>/dev/null; mkdir -p {SOLUTION_DIR}"])
+            await sandbox.exec(["/bin/sh", "-c", f"rm -rf {SOLUTION_DIR}/*; mkdir -p {SOLUTION_DIR}"])
             await sandbox.upload(solution, SOLUTION_DIR)
             await sandbox.exec(["chmod", "+x", ORACLE_COMMAND])
             state["command_env"] = {"DEBIAN_FRONTEND": "noninteractive",
-                                    **resolve_env(harbor.solution_env, where=f"{harbor.folder}: [solution] env")}
+                                    **resolve_env(harbor.solution_env,
+                                                  where=f"{harbor.folder}: [solution] env")}
         if step.agent_timeout_s is not None:
             state["deadline"] = time.monotonic() + step.agent_timeout_s
         else:
@@ -312,12 +319,13 @@ class HarborTaskEnv(ToolEnv):
         await grade_in_fresh_sandbox(sandbox, lambda fresh: self.run_verifier(fresh, harbor, step, state),
                                      config=config, keep_open=keep_agent_sandbox)
 
-    async def run_verifier(self, sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any]) -> None:
+    async def run_verifier(self, sandbox, harbor: HarborTask, step: HarborStep,
+                           state: dict[str, Any]) -> None:
         """Upload tests/ (then the step's) to /tests, run /tests/test.sh, read the rewards into `state`."""
         if getattr(sandbox, "network_note", None):
             state.setdefault("network_notes", []).append(f"verifier {step.name}: {sandbox.network_note}")
-        await sandbox.exec(["/bin/sh", "-c", f"mkdir -p {REWARD_DIR} /tests && rm -f {REWARD_DIR}/reward.json "
-                                             f"{REWARD_DIR}/reward.txt"], timeout=30)
+        await sandbox.exec(["/bin/sh", "-c", f"mkdir -p {REWARD_DIR} /tests && "
+                            f"rm -f {REWARD_DIR}/reward.json {REWARD_DIR}/reward.txt"], timeout=30)
         sources = [Path(harbor.folder) / "tests", Path(harbor.folder) / step.folder / "tests"]
         for source in dict.fromkeys(sources):
             if source.is_dir():
@@ -402,7 +410,7 @@ def load_harbor_environment(package_dir: str | Path, **kwargs: Any) -> HarborTas
 
 
 def harbor_oracle_policy(package_dir: str | Path):
-    """Harbor's oracle: per step, one bash call of /solution/solve.sh (the env uploads solution/ first), then stop."""
+    """Harbor's oracle: per step one bash call of /solution/solve.sh (solution/ uploaded first), then done."""
     from agentrl.policies import ScriptedPolicy
 
     package_dir = Path(package_dir)
@@ -416,5 +424,5 @@ def harbor_oracle_policy(package_dir: str | Path):
             "function": {"name": "bash", "arguments": json.dumps({"command": ORACLE_COMMAND})}}
     steps = max(len(task.steps) for task in tasks)
     policy = ScriptedPolicy([{"content": "", "tool_calls": [call]}, "done"] * steps, name="harbor-oracle")
-    policy.runs_harbor_solution = True  # HarborTaskEnv uploads solution/ to /solution for this policy's rollouts
+    policy.runs_harbor_solution = True  # HarborTaskEnv uploads solution/ to /solution for its rollouts
     return policy

@@ -247,7 +247,7 @@ def check(
 
 @import_app.command("harbor")
 def import_harbor(
-    path: Path = typer.Argument(..., help="Harbor task folder, dataset folder of tasks, or registry-style JSON list."),
+    path: Path = typer.Argument(..., help="Harbor task folder, dataset folder or registry JSON list."),
     out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<task name>)."),
     name: Optional[str] = typer.Option(None, help="Environment name (default: from the folder name)."),
     writable_root: str = typer.Option("never", help="Phases with a writable root filesystem: never, verifier "

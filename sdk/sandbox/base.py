@@ -93,23 +93,6 @@ class SandboxConfig(BaseConfig):
     'warn' once in one line naming it and run without it, or 'refuse' to create the sandbox."""
 
 
-_warned_networks: set[str] = set()
-
-
-def network_not_available(config: SandboxConfig, why: str) -> str:
-    """The host cannot give the network `config` asks for: refuse or warn once, per `unenforceable_limits`.
-
-    Returns the one-line note the sandbox keeps (`Sandbox.network_note`); the sandbox then runs with no network.
-    """
-    message = f"sandbox network: asked for, but this host gives sandboxes none ({why})"
-    if config.unenforceable_limits == "refuse":
-        raise SandboxError(f"{message}; give the engine a network or set sandbox unenforceable_limits='warn'")
-    if why not in _warned_networks:
-        _warned_networks.add(why)
-        warnings.warn(f"{message}; running with no network", RuntimeWarning, stacklevel=3)
-    return f"{message}; ran with no network"
-
-
 @dataclass
 class RawExecResult:
     """Bytes-level result of one command, as backends produce it."""
@@ -177,17 +160,35 @@ class CappedBuffer:
         return b"".join(self._parts)
 
 
-_warned_limits: set[str] = set()
+_warned_limits: set[str] = set()  # what was warned about (a limit, or "network: why"), once per process
+
+
+def _refuse_or_warn(config: SandboxConfig, message: str, *, key: str, fix: str, instead: str) -> None:
+    """Raise `message; fix` if `unenforceable_limits` is 'refuse', else warn `message; instead` once a key."""
+    if config.unenforceable_limits == "refuse":
+        raise SandboxError(f"{message}; {fix}")
+    if key not in _warned_limits:
+        _warned_limits.add(key)
+        warnings.warn(f"{message}; {instead}", RuntimeWarning, stacklevel=4)
 
 
 def limit_not_enforced(config: SandboxConfig, limit: str, why: str) -> None:
     """The host cannot enforce `limit`: refuse the sandbox or warn once per limit, as `unenforceable_limits` says."""
-    message = f"sandbox limit {limit} cannot be enforced on this host ({why})"
-    if config.unenforceable_limits == "refuse":
-        raise SandboxError(f"{message}; fix the host or set sandbox unenforceable_limits='warn' to run without it")
-    if limit not in _warned_limits:
-        _warned_limits.add(limit)
-        warnings.warn(f"{message}; running without it", RuntimeWarning, stacklevel=3)
+    _refuse_or_warn(config, f"sandbox limit {limit} cannot be enforced on this host ({why})", key=limit,
+                    fix="fix the host or set sandbox unenforceable_limits='warn' to run without it",
+                    instead="running without it")
+
+
+def network_not_available(config: SandboxConfig, why: str) -> str:
+    """The host cannot give the network `config` asks for: refuse or warn once, per `unenforceable_limits`.
+
+    Returns the one-line note the sandbox keeps (`Sandbox.network_note`); it then runs with no network.
+    """
+    message = f"sandbox network: asked for, but this host gives sandboxes none ({why})"
+    _refuse_or_warn(config, message, key=f"network: {why}",
+                    fix="give the engine a network or set sandbox unenforceable_limits='warn'",
+                    instead="running with no network")
+    return f"{message}; ran with no network"
 
 
 class Sandbox(ABC):

@@ -122,7 +122,7 @@ def runsc_applies_seccomp(client) -> bool:
 
 
 def network_unavailable(client, runtime: str) -> str | None:
-    """Why sandboxes of `runtime` on this engine get no network even when asked (None: they get the bridge)."""
+    """Why `runtime`'s sandboxes on this engine get no network even when asked (None: they get the bridge)."""
     docker = require("docker", "cpu")
     if runtime == "runsc":
         args = ((client.info().get("Runtimes") or {}).get("runsc") or {}).get("runtimeArgs") or []
@@ -171,7 +171,8 @@ class DockerSandbox(Sandbox):
         cfg = self.config
         host: dict = dict(
             init=True,
-            network_mode=cfg.docker_network or ("bridge" if cfg.network and self.network_note is None else "none"),
+            network_mode=cfg.docker_network or ("bridge" if cfg.network and not self.network_note
+                                                 else "none"),
             nano_cpus=int(cfg.cpus * 1e9),
             mem_limit=f"{cfg.memory_mb}m",
             memswap_limit=f"{cfg.memory_mb}m",
@@ -267,8 +268,9 @@ class DockerSandbox(Sandbox):
         create, host = self._create_args()
         try:
             if self.config.docker_network:
-                create["networking_config"] = api.create_networking_config(
-                    {self.config.docker_network: api.create_endpoint_config(aliases=[self.config.network_alias])})
+                endpoint = api.create_endpoint_config(aliases=[self.config.network_alias])
+                network = {self.config.docker_network: endpoint}
+                create["networking_config"] = api.create_networking_config(network)
             self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
             _live.add(self.id)
         except docker.errors.ImageNotFound:

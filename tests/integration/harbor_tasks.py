@@ -1,4 +1,4 @@
-"""Harbor tasks written by the project, the Harbor tests' fixtures (all built FROM agentrl-base:bookworm, offline).
+"""Harbor tasks written by the project, the Harbor tests' fixtures (FROM agentrl-base:bookworm, offline).
 
 - `named`: schema 1.4; `reward.json` of named rewards (`correctness` marked primary) beside a stale
   `reward.txt` of 0; a `solve.sh` that copies its sibling `answer.txt` into the working directory
@@ -82,10 +82,12 @@ printf '{"correctness": %d, "agent_user": %d, "verifier_root": %d, "host_env": %
 def named(folder: Path) -> Path:
     return _write(folder, {
         "task.toml": NAMED_TOML,
-        "instruction.md": "<!-- canary GUID 0000 -->\nWrite hello.txt in the working directory: Hello, world!\n",
+        "instruction.md": "<!-- canary GUID 0000 -->\nWrite hello.txt in the working directory: "
+                          "Hello, world!\n",
         "environment/Dockerfile": BASE + "WORKDIR /app\nRUN mkdir -p /work && touch /opt/ready\n",
         "tests/test.sh": NAMED_TEST,
-        "solution/solve.sh": '#!/bin/bash\nset -e\ncp "$(dirname "$0")/$ANSWER_FILE" "$GREETING_FILE"\nid -u > who.txt\n',
+        "solution/solve.sh": '#!/bin/bash\nset -e\ncp "$(dirname "$0")/$ANSWER_FILE" "$GREETING_FILE"\n'
+                             'id -u > who.txt\n',
         "solution/answer.txt": "Hello, world!",
     })
 
@@ -109,7 +111,8 @@ min_reward = 1.0
 name = "extend"
 """
 STEP_TEST = """#!/bin/bash
-if [ "$(cat /app/notes.txt 2>/dev/null)" = "{expected}" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+if [ "$(cat /app/notes.txt 2>/dev/null)" = "{expected}" ]; then echo 1; else echo 0; fi \\
+  > /logs/verifier/reward.txt
 """
 
 
@@ -123,7 +126,8 @@ def steps(folder: Path) -> Path:
         "steps/extend/instruction.md": "Append the content of seed.txt, then 'two', to /app/notes.txt.\n",
         "steps/extend/workdir/setup.sh": "#!/bin/bash\necho seeded > /app/seed.txt\n",
         "steps/extend/tests/test.sh": STEP_TEST.format(expected="one\nseeded\ntwo"),
-        "steps/extend/solution/solve.sh": "#!/bin/bash\ncat /app/seed.txt >> /app/notes.txt\necho two >> /app/notes.txt\n",
+        "steps/extend/solution/solve.sh": "#!/bin/bash\ncat /app/seed.txt >> /app/notes.txt\n"
+                                          "echo two >> /app/notes.txt\n",
     })
 
 
@@ -131,13 +135,15 @@ def network(folder: Path, mode: str) -> Path:
     hosts = '\nallowed_hosts = ["pypi.org", "*.pythonhosted.org"]' if mode == "allowlist" else ""
     verifier = '[verifier]\nnetwork_mode = "no-network"\n' if mode == "public" else ""
     return _write(folder, {
-        "task.toml": f'schema_version = "1.3"\n{verifier}[environment]\nmemory_mb = 512\nnetwork_mode = "{mode}"{hosts}\n',
+        "task.toml": f'schema_version = "1.3"\n{verifier}[environment]\nmemory_mb = 512\n'
+                     f'network_mode = "{mode}"{hosts}\n',
         "instruction.md": "Write done to /app/state.txt.\n",
         "environment/Dockerfile": BASE + "WORKDIR /app\n",
         "tests/test.sh": "#!/bin/bash\n"
                          "ok=0; [ \"$(cat /app/state.txt 2>/dev/null)\" = done ] && ok=1\n"
                          "net=$(tail -n +3 /proc/net/dev | grep -vc '^ *lo:')\n"
-                         "printf '{\"reward\": %d, \"had_network\": %d}' $ok $([ \"$net\" -gt 0 ] && echo 1 || echo 0)"
+                         "had=$([ \"$net\" -gt 0 ] && echo 1 || echo 0)\n"
+                         "printf '{\"reward\": %d, \"had_network\": %d}' $ok $had"
                          " > /logs/verifier/reward.json\n",
         "solution/solve.sh": "#!/bin/bash\necho done > /app/state.txt\n",
     })
@@ -145,12 +151,14 @@ def network(folder: Path, mode: str) -> Path:
 
 def installs(folder: Path) -> Path:
     return _write(folder, {
-        "task.toml": 'version = "1.0"\n[environment]\nmemory = "512M"\nstorage = "1G"\nallow_internet = false\n',
+        "task.toml": 'version = "1.0"\n[environment]\nmemory = "512M"\nstorage = "1G"\n'
+                     'allow_internet = false\n',
         "instruction.md": "Write ok to /app/out.txt.\n",
         "environment/Dockerfile": BASE + "WORKDIR /app\n",
         "tests/test.sh": "#!/bin/bash\nprintf '#!/bin/sh\\ncat /app/out.txt\\n' > /usr/local/bin/check-out"
                          " && chmod +x /usr/local/bin/check-out\n"
-                         "if [ \"$(check-out)\" = ok ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+                         "if [ \"$(check-out)\" = ok ]; then echo 1; else echo 0; fi"
+                         " > /logs/verifier/reward.txt\n",
         "solution/solve.sh": "#!/bin/bash\necho ok > /app/out.txt\n",
     })
 
@@ -220,14 +228,16 @@ class Store(http.server.BaseHTTPRequestHandler):
 
 http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Store).serve_forever()
 """
-FETCH = "python3 -c \"import os, urllib.request; print(urllib.request.urlopen(os.environ['STORE_URL'] + '/answer').read().decode())\""
+FETCH = ("python3 -c \"import os, urllib.request; "
+         "print(urllib.request.urlopen(os.environ['STORE_URL'] + '/answer').read().decode())\"")
 
 
 def compose(folder: Path) -> Path:
-    """A service beside the agent: the agent PUTs the answer into `store`, the verifier reads it back from there."""
+    """A service beside the agent: the agent PUTs the answer into `store`; the verifier reads it there."""
     return _write(folder, {
         "task.toml": '[environment]\nmemory_mb = 512\nnetwork_mode = "no-network"\n',
-        "instruction.md": "Store the answer 42 under /answer in the key-value service at $STORE_URL (HTTP PUT).\n",
+        "instruction.md": "Store the answer 42 under /answer in the key-value service at $STORE_URL "
+                          "(HTTP PUT).\n",
         "environment/Dockerfile": BASE + "WORKDIR /app\n",
         "environment/docker-compose.yaml": COMPOSE,
         "environment/store/Dockerfile": BASE + 'COPY server.py /server.py\nCMD ["python3", "/server.py"]\n',
@@ -235,5 +245,6 @@ def compose(folder: Path) -> Path:
         "tests/test.sh": f"#!/bin/bash\nif [ \"$({FETCH} 2>/dev/null)\" = 42 ]; then echo 1; else echo 0; fi"
                          " > /logs/verifier/reward.txt\n",
         "solution/solve.sh": "#!/bin/bash\npython3 -c \"import os, urllib.request; urllib.request.urlopen("
-                             "urllib.request.Request(os.environ['STORE_URL'] + '/answer', data=b'42', method='PUT'))\"\n",
+                             "urllib.request.Request(os.environ['STORE_URL'] + '/answer', data=b'42', "
+                             "method='PUT'))\"\n",
     })

@@ -1,8 +1,10 @@
-"""Harbor trials in real Docker sandboxes under runc and gVisor: the project's Harbor tasks (tests/integration/
-harbor_tasks.py) imported as one dataset package; each oracle (Harbor's: solution/ in /solution, solve.sh run
-there) scores 1 and a do-nothing policy 0, with named rewards, users, workdir, env, healthcheck, two steps and
-each network mode as the tasks declare them. Then the opt-in writable root for the verifier and the agent's
-total time budget."""
+"""Harbor trials in real Docker sandboxes under runc and gVisor.
+
+The project's Harbor tasks (tests/integration/harbor_tasks.py) are imported as one dataset
+package; each oracle (Harbor's: solution/ in /solution, solve.sh run there) scores 1 and a
+do-nothing policy 0, with named rewards, users, workdir, env, healthcheck, two steps, a compose
+service and each network mode as the tasks declare them. Then the opt-in writable root for the
+verifier and the agent's total time budget."""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
 def bash_call(command: str) -> dict:
-    return {"content": "", "tool_calls": [{"id": "call_0", "type": "function",
-                                           "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
+    function = {"name": "bash", "arguments": json.dumps({"command": command})}
+    return {"content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": function}]}
 
 
 @pytest.fixture(scope="module")
@@ -72,20 +74,25 @@ async def test_oracles_score_one_and_idle_policies_zero(backend, harbor_packages
 
     results = dict(zip(names, await asyncio.gather(*(both(name) for name in names)), strict=True))
     for name, (solved, nothing) in results.items():
-        assert solved.error is None and solved.reward == 1.0, (name, solved.error, solved.state.get("verifier_output"))
+        assert solved.error is None and solved.reward == 1.0, (name, solved.error,
+                                                                solved.state.get("verifier_output"))
         assert nothing.error is None and nothing.reward == 0.0, (name, nothing.error, nothing.state)
         assert solved.metrics["verifier_ran"] == 1.0 and "verifier_error" not in solved.state
 
     named, idle_named = results["named-rewards"]
     # reward.json (named, 'correctness' primary) wins over the stale reward.txt of 0; every key is a metric
-    assert named.state["rewards"] == {"correctness": 1.0, "agent_user": 1.0, "verifier_root": 1.0, "host_env": 1.0}
+    assert named.state["rewards"] == {"correctness": 1.0, "agent_user": 1.0, "verifier_root": 1.0,
+                                      "host_env": 1.0}
     assert named.metrics["reward_agent_user"] == 1.0 and named.metrics["reward_verifier_root"] == 1.0
-    assert idle_named.state["rewards"]["correctness"] == 0.0 and idle_named.metrics["reward_verifier_root"] == 1.0
-    assert named.messages[-3].tool_calls[0].function.arguments == json.dumps({"command": "/solution/solve.sh"})
+    assert idle_named.state["rewards"]["correctness"] == 0.0
+    assert idle_named.metrics["reward_verifier_root"] == 1.0
+    [call] = named.messages[-3].tool_calls
+    assert call.function.arguments == json.dumps({"command": "/solution/solve.sh"})
 
     steps, idle_steps = results["two-steps"]
     assert steps.state["step_rewards"] == [{"reward": 1.0}, {"reward": 1.0}]
-    assert [m.content for m in steps.messages if m.role == "user"][1].startswith("Append the content of seed.txt")
+    user_messages = [m.content for m in steps.messages if m.role == "user"]
+    assert user_messages[1].startswith("Append the content of seed.txt")
     assert idle_steps.state["stopped_after_step"] == "write"  # min_reward = 1.0 ends the trial after step one
     assert idle_steps.state["step_rewards"] == [{"reward": 0.0}]
 
@@ -95,7 +102,7 @@ async def test_oracles_score_one_and_idle_policies_zero(backend, harbor_packages
         solved = results[mode][0]
         if solved.metrics["network_unavailable"]:  # this machine cannot give it: the rollout says why
             notes = solved.state["network_notes"]
-            assert any("gives sandboxes none" in note or "cannot be enforced" in note for note in notes), notes
+            assert any("gives sandboxes none" in n or "cannot be enforced" in n for n in notes), notes
     assert any("allowlist" in note for note in results["net-allowlist"][0].state["network_notes"])
     assert results["net-no-network"][0].metrics["network_unavailable"] == 0.0
     assert results["net-no-network"][0].state["rewards"]["had_network"] == 0.0
@@ -110,7 +117,8 @@ async def test_a_partly_solved_multi_step_trial_scores_the_mean(backend, harbor_
     package, _ = harbor_packages
     env = agentrl.load_environment(package, runtime=backend["runtime"])
     half = ScriptedPolicy([bash_call("echo one > /app/notes.txt"), "done", "done"])
-    [rollout] = await env.run_group(half, _rows(env)["two-steps"], n=1, sampling=SamplingConfig(max_tokens=1024))
+    sampling = SamplingConfig(max_tokens=1024)
+    [rollout] = await env.run_group(half, _rows(env)["two-steps"], n=1, sampling=sampling)
     assert rollout.error is None and rollout.state["step_rewards"] == [{"reward": 1.0}, {"reward": 0.0}]
     assert rollout.reward == 0.5  # multi_step_reward_strategy = "mean"
 
@@ -127,8 +135,10 @@ async def test_a_test_script_that_installs_needs_the_opt_in_writable_root(backen
     for writable_root in ("never", "verifier"):
         env = agentrl.load_environment(installs, runtime=backend["runtime"], writable_root=writable_root)
         [task] = env.tasks("train")
-        [results[writable_root]] = await env.run_group(harbor_oracle_policy(installs), task, n=1, sampling=sampling)
-    assert results["never"].reward == 0.0 and "Read-only file system" in results["never"].state["verifier_output"]
+        oracle = harbor_oracle_policy(installs)
+        [results[writable_root]] = await env.run_group(oracle, task, n=1, sampling=sampling)
+    assert results["never"].reward == 0.0
+    assert "Read-only file system" in results["never"].state["verifier_output"]
     assert results["verifier"].error is None and results["verifier"].reward == 1.0, results["verifier"].state
 
 
@@ -143,10 +153,12 @@ async def test_the_agent_timeout_is_a_total_budget_and_the_verifier_still_runs(h
     env = agentrl.load_environment(package)
     sleeper = ScriptedPolicy([bash_call("sleep 1; echo first"), bash_call("sleep 30; echo second"), "done"])
     started = time.monotonic()
-    [rollout] = await env.run_group(sleeper, _rows(env)["slow"], n=1, sampling=SamplingConfig(max_tokens=1024))
+    sampling = SamplingConfig(max_tokens=1024)
+    [rollout] = await env.run_group(sleeper, _rows(env)["slow"], n=1, sampling=sampling)
     assert time.monotonic() - started < 25  # 3 s of agent budget, not 30 s per command
     assert "first" in rollout.messages[2].content and "(timed out)" in rollout.messages[4].content
-    assert rollout.state["agent_timeouts"] == [0] and rollout.reward == 0.25  # the verifier ran after the budget
+    assert rollout.state["agent_timeouts"] == [0]
+    assert rollout.reward == 0.25  # the verifier ran after the budget was spent
 
 
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)
