@@ -70,6 +70,7 @@ _startup_gc_done = False
 SERVER_CAPABILITIES = ["SETUID", "SETGID", "KILL"]  # sandboxd's, never a command's
 _live: set[str] = set()  # containers this process created and has not removed yet
 _image_users: dict[str, str] = {}  # image -> its configured user (Config.User)
+_numeric_users: dict[tuple[str, str], str] = {}  # (image, user name) -> uid:gid from the image's /etc/passwd
 _runsc_seccomp: bool | None = None
 _seed_cache: dict[tuple[str, str], bytes | None] = {}  # (image, workdir) -> tar of the image's workdir
 SEED_CACHE_ENTRIES = 32
@@ -185,7 +186,7 @@ class DockerSandbox(Sandbox):
         if self.disk_mode == "storage-opt":
             host["storage_opt"] = {"size": f"{cfg.disk_mb}M"}
         elif self.disk_mode == "tmpfs":
-            uid, _, gid = self.command_user.partition(":")
+            uid, _, gid = self._numeric_user().partition(":")
             gid = gid or uid
             owned = f",uid={uid},gid={gid}" if uid.isdigit() and gid.isdigit() else ""
             host["read_only"] = True
@@ -231,6 +232,39 @@ class DockerSandbox(Sandbox):
             except docker.errors.ImageNotFound:
                 return None  # create_container reports it
         return _image_users[image] or None
+
+    def _numeric_user(self) -> str:
+        """`command_user` as uid:gid (a name looked up in the image's /etc/passwd, cached): tmpfs owners."""
+        name, _, group = self.command_user.partition(":")
+        if name.isdigit() and (not group or group.isdigit()):
+            return self.command_user
+        key = (self.config.image, self.command_user)
+        if key not in _numeric_users:
+            files = {}
+            try:
+                labels = sandbox_labels(owner=self.owner, backend="docker")
+                probe = self.client.api.create_container(image=self.config.image, command=["true"],
+                                                         labels=labels)
+            except Exception:  # a missing image: create_container reports it again, with its one-line error
+                return self.command_user
+            try:
+                for path in ("/etc/passwd", "/etc/group"):
+                    stream, _stat = self.client.api.get_archive(probe["Id"], path)
+                    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                        member = tar.extractfile(tar.getmembers()[0])
+                        files[path] = member.read().decode(errors="replace") if member else ""
+            except Exception:  # no passwd file: leave the name to sandboxd
+                files = {}
+            finally:
+                self.client.api.remove_container(probe["Id"], force=True)
+            passwd = [line.split(":") for line in files.get("/etc/passwd", "").splitlines()]
+            users = {fields[0]: (fields[2], fields[3]) for fields in passwd if len(fields) > 3}
+            group_lines = [line.split(":") for line in files.get("/etc/group", "").splitlines()]
+            groups = {fields[0]: fields[2] for fields in group_lines if len(fields) > 2}
+            uid, gid = users.get(name, (name, None))
+            gid = (groups.get(group, group) if group else gid) or uid
+            _numeric_users[key] = f"{uid}:{gid}"
+        return _numeric_users[key]
 
     def _workdir_seed(self, container_id: str) -> bytes | None:
         """A tar of the image's content at `workdir` (read before the tmpfs hides it); cached per image."""
@@ -385,7 +419,9 @@ class DockerSandbox(Sandbox):
 
     def _kill_processes_blocking(self) -> None:
         server = self._server
-        if server is not None and server.alive and server.hello.is_set():
+        # A server still starting must be waited for: docker exec's kill-all would kill it too (it is the
+        # launcher's child), and the next command, sent to it, would find it gone.
+        if server is not None and server.alive and server.wait_ready(self.config.startup_timeout_s):
             answer = server.kill_all(wait=30.0)
             if answer is not None and "killed" in answer:
                 return

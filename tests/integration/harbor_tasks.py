@@ -5,7 +5,7 @@
   (`[environment] workdir = "/work"`, not the Dockerfile's /app) as `[agent] user = 1000`; the verifier
   as root with `[verifier] env` (a host template with a default); `[solution] env`; a healthcheck.
 - `steps`: two `[[steps]]`, each with its instruction, tests and solution; the second uploads `workdir/`
-  and runs its `setup.sh`; `min_reward` on the first.
+  and runs its `setup.sh`; `min_reward` on the first; the agent is the image's user named `agent`.
 - `network(mode)`: one task per `network_mode`; the verifier records whether it had a network.
 - `installs`: a test.sh that installs a tool under /usr/local/bin (needs a writable root at verify time).
 - `slow`: `[agent] timeout_sec = 3`, the agent's total budget.
@@ -98,6 +98,9 @@ multi_step_reward_strategy = "mean"
 [task]
 name = "agentrl/two-steps"
 
+[agent]
+user = "agent"
+
 [environment]
 memory_mb = 512
 storage_mb = 1024
@@ -119,7 +122,7 @@ if [ "$(cat /app/notes.txt 2>/dev/null)" = "{expected}" ]; then echo 1; else ech
 def steps(folder: Path) -> Path:
     return _write(folder, {
         "task.toml": STEPS_TOML,
-        "environment/Dockerfile": BASE + "WORKDIR /app\n",
+        "environment/Dockerfile": BASE + "WORKDIR /app\nRUN chown agent:agent /app\n",
         "steps/write/instruction.md": "Write 'one' to /app/notes.txt.\n",
         "steps/write/tests/test.sh": STEP_TEST.format(expected="one"),
         "steps/write/solution/solve.sh": "#!/bin/bash\necho one > /app/notes.txt\n",

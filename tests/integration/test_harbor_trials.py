@@ -8,7 +8,6 @@ verifier and the agent's total time budget."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import harbor_tasks
@@ -72,7 +71,7 @@ async def test_oracles_score_one_and_idle_policies_zero(backend, harbor_packages
         [nothing] = await env.run_group(idle, rows[name], n=1, sampling=sampling)
         return solved, nothing
 
-    results = dict(zip(names, await asyncio.gather(*(both(name) for name in names)), strict=True))
+    results = {name: await both(name) for name in names}  # one trial at a time: a small shared machine
     for name, (solved, nothing) in results.items():
         assert solved.error is None and solved.reward == 1.0, (name, solved.error,
                                                                 solved.state.get("verifier_output"))
