@@ -333,6 +333,13 @@ def _read_steps(config: dict[str, Any], folder: Path, source: Path,
             min_reward=step.get("min_reward"),
             healthcheck=_healthcheck(step.get("healthcheck"), source, f"steps[{index}].healthcheck"),
         ))
+    for index, step in enumerate(steps[1:], start=1):  # one agent sandbox serves every step
+        if step.agent_user != steps[0].agent_user:
+            raise ConfigError(f"{source}: steps[{index}].agent.user = {step.agent_user!r} differs from the "
+                              "first step's; agentrl's sandbox keeps one user for the whole trial")
+        if step.agent_network != steps[0].agent_network:
+            raise ConfigError(f"{source}: steps[{index}].agent.network_mode differs from the first step's; "
+                              "agentrl cannot change a sandbox's network after it starts")
     return steps
 
 

@@ -168,6 +168,14 @@ def test_bad_harbor_folders_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="services depend on each other in a cycle: a -> b -> a"):
         import_harbor_task(folder, out=tmp_path / "out5")
     steps = harbor_tasks.steps(tmp_path / "steps")
+    toml = (steps / "task.toml").read_text()
+    (steps / "task.toml").write_text(toml + '[steps.agent]\nuser = "root"\n')
+    with pytest.raises(ConfigError, match=r"steps\[1\].agent.user = 'root' differs from the first step's"):
+        import_harbor_task(steps, out=tmp_path / "out6")
+    (steps / "task.toml").write_text(toml + '[steps.agent]\nnetwork_mode = "public"\n')
+    with pytest.raises(ConfigError, match=r"steps\[1\].agent.network_mode differs from the first step's"):
+        import_harbor_task(steps, out=tmp_path / "out7")
+    (steps / "task.toml").write_text(toml)
     (steps / "steps" / "extend" / "instruction.md").unlink()
     with pytest.raises(NotFoundError, match=r"steps/extend: not a Harbor task, instruction.md is missing"):
         import_harbor_task(steps, out=tmp_path / "out4")
