@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import AgentrlError, ConfigError
+from agentrl.errors import AgentrlError, ConfigError, SandboxError
 from agentrl.hub.harbor_config import HarborStep, HarborTask, NetworkPolicy, read_harbor_task, resolve_env
 from agentrl.hub.manifest import load_manifest
 from agentrl.rubric import Rubric
@@ -223,6 +223,13 @@ class HarborTaskEnv(ToolEnv):
         sandbox = create_sandbox(self.sandbox_config(task, step=step, docker_network=network))
         self._live[key] = sandbox
         await sandbox.start()
+        try:
+            await sandbox.exec(["true"], timeout=60)
+        except SandboxError as error:
+            if self.writable_root == "always":
+                raise
+            raise SandboxError(f"{error}; if the image's ENTRYPOINT writes to its root filesystem, give it a "
+                               "writable root (writable_root = 'always')") from None
         if getattr(sandbox, "network_note", None):
             state.setdefault("network_notes", []).append(f"agent: {sandbox.network_note}")
         if harbor.healthcheck is not None:

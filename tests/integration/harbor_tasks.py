@@ -251,3 +251,17 @@ def compose(folder: Path) -> Path:
                              "urllib.request.Request(os.environ['STORE_URL'] + '/answer', data=b'42', "
                              "method='PUT'))\"\n",
     })
+
+
+def entrypoint(folder: Path) -> Path:
+    """An image whose ENTRYPOINT writes under /etc before it runs the container's command."""
+    return _write(folder, {
+        "task.toml": '[environment]\nmemory_mb = 512\nnetwork_mode = "no-network"\n',
+        "instruction.md": "Copy /etc/harbor-ready to /app/out.txt.\n",
+        "environment/Dockerfile": BASE + "WORKDIR /app\nCOPY start.sh /start.sh\n"
+                                         'ENTRYPOINT ["/bin/sh", "/start.sh"]\n',
+        "environment/start.sh": "echo ready > /etc/harbor-ready || exit 1\nexec \"$@\"\n",
+        "tests/test.sh": "#!/bin/bash\nif [ \"$(cat /app/out.txt 2>/dev/null)\" = ready ]; then echo 1; "
+                         "else echo 0; fi > /logs/verifier/reward.txt\n",
+        "solution/solve.sh": "#!/bin/bash\ncp /etc/harbor-ready /app/out.txt\n",
+    })

@@ -42,8 +42,10 @@ def harbor_packages(tmp_path_factory, docker_client):  # noqa: F811
     package = import_harbor_task(dataset, out=root / "pkg", name="harbor-fixtures", log=lambda line: None)
     installs = import_harbor_task(harbor_tasks.installs(root / "installs"), out=root / "installs-pkg",
                                   name="harbor-installs")
-    images = build_harbor_images(package) + build_harbor_images(installs)
-    yield package, installs
+    starts = import_harbor_task(harbor_tasks.entrypoint(root / "entrypoint"), out=root / "entrypoint-pkg",
+                                name="harbor-entrypoint")
+    images = build_harbor_images(package) + build_harbor_images(installs) + build_harbor_images(starts)
+    yield package, installs, starts
     for image in images:
         docker_client.images.remove(image, force=True)
 
@@ -59,7 +61,7 @@ async def test_oracles_score_one_and_idle_policies_zero(backend, harbor_packages
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 
-    package, _ = harbor_packages
+    package, _, _ = harbor_packages
     env = agentrl.load_environment(package, runtime=backend["runtime"])
     rows = _rows(env)
     oracle, idle = harbor_oracle_policy(package), ScriptedPolicy(["I did nothing."] * 2)
@@ -113,7 +115,7 @@ async def test_a_partly_solved_multi_step_trial_scores_the_mean(backend, harbor_
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 
-    package, _ = harbor_packages
+    package, _, _ = harbor_packages
     env = agentrl.load_environment(package, runtime=backend["runtime"])
     half = ScriptedPolicy([bash_call("echo one > /app/notes.txt"), "done", "done"])
     sampling = SamplingConfig(max_tokens=1024)
@@ -128,7 +130,7 @@ async def test_a_test_script_that_installs_needs_the_opt_in_writable_root(backen
     from agentrl.hub.harbor_env import harbor_oracle_policy
     from agentrl.sampling import SamplingConfig
 
-    _, installs = harbor_packages
+    _, installs, _ = harbor_packages
     sampling = SamplingConfig()
     results = {}
     for writable_root in ("never", "verifier"):
@@ -148,7 +150,7 @@ async def test_the_agent_timeout_is_a_total_budget_and_the_verifier_still_runs(h
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 
-    package, _ = harbor_packages
+    package, _, _ = harbor_packages
     env = agentrl.load_environment(package)
     sleeper = ScriptedPolicy([bash_call("sleep 1; echo first"), bash_call("sleep 30; echo second"), "done"])
     started = time.monotonic()
@@ -167,7 +169,7 @@ async def test_a_compose_task_runs_its_service_beside_the_agent_or_is_refused(ba
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 
-    package, _ = harbor_packages
+    package, _, _ = harbor_packages
     env = agentrl.load_environment(package, runtime=backend["runtime"])
     task = _rows(env)["compose"]
     [solved] = await env.run_group(harbor_oracle_policy(package), task, n=1, sampling=SamplingConfig())
@@ -178,3 +180,21 @@ async def test_a_compose_task_runs_its_service_beside_the_agent_or_is_refused(ba
     [idle] = await env.run_group(ScriptedPolicy(["I did nothing."]), task, n=1, sampling=SamplingConfig())
     assert solved.error is None and solved.reward == 1.0, (solved.error, solved.state.get("verifier_output"))
     assert idle.error is None and idle.reward == 0.0
+
+
+async def test_an_entrypoint_that_writes_its_root_needs_the_writable_root_everywhere(harbor_packages):
+    import agentrl
+    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.sampling import SamplingConfig
+
+    _, _, starts = harbor_packages
+    results = {}
+    for writable_root in ("verifier", "always"):
+        env = agentrl.load_environment(starts, writable_root=writable_root)
+        [task] = env.tasks("train")
+        [results[writable_root]] = await env.run_group(harbor_oracle_policy(starts), task, n=1,
+                                                       sampling=SamplingConfig())
+    assert results["verifier"].error is not None and "\n" not in results["verifier"].error  # died at start
+    assert "container stopped" in results["verifier"].error and "writable_root = 'always'" in results[
+        "verifier"].error, results["verifier"].error
+    assert results["always"].error is None and results["always"].reward == 1.0, results["always"].state
