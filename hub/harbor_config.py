@@ -1,7 +1,7 @@
 """Harbor's task.toml as agentrl reads it: each harbor 0.25 field (schema 1.0-1.4) mapped, warned or refused.
 
 `read_harbor_task(folder)` parses a Harbor task folder into a `HarborTask`. Each field set
-in task.toml falls in one of three classes (`FIELD_POLICY`):
+in task.toml falls in one of three classes (`agentrl.hub.harbor_fields`):
 
 - honoured: mapped onto the sandbox, the episode, the oracle or the verifier (see
   docs/ENVIRONMENTS.md, "Harbor tasks");
@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError, NotFoundError
+from agentrl.hub.harbor_fields import check_fields
 from pydantic import Field, ValidationError
 
 __all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_harbor_task", "resolve_env",
@@ -30,38 +31,6 @@ __all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_har
 
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 NetworkMode = Literal["public", "no-network", "allowlist"]
-
-_OK = "ok"
-_PHASE = {"timeout_sec": _OK, "user": _OK, "network_mode": _OK, "allowed_hosts": _OK}
-_VERIFIER = {**_PHASE, "env": _OK, "environment_mode": "mode",
-             "environment": "refuse:a verifier environment of its own (another image) is not supported; "
-                            "agentrl grades in a fresh sandbox of the task's own environment",
-             "collect": "refuse:collect hooks run in docker-compose sidecars, which agentrl does not run"}
-_ARTIFACTS = "warn:agentrl keeps no trial artifacts (the verifier's rewards and output are in the rollout)"
-_HEALTHCHECK = {"command": _OK, "interval_sec": _OK, "timeout_sec": _OK, "start_period_sec": _OK,
-                "start_interval_sec": _OK, "retries": _OK}
-FIELD_POLICY: dict[str, Any] = {
-    "schema_version": _OK, "version": _OK, "source": _OK, "multi_step_reward_strategy": _OK,
-    "task": {"name": _OK, "version": _OK, "description": _OK, "authors": _OK, "keywords": _OK},
-    "metadata": "any",
-    "verifier": _VERIFIER,
-    "agent": _PHASE,
-    "solution": {"env": _OK},
-    "artifacts": _ARTIFACTS,
-    "environment": {
-        "build_timeout_sec": "warn:agentrl builds images without a deadline", "docker_image": _OK, "os": "os",
-        "cpus": _OK, "memory_mb": _OK,
-        "storage_mb": _OK, "memory": _OK, "storage": _OK, "env": _OK, "healthcheck": _HEALTHCHECK,
-        "workdir": _OK, "allow_internet": _OK, "network_mode": _OK, "allowed_hosts": _OK,
-        "gpus": "gpus", "gpu_types": "refuse:GPU sandboxes are not supported",
-        "tpu": "refuse:TPU sandboxes are not supported",
-        "mcp_servers": "mcp",
-        "skills_dir": "warn:agentrl's bash agent loads no skills; the folder stays in the image",
-    },
-    "steps": {"name": _OK, "agent": _PHASE, "verifier": _VERIFIER, "min_reward": _OK,
-              "healthcheck": _HEALTHCHECK, "artifacts": _ARTIFACTS},
-}
-
 
 class NetworkPolicy(BaseConfig):
     """One phase's network policy, as Harbor declares it."""
@@ -188,41 +157,6 @@ def _dockerfile_workdir(dockerfile: Path) -> str | None:
             path = match.group(1).strip("\"'")
             workdir = path if path.startswith("/") else f"{(workdir or '').rstrip('/')}/{path}"
     return workdir
-
-
-def _check_fields(data: dict[str, Any], policy: dict[str, Any], where: str, source: Path,
-                  notes: list[str]) -> None:
-    """Walk the fields set in task.toml: refuse or note what agentrl cannot honour, note unknown fields."""
-    for key, value in data.items():
-        field = f"{where}.{key}" if where else key
-        rule = policy.get(key)
-        if rule is None:
-            notes.append(f"{source}: {field} is not a field of Harbor 0.25's task.toml; ignored")
-        elif rule == "any" or rule == _OK:
-            continue
-        elif isinstance(rule, dict):
-            items = value if isinstance(value, list) else [value]
-            for index, item in enumerate(items):
-                if not isinstance(item, dict):
-                    raise ConfigError(f"{source}: {field} must be a table")
-                inner = f"{field}[{index}]" if isinstance(value, list) else field
-                _check_fields(item, rule, inner, source, notes)
-        elif rule.startswith("refuse:"):
-            raise ConfigError(f"{source}: {field} cannot be run by agentrl: {rule[7:]}")
-        elif rule.startswith("warn:"):
-            if value:
-                notes.append(f"{source}: {field} ignored: {rule[5:]}")
-        elif rule == "os" and str(value).lower() != "linux":
-            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: "
-                              "its sandboxes are Linux")
-        elif rule == "gpus" and value:
-            raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: "
-                              "GPU sandboxes are not supported")
-        elif rule == "mcp" and value:
-            raise ConfigError(f"{source}: {field} cannot be run by agentrl: its bash agent has no MCP client")
-        elif rule == "mode" and value == "shared":
-            notes.append(f"{source}: {field} = 'shared' runs as 'separate': agentrl grades in a fresh "
-                         "sandbox that gets the agent's working directory only")
 
 
 def _policy(table: dict[str, Any], base: NetworkPolicy, source: Path, where: str) -> NetworkPolicy:
@@ -365,7 +299,7 @@ def read_harbor_task(path: str | Path) -> HarborTask:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: malformed TOML: {error}") from None
     notes: list[str] = []
-    _check_fields(config, FIELD_POLICY, "", source, notes)
+    check_fields(config, source, notes)
     schema = str(config.get("schema_version", config.get("version", "1.4")))
     if schema not in SCHEMA_VERSIONS:
         notes.append(f"{source}: schema_version = {schema!r} is not one of Harbor 0.25's "

@@ -36,55 +36,21 @@ from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, SandboxError
 from agentrl.hub.harbor_config import HarborStep, HarborTask, NetworkPolicy, read_harbor_task, resolve_env
+from agentrl.hub.harbor_verifier import (
+    below_min_reward, run_verifier, settle_rewards, verifier_ran, verifier_reward,
+)
 from agentrl.hub.manifest import load_manifest
 from agentrl.rubric import Rubric
 from agentrl.tool_env import ToolEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
 
-__all__ = ["HarborTaskEnv", "load_harbor_environment", "harbor_oracle_policy", "combine_rewards",
-           "parse_rewards"]
+__all__ = ["HarborTaskEnv", "load_harbor_environment", "harbor_oracle_policy"]
 
-REWARD_DIR = "/logs/verifier"
 SOLUTION_DIR = "/solution"
 ORACLE_COMMAND = "/solution/solve.sh"
 NO_BUDGET_S = 86_400.0  # a phase Harbor leaves unlimited still ends within a day
 _running_oracle: contextvars.ContextVar[bool] = contextvars.ContextVar("harbor_oracle", default=False)
-
-
-def parse_rewards(text: str, name: str) -> dict[str, float]:
-    """The rewards of reward.json (a number or named numbers) or reward.txt (a number); else ValueError."""
-    if not text.strip():
-        raise ValueError("the file is empty")
-    if name.endswith(".json"):
-        data = json.loads(text)
-        rewards = data if isinstance(data, dict) else {"reward": data}
-    else:
-        rewards = {"reward": float(text.strip())}
-    for key, value in rewards.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{key} = {value!r} is not a finite number")
-    return {str(key): float(value) for key, value in rewards.items()}
-
-
-def combine_rewards(rewards: dict[str, float], primary: str | None) -> float:
-    """The one reward: the `primary` key, else 'reward', else the only key, else the mean of all."""
-    if not rewards:
-        return 0.0
-    for key in (primary, "reward"):
-        if key and key in rewards:
-            return rewards[key]
-    return sum(rewards.values()) / len(rewards)
-
-
-def verifier_reward(state: dict[str, Any]) -> float:
-    """The reward the task's verifier wrote (0.0 when it wrote none)."""
-    return float(state.get("verifier_reward") or 0.0)
-
-
-def verifier_ran(state: dict[str, Any]) -> float:
-    """1.0 when every verifier that ran produced a readable reward (a metric)."""
-    return 0.0 if state.get("verifier_error") else 1.0
 
 
 class HarborTaskEnv(ToolEnv):
@@ -299,7 +265,7 @@ class HarborTaskEnv(ToolEnv):
         step = harbor.steps[state["step"]]
         sandbox = self._live[state["sandbox_key"]]
         await self._verify(sandbox, harbor, step, state, keep_agent_sandbox=True)
-        if _below(state["step_rewards"][-1], step.min_reward):
+        if below_min_reward(state["step_rewards"][-1], step.min_reward):
             state["stopped_after_step"] = step.name
             return True
         state["step"] += 1
@@ -323,41 +289,8 @@ class HarborTaskEnv(ToolEnv):
         services = self._services.get(state["sandbox_key"])
         config = self.sandbox_config(self._rows[state["sandbox_key"]], phase="verifier", step=step,
                                      docker_network=services.network if services else None)
-        await grade_in_fresh_sandbox(sandbox, lambda fresh: self.run_verifier(fresh, harbor, step, state),
+        await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state),
                                      config=config, keep_open=keep_agent_sandbox)
-
-    async def run_verifier(self, sandbox, harbor: HarborTask, step: HarborStep,
-                           state: dict[str, Any]) -> None:
-        """Upload tests/ (then the step's) to /tests, run /tests/test.sh, read the rewards into `state`."""
-        if getattr(sandbox, "network_note", None):
-            state.setdefault("network_notes", []).append(f"verifier {step.name}: {sandbox.network_note}")
-        await sandbox.exec(["/bin/sh", "-c", f"mkdir -p {REWARD_DIR} /tests && "
-                            f"rm -f {REWARD_DIR}/reward.json {REWARD_DIR}/reward.txt"], timeout=30)
-        sources = [Path(harbor.folder) / "tests", Path(harbor.folder) / step.folder / "tests"]
-        for source in dict.fromkeys(sources):
-            if source.is_dir():
-                await sandbox.upload(source, "/tests")
-        await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
-        env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env")
-        result = await sandbox.exec("/tests/test.sh", timeout=step.verifier_timeout_s, env=env)
-        state["verifier_exit_code"] = result.exit_code
-        state["verifier_output"] = (result.stdout + result.stderr)[-2000:]
-        rewards, error = None, None
-        for name in ("reward.json", "reward.txt"):
-            probe = await sandbox.exec(["cat", f"{REWARD_DIR}/{name}"], timeout=30)
-            if probe.exit_code == 0:
-                try:
-                    rewards = parse_rewards(probe.stdout, name)
-                except ValueError as problem:
-                    error = f"{REWARD_DIR}/{name}: {problem}"
-                break
-        else:
-            timed_out = f" (timed out after {step.verifier_timeout_s:g} s)" if result.timed_out else ""
-            error = f"tests/test.sh wrote no reward to {REWARD_DIR}{timed_out}"
-        if error:
-            prefix = f"step {step.name}: " if harbor.multi_step else ""
-            state["verifier_error"] = state.get("verifier_error") or prefix + error
-        state["step_rewards"].append(rewards)
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
         key = state.get("sandbox_key")
@@ -378,21 +311,7 @@ class HarborTaskEnv(ToolEnv):
             services = self._services.pop(key, None)
             if services is not None:
                 await services.close()
-        self._settle_reward(harbor, state)
-
-    def _settle_reward(self, harbor: HarborTask, state: dict[str, Any]) -> None:
-        """The trial's rewards from its steps' (Harbor's per-key mean or the final step's), and the reward."""
-        steps = state.get("step_rewards")
-        if not steps:
-            return
-        if harbor.reward_strategy == "final" or len(steps) == 1:
-            rewards = steps[-1] or {}
-        else:
-            counted = [step for step in steps if step is not None]
-            keys = sorted({key for step in counted for key in step})
-            rewards = {key: sum(step.get(key, 0.0) for step in counted) / len(counted) for key in keys}
-        state["rewards"] = rewards
-        state["verifier_reward"] = combine_rewards(rewards, harbor.primary_reward)
+        settle_rewards(harbor, state)
 
     async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
         scored = await super().score(rollouts)
@@ -401,14 +320,6 @@ class HarborTaskEnv(ToolEnv):
                 rollout.metrics[f"reward_{key}"] = value
             rollout.metrics["network_unavailable"] = float(bool(rollout.state.get("network_notes")))
         return scored
-
-
-def _below(rewards: dict[str, float] | None, minimum: float | dict[str, float] | None) -> bool:
-    """Harbor's min_reward: a float gates the 'reward' key, a table each of its keys (missing = -inf)."""
-    if minimum is None:
-        return False
-    thresholds = minimum if isinstance(minimum, dict) else {"reward": minimum}
-    return any((rewards or {}).get(key, -math.inf) < value for key, value in thresholds.items())
 
 
 def load_harbor_environment(package_dir: str | Path, **kwargs: Any) -> HarborTaskEnv:

@@ -14,7 +14,7 @@ import pytest
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.harbor import find_harbor_tasks, import_harbor_task, read_harbor_task
-from agentrl.hub.harbor_env import combine_rewards, parse_rewards
+from agentrl.hub.harbor_verifier import combine_rewards, parse_rewards
 from tests.fakes.hub_fixtures import docker_client, remove_images  # noqa: F401
 
 pytestmark = pytest.mark.integration
