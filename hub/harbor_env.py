@@ -37,7 +37,7 @@ from typing import Any
 from agentrl.errors import AgentrlError, ConfigError, SandboxError
 from agentrl.hub.harbor_config import HarborStep, HarborTask, NetworkPolicy, read_harbor_task, resolve_env
 from agentrl.hub.harbor_verifier import (
-    below_min_reward, run_verifier, settle_rewards, verifier_ran, verifier_reward,
+    allow_apt_as_root, below_min_reward, run_verifier, settle_rewards, verifier_ran, verifier_reward,
 )
 from agentrl.hub.manifest import load_manifest
 from agentrl.rubric import Rubric
@@ -196,6 +196,7 @@ class HarborTaskEnv(ToolEnv):
                 raise
             raise SandboxError(f"{error}; if the image's ENTRYPOINT writes to its root filesystem, give it a "
                                "writable root (writable_root = 'always')") from None
+        await allow_apt_as_root(sandbox)
         if getattr(sandbox, "network_note", None):
             state.setdefault("network_notes", []).append(f"agent: {sandbox.network_note}")
         if harbor.healthcheck is not None:

@@ -19,9 +19,19 @@ from typing import Any
 from agentrl.hub.harbor_config import HarborStep, HarborTask, resolve_env
 
 __all__ = ["REWARD_DIR", "parse_rewards", "combine_rewards", "run_verifier", "settle_rewards",
-           "below_min_reward", "verifier_reward", "verifier_ran"]
+           "below_min_reward", "verifier_reward", "verifier_ran", "allow_apt_as_root"]
 
 REWARD_DIR = "/logs/verifier"
+# Root commands in agentrl's sandboxes hold no capabilities, so apt cannot drop to its `_apt` user
+# (setgroups): where the root is writable, apt is told to stay root, and `apt-get install` works as in Harbor.
+_APT_AS_ROOT = ("[ -d /etc/apt/apt.conf.d ] && [ \"$(id -u)\" = 0 ] && "
+                "echo 'APT::Sandbox::User \"root\";' > /etc/apt/apt.conf.d/00agentrl-sandbox; true")
+
+
+async def allow_apt_as_root(sandbox) -> None:
+    """On a writable root, let apt run as root (it cannot setgroups to `_apt` without capabilities)."""
+    if sandbox.config.disk_limit == "none":
+        await sandbox.exec(["/bin/sh", "-c", _APT_AS_ROOT], timeout=30)
 
 
 def parse_rewards(text: str, name: str) -> dict[str, float]:
@@ -71,6 +81,7 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep,
         if source.is_dir():
             await sandbox.upload(source, "/tests")
     await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
+    await allow_apt_as_root(sandbox)
     env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env")
     result = await sandbox.exec("/tests/test.sh", timeout=step.verifier_timeout_s, env=env)
     state["verifier_exit_code"] = result.exit_code

@@ -7,7 +7,8 @@
 - `steps`: two `[[steps]]`, each with its instruction, tests and solution; the second uploads `workdir/`
   and runs its `setup.sh`; `min_reward` on the first; the agent is the image's user named `agent`.
 - `network(mode)`: one task per `network_mode`; the verifier records whether it had a network.
-- `installs`: a test.sh that installs a tool under /usr/local/bin (needs a writable root at verify time).
+- `installs`: a test.sh that installs a tool under /usr/local/bin (needs a writable root at verify time)
+  and needs apt able to run as root there (how `apt-get install` works without capabilities).
 - `slow`: `[agent] timeout_sec = 3`, the agent's total budget.
 
 `harbor_validate(folders)` checks folders with harbor 0.25's own `Task` model (Python 3.12 venv).
@@ -160,8 +161,9 @@ def installs(folder: Path) -> Path:
         "environment/Dockerfile": BASE + "WORKDIR /app\n",
         "tests/test.sh": "#!/bin/bash\nprintf '#!/bin/sh\\ncat /app/out.txt\\n' > /usr/local/bin/check-out"
                          " && chmod +x /usr/local/bin/check-out\n"
-                         "if [ \"$(check-out)\" = ok ]; then echo 1; else echo 0; fi"
-                         " > /logs/verifier/reward.txt\n",
+                         "eval \"$(apt-config shell SANDBOX_USER APT::Sandbox::User)\"\n"
+                         "if [ \"$(check-out)\" = ok ] && [ \"$SANDBOX_USER\" = root ]; then echo 1; "
+                         "else echo 0; fi > /logs/verifier/reward.txt\n",
         "solution/solve.sh": "#!/bin/bash\necho ok > /app/out.txt\n",
     })
 
