@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.hub.harbor_config import HarborTask, read_harbor_task
+from agentrl.hub.harbor_config import HarborTask, check_carry_paths, read_harbor_task
 
 __all__ = ["read_harbor_task", "import_harbor_task", "find_harbor_tasks", "build_harbor_images",
            "ENTRY_MODULE"]
@@ -117,12 +117,14 @@ def _row(task: HarborTask, *, env_name: str, folder: str, image: str, dockerfile
 
 
 def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name: str | None = None,
-                       writable_root: str = "never", log: Callable[[str], None] | None = None) -> Path:
+                       writable_root: str = "never", carry_paths: list[str] | None = None,
+                       log: Callable[[str], None] | None = None) -> Path:
     """Write the agentrl package for a Harbor task, dataset folder or registry list; returns its folder.
 
     `writable_root` ('never', 'verifier' or 'always'): the phases whose sandbox gets a writable root
-    filesystem (for a test.sh that installs its tools); `log` gets one line per field run without
-    (default: a warning).
+    filesystem (for a test.sh that installs its tools); `carry_paths`: folders besides the working
+    directory that the verifier gets from the agent's sandbox (Harbor's verifier sees the whole
+    container); `log` gets one line per field run without (default: a warning).
     """
     from agentrl.config import dump_config
     from agentrl.hub.manifest import DatasetSpec, Manifest, RewardSpec, SandboxLimits, SandboxSpec
@@ -130,6 +132,7 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
     if writable_root not in ("never", "verifier", "always"):
         raise ConfigError(f"writable_root = {writable_root!r}; use 'never', 'verifier' or 'always'")
     say = log or (lambda line: warnings.warn(line, RuntimeWarning, stacklevel=3))
+    carry = check_carry_paths(list(carry_paths or []))
     folders = find_harbor_tasks(path)
     tasks = [read_harbor_task(folder) for folder in folders]
     for task in tasks:
@@ -170,7 +173,7 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
                 limits=SandboxLimits(cpus=first.cpus, memory_mb=first.memory_mb, disk_mb=first.storage_mb,
                                      timeout_s=600.0),
             ),
-            env_args={"writable_root": writable_root},
+            env_args={"writable_root": writable_root, "carry_paths": ",".join(carry)},
         )
     except Exception as error:  # pydantic ValidationError: report the first problem on one line
         raise ConfigError(f"{Path(first.folder) / 'task.toml'}: cannot map to environment.toml: "

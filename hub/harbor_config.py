@@ -27,6 +27,7 @@ from agentrl.hub.harbor_fields import check_fields
 from pydantic import Field, ValidationError
 
 __all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_harbor_task", "resolve_env",
+           "check_carry_paths",
            "SCHEMA_VERSIONS"]
 
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
@@ -359,3 +360,15 @@ def resolve_env(values: dict[str, str], *, where: str) -> dict[str, str]:
             raise ConfigError(f"{where}: {key} = {value!r} needs the host environment variable "
                               f"{match.group(1)}; set it")
     return resolved
+
+
+def check_carry_paths(paths: list[str]) -> list[str]:
+    """Absolute folders (not `/`) to carry to the verifier besides the working directory; one-line errors."""
+    checked = []
+    for path in (p.strip() for p in paths):
+        if not path:
+            continue
+        if not path.startswith("/") or path.rstrip("/") == "" or ".." in path.split("/"):
+            raise ConfigError(f"carry path {path!r}: give an absolute folder other than / (e.g. /root)")
+        checked.append(path.rstrip("/"))
+    return checked

@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, SandboxError
-from agentrl.hub.harbor_config import HarborStep, HarborTask, NetworkPolicy, read_harbor_task, resolve_env
+from agentrl.hub.harbor_config import (
+    HarborStep, HarborTask, NetworkPolicy, check_carry_paths, read_harbor_task, resolve_env,
+)
 from agentrl.hub.harbor_verifier import (
     allow_apt_as_root, below_min_reward, run_verifier, settle_rewards, verifier_ran, verifier_reward,
 )
@@ -57,7 +59,8 @@ class HarborTaskEnv(ToolEnv):
     """Harbor tasks as a multi-turn bash environment scored by each task's own test script."""
 
     def __init__(self, *, package_dir: str | Path, command_timeout_s: float = 600.0, runtime: str = "runc",
-                 writable_root: str | None = None, **kwargs: Any) -> None:
+                 writable_root: str | None = None, carry_paths: str | list[str] | None = None,
+                 **kwargs: Any) -> None:
         self.package_dir = Path(package_dir)
         self.manifest = load_manifest(self.package_dir)
         if self.manifest.sandbox is None:
@@ -71,6 +74,9 @@ class HarborTaskEnv(ToolEnv):
         """Phases whose sandbox gets a writable root: 'never', 'verifier' or 'always'."""
         if self.writable_root not in ("never", "verifier", "always"):
             raise ConfigError(f"writable_root = {self.writable_root!r}; use 'never', 'verifier' or 'always'")
+        carry = carry_paths if carry_paths is not None else str(self.manifest.env_args.get("carry_paths", ""))
+        self.carry_paths = check_carry_paths(carry.split(",") if isinstance(carry, str) else carry)
+        """Folders besides the working directory carried from the agent's sandbox to the verifier's."""
         self._live: dict[str, Any] = {}  # sandbox_key -> the agent's sandbox
         self._services: dict[str, Any] = {}  # sandbox_key -> the trial's compose services
         self._rows: dict[str, Task] = {}  # sandbox_key -> the row it plays
@@ -290,8 +296,12 @@ class HarborTaskEnv(ToolEnv):
         services = self._services.get(state["sandbox_key"])
         config = self.sandbox_config(self._rows[state["sandbox_key"]], phase="verifier", step=step,
                                      docker_network=services.network if services else None)
+        paths = [config.workdir]
+        for path in self.carry_paths:  # those the trial has (an agent may never create ~/.config)
+            if (await sandbox.exec(["test", "-d", path], timeout=30)).exit_code == 0:
+                paths.append(path)
         await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state),
-                                     config=config, keep_open=keep_agent_sandbox)
+                                     config=config, keep_open=keep_agent_sandbox, paths=paths)
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
         key = state.get("sandbox_key")

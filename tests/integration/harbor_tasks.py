@@ -267,3 +267,16 @@ def entrypoint(folder: Path) -> Path:
                          "else echo 0; fi > /logs/verifier/reward.txt\n",
         "solution/solve.sh": "#!/bin/bash\ncp /etc/harbor-ready /app/out.txt\n",
     })
+
+
+def home(folder: Path) -> Path:
+    """The solution writes outside the working directory (Harbor's verifier sees the whole container)."""
+    return _write(folder, {
+        "task.toml": '[environment]\nmemory_mb = 512\nnetwork_mode = "no-network"\n',
+        "instruction.md": "Write 42 to /root/.config/harbor/answer.\n",
+        "environment/Dockerfile": BASE + "WORKDIR /app\n",
+        "tests/test.sh": "#!/bin/bash\nif [ \"$(cat /root/.config/harbor/answer 2>/dev/null)\" = 42 ]; "
+                         "then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+        "solution/solve.sh": "#!/bin/bash\nmkdir -p /root/.config/harbor\n"
+                             "echo 42 > /root/.config/harbor/answer\n",
+    })

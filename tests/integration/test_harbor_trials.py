@@ -14,6 +14,8 @@ import harbor_tasks
 import pytest
 from sandbox_backends import DOCKER_BACKENDS
 
+from agentrl.sampling import SamplingConfig
+
 from tests.fakes.hub_fixtures import docker_client  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -39,6 +41,7 @@ def harbor_packages(tmp_path_factory, docker_client):  # noqa: F811
         harbor_tasks.network(dataset / f"net-{mode}", mode)
     harbor_tasks.slow(dataset / "slow")
     harbor_tasks.compose(dataset / "compose")
+    harbor_tasks.home(dataset / "home")
     package = import_harbor_task(dataset, out=root / "pkg", name="harbor-fixtures", log=lambda line: None)
     installs = import_harbor_task(harbor_tasks.installs(root / "installs"), out=root / "installs-pkg",
                                   name="harbor-installs")
@@ -198,3 +201,17 @@ async def test_an_entrypoint_that_writes_its_root_needs_the_writable_root_everyw
     assert "container stopped" in results["verifier"].error and "writable_root = 'always'" in results[
         "verifier"].error, results["verifier"].error
     assert results["always"].error is None and results["always"].reward == 1.0, results["always"].state
+
+
+async def test_folders_outside_the_workdir_reach_the_verifier_when_carried(harbor_packages):
+    import agentrl
+    from agentrl.hub.harbor_env import harbor_oracle_policy
+
+    package, _, _ = harbor_packages
+    results = {}
+    for carry in ([], ["/root", "/srv/never-made"]):
+        env = agentrl.load_environment(package, carry_paths=carry)
+        [results[len(carry)]] = await env.run_group(harbor_oracle_policy(package), _rows(env)["home"], n=1,
+                                                    sampling=SamplingConfig())
+    assert results[0].error is None and results[0].reward == 0.0  # only the working directory travels
+    assert results[2].error is None and results[2].reward == 1.0, results[2].state  # missing: skipped

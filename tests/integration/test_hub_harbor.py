@@ -181,6 +181,20 @@ def test_bad_harbor_folders_are_one_line_errors(tmp_path):
         import_harbor_task(steps, out=tmp_path / "out4")
 
 
+def test_carry_paths_are_absolute_folders(tmp_path):
+    from agentrl.hub.harbor_config import check_carry_paths
+
+    assert check_carry_paths(["/root/", " /srv ", ""]) == ["/root", "/srv"]
+    for bad in ("relative/dir", "/", "/srv/../etc"):
+        with pytest.raises(ConfigError, match="give an absolute folder other than /"):
+            check_carry_paths([bad])
+    task = write_harbor_task(tmp_path / "task")
+    result = _cli("import", "harbor", str(task), "--out", str(tmp_path / "pkg"), "--carry", "/root",
+                  "--carry", "/srv", env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    assert 'carry_paths = "/root,/srv"' in (tmp_path / "pkg" / "environment.toml").read_text()
+
+
 def test_rewards_are_read_as_harbor_reads_them():
     assert parse_rewards('{"correctness": 1, "performance": 0.5}', "reward.json") == {"correctness": 1.0,
                                                                                     "performance": 0.5}
