@@ -1,15 +1,20 @@
-"""`agentrl env import harbor PATH`: turn a Harbor task folder into an agentrl environment package.
+"""`agentrl env import harbor PATH`: Harbor tasks (one, a dataset folder, a registry list) become a package.
 
-A Harbor task (harborframework.com/docs/tasks) is a folder with `task.toml` (metadata,
-`[verifier]`/`[agent]` timeouts, `[environment]` resources and `allow_internet`),
-`instruction.md`, `environment/Dockerfile`, `tests/test.sh` (writes the reward to
-`/logs/verifier/reward.txt` or `reward.json`) and optionally `solution/solve.sh`.
+A Harbor task (harborframework.com/docs/tasks) is a folder with `task.toml`, `instruction.md`
+(or `steps/<name>/instruction.md` per step), `environment/Dockerfile` (or `[environment]
+docker_image`), `tests/test.sh` (writes `/logs/verifier/reward.json` or `reward.txt`) and
+optionally `solution/solve.sh`. `agentrl.hub.harbor_config` reads task.toml (every field
+of harbor 0.25: honoured, warned in one line, or refused in one line).
 
-The package written keeps those files as they are and adds `environment.toml` (sandbox image
-built from `environment/Dockerfile`, limits and network from `[environment]`), one task row
-(the instruction as the user prompt), a README, and a two-line entrypoint module that
-returns `agentrl.hub.harbor_env.HarborTaskEnv`, whose reward runs `tests/test.sh` in the
-sandbox after the episode.
+The package keeps each task's files as they are (one task: at the package root; a dataset:
+under `tasks/<name>/`), one row per task (the first step's instruction as the prompt, the
+task folder and image in `info`), `environment.toml` (the first task's image, limits and
+agent-phase network), a README, and an entrypoint returning
+`agentrl.hub.harbor_env.HarborTaskEnv`.
+
+PATH may be a task folder, a dataset folder (its sub-folders holding task.toml), or a
+registry-style JSON list (Harbor's registry.json: datasets with `tasks` of `name` and
+`path`; tasks with a `git_url` are refused: nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -17,18 +22,20 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tomllib
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.hub.harbor_config import HarborTask, check_carry_paths, read_harbor_task
 
-__all__ = ["read_harbor_task", "import_harbor_task", "ENTRY_MODULE"]
+__all__ = ["read_harbor_task", "import_harbor_task", "find_harbor_tasks", "build_harbor_images",
+           "ENTRY_MODULE"]
 
 ENTRY_MODULE = "harbor_task"
-_COPIED = ("task.toml", "instruction.md", "environment", "tests", "solution")
+_COPIED = ("task.toml", "instruction.md", "environment", "tests", "solution", "steps")
 
-_ENTRY = '''"""Entrypoint of a package imported from a Harbor task (see agentrl.hub.harbor_env)."""
+_ENTRY = '''"""Entrypoint of a package imported from Harbor tasks (see agentrl.hub.harbor_env)."""
 
 from pathlib import Path
 
@@ -48,128 +55,179 @@ def oracle_policy():
 '''
 
 
-def _size_mb(value: Any, field: str, source: Path) -> int | None:
-    """Harbor sizes: `memory_mb = 2048` or `memory = "4G"` / "512M"."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", str(value), re.IGNORECASE)
-    if not match:
-        raise ConfigError(f"{source}: [environment] {field} = {value!r} is not a size like '4G' or '512M'")
-    number, unit = float(match.group(1)), match.group(2).upper()
-    return int(number * {"": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}[unit])
-
-
-def _dockerfile_workdir(dockerfile: Path) -> str:
-    workdir = "/"
-    for line in dockerfile.read_text().splitlines():
-        match = re.match(r"^\s*WORKDIR\s+(\S+)", line, re.IGNORECASE)
-        if match:
-            path = match.group(1).strip("\"'")
-            workdir = path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
-    return workdir
-
-
-def read_harbor_task(path: str | Path) -> dict[str, Any]:
-    """Parse and check a Harbor task folder; returns its parts (raises a one-line error on a problem)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise NotFoundError(f"{folder}: no such Harbor task folder")
-    for required in ("task.toml", "instruction.md", "environment/Dockerfile", "tests/test.sh"):
-        if not (folder / required).is_file():
-            raise NotFoundError(f"{folder}: not a Harbor task, {required} is missing")
-    source = folder / "task.toml"
-    try:
-        config = tomllib.loads(source.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{source}: malformed TOML: {error}") from None
-    metadata = config.get("metadata") or {}
-    task = config.get("task") or {}
-    environment = config.get("environment") or {}
-    for section in ("metadata", "task", "environment", "verifier", "agent"):
-        if section in config and not isinstance(config[section], dict):
-            raise ConfigError(f"{source}: [{section}] must be a table")
-    instruction = (folder / "instruction.md").read_text().strip()
-    if not instruction:
-        raise ConfigError(f"{folder / 'instruction.md'}: the instruction is empty")
-    tags = list(metadata.get("tags") or []) + list(task.get("keywords") or [])
-    return {
-        "folder": folder,
-        "task_name": str(task.get("name") or folder.name),
-        "description": str(task.get("description") or instruction.splitlines()[0].lstrip("# ").strip())[:200],
-        "instruction": instruction,
-        "tags": [str(t) for t in tags],
-        "difficulty": metadata.get("difficulty"),
-        "category": metadata.get("category"),
-        "verifier_timeout_s": float((config.get("verifier") or {}).get("timeout_sec", 120.0)),
-        "agent_timeout_s": float((config.get("agent") or {}).get("timeout_sec", 600.0)),
-        "cpus": float(environment.get("cpus", 1)),
-        "memory_mb": _size_mb(environment.get("memory_mb", environment.get("memory")), "memory", source) or 2048,
-        "storage_mb": _size_mb(environment.get("storage_mb", environment.get("storage")), "storage", source) or 10240,
-        "network": bool(environment.get("allow_internet", False)),
-        "workdir": _dockerfile_workdir(folder / "environment" / "Dockerfile"),
-    }
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9\-_]+", "-", text.split("/")[-1].lower()).strip("-_")
 
 
 def _env_name(task_name: str) -> str:
-    name = re.sub(r"[^a-z0-9\-_]+", "-", task_name.split("/")[-1].lower()).strip("-_")
+    name = _slug(task_name)
     if not name:
         raise AgentrlError(f"Harbor task name {task_name!r} gives no usable environment name; pass --name")
     return ("harbor-" + name)[:64] if not name.startswith("harbor") else name[:64]
 
 
-def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name: str | None = None) -> Path:
-    """Write the agentrl package for a Harbor task; returns its folder."""
-    from agentrl.config import dump_config
-    from agentrl.hub.manifest import (
-        DatasetSpec, Manifest, RewardSpec, SandboxLimits, SandboxSpec,
-    )
+def _registry_tasks(path: Path) -> list[Path]:
+    """The local task folders a registry-style JSON list names (paths relative to the file)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path}: not a readable Harbor registry JSON ({error})") from None
+    datasets = data if isinstance(data, list) else data.get("datasets") if isinstance(data, dict) else None
+    if not isinstance(datasets, list):
+        raise ConfigError(f"{path}: a Harbor registry is a JSON list of datasets (or {{'datasets': [...]}})")
+    folders = []
+    for index, dataset in enumerate(datasets):
+        tasks = dataset.get("tasks") if isinstance(dataset, dict) else None
+        if not isinstance(tasks, list):
+            raise ConfigError(f"{path}: datasets[{index}].tasks must be a list of {{name, path}}")
+        for number, task in enumerate(tasks):
+            where = f"{path}: datasets[{index}].tasks[{number}]"
+            if not isinstance(task, dict) or not task.get("path"):
+                raise ConfigError(f"{where} has no path")
+            if task.get("git_url"):
+                raise ConfigError(f"{where} lives in {task['git_url']}; agentrl downloads nothing: clone it "
+                                  "and import the local folder (or give a registry whose paths are local)")
+            folders.append((path.parent / task["path"]).resolve())
+    if not folders:
+        raise ConfigError(f"{path}: the registry names no tasks")
+    return folders
 
-    task = read_harbor_task(path)
-    env_name = name or _env_name(task["task_name"])
+
+def find_harbor_tasks(path: str | Path) -> list[Path]:
+    """The task folders PATH stands for: a task, a dataset folder of tasks, or a registry JSON list."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        return _registry_tasks(path)
+    if not path.is_dir():
+        raise NotFoundError(f"{path}: no such Harbor task folder, dataset folder or registry JSON")
+    if (path / "task.toml").is_file():
+        return [path]
+    folders = sorted(child for child in path.iterdir() if (child / "task.toml").is_file())
+    if not folders:
+        raise NotFoundError(f"{path}: not a Harbor task (task.toml is missing) nor a dataset folder of tasks")
+    return folders
+
+
+def _row(task: HarborTask, *, env_name: str, folder: str, image: str, dockerfile: str | None) -> dict:
+    return {"prompt": [{"role": "user", "content": task.steps[0].instruction}], "answer": "",
+            "info": {"harbor_task": task.task_name, "harbor_dir": folder, "image": image,
+                     "dockerfile": dockerfile, "difficulty": task.metadata.get("difficulty"),
+                     "category": task.metadata.get("category")},
+            "task": env_name, "example_id": task.task_name}
+
+
+def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name: str | None = None,
+                       writable_root: str = "never", carry_paths: list[str] | None = None,
+                       log: Callable[[str], None] | None = None) -> Path:
+    """Write the agentrl package for a Harbor task, dataset folder or registry list; returns its folder.
+
+    `writable_root` ('never', 'verifier' or 'always'): the phases whose sandbox gets a writable root
+    filesystem (for a test.sh that installs its tools); `carry_paths`: folders besides the working
+    directory that the verifier gets from the agent's sandbox (Harbor's verifier sees the whole
+    container); `log` gets one line per field run without (default: a warning).
+    """
+    from agentrl.config import dump_config
+    from agentrl.hub.manifest import DatasetSpec, Manifest, RewardSpec, SandboxLimits, SandboxSpec
+
+    if writable_root not in ("never", "verifier", "always"):
+        raise ConfigError(f"writable_root = {writable_root!r}; use 'never', 'verifier' or 'always'")
+    say = log or (lambda line: warnings.warn(line, RuntimeWarning, stacklevel=3))
+    carry = check_carry_paths(list(carry_paths or []))
+    folders = find_harbor_tasks(path)
+    tasks = [read_harbor_task(folder) for folder in folders]
+    for task in tasks:
+        for note in task.notes:
+            say(note)
+    single = len(tasks) == 1 and Path(path).is_dir() and (Path(path) / "task.toml").is_file()
+    env_name = name or _env_name(tasks[0].task_name if single else Path(path).stem)
     target = Path(out) if out is not None else Path(env_name)
     if target.exists() and any(target.iterdir()):
         raise AgentrlError(f"{target}: folder exists and is not empty; pick another --out")
+    rows, seen = [], set()
+    for task in tasks:
+        slug = _slug(task.task_name) or "task"
+        if slug in seen:
+            raise ConfigError(f"{task.folder}: two tasks are named {task.task_name!r}; names must differ")
+        seen.add(slug)
+        folder = "." if single else f"tasks/{slug}"
+        dockerfile = None if task.image else (f"{folder}/environment/Dockerfile" if not single
+                                              else "environment/Dockerfile")
+        image = task.image or (f"{env_name}:0.1.0" if single else f"{env_name}-{slug}:0.1.0")
+        rows.append(_row(task, env_name=env_name, folder=folder, image=image, dockerfile=dockerfile))
+    first, first_info = tasks[0], rows[0]["info"]
+    step = first.steps[0]
     try:
         manifest = Manifest(
-            name=env_name, version="0.1.0", description=task["description"],
-            tags=sorted({"harbor", "sandbox", "multi-turn", *task["tags"]}), entrypoint=f"{ENTRY_MODULE}:load_environment",
-            reward=RewardSpec(description="Harbor verifier: tests/test.sh runs in the sandbox after the episode and "
-                                          "writes the reward to /logs/verifier/reward.txt (or reward.json)"),
+            name=env_name, version="0.1.0", description=first.description if single else
+            f"{len(tasks)} Harbor tasks imported from {Path(path).name}",
+            tags=sorted({"harbor", "sandbox", "multi-turn", *(t for task in tasks for t in task.tags)}),
+            entrypoint=f"{ENTRY_MODULE}:load_environment",
+            reward=RewardSpec(description="Harbor verifier: tests/test.sh runs in a fresh sandbox after the "
+                                          "episode and writes /logs/verifier/reward.json (named rewards) or "
+                                          "reward.txt"),
             dataset=DatasetSpec(splits={"train": "data/tasks.jsonl", "test": "data/tasks.jsonl"}),
             sandbox=SandboxSpec(
-                image=f"{env_name}:0.1.0", dockerfile="environment/Dockerfile", network=task["network"],
-                workdir=task["workdir"], user=None,
-                limits=SandboxLimits(cpus=task["cpus"], memory_mb=task["memory_mb"], disk_mb=task["storage_mb"],
-                                     timeout_s=min(task["agent_timeout_s"], 600.0)),
+                image=first_info["image"], dockerfile=first_info["dockerfile"],
+                network=step.agent_network.mode == "public", workdir=first.workdir or "/app",
+                user=step.agent_user,
+                limits=SandboxLimits(cpus=first.cpus, memory_mb=first.memory_mb, disk_mb=first.storage_mb,
+                                     timeout_s=600.0),
             ),
-            env_args={"verifier_timeout_s": task["verifier_timeout_s"]},
+            env_args={"writable_root": writable_root, "carry_paths": ",".join(carry)},
         )
     except Exception as error:  # pydantic ValidationError: report the first problem on one line
-        raise ConfigError(f"{task['folder'] / 'task.toml'}: cannot map to environment.toml: "
+        raise ConfigError(f"{Path(first.folder) / 'task.toml'}: cannot map to environment.toml: "
                           f"{str(error).splitlines()[0]}") from None
     target.mkdir(parents=True, exist_ok=True)
-    for item in _COPIED:
-        source = task["folder"] / item
-        if source.is_dir():
-            shutil.copytree(source, target / item)
-        elif source.is_file():
-            shutil.copyfile(source, target / item)
-    (target / "environment.toml").write_text(
-        f"# Imported from the Harbor task {task['task_name']!r} by `agentrl env import harbor`.\n"
-        + dump_config(manifest)
-    )
+    for task, row in zip(tasks, rows, strict=True):
+        destination = target / row["info"]["harbor_dir"]
+        destination.mkdir(parents=True, exist_ok=True)
+        for item in _COPIED:
+            source = Path(task.folder) / item
+            if source.is_dir():
+                shutil.copytree(source, destination / item)
+            elif source.is_file():
+                shutil.copyfile(source, destination / item)
+    origin = (f"the Harbor task {first.task_name!r}" if single
+              else f"{len(tasks)} Harbor tasks of {Path(path).name}")
+    (target / "environment.toml").write_text(f"# Imported from {origin} by `agentrl env import harbor`.\n"
+                                             + dump_config(manifest))
     (target / f"{ENTRY_MODULE}.py").write_text(_ENTRY)
     (target / "data").mkdir(exist_ok=True)
-    row = {"prompt": [{"role": "user", "content": task["instruction"]}], "answer": "",
-           "info": {"harbor_task": task["task_name"], "difficulty": task["difficulty"], "category": task["category"],
-                    "verifier_timeout_s": task["verifier_timeout_s"], "agent_timeout_s": task["agent_timeout_s"]},
-           "task": env_name, "example_id": task["task_name"]}
-    (target / "data" / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    (target / "data" / "tasks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    listing = "\n".join(f"- `{task.task_name}` ({row['info']['harbor_dir']}, image `{row['info']['image']}`)"
+                        for task, row in zip(tasks, rows, strict=True))
     (target / "README.md").write_text(
-        f"# {env_name}\n\nImported from the Harbor task `{task['task_name']}`.\n\n{task['description']}\n\n"
-        "The agent works in the task's container through a `bash` tool; the reward is what the task's "
-        "`tests/test.sh` writes to `/logs/verifier/reward.txt` when run in that container after the episode.\n"
+        f"# {env_name}\n\nImported from {origin}.\n\n{listing}\n\n"
+        "The agent works in each task's container through a `bash` tool; the reward is what the task's "
+        "`tests/test.sh` writes to `/logs/verifier/reward.json` (or `reward.txt`) when run in a fresh "
+        "sandbox after the episode. `agentrl env import harbor --build` (or `build_harbor_images`) builds "
+        "every task's image.\n"
     )
     return target
+
+
+def build_harbor_images(package_dir: str | Path) -> list[str]:
+    """Build each row's image (and compose services') from its Dockerfile's folder; returns the tags."""
+    from agentrl.hub.images import build_image
+    from agentrl.sandbox.docker_backend import docker_client, network_unavailable
+
+    from agentrl.hub.harbor_compose import read_compose, service_image
+
+    package_dir = Path(package_dir)
+    network = network_unavailable(docker_client(), "runc") is None  # Harbor builds with the network if any
+    built = []
+    for line in (package_dir / "data" / "tasks.jsonl").read_text().splitlines():
+        info = (json.loads(line).get("info") or {}) if line.strip() else {}
+        if info.get("dockerfile") and info["image"] not in built:
+            build_image(package_dir, dockerfile=info["dockerfile"], tag=info["image"], network=network)
+            built.append(info["image"])
+        task = read_harbor_task(package_dir / (info.get("harbor_dir") or "."))
+        for service in read_compose(Path(task.folder) / task.compose)[0] if task.compose else []:
+            tag = service_image(info["image"], service)
+            if service.build_context is not None and tag not in built:
+                dockerfile = Path(task.folder, "environment", service.build_context, service.dockerfile)
+                build_image(package_dir, dockerfile=str(dockerfile.relative_to(package_dir)), tag=tag,
+                            network=network)
+                built.append(tag)
+    return built

@@ -1,96 +1,120 @@
 """The environment behind packages imported from Harbor tasks (`agentrl env import harbor`).
 
-One rollout = one Harbor trial: a sandbox starts from the task's image (built from
-`environment/Dockerfile`), the model works in it through a `bash` tool until it answers
-without a tool call. Then the task's verifier runs out of the agent's reach
-(`agentrl.sandbox.grading.grade_in_fresh_sandbox`): the agent's processes are killed, its
-working directory is carried into a fresh sandbox of the same image and the agent's
-sandbox is closed; there `tests/` is uploaded to `/tests`, `bash /tests/test.sh` runs with
-the verifier timeout, and the reward is read from `/logs/verifier/reward.txt` (a number)
-or `/logs/verifier/reward.json` (`{"reward": x}`), which only the verifier can have
-written. A missing or unreadable reward is 0 with `verifier_error` set. Changes the agent
-made outside the working directory do not reach the verifier. The oracle policy replays
-`solution/solve.sh` through the bash tool.
+One rollout = one Harbor trial. A sandbox starts from the task's image with its limits, user
+(`[agent] user`, else the image's USER), working directory (`[environment] workdir`, else the
+Dockerfile's WORKDIR), `[environment] env` and the agent phase's network; the task's
+healthcheck runs; the model works through a `bash` tool until it answers without a tool call
+or `[agent] timeout_sec` (a total budget) runs out. Then the verifier runs out of the agent's
+reach (`agentrl.sandbox.grading.grade_in_fresh_sandbox`): the agent's working directory is
+carried into a fresh sandbox as `[verifier] user`, with its env and network, where `tests/` is
+uploaded to `/tests` and `/tests/test.sh` runs (default limit 600 s). The rewards are read from
+`/logs/verifier/reward.json` (a number or named numbers) before `reward.txt` (a number), as
+Harbor does; the reward is `[metadata] primary_reward`'s key, else `reward`, else the only key,
+else their mean; every key becomes a `reward_<key>` metric.
+
+Multi-step tasks (`[[steps]]`): each step's `workdir/` is uploaded and its `setup.sh` run, its
+healthcheck checked and its instruction given as a user message; its verifier runs in a fresh
+copy while the agent's sandbox stays; `min_reward` ends the trial early; the reward follows
+`multi_step_reward_strategy` (per-key mean or the final step's).
+
+The oracle (`harbor_oracle_policy`) is Harbor's: `solution/` (or the step's) is uploaded to
+`/solution` and `/solution/solve.sh` is run there with `[solution] env`, limited by the agent
+budget, not by `max_tokens` (its tool call is that one short command).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
+import math
 import shlex
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import AgentrlError
+from agentrl.errors import AgentrlError, ConfigError, SandboxError
+from agentrl.hub.harbor_config import (
+    HarborStep, HarborTask, NetworkPolicy, check_carry_paths, read_harbor_task, resolve_env,
+)
+from agentrl.hub.harbor_verifier import (
+    allow_apt_as_root, below_min_reward, run_verifier, settle_rewards, verifier_ran, verifier_reward,
+)
 from agentrl.hub.manifest import load_manifest
 from agentrl.rubric import Rubric
 from agentrl.tool_env import ToolEnv
 from agentrl.tools import Tool
-from agentrl.types import Task
+from agentrl.types import Message, Rollout, Task
 
 __all__ = ["HarborTaskEnv", "load_harbor_environment", "harbor_oracle_policy"]
 
-REWARD_DIR = "/logs/verifier"
-
-
-def verifier_reward(state: dict[str, Any]) -> float:
-    """The reward the task's tests/test.sh wrote (0.0 when it wrote none)."""
-    return float(state.get("verifier_reward") or 0.0)
-
-
-def verifier_ran(state: dict[str, Any]) -> float:
-    """1.0 when the verifier produced a readable reward (a metric)."""
-    return 0.0 if state.get("verifier_error") else 1.0
-
-
-def _parse_reward(text: str, name: str) -> float:
-    text = text.strip()
-    if name.endswith(".json"):
-        data = json.loads(text)
-        value = data.get("reward") if isinstance(data, dict) else data
-    else:
-        value = text.split()[0] if text else ""
-    return float(value)
+SOLUTION_DIR = "/solution"
+ORACLE_COMMAND = "/solution/solve.sh"
+NO_BUDGET_S = 86_400.0  # a phase Harbor leaves unlimited still ends within a day
+_running_oracle: contextvars.ContextVar[bool] = contextvars.ContextVar("harbor_oracle", default=False)
 
 
 class HarborTaskEnv(ToolEnv):
-    """A Harbor task as a multi-turn bash environment scored by the task's own test script."""
+    """Harbor tasks as a multi-turn bash environment scored by each task's own test script."""
 
-    def __init__(self, *, package_dir: str | Path, command_timeout_s: float = 60.0,
-                 verifier_timeout_s: float | None = None, runtime: str = "runc", **kwargs: Any) -> None:
+    def __init__(self, *, package_dir: str | Path, command_timeout_s: float = 600.0, runtime: str = "runc",
+                 writable_root: str | None = None, carry_paths: str | list[str] | None = None,
+                 **kwargs: Any) -> None:
         self.package_dir = Path(package_dir)
         self.manifest = load_manifest(self.package_dir)
         if self.manifest.sandbox is None:
-            raise AgentrlError(f"{self.package_dir / 'environment.toml'}: a Harbor package needs a [sandbox] table")
+            raise AgentrlError(f"{self.package_dir / 'environment.toml'}: a Harbor package needs a [sandbox] "
+                               "table")
         self.command_timeout_s = command_timeout_s
-        """Wall-clock limit of one bash call."""
-        self.verifier_timeout_s = verifier_timeout_s or float(self.manifest.env_args.get("verifier_timeout_s", 120.0))
-        """Wall-clock limit of tests/test.sh."""
+        """Most seconds one bash call may take (also bounded by the agent's remaining budget)."""
         self.runtime = runtime
         """Docker runtime ('runc', or 'runsc' for gVisor)."""
-        self._live: dict[str, Any] = {}
+        self.writable_root = writable_root or str(self.manifest.env_args.get("writable_root", "never"))
+        """Phases whose sandbox gets a writable root: 'never', 'verifier' or 'always'."""
+        if self.writable_root not in ("never", "verifier", "always"):
+            raise ConfigError(f"writable_root = {self.writable_root!r}; use 'never', 'verifier' or 'always'")
+        carry = carry_paths if carry_paths is not None else str(self.manifest.env_args.get("carry_paths", ""))
+        self.carry_paths = check_carry_paths(carry.split(",") if isinstance(carry, str) else carry)
+        """Folders besides the working directory carried from the agent's sandbox to the verifier's."""
+        self._live: dict[str, Any] = {}  # sandbox_key -> the agent's sandbox
+        self._services: dict[str, Any] = {}  # sandbox_key -> the trial's compose services
+        self._rows: dict[str, Task] = {}  # sandbox_key -> the row it plays
+        self._tasks: dict[str, HarborTask] = {}
 
-        async def bash(command: str, sandbox) -> str:
+        async def bash(command: str, sandbox, state) -> str:
             """Run a shell command in the task's container and return its output.
 
             Args:
                 command: The bash command to run.
             """
-            result = await sandbox.exec(command, timeout=self.command_timeout_s)
+            limit = self._command_limit(state)
+            result = await sandbox.exec(command, timeout=limit, env=state.get("command_env"))
             output = result.stdout + (("\n" + result.stderr) if result.stderr else "")
             note = " (timed out)" if result.timed_out else ""
             return f"{output.rstrip()}\n[exit code {result.exit_code}{note}]".lstrip()
 
-        rubric = Rubric(funcs=[verifier_reward, verifier_ran], weights=[1.0, 0.0])
         from agentrl.hub.package import build_dataset
 
         kwargs.setdefault("name", self.manifest.name)
         kwargs.setdefault("splits", build_dataset(self.package_dir, manifest=self.manifest))
-        super().__init__(tools=[Tool(bash, hidden=("sandbox",))], rubric=rubric, **kwargs)
+        kwargs.setdefault("max_turns", 50)
+        rubric = Rubric(funcs=[verifier_reward, verifier_ran], weights=[1.0, 0.0])
+        super().__init__(tools=[Tool(bash, hidden=("sandbox", "state"))], rubric=rubric, **kwargs)
 
-    def image(self) -> str:
-        """The sandbox image: by digest when the published manifest records one, else by tag."""
+    # --- the task and its sandboxes ------------------------------------------------------------
+    def harbor_task(self, task: Task) -> HarborTask:
+        """The Harbor task behind a row (its folder is `info.harbor_dir`, the package root by default)."""
+        folder = str(task.info.get("harbor_dir") or ".")
+        if folder not in self._tasks:
+            self._tasks[folder] = read_harbor_task(self.package_dir / folder)
+        return self._tasks[folder]
+
+    def image(self, task: Task) -> str:
+        """The row's image, else the manifest's (by digest when the published manifest records one)."""
         sandbox = self.manifest.sandbox
+        if task.info.get("image") and task.info["image"] != sandbox.image:
+            return task.info["image"]
         if sandbox.digest:
             from agentrl.hub.images import ImageRef, parse_image
 
@@ -98,59 +122,215 @@ class HarborTaskEnv(ToolEnv):
             return str(ImageRef(ref.registry, ref.repository, None, sandbox.digest))
         return sandbox.image
 
-    def sandbox_config(self):
+    def sandbox_config(self, task: Task, *, phase: str = "agent", step: HarborStep | None = None,
+                       docker_network: str | None = None):
+        """The SandboxConfig of one phase ('agent' or 'verifier') of a row's trial (on a compose network)."""
         from agentrl.sandbox import SandboxConfig
 
-        spec = self.manifest.sandbox
+        harbor = self.harbor_task(task)
+        step = step or harbor.steps[0]
+        limits = self.manifest.sandbox.limits
+        policy = step.agent_network if phase == "agent" else step.verifier_network
+        writable = self.writable_root == "always" or self.writable_root == phase == "verifier"
         return SandboxConfig(
-            image=self.image(), workdir=spec.workdir, user=spec.user, network=spec.network, runtime=self.runtime,
-            cpus=spec.limits.cpus, memory_mb=spec.limits.memory_mb, pids_limit=spec.limits.pids,
-            disk_mb=spec.limits.disk_mb, exec_timeout_s=spec.limits.timeout_s,
-            max_output_bytes=spec.limits.output_bytes,
+            image=self.image(task), workdir=harbor.workdir or "/app", runtime=self.runtime,
+            user=step.agent_user if phase == "agent" else step.verifier_user,
+            network=policy.mode == "public",
+            env=resolve_env(harbor.env, where=f"{harbor.folder}: [environment] env"),
+            cpus=harbor.cpus, memory_mb=harbor.memory_mb, pids_limit=limits.pids, disk_mb=harbor.storage_mb,
+            disk_limit="none" if writable else "auto", exec_timeout_s=limits.timeout_s,
+            docker_network=docker_network,
+            max_output_bytes=limits.output_bytes,
             # where a read-only root (tmpfs disk limits) still lets the trial and its verifier write
-            writable_paths=["/tmp", "/root", "/home", "/tests", "/logs", "/solution"],
+            writable_paths=["/tmp", "/root", "/home", "/tests", "/logs", SOLUTION_DIR],
         )
 
+    def _network_note(self, policy: NetworkPolicy, phase: str, state: dict[str, Any]) -> None:
+        if policy.mode == "allowlist":
+            state.setdefault("network_notes", []).append(
+                f"{phase}: network_mode 'allowlist' ({', '.join(policy.allowed_hosts) or 'no hosts'}) cannot "
+                "be enforced by agentrl's sandboxes (no egress filter); this phase runs with no network")
+
+    def _command_limit(self, state: dict[str, Any]) -> float:
+        remaining = max(1.0, state.get("deadline", time.monotonic() + NO_BUDGET_S) - time.monotonic())
+        return remaining if state.get("oracle") else min(self.command_timeout_s, remaining)
+
+    # --- the trial -----------------------------------------------------------------------------
+    async def rollout(self, client, task: Task, *, sampling) -> Rollout:
+        token = _running_oracle.set(bool(getattr(client, "runs_harbor_solution", False)))
+        try:
+            return await super().rollout(client, task, sampling=sampling)
+        finally:
+            _running_oracle.reset(token)
+
     async def setup_state(self, task: Task) -> dict[str, Any]:
+        harbor = self.harbor_task(task)
+        key = uuid.uuid4().hex
+        state: dict[str, Any] = {"step": 0, "oracle": _running_oracle.get(), "step_rewards": [],
+                                 "sandbox_key": key}
+        step = harbor.steps[0]
+        self._network_note(step.agent_network, "agent", state)
+        self._rows[key] = task
+        try:
+            await self._start_trial(task, harbor, state)
+        except BaseException:  # the rollout gets no state back: release what started here
+            state["stop_reason"] = "error"
+            await self.cleanup_state(state)
+            raise
+        return state
+
+    async def _start_trial(self, task: Task, harbor: HarborTask, state: dict[str, Any]) -> None:
+        """The trial's compose services (if any), the agent's sandbox, healthchecks, the first step."""
         from agentrl.sandbox import create_sandbox
 
-        sandbox = create_sandbox(self.sandbox_config())
-        await sandbox.start()
-        key = uuid.uuid4().hex
+        key, step, network = state["sandbox_key"], harbor.steps[0], None
+        if harbor.compose:
+            from agentrl.hub.harbor_compose import ComposeServices, read_compose
+
+            services = ComposeServices(read_compose(Path(harbor.folder) / harbor.compose)[0],
+                                       task_image=self.image(task), runtime=self.runtime, cpus=harbor.cpus,
+                                       memory_mb=harbor.memory_mb)
+            self._services[key] = services
+            network = (await services.start()).network
+        sandbox = create_sandbox(self.sandbox_config(task, step=step, docker_network=network))
         self._live[key] = sandbox
-        return {"sandbox_key": key}
+        await sandbox.start()
+        try:
+            await sandbox.exec(["true"], timeout=60)
+        except SandboxError as error:
+            if self.writable_root == "always":
+                raise
+            raise SandboxError(f"{error}; if the image's ENTRYPOINT writes to its root filesystem, give it a "
+                               "writable root (writable_root = 'always')") from None
+        await allow_apt_as_root(sandbox)
+        if getattr(sandbox, "network_note", None):
+            state.setdefault("network_notes", []).append(f"agent: {sandbox.network_note}")
+        if harbor.healthcheck is not None:
+            await self._healthcheck(sandbox, harbor.healthcheck, "[environment] healthcheck")
+        await self._start_step(sandbox, harbor, step, state)
+
+    async def _healthcheck(self, sandbox, check, where: str) -> None:
+        """Harbor's healthcheck: failures in the start period do not count; `retries` in a row fail it."""
+        start_period_end = time.monotonic() + check.start_period_sec
+        failures = 0
+        while True:
+            in_start_period = time.monotonic() < start_period_end
+            result = await sandbox.exec(check.command, timeout=check.timeout_sec)
+            if result.ok:
+                return
+            if not in_start_period:
+                failures += 1
+                if failures >= check.retries:
+                    output = (result.stderr or result.stdout).strip()[-200:]
+                    raise AgentrlError(f"{where} failed {check.retries} times in a row: {check.command!r} "
+                                       f"(exit code {result.exit_code}: {output})")
+            await asyncio.sleep(check.start_interval_sec if in_start_period else check.interval_sec)
+
+    async def _start_step(self, sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any]) -> None:
+        """Before a step's agent: its workdir files and setup.sh, its healthcheck, the oracle's /solution."""
+        folder = Path(harbor.folder) / step.folder
+        if harbor.multi_step:
+            if (folder / "workdir").is_dir():
+                await sandbox.upload(folder / "workdir", sandbox.config.workdir)
+                if (folder / "workdir" / "setup.sh").is_file():
+                    script = shlex.quote(sandbox.config.workdir.rstrip("/") + "/setup.sh")
+                    setup = await sandbox.exec(f"bash {script}", timeout=NO_BUDGET_S)
+                    if not setup.ok:
+                        raise AgentrlError(f"step {step.name!r}: setup.sh exited with {setup.exit_code}: "
+                                           f"{setup.stderr.strip()[-200:]}")
+            if step.healthcheck is not None:
+                await self._healthcheck(sandbox, step.healthcheck, f"steps {step.name!r} healthcheck")
+        state["command_env"] = {}
+        if state["oracle"]:
+            solution = folder / "solution" if (folder / "solution" / "solve.sh").is_file() else \
+                Path(harbor.folder) / "solution"
+            if not (solution / "solve.sh").is_file():
+                raise AgentrlError(f"{solution / 'solve.sh'}: this Harbor task has no reference solution")
+            await sandbox.exec(["/bin/sh", "-c", f"rm -rf {SOLUTION_DIR}/*; mkdir -p {SOLUTION_DIR}"])
+            await sandbox.upload(solution, SOLUTION_DIR)
+            await sandbox.exec(["chmod", "+x", ORACLE_COMMAND])
+            state["command_env"] = {"DEBIAN_FRONTEND": "noninteractive",
+                                    **resolve_env(harbor.solution_env,
+                                                  where=f"{harbor.folder}: [solution] env")}
+        if step.agent_timeout_s is not None:
+            state["deadline"] = time.monotonic() + step.agent_timeout_s
+        else:
+            state.pop("deadline", None)
 
     def hidden_tool_args(self, tool: Tool, state: dict[str, Any]) -> dict[str, Any]:
         return {"sandbox": self._live[state["sandbox_key"]], "state": state}
 
-    async def run_verifier(self, sandbox, state: dict[str, Any]) -> None:
-        """Upload tests/ to /tests, run test.sh, read the reward file into `state`."""
-        await sandbox.exec(f"mkdir -p {REWARD_DIR} /tests", timeout=30)
-        await sandbox.upload(self.package_dir / "tests", "/tests")
-        result = await sandbox.exec("bash /tests/test.sh", timeout=self.verifier_timeout_s, cwd=self.manifest.sandbox.workdir)
-        state["verifier_exit_code"] = result.exit_code
-        state["verifier_output"] = (result.stdout + result.stderr)[-2000:]
-        for name in ("reward.txt", "reward.json"):
-            probe = await sandbox.exec(f"cat {shlex.quote(REWARD_DIR + '/' + name)}", timeout=30)
-            if probe.exit_code == 0:
-                try:
-                    state["verifier_reward"] = _parse_reward(probe.stdout, name)
-                except (ValueError, IndexError, TypeError) as error:
-                    state["verifier_error"] = f"{REWARD_DIR}/{name}: not a number ({error})"
-                return
-        timed_out = " (timed out)" if result.timed_out else ""
-        state["verifier_error"] = f"tests/test.sh wrote no reward to {REWARD_DIR}{timed_out}"
+    async def is_completed(self, messages: list[Message], state: dict[str, Any]) -> bool:
+        out_of_time = time.monotonic() >= state.get("deadline", math.inf)
+        if out_of_time:
+            state.setdefault("agent_timeouts", []).append(state["step"])
+        if not (out_of_time or super().is_completed(messages, state)):
+            return False
+        harbor = self.harbor_task(self._rows[state["sandbox_key"]])
+        if state["step"] + 1 >= len(harbor.steps):
+            return True
+        step = harbor.steps[state["step"]]
+        sandbox = self._live[state["sandbox_key"]]
+        await self._verify(sandbox, harbor, step, state, keep_agent_sandbox=True)
+        if below_min_reward(state["step_rewards"][-1], step.min_reward):
+            state["stopped_after_step"] = step.name
+            return True
+        state["step"] += 1
+        await self._start_step(sandbox, harbor, harbor.steps[state["step"]], state)
+        state["next_instruction"] = harbor.steps[state["step"]].instruction
+        return False
 
-    async def cleanup_state(self, state: dict[str, Any]) -> None:
-        sandbox = self._live.pop(state.get("sandbox_key"), None)
-        if sandbox is None:
-            return
-        if state.get("stop_reason") == "error":
-            await sandbox.close()
-            return
+    async def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
+        instruction = state.pop("next_instruction", None)
+        if instruction is not None:
+            return [Message(role="user", content=instruction)]
+        return await super().env_response(messages, state)
+
+    # --- the verifier --------------------------------------------------------------------------
+    async def _verify(self, sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any], *,
+                      keep_agent_sandbox: bool = False) -> None:
+        """Run the step's verifier in a fresh sandbox holding the agent's working directory."""
         from agentrl.sandbox.grading import grade_in_fresh_sandbox
 
-        await grade_in_fresh_sandbox(sandbox, lambda fresh: self.run_verifier(fresh, state))
+        self._network_note(step.verifier_network, f"verifier {step.name}", state)
+        services = self._services.get(state["sandbox_key"])
+        config = self.sandbox_config(self._rows[state["sandbox_key"]], phase="verifier", step=step,
+                                     docker_network=services.network if services else None)
+        paths = [config.workdir]
+        for path in self.carry_paths:  # those the trial has (an agent may never create ~/.config)
+            if (await sandbox.exec(["test", "-d", path], timeout=30)).exit_code == 0:
+                paths.append(path)
+        await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state),
+                                     config=config, keep_open=keep_agent_sandbox, paths=paths)
+
+    async def cleanup_state(self, state: dict[str, Any]) -> None:
+        key = state.get("sandbox_key")
+        sandbox = self._live.get(key)
+        try:
+            if sandbox is None:
+                return
+            harbor = self.harbor_task(self._rows[key])
+            if sandbox.closed or not sandbox.id:  # it never started
+                return
+            if state.get("stop_reason") == "error" or "stopped_after_step" in state:
+                await sandbox.close()
+            else:
+                await self._verify(sandbox, harbor, harbor.steps[state["step"]], state)
+        finally:
+            self._live.pop(key, None)
+            self._rows.pop(key, None)
+            services = self._services.pop(key, None)
+            if services is not None:
+                await services.close()
+        settle_rewards(harbor, state)
+
+    async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
+        scored = await super().score(rollouts)
+        for rollout in scored:
+            for key, value in (rollout.state.get("rewards") or {}).items():
+                rollout.metrics[f"reward_{key}"] = value
+            rollout.metrics["network_unavailable"] = float(bool(rollout.state.get("network_notes")))
+        return scored
 
 
 def load_harbor_environment(package_dir: str | Path, **kwargs: Any) -> HarborTaskEnv:
@@ -159,12 +339,19 @@ def load_harbor_environment(package_dir: str | Path, **kwargs: Any) -> HarborTas
 
 
 def harbor_oracle_policy(package_dir: str | Path):
-    """A ScriptedPolicy that runs the task's solution/solve.sh through the bash tool, then stops."""
+    """Harbor's oracle: per step one bash call of /solution/solve.sh (solution/ uploaded first), then done."""
     from agentrl.policies import ScriptedPolicy
 
-    solve = Path(package_dir) / "solution" / "solve.sh"
-    if not solve.is_file():
-        raise AgentrlError(f"{solve}: this Harbor task has no reference solution")
+    package_dir = Path(package_dir)
+    folders = {json.loads(line).get("info", {}).get("harbor_dir") or "."
+               for line in (package_dir / "data" / "tasks.jsonl").read_text().splitlines() if line.strip()}
+    tasks = [read_harbor_task(package_dir / folder) for folder in sorted(folders)]
+    if not any((Path(t.folder) / "solution" / "solve.sh").is_file() or any(
+            (Path(t.folder) / s.folder / "solution" / "solve.sh").is_file() for s in t.steps) for t in tasks):
+        raise AgentrlError(f"{package_dir}: no Harbor task here has a reference solution (solution/solve.sh)")
     call = {"id": "call_oracle", "type": "function",
-            "function": {"name": "bash", "arguments": json.dumps({"command": solve.read_text()})}}
-    return ScriptedPolicy([{"content": "", "tool_calls": [call]}, "done"], name="harbor-oracle")
+            "function": {"name": "bash", "arguments": json.dumps({"command": ORACLE_COMMAND})}}
+    steps = max(len(task.steps) for task in tasks)
+    policy = ScriptedPolicy([{"content": "", "tool_calls": [call]}, "done"] * steps, name="harbor-oracle")
+    policy.runs_harbor_solution = True  # HarborTaskEnv uploads solution/ to /solution for its rollouts
+    return policy

@@ -247,14 +247,23 @@ def check(
 
 @import_app.command("harbor")
 def import_harbor(
-    path: Path = typer.Argument(..., help="Harbor task folder (task.toml, instruction.md, environment/, tests/)."),
+    path: Path = typer.Argument(..., help="Harbor task folder, dataset folder or registry JSON list."),
     out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<task name>)."),
     name: Optional[str] = typer.Option(None, help="Environment name (default: from the folder name)."),
+    writable_root: str = typer.Option("never", help="Phases with a writable root filesystem: never, verifier "
+                                                    "(a test.sh that installs its tools) or always."),
+    build: bool = typer.Option(False, help="Also build every task's image from its environment/Dockerfile."),
+    carry: Optional[list[str]] = typer.Option(None, help="A folder besides the working directory that the "
+                                                         "verifier gets from the agent's sandbox (repeatable)."),
 ) -> None:
-    """Turn a Harbor task folder into an agentrl package whose reward runs the task's tests."""
-    from agentrl.hub.harbor import import_harbor_task
+    """Turn Harbor tasks into an agentrl package whose reward runs each task's tests (one row per task)."""
+    from agentrl.hub.harbor import build_harbor_images, import_harbor_task
 
-    folder = import_harbor_task(path, out=out, name=name)
+    folder = import_harbor_task(path, out=out, name=name, writable_root=writable_root, carry_paths=carry,
+                                log=lambda line: _echo(f"warning: {line}"))
+    if build:
+        for image in build_harbor_images(folder):
+            _echo(f"built {image}")
     _echo(f"created {folder}; validate with: agentrl env validate {folder}")
 
 

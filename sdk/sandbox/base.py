@@ -26,7 +26,7 @@ from agentrl.sandbox.archive import extract_archive, resolve_path
 from pydantic import Field
 
 __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner",
-           "limit_not_enforced"]
+           "limit_not_enforced", "network_not_available"]
 
 BASE_IMAGE = "agentrl-base:bookworm"
 QUICK_READ_BYTES = 4 * 1024 * 1024  # reads try this cap first (fast paths), then max_file_bytes
@@ -63,6 +63,11 @@ class SandboxConfig(BaseConfig):
     (the workdir's tmpfs is seeded with the image's content there)."""
     network: bool = False
     """Give the sandbox network access (off by default)."""
+    docker_network: str | None = None
+    """docker only: join this existing (internal) Docker network instead, reachable by its other containers as
+    `network_alias` (a Harbor docker-compose task's services); `network` is then not used."""
+    network_alias: str = "main"
+    """docker only: the sandbox's name on `docker_network`."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables set for every command."""
     workdir: str = "/workspace"
@@ -155,17 +160,35 @@ class CappedBuffer:
         return b"".join(self._parts)
 
 
-_warned_limits: set[str] = set()
+_warned_limits: set[str] = set()  # what was warned about (a limit, or "network: why"), once per process
+
+
+def _refuse_or_warn(config: SandboxConfig, message: str, *, key: str, fix: str, instead: str) -> None:
+    """Raise `message; fix` if `unenforceable_limits` is 'refuse', else warn `message; instead` once a key."""
+    if config.unenforceable_limits == "refuse":
+        raise SandboxError(f"{message}; {fix}")
+    if key not in _warned_limits:
+        _warned_limits.add(key)
+        warnings.warn(f"{message}; {instead}", RuntimeWarning, stacklevel=4)
 
 
 def limit_not_enforced(config: SandboxConfig, limit: str, why: str) -> None:
     """The host cannot enforce `limit`: refuse the sandbox or warn once per limit, as `unenforceable_limits` says."""
-    message = f"sandbox limit {limit} cannot be enforced on this host ({why})"
-    if config.unenforceable_limits == "refuse":
-        raise SandboxError(f"{message}; fix the host or set sandbox unenforceable_limits='warn' to run without it")
-    if limit not in _warned_limits:
-        _warned_limits.add(limit)
-        warnings.warn(f"{message}; running without it", RuntimeWarning, stacklevel=3)
+    _refuse_or_warn(config, f"sandbox limit {limit} cannot be enforced on this host ({why})", key=limit,
+                    fix="fix the host or set sandbox unenforceable_limits='warn' to run without it",
+                    instead="running without it")
+
+
+def network_not_available(config: SandboxConfig, why: str) -> str:
+    """The host cannot give the network `config` asks for: refuse or warn once, per `unenforceable_limits`.
+
+    Returns the one-line note the sandbox keeps (`Sandbox.network_note`); it then runs with no network.
+    """
+    message = f"sandbox network: asked for, but this host gives sandboxes none ({why})"
+    _refuse_or_warn(config, message, key=f"network: {why}",
+                    fix="give the engine a network or set sandbox unenforceable_limits='warn'",
+                    instead="running with no network")
+    return f"{message}; ran with no network"
 
 
 class Sandbox(ABC):
@@ -178,6 +201,8 @@ class Sandbox(ABC):
         self.owner = config.owner or default_owner()
         self.id: str = ""
         self.closed = False
+        self.network_note: str | None = None
+        """Set when `config.network` asked for network access that this host could not give (one line why)."""
 
     # --- backend hooks -------------------------------------------------------------
     @abstractmethod

@@ -35,7 +35,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.errors import NotFoundError, require
-from agentrl.sandbox.base import RawExecResult, Sandbox, SandboxConfig, SandboxError, limit_not_enforced
+from agentrl.sandbox.base import (
+    RawExecResult, Sandbox, SandboxConfig, SandboxError, limit_not_enforced, network_not_available,
+)
 from agentrl.sandbox.docker_exec import (
     HARD_DEADLINE_GRACE_S,
     exec_via_docker,
@@ -68,6 +70,7 @@ _startup_gc_done = False
 SERVER_CAPABILITIES = ["SETUID", "SETGID", "KILL"]  # sandboxd's, never a command's
 _live: set[str] = set()  # containers this process created and has not removed yet
 _image_users: dict[str, str] = {}  # image -> its configured user (Config.User)
+_numeric_users: dict[tuple[str, str], str] = {}  # (image, user name) -> uid:gid from the image's /etc/passwd
 _runsc_seccomp: bool | None = None
 _seed_cache: dict[tuple[str, str], bytes | None] = {}  # (image, workdir) -> tar of the image's workdir
 SEED_CACHE_ENTRIES = 32
@@ -119,6 +122,20 @@ def runsc_applies_seccomp(client) -> bool:
     return _runsc_seccomp
 
 
+def network_unavailable(client, runtime: str) -> str | None:
+    """Why `runtime`'s sandboxes on this engine get no network even when asked (None: they get the bridge)."""
+    docker = require("docker", "cpu")
+    if runtime == "runsc":
+        args = ((client.info().get("Runtimes") or {}).get("runsc") or {}).get("runtimeArgs") or []
+        if "--network=none" in args:
+            return "the engine registers runsc with --network=none"
+    try:
+        client.api.inspect_network("bridge")
+    except docker.errors.NotFound:
+        return "the Docker engine has no 'bridge' network: dockerd runs with --bridge=none"
+    return None
+
+
 def _explain(error) -> str:
     return str(getattr(error, "explanation", None) or error).split("\n")[0][:300]
 
@@ -155,7 +172,8 @@ class DockerSandbox(Sandbox):
         cfg = self.config
         host: dict = dict(
             init=True,
-            network_mode="none" if not cfg.network else "bridge",
+            network_mode=cfg.docker_network or ("bridge" if cfg.network and not self.network_note
+                                                 else "none"),
             nano_cpus=int(cfg.cpus * 1e9),
             mem_limit=f"{cfg.memory_mb}m",
             memswap_limit=f"{cfg.memory_mb}m",
@@ -168,7 +186,7 @@ class DockerSandbox(Sandbox):
         if self.disk_mode == "storage-opt":
             host["storage_opt"] = {"size": f"{cfg.disk_mb}M"}
         elif self.disk_mode == "tmpfs":
-            uid, _, gid = self.command_user.partition(":")
+            uid, _, gid = self._numeric_user().partition(":")
             gid = gid or uid
             owned = f",uid={uid},gid={gid}" if uid.isdigit() and gid.isdigit() else ""
             host["read_only"] = True
@@ -215,6 +233,39 @@ class DockerSandbox(Sandbox):
                 return None  # create_container reports it
         return _image_users[image] or None
 
+    def _numeric_user(self) -> str:
+        """`command_user` as uid:gid (a name looked up in the image's /etc/passwd, cached): tmpfs owners."""
+        name, _, group = self.command_user.partition(":")
+        if name.isdigit() and (not group or group.isdigit()):
+            return self.command_user
+        key = (self.config.image, self.command_user)
+        if key not in _numeric_users:
+            files = {}
+            try:
+                labels = sandbox_labels(owner=self.owner, backend="docker")
+                probe = self.client.api.create_container(image=self.config.image, command=["true"],
+                                                         labels=labels)
+            except Exception:  # a missing image: create_container reports it again, with its one-line error
+                return self.command_user
+            try:
+                for path in ("/etc/passwd", "/etc/group"):
+                    stream, _stat = self.client.api.get_archive(probe["Id"], path)
+                    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                        member = tar.extractfile(tar.getmembers()[0])
+                        files[path] = member.read().decode(errors="replace") if member else ""
+            except Exception:  # no passwd file: leave the name to sandboxd
+                files = {}
+            finally:
+                self.client.api.remove_container(probe["Id"], force=True)
+            passwd = [line.split(":") for line in files.get("/etc/passwd", "").splitlines()]
+            users = {fields[0]: (fields[2], fields[3]) for fields in passwd if len(fields) > 3}
+            group_lines = [line.split(":") for line in files.get("/etc/group", "").splitlines()]
+            groups = {fields[0]: fields[2] for fields in group_lines if len(fields) > 2}
+            uid, gid = users.get(name, (name, None))
+            gid = (groups.get(group, group) if group else gid) or uid
+            _numeric_users[key] = f"{uid}:{gid}"
+        return _numeric_users[key]
+
     def _workdir_seed(self, container_id: str) -> bytes | None:
         """A tar of the image's content at `workdir` (read before the tmpfs hides it); cached per image."""
         docker = require("docker", "cpu")
@@ -244,8 +295,16 @@ class DockerSandbox(Sandbox):
         if self.config.user is None:
             self.command_user = self._image_user() or "0"
         self.disk_mode = self._disk_mode()
+        if self.config.network and self.config.docker_network is None:
+            why = network_unavailable(self.client, self.config.runtime)
+            if why is not None:
+                self.network_note = network_not_available(self.config, why)
         create, host = self._create_args()
         try:
+            if self.config.docker_network:
+                endpoint = api.create_endpoint_config(aliases=[self.config.network_alias])
+                network = {self.config.docker_network: endpoint}
+                create["networking_config"] = api.create_networking_config(network)
             self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
             _live.add(self.id)
         except docker.errors.ImageNotFound:
@@ -360,7 +419,9 @@ class DockerSandbox(Sandbox):
 
     def _kill_processes_blocking(self) -> None:
         server = self._server
-        if server is not None and server.alive and server.hello.is_set():
+        # A server still starting must be waited for: docker exec's kill-all would kill it too (it is the
+        # launcher's child), and the next command, sent to it, would find it gone.
+        if server is not None and server.alive and server.wait_ready(self.config.startup_timeout_s):
             answer = server.kill_all(wait=30.0)
             if answer is not None and "killed" in answer:
                 return

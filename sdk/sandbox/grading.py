@@ -7,7 +7,8 @@ command and prints "passed" on its output. `grade_in_fresh_sandbox(sandbox, grad
 1. kills the agent's processes, then copies the episode's final files (`paths`, the
    working directory by default) out of the agent's sandbox: regular files and folders
    only, checked member by member on the host (`archive.extract_archive`);
-2. closes the agent's sandbox (whatever still ran there dies with it);
+2. closes the agent's sandbox (whatever still ran there dies with it), unless `keep_open`
+   (a multi-step trial grading a step while the agent carries on);
 3. starts a new sandbox from the same config (same image, same limits), empties each
    path there and copies the files in;
 4. awaits `grade(fresh)`, then closes the fresh sandbox whatever happens.
@@ -42,11 +43,12 @@ async def _replace_folder(sandbox: Sandbox, local: Path, remote: str) -> None:
 
 async def grade_in_fresh_sandbox(
     sandbox: Sandbox, grade: Callable[[Sandbox], Awaitable[T]], *, paths: Sequence[str] | None = None,
-    config: SandboxConfig | None = None,
+    config: SandboxConfig | None = None, keep_open: bool = False,
 ) -> T:
     """Carry `paths` (default: the workdir) out of `sandbox`, close it, and run `grade` in a fresh sandbox.
 
-    `config` overrides the fresh sandbox's config (default: the agent sandbox's own).
+    `config` overrides the fresh sandbox's config (default: the agent sandbox's own); with `keep_open`
+    the agent's sandbox stays usable (its processes are still killed before the copy).
     """
     from agentrl.sandbox import create_sandbox
 
@@ -58,7 +60,8 @@ async def grade_in_fresh_sandbox(
             for local, remote in zip(locals_, remotes, strict=True):
                 await sandbox.download(remote, local)
         finally:
-            await sandbox.close()
+            if not keep_open:
+                await sandbox.close()
         async with create_sandbox(config or sandbox.config) as fresh:
             for local, remote in zip(locals_, remotes, strict=True):
                 await _replace_folder(fresh, local, remote)
