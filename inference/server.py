@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import httpx
 from agentrl.cpu_priority import nice_prefix, set_autogroup_nice
@@ -127,6 +127,7 @@ class VLLMServer:
         log_path: Path | None = None,
         startup_timeout_s: float = 600.0,
         nice: int = 0,
+        on_spawn: Callable[[int], None] | None = None,
     ) -> None:
         self.model = str(model)
         self.host = host
@@ -145,6 +146,9 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s
         self.nice = nice
+        self.on_spawn = on_spawn
+        """Called with the server's pid right after each launch, before it is healthy (e.g. to start a
+        reaper that ends the server with its owner: start-up takes minutes, the owner may die meanwhile)."""
         self.process: subprocess.Popen | None = None
         self.model_path: Path | None = None
         self.startup_s: float | None = None
@@ -251,6 +255,8 @@ class VLLMServer:
             # Its own session is its own autogroup, which is what competes with the trainer's.
             set_autogroup_nice(self.process.pid, self.nice)
         try:
+            if self.on_spawn is not None:
+                self.on_spawn(self.process.pid)
             self._wait_healthy(started)
         except BaseException:
             self.stop()

@@ -135,6 +135,9 @@ class InferenceActor:
         model = local_folder(model_dir, model_files, name=f"{run_id}-start")
         self.server = replica_server(deployment, model, served_name=served_name, dtype=dtype, nice=nice,
                                      log_path=self.folder / "vllm.log", startup_timeout_s=startup_timeout_s)
+        # From the moment it is launched (start-up takes minutes), not once healthy: an actor killed while
+        # its server starts would otherwise leave it running (it is started from a thread: no pdeathsig).
+        self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
         self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
                                                    recompute_kv=deployment.recompute_kv_on_weight_update)
         self.supervisor = ServerSupervisor(self.server, after_restart=self._restore, max_restarts=max_restarts,
@@ -145,8 +148,6 @@ class InferenceActor:
 
     def _on_event(self, event) -> None:
         self._events.append({"kind": event.kind, "detail": event.detail, "time": time.time()})
-        if event.kind in ("started", "restarted") and self.server.process is not None:
-            reap_when_gone(os.getpgid(self.server.process.pid), os.getpid(), self.server.process.pid)
 
     def _restore(self, url: str) -> None:
         with self._lock:

@@ -19,7 +19,8 @@
    and merged), server logs; actors write only into their node's own folder, so no shared
    filesystem is needed;
 5. stops every actor, the router, the placement groups (and the local cluster it started),
-   also on errors.
+   also on errors and on SIGTERM / Ctrl-C (`agentrl.rl.stopping`: then it raises
+   `RunStoppedError`, one line saying how to resume).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +49,7 @@ from agentrl.rl.resume import (
     remove_partials,
 )
 from agentrl.rl.rollout_log import RolloutLog
+from agentrl.rl.stopping import RunStopped, stop_on_signals, stopped_error
 from agentrl.types import Rollout, Task
 
 __all__ = ["TrainingResult", "run_training"]
@@ -181,7 +184,9 @@ def run_training(
     inference: InferenceGroup | None = None
     workers: list[Any] = []
     loggers: list[Any] = []
+    signals = ExitStack()
     try:
+        signals.enter_context(stop_on_signals())  # SIGTERM / Ctrl-C: RunStopped, then the clean-up below
         loggers = make_loggers(config.run.loggers, run_dir=folder.path, run_name=folder.path.name,
                                project=config.run.wandb_project, config=config.model_dump(mode="json"))
         status("waiting for the placement groups")
@@ -259,6 +264,9 @@ def run_training(
         if config.run.plots:
             folder.finish(title=f"agentrl train: {config.env.name} on {config.model.name}")
         return TrainingResult(folder.path, history, placement)
+    except RunStopped as stopped:
+        last = latest_checkpoint(checkpoint_root)
+        raise stopped_error(stopped, run_dir=folder.path, checkpoint_step=last.step if last else None) from None
     finally:
         for logger in loggers:
             logger.close()
@@ -276,3 +284,4 @@ def run_training(
             reservation.remove()
         if started_ray:
             ray.shutdown()
+        signals.close()

@@ -1,0 +1,76 @@
+"""Stopping a run on SIGTERM or SIGINT (Ctrl-C): clean up what it started, keep what it wrote.
+
+Without this, SIGTERM ends the driver at once (Ray's native signal handler prints a stack dump and
+re-raises it): no `finally` runs, so the actors' vLLM servers, the Ray cluster it started and its
+agents are left to die on their own, if they do. `stop_on_signals()` turns the first SIGTERM or
+SIGINT in the driver's main thread into `RunStopped` (a `KeyboardInterrupt`, so neither the
+orchestrator's `except Exception` nor asyncio's task machinery swallows it); the launcher's
+clean-up then stops the servers, the actors and the local cluster, and `stopped_error` gives the
+one line the CLI prints (exit status 128 + the signal's number). Further signals during that
+clean-up are ignored: every step of it is bounded in time, and an interrupted clean-up is what
+leaves processes behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from agentrl.errors import AgentrlError
+
+__all__ = ["RunStopped", "RunStoppedError", "stop_on_signals", "stopped_error"]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class RunStopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT reached the driver: the run stops (raised in its main thread)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class RunStoppedError(AgentrlError):
+    """The run was stopped by a signal after cleaning up; its folder is intact and resumable."""
+
+    def __init__(self, message: str, *, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Within the block, the first SIGTERM/SIGINT raises `RunStopped`; later ones are ignored.
+
+    Only in the main thread (the only one Python delivers signals to); elsewhere a no-op.
+    The previous handlers come back when the block ends.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if received:
+            return  # cleaning up already: let it finish
+        received.append(signum)
+        raise RunStopped(signum)
+
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def stopped_error(stopped: RunStopped, *, run_dir: Path, checkpoint_step: int | None) -> RunStoppedError:
+    """The one line for a stopped run: which signal, what is kept, how to resume."""
+    kept = (f"last checkpoint: step {checkpoint_step}" if checkpoint_step is not None
+            else "no checkpoint yet: a resume starts from step 0")
+    return RunStoppedError(f"stopped by {signal.Signals(stopped.signum).name}; {run_dir} is kept ({kept}); "
+                           f"resume with: agentrl train --resume {run_dir}", signum=stopped.signum)

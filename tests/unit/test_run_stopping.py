@@ -1,0 +1,64 @@
+"""`agentrl.rl.stopping`: real signals to a real process, the one line a stopped run prints.
+
+(The whole run stopped by SIGTERM / SIGINT, servers and Ray included: tests/e2e/test_train_stop.py.)
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.rl.stopping import RunStopped, stopped_error
+
+_CHILD = r"""
+import asyncio, os, signal, sys, time
+from agentrl.rl.stopping import RunStopped, stop_on_signals
+
+signum = int(sys.argv[1])
+
+async def busy():
+    try:  # the handler runs inside this task, between two of its bytecodes
+        os.kill(os.getpid(), signum)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pass
+    except Exception:  # an orchestrator's `except Exception` must not swallow the stop
+        print("swallowed", flush=True)
+    await asyncio.sleep(0)
+
+async def main():
+    await asyncio.ensure_future(busy())
+
+with stop_on_signals():
+    try:
+        asyncio.run(main())
+    except RunStopped as stopped:
+        print("stopped", stopped.signum, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal during the clean-up is ignored
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        print("cleaned up", flush=True)
+print("restored", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+      signal.getsignal(signal.SIGINT) == signal.default_int_handler, flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_the_first_signal_stops_the_block_and_later_ones_wait_for_its_clean_up(signum):
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(int(signum))], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == [f"stopped {int(signum)}", "cleaned up", "restored True True"], out.stdout
+
+
+def test_the_stopped_line_names_the_signal_what_is_kept_and_how_to_resume(tmp_path: Path):
+    error = stopped_error(RunStopped(signal.SIGTERM), run_dir=tmp_path / "run", checkpoint_step=3)
+    assert str(error) == (f"stopped by SIGTERM; {tmp_path / 'run'} is kept (last checkpoint: step 3); "
+                          f"resume with: agentrl train --resume {tmp_path / 'run'}")
+    assert error.exit_code == 128 + signal.SIGTERM
+    early = stopped_error(RunStopped(signal.SIGINT), run_dir=tmp_path / "run", checkpoint_step=None)
+    assert "no checkpoint yet: a resume starts from step 0" in str(early) and early.exit_code == 130
