@@ -32,16 +32,6 @@ def summary_table(summary):
     return table
 
 
-def _interrupt_on_sigterm() -> None:
-    """Treat SIGTERM like Ctrl-C so the vLLM server started here is stopped, not orphaned."""
-    import signal
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def _compare_with_baseline(resolved, summary, console, on_server) -> None:
     """For a `agentrl train` checkpoint (RUN/checkpoints/step_N): evaluate the run's base model too, one table."""
     from agentrl.compare import Comparison, comparison_table, run_baseline
@@ -130,7 +120,9 @@ def register(app: typer.Typer) -> None:
         def on_server(server) -> None:
             console.print(f"starting vLLM for {resolved.model} on {server.url} (about a minute on a 2-core CPU)")
 
-        _interrupt_on_sigterm()
+        from agentrl.cli.serve import interrupt_on_sigterm
+
+        interrupt_on_sigterm()
         summary = run_evaluation(resolved, progress=True, on_server=on_server)
         console.print(summary_table(summary))
         if summary.output_dir:

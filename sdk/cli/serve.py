@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 
-def _interrupt_on_sigterm() -> None:
-    """Treat SIGTERM like Ctrl-C so the vLLM server started here is stopped, not orphaned."""
+def interrupt_on_sigterm() -> None:
+    """Treat SIGTERM like Ctrl-C so the vLLM server started here is stopped, not orphaned (serve, eval)."""
     import signal
 
     def handler(signum, frame):
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         from agentrl.models import resolve_model
 
         resolve_model(model)  # unknown names fail here, with the list of presets
-        _interrupt_on_sigterm()
+        interrupt_on_sigterm()
         server = VLLMServer(model, host=host, port=port, max_model_len=max_model_len, dtype=dtype,
                             compile=compile, log_path=log, extra_args=extra)
         typer.echo(f"starting vLLM for {model} on {server.url} (log: {server.log_path or 'temporary file'})")
