@@ -46,7 +46,7 @@ def policy(right_every: int = 2) -> ScriptedPolicy:
 class _Bookkeeping:
     """Takes the loop's samples and pushes; reports the metric keys the loop reads."""
 
-    async def train_step(self, samples, *, step):
+    async def train_step(self, samples, *, step, logprobs_of=()):
         return {"mismatch_kl": 1e-4 * (step + 1), "loss": 0.0}
 
     async def save_checkpoint(self, path, *, step):
@@ -56,19 +56,22 @@ class _Bookkeeping:
         return None
 
 
+class _MarkedLog(RolloutLog):
+    """The run's log, with a diff and hostile markup put into the first step's first rollout."""
+
+    def record(self, step, groups, advantages, **kwargs):
+        if step == 0:
+            rollout = groups[0].rollouts[0]
+            rollout.state["diff"] = DIFF
+            next(m for m in rollout.messages if m.role == "tool").content += HOSTILE
+        return super().record(step, groups, advantages, **kwargs)
+
+
 def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6,
                    groups_per_step: int = 3) -> Path:
     run = RunDir(path).create('[env]\nname = "arithmetic"\n[model]\nname = "tiny-moe"\n'
                               f'[orchestrator]\nmax_steps = {steps}\n')
-    log = RolloutLog(path, samples_per_step=samples_per_step, max_bytes=2**26)
-    seen = {"first": True}
-
-    def record(step, groups, advantages):
-        if seen.pop("first", False):  # one rollout with a diff in its state and markup in a tool output
-            rollout = groups[0].rollouts[0]
-            rollout.state["diff"] = DIFF
-            next(m for m in rollout.messages if m.role == "tool").content += HOSTILE
-        log.record(step, groups, advantages)
+    log = _MarkedLog(path, samples_per_step=samples_per_step, max_bytes=2**26)
 
     bookkeeping = _Bookkeeping()
     orchestrator = Orchestrator(
@@ -76,7 +79,7 @@ def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6,
                                   max_off_policy_steps=0),
         environment=load_environment("arithmetic", num_train=24, num_test=8), client=policy(),
         trainer=bookkeeping, weight_sync=bookkeeping, sampling=SamplingConfig(), on_step=run.append_metrics,
-        on_groups=record,
+        on_groups=log,
     )
     asyncio.run(orchestrator.run())
     return path

@@ -251,7 +251,7 @@ def run_training(
             trainer=trainer, weight_sync=WeightPush(trainer, inference, transport=config.weight_transfer(),
                                                     staging_dir=folder.path / "weights"),
             sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
-            on_groups=rollout_log.record,
+            on_groups=rollout_log,
         )
         status("training")
         asyncio.run(orchestrator.run())
