@@ -183,7 +183,8 @@ def run_training(
     loggers: list[Any] = []
     try:
         loggers = make_loggers(config.run.loggers, run_dir=folder.path, run_name=folder.path.name,
-                               project=config.run.wandb_project, config=config.model_dump(mode="json"))
+                               project=config.run.wandb_project, config=config.model_dump(mode="json"),
+                               resume_step=state.step if resume else None)
         status("waiting for the placement groups")
         reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
         model_files = _model_files(start_weights, reservation)
