@@ -4,18 +4,26 @@ On the tiny MoE (`agentrl.tiny_moe`, real weights of its character vocabulary) t
 step returns for the samples asked for equal those of a separate forward of each sample with
 the weights before the step; through the real orchestrator, arithmetic environment and
 `RolloutLog`, each recorded rollout then carries them aligned with its sample's tokens, a value
-on every completion token and None elsewhere.
+on every completion token and None elsewhere. On two gloo ranks (torchrun, the tiny GLM-4.5)
+each rank returns its share (FSDP: its rows' samples; CP: its tokens of every row) and the
+shares merge into the single-process step's logprobs.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
+import torch
 
 from agentrl.rl.groups import merge_token_logprobs
 from agentrl.rl.rollout_log import ROLLOUTS_FILE
 from agentrl.types import Rollout
 from tests.viewer_folders import LocalTrainer, trained_run
-from trainer_helpers import make_samples
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.trainer import Trainer
+from trainer_helpers import launch_ranks, make_samples
 
 
 def test_step_returns_the_logprobs_of_its_own_forward_for_the_asked_samples():
@@ -61,3 +69,25 @@ def test_rollout_log_records_the_trainers_logprobs_aligned_with_each_sample(tmp_
                 assert abs(value - expected[position - 1]) < 1e-5, position
             else:
                 assert value is None
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "cp"])
+def test_two_ranks_parts_merge_into_the_single_process_logprobs(layout, two_rank_parts, tiny_glm_dir):
+    # fsdp: each data-parallel rank holds other rows (other samples); cp: each rank part of every row
+    parts = [two_rank_parts[rank][layout] for rank in (0, 1)]
+    assert all(parts) and parts[0] != parts[1]  # each rank holds only its share
+    samples = make_samples(with_experts=False)
+    single = Trainer(TrainerConfig(row_tokens=32), model_dir=tiny_glm_dir, device="cpu")
+    want = single.train_on_samples(samples, logprobs_of=range(len(samples)))["token_logprobs"]
+    got = merge_token_logprobs(parts)
+    assert sorted(got) == list(range(len(samples)))
+    for index, values in want.items():
+        assert [v is None for v in got[index]] == [v is None for v in values], index
+        assert all(abs(a - b) < 1e-5 for a, b in zip(got[index], values) if a is not None), index
+
+
+@pytest.fixture(scope="module")
+def two_rank_parts(tiny_glm_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("token-logprobs")
+    launch_ranks(Path(__file__).parent / "token_logprobs_worker.py", 2, tiny_glm_dir, out, "fsdp,cp", timeout=600)
+    return [torch.load(out / f"rank{rank}.pt") for rank in (0, 1)]
