@@ -303,6 +303,8 @@ class Environment(Protocol):  # the part of agentrl.environment.Environment used
 
 
 StepCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
+
+
 class GroupsRecorder(Protocol):
     """Keeps some rollouts of each step (`agentrl.rl.rollout_log.RolloutLog`)."""
 
