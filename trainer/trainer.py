@@ -346,7 +346,6 @@ def _row_token_logprobs(row: PackedRow, window: torch.Tensor | slice, logprobs: 
     return found
 
 
-
 def _real_tokens(row: PackedRow) -> int:
     """Non-padding tokens of a row (padding is the tail after the last sample)."""
     starts = (row.positions == 0).nonzero().flatten().tolist()
