@@ -7,6 +7,9 @@ policy through the real `Orchestrator`, recorded by `RolloutLog`, with the metri
 output. `arithmetic_eval(path, right_every=...)`: an eval folder (`results.jsonl` +
 `summary.json` in `agentrl.evaluate`'s layout) of the same environment's test tasks.
 The training side is the loop's bookkeeping only; the e2e viewer tests use a real run.
+`trained_run(path)`: the same loop with the real trainer on the tiny MoE (`LocalTrainer`) and
+the policy's tokens folded into its vocabulary (`InVocabulary`), so each recorded rollout
+carries the trainer's per-token logprobs of that step's forward pass.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def policy(right_every: int = 2) -> ScriptedPolicy:
 class _Bookkeeping:
     """Takes the loop's samples and pushes; reports the metric keys the loop reads."""
 
-    async def train_step(self, samples, *, step):
+    async def train_step(self, samples, *, step, logprobs_of=()):
         return {"mismatch_kl": 1e-4 * (step + 1), "loss": 0.0}
 
     async def save_checkpoint(self, path, *, step):
@@ -56,19 +59,22 @@ class _Bookkeeping:
         return None
 
 
+class _MarkedLog(RolloutLog):
+    """The run's log, with a diff and hostile markup put into the first step's first rollout."""
+
+    def record(self, step, groups, advantages, **kwargs):
+        if step == 0:
+            rollout = groups[0].rollouts[0]
+            rollout.state["diff"] = DIFF
+            next(m for m in rollout.messages if m.role == "tool").content += HOSTILE
+        return super().record(step, groups, advantages, **kwargs)
+
+
 def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6,
                    groups_per_step: int = 3) -> Path:
     run = RunDir(path).create('[env]\nname = "arithmetic"\n[model]\nname = "tiny-moe"\n'
                               f'[orchestrator]\nmax_steps = {steps}\n')
-    log = RolloutLog(path, samples_per_step=samples_per_step, max_bytes=2**26)
-    seen = {"first": True}
-
-    def record(step, groups, advantages):
-        if seen.pop("first", False):  # one rollout with a diff in its state and markup in a tool output
-            rollout = groups[0].rollouts[0]
-            rollout.state["diff"] = DIFF
-            next(m for m in rollout.messages if m.role == "tool").content += HOSTILE
-        log.record(step, groups, advantages)
+    log = _MarkedLog(path, samples_per_step=samples_per_step, max_bytes=2**26)
 
     bookkeeping = _Bookkeeping()
     orchestrator = Orchestrator(
@@ -76,10 +82,77 @@ def arithmetic_run(path: Path, *, steps: int = 3, samples_per_step: int = 6,
                                   max_off_policy_steps=0),
         environment=load_environment("arithmetic", num_train=24, num_test=8), client=policy(),
         trainer=bookkeeping, weight_sync=bookkeeping, sampling=SamplingConfig(), on_step=run.append_metrics,
-        on_groups=record,
+        on_groups=log,
     )
     asyncio.run(orchestrator.run())
     return path
+
+
+class InVocabulary:
+    """A scripted policy with its byte-level token ids folded into the tiny MoE's 128 ids
+    (element-wise, so each turn still extends the previous one)."""
+
+    def __init__(self, policy: ScriptedPolicy, *, vocab: int = 128) -> None:
+        self.policy, self.vocab, self.name = policy, vocab, policy.name
+
+    async def chat(self, messages, **kwargs):
+        message, turn = await self.policy.chat(messages, **kwargs)
+        turn.prompt_token_ids = [token % self.vocab for token in turn.prompt_token_ids]
+        turn.completion.token_ids = [token % self.vocab for token in turn.completion.token_ids]
+        return message, turn
+
+
+class LocalTrainer:
+    """The real trainer in this process as the orchestrator's `PolicyTrainer` (the launcher drives it
+    through Ray actors). It keeps, per asked sample (by its token ids), a separate forward taken with
+    the weights before the step, for tests to compare with what the step returned."""
+
+    def __init__(self, *, row_tokens: int = 1024) -> None:
+        from agentrl.tiny_moe import ensure_tiny_moe
+        from agentrl.trainer.config import TrainerConfig
+        from agentrl.trainer.trainer import Trainer
+
+        self.trainer = Trainer(TrainerConfig(row_tokens=row_tokens, optimizer={"lr": 1e-2}),
+                               model_dir=ensure_tiny_moe(), device="cpu")
+        self.expected: dict[tuple[int, ...], list[float]] = {}
+
+    def forward(self, token_ids: list[int]) -> list[float]:
+        """Logprob of each token after the first, from one unpacked forward of the current weights."""
+        import torch
+
+        from agentrl.trainer.models.attention import build_segments
+
+        ids = torch.tensor(token_ids)
+        positions = torch.arange(len(ids) - 1)
+        with torch.no_grad():
+            return self.trainer.model(ids[:-1], positions, build_segments(positions),
+                                      targets_T=ids[1:]).float().tolist()
+
+    async def train_step(self, samples, *, step, logprobs_of=()):
+        for index in logprobs_of:
+            self.expected[tuple(samples[index].token_ids)] = self.forward(samples[index].token_ids)
+        return self.trainer.train_on_samples(samples, logprobs_of=logprobs_of)
+
+    async def save_checkpoint(self, path, *, step):
+        pass
+
+    async def push(self, *, version):
+        return None
+
+
+def trained_run(path: Path, *, steps: int = 2, samples_per_step: int = 3) -> tuple[Path, LocalTrainer]:
+    """A run folder trained by the real trainer (see the module docstring) and that trainer."""
+    run = RunDir(path).create('[env]\nname = "arithmetic"\n[model]\nname = "tiny-moe"\n'
+                              f'[orchestrator]\nmax_steps = {steps}\n')
+    trainer = LocalTrainer()
+    orchestrator = Orchestrator(
+        config=OrchestratorConfig(max_steps=steps, groups_per_step=2, rollouts_per_group=2, max_off_policy_steps=0),
+        environment=load_environment("arithmetic", num_train=8, num_test=2), client=InVocabulary(policy()),
+        trainer=trainer, weight_sync=trainer, sampling=SamplingConfig(), on_step=run.append_metrics,
+        on_groups=RolloutLog(path, samples_per_step=samples_per_step, max_bytes=2**26),
+    )
+    asyncio.run(orchestrator.run())
+    return path, trainer
 
 
 def arithmetic_eval(path: Path, *, right_every: int, tasks: int = 4, rollouts_per_task: int = 2) -> Path:

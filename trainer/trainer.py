@@ -22,6 +22,13 @@ from inference, R3), ``step``, ``policy_version``; when the samples carried rout
 ``router_replay_off``); with ``router_replay_diagnostics``,
 ``mismatch_kl_live_routing`` (the mismatch KL of the trainer's own routing on the same
 samples); with float16 compute, ``loss_scale``.
+
+Per-token logprobs: ``step(batch, logprobs_of=[i, ...])`` also returns, under
+``token_logprobs``, the trainer's logprob of each token of those samples (indices into the
+packed samples), taken from the step's own forward pass (no second forward): a list as long
+as the sample's ``token_ids``, None for the first token and tokens outside the loss mask (and,
+on a rank that computes only part of a row, for the tokens it did not compute: the ranks'
+lists are merged by `agentrl.rl.groups.TrainerGroup`), floats rounded to `TOKEN_LOGPROB_DIGITS` digits.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,9 +55,12 @@ from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
 from agentrl.types import TrainingSample
 
-__all__ = ["Trainer", "resolve_model_dir"]
+__all__ = ["TOKEN_LOGPROB_DIGITS", "Trainer", "resolve_model_dir"]
 
 logger = logging.getLogger("agentrl.trainer")
+
+TOKEN_LOGPROB_DIGITS = 6
+"""Decimal digits kept of a returned per-token logprob (well below float32's error at these magnitudes)."""
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -153,9 +164,10 @@ class Trainer:
             batch.replay_skipped = {"router_replay_off": batch.loss_tokens}
         return batch
 
-    def train_on_samples(self, samples: Sequence[TrainingSample]) -> dict[str, float]:
-        """Pack and take one step."""
-        return self.step(self.pack(samples))
+    def train_on_samples(self, samples: Sequence[TrainingSample], *,
+                         logprobs_of: Sequence[int] = ()) -> dict[str, Any]:
+        """Pack and take one step (with `logprobs_of`: see the module docstring)."""
+        return self.step(self.pack(samples), logprobs_of=logprobs_of)
 
     def _my_rows(self, batch: TrainBatch) -> list[PackedRow]:
         rows = list(batch.rows)
@@ -169,8 +181,11 @@ class Trainer:
                                           top_k=self.args.top_k if moe_layers else None))
         return rows[self.meshes.dp_rank :: self.plan.dp]
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on the batch (every rank passes the same batch)."""
+    def step(self, batch: TrainBatch, *, logprobs_of: Sequence[int] = ()) -> dict[str, Any]:
+        """One optimizer step on the batch (every rank passes the same batch).
+
+        `logprobs_of`: samples whose per-token logprobs come back under ``token_logprobs``.
+        """
         if not batch.rows:
             raise AgentrlError("trainer.step: the batch has no rows; pack at least one sample")
         self.model.train()
@@ -184,6 +199,8 @@ class Trainer:
         total_loss_tokens = float(total.item())
         sums: dict[str, torch.Tensor] = {}
         objective = torch.zeros((), device=self.device)
+        wanted = set(logprobs_of)
+        token_logprobs: dict[int, list[float | None]] = {}
         for row in rows:
             window = _window(row, cp_window)
             segments = build_segments(row.positions if cp > 1 else row.positions[window], cp_rank=cp_rank,
@@ -204,6 +221,8 @@ class Trainer:
                 loss_mask=row.loss_mask[window].to(self.device),
                 total_loss_tokens=total_loss_tokens, config=self.config.loss,
             )
+            if wanted.intersection(row.sample_indices):
+                token_logprobs.update(_row_token_logprobs(row, window, logprobs, wanted))
             if self.config.router_replay_diagnostics and "mismatch_kl_sum" in stats:  # RL steps
                 live = self._live_routing_kl(row, window, segments) if replay else stats["mismatch_kl_sum"]
                 stats["mismatch_kl_live_routing_sum"] = live
@@ -256,6 +275,8 @@ class Trainer:
             metrics["importance_ratio"] = reduced["ratio_sum"] / loss_tokens
         else:
             metrics["nll"] = reduced["nll_sum"] / loss_tokens
+        if wanted:
+            metrics["token_logprobs"] = token_logprobs
         return metrics
 
     def _live_routing_kl(self, row: PackedRow, window, segments) -> torch.Tensor:
@@ -307,6 +328,22 @@ def _window(row: PackedRow, cp_window: torch.Tensor | None) -> torch.Tensor | sl
 
 
 _FILLER_TOKENS = 8
+
+
+def _row_token_logprobs(row: PackedRow, window: torch.Tensor | slice, logprobs: torch.Tensor,
+                        wanted: set[int]) -> dict[int, list[float | None]]:
+    """Per wanted sample of the row: its tokens' logprobs from this forward (None where not computed)."""
+    full = torch.full((row.num_tokens,), float("nan"))
+    full[window] = logprobs.detach().float().cpu()
+    full = torch.where(row.loss_mask, full, torch.full_like(full, float("nan")))
+    starts = (row.positions == 0).nonzero().flatten().tolist() + [row.num_tokens]
+    found: dict[int, list[float | None]] = {}
+    for segment, index in enumerate(row.sample_indices):
+        if index not in wanted:
+            continue
+        values = full[starts[segment]: starts[segment + 1]].tolist()  # target t is token t + 1 of the sample
+        found[index] = [None] + [round(v, TOKEN_LOGPROB_DIGITS) if v == v else None for v in values]
+    return found
 
 
 def _real_tokens(row: PackedRow) -> int:

@@ -3,7 +3,9 @@
 `TrainerGroup` starts one `TrainerRank` per rank in its placement slot, joins them into one
 torch.distributed group (rank 0's node IP and a free port), and turns every collective
 operation into one call on all ranks at once: a step's samples go into Ray's object store
-once and every rank reads them; metrics come from rank 0. Checkpoints come back from one
+once and every rank reads them; metrics come from rank 0, and the per-token logprobs of the
+samples asked for (`logprobs_of`) are merged from every rank (each holds other rows, or with
+CP other tokens of a row). Checkpoints come back from one
 rank per node and are merged into the driver's run folder; a checkpoint to resume from is
 shipped to every rank.
 
@@ -25,7 +27,7 @@ from typing import Any
 from agentrl.rl.shipping import Folder, write_folder
 from agentrl.types import TrainingSample
 
-__all__ = ["InferenceGroup", "TrainerGroup"]
+__all__ = ["InferenceGroup", "TrainerGroup", "merge_token_logprobs"]
 
 # A replica that dies is restarted on its port by its supervisor. Meanwhile vllm-router's circuit
 # breaker takes it out of rotation after a few failed requests (its sessions go to the other
@@ -42,6 +44,18 @@ def _kill(actors: list[Any]) -> None:
             ray.kill(actor)
         except Exception:  # noqa: BLE001 - already gone
             pass
+
+
+def merge_token_logprobs(parts: list[dict[int, list[float | None]] | None]) -> dict[int, list[float | None]]:
+    """One list per sample from the ranks' partial `token_logprobs` (each rank fills the tokens it computed)."""
+    merged: dict[int, list[float | None]] = {}
+    for part in parts:
+        for index, values in (part or {}).items():
+            known = merged.setdefault(int(index), [None] * len(values))
+            for position, value in enumerate(values):
+                if value is not None and position < len(known):
+                    known[position] = value
+    return merged
 
 
 class TrainerGroup:
@@ -77,11 +91,16 @@ class TrainerGroup:
     async def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return await asyncio.gather(*(getattr(rank, method).remote(*args, **kwargs) for rank in self.ranks))
 
-    async def train_step(self, samples: list[TrainingSample], *, step: int) -> dict[str, float]:
+    async def train_step(self, samples: list[TrainingSample], *, step: int,
+                         logprobs_of: list[int] = ()) -> dict[str, Any]:
         import ray
 
         shared = ray.put(samples)  # once, whatever the number of ranks
-        return (await self._all("train_step", shared, step))[0]
+        results = await self._all("train_step", shared, step, list(logprobs_of))
+        metrics = dict(results[0])
+        if logprobs_of:
+            metrics["token_logprobs"] = merge_token_logprobs([result.get("token_logprobs") for result in results])
+        return metrics
 
     async def export(self, version: int, *, dest: str, ship: bool) -> Any:
         return (await self._all("export", version, dest=dest, ship=ship))[0]

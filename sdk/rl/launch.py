@@ -188,7 +188,8 @@ def run_training(
     try:
         signals.enter_context(stop_on_signals())  # SIGTERM / Ctrl-C: RunStopped, then the clean-up below
         loggers = make_loggers(config.run.loggers, run_dir=folder.path, run_name=folder.path.name,
-                               project=config.run.wandb_project, config=config.model_dump(mode="json"))
+                               project=config.run.wandb_project, config=config.model_dump(mode="json"),
+                               resume_step=state.step if resume else None)
         status("waiting for the placement groups")
         reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
         model_files = _model_files(start_weights, reservation)
@@ -256,7 +257,7 @@ def run_training(
             trainer=trainer, weight_sync=WeightPush(trainer, inference, transport=config.weight_transfer(),
                                                     staging_dir=folder.path / "weights"),
             sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
-            on_groups=rollout_log.record,
+            on_groups=rollout_log,
         )
         status("training")
         asyncio.run(orchestrator.run())

@@ -10,6 +10,18 @@ tools people already watch:
 - `wandb`: a W&B run in `<run>/wandb/`, offline unless `WANDB_API_KEY` is set (then online,
   in `run.wandb_project`); `wandb sync` uploads an offline run later. Extra `wandb`.
 
+A resumed run (`agentrl train --resume`, `resume_step` = the checkpoint's step, the first step
+it redoes) continues both instead of starting again, so no step is logged twice:
+
+- TensorBoard: the new event file starts with a `SessionLog(START)` event at `resume_step`,
+  which tells TensorBoard's reader to drop every event of the earlier files at that step or
+  later (what `SummaryWriter(purge_step=...)` writes); the redone steps then show once, with
+  the resumed run's values.
+- W&B: the run's id is kept in `<run>/wandb/run_id`, and the resumed run opens the same run
+  (`wandb.init(id=..., resume="allow")`; offline, a new `offline-run-*-<id>` folder that
+  `wandb sync` adds to that run). W&B keeps a run's steps increasing, so online the steps
+  between the checkpoint and the interruption keep the values first logged for them.
+
 Both get `scalars(metrics)`: every finite number, nested dicts flattened with `/`
 (`staleness/0`, `staleness/1`), booleans as 0/1; strings (`bound`, `first_error`) are left
 out, except `bound`, which becomes `inference_bound` (1 when the step waited on inference).
@@ -57,12 +69,17 @@ class StepLogger(Protocol):
 class TensorBoardLogger:
     """Scalars into TensorBoard event files under `folder`."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, *, resume_step: int | None = None) -> None:
         require("tensorboard", "tensorboard")
+        from tensorboard.compat.proto import event_pb2
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.folder = Path(folder)
         self._writer = EventFileWriter(str(self.folder), flush_secs=10)
+        if resume_step is not None:  # the reader drops the earlier files' events of steps >= resume_step
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=resume_step, session_log=start))
+            self._writer.flush()
 
     def log(self, metrics: dict[str, Any], *, step: int) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -81,14 +98,19 @@ class TensorBoardLogger:
 class WandbLogger:
     """A W&B run in `folder` (offline without WANDB_API_KEY)."""
 
-    def __init__(self, folder: str | Path, *, project: str, name: str, config: dict[str, Any]) -> None:
+    def __init__(self, folder: str | Path, *, project: str, name: str, config: dict[str, Any],
+                 resume: bool = False) -> None:
         wandb = require("wandb", "wandb")
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        id_file = self.folder / "wandb" / "run_id"
+        id_file.parent.mkdir(parents=True, exist_ok=True)
         self.mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        known = id_file.read_text().strip() if resume and id_file.is_file() else None
         self._run = wandb.init(project=project, name=name, dir=str(self.folder), config=config,
                                mode=self.mode, settings=wandb.Settings(silent=True, console="off"),
-                               reinit="create_new")
+                               reinit="create_new", **({"id": known, "resume": "allow"} if known else {}))
+        self.run_id = self._run.id
+        id_file.write_text(self.run_id + "\n")
 
     def log(self, metrics: dict[str, Any], *, step: int) -> None:
         self._run.log({tag: value for tag, value in scalars(metrics).items() if tag != "step"}, step=step)
@@ -98,16 +120,17 @@ class WandbLogger:
 
 
 def make_loggers(names: list[str], *, run_dir: str | Path, run_name: str, project: str = "agentrl",
-                 config: dict[str, Any] | None = None) -> list[StepLogger]:
-    """The loggers `run.loggers` names, writing into `run_dir` (one-line errors)."""
+                 config: dict[str, Any] | None = None, resume_step: int | None = None) -> list[StepLogger]:
+    """The loggers `run.loggers` names, writing into `run_dir` (one-line errors); `resume_step`: the
+    run resumes at that step (see the module docstring)."""
     loggers: list[StepLogger] = []
     try:
         for name in dict.fromkeys(names):
             if name == "tensorboard":
-                loggers.append(TensorBoardLogger(Path(run_dir) / "tensorboard"))
+                loggers.append(TensorBoardLogger(Path(run_dir) / "tensorboard", resume_step=resume_step))
             elif name == "wandb":
                 loggers.append(WandbLogger(Path(run_dir), project=project, name=run_name,
-                                           config=config or {}))
+                                           config=config or {}, resume=resume_step is not None))
             else:
                 raise ConfigError(f"run.loggers: unknown logger {name!r}; use \"tensorboard\" or \"wandb\"")
     except BaseException:

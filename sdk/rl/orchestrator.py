@@ -30,6 +30,10 @@ to that many steps ahead of the trainer.
 The trainer and the weight transport are protocols (`PolicyTrainer`, `WeightSync`): the
 Ray launcher (`agentrl.rl.launch`) binds them to the trainer actor and to the
 inference engineer's weight publisher; anything that implements them can be driven.
+A `GroupsRecorder` (`on_groups`, the run's `agentrl.rl.rollout_log.RolloutLog`) picks which
+rollouts of each step it keeps; the trainer is asked for those samples' per-token logprobs
+(`train_step(..., logprobs_of=[sample indices])`, from the step's own forward pass) and the
+recorder gets them with the step's groups after the step.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from agentrl.types import Rollout, Task, TrainingSample
 
 __all__ = [
     "OrchestratorConfig",
+    "GroupsRecorder",
     "PolicyTrainer",
     "WeightSync",
     "OrchestratorState",
@@ -117,8 +122,14 @@ class OrchestratorConfig(BaseConfig):
 class PolicyTrainer(Protocol):
     """The trainer side as the orchestrator sees it (bound to a Ray actor by the launcher)."""
 
-    async def train_step(self, samples: list[TrainingSample], *, step: int) -> dict[str, float]:
-        """Run one optimizer step on these samples; return its metrics (loss, mismatch_kl, ...)."""
+    async def train_step(self, samples: list[TrainingSample], *, step: int,
+                         logprobs_of: list[int] = ()) -> dict[str, Any]:
+        """Run one optimizer step on these samples; return its metrics (loss, mismatch_kl, ...).
+
+        Only called with `logprobs_of` (indices into `samples`) when a recorder keeps some of the
+        step's rollouts; the metrics then carry ``token_logprobs``: {sample index: the trainer's
+        logprob per token of that sample, None where it has none (the first token, non-loss tokens)}.
+        """
         ...
 
     async def save_checkpoint(self, path: str, *, step: int) -> None:
@@ -292,9 +303,20 @@ class Environment(Protocol):  # the part of agentrl.environment.Environment used
 
 
 StepCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
-GroupsCallback = Callable[[int, list["ScoredGroup"], list[list[float | None]]], None]
-"""`(step, groups, advantages)` after a step's groups are collected; `advantages[g][m]` is the advantage
-rollout m of group g was trained with, None when it was not trained on (an error, no turns)."""
+
+
+class GroupsRecorder(Protocol):
+    """Keeps some rollouts of each step (`agentrl.rl.rollout_log.RolloutLog`)."""
+
+    def pick(self, groups: list["ScoredGroup"]) -> list[tuple[int, int]]:
+        """(group, member) of the rollouts `record` will keep (their trainer logprobs are asked for)."""
+        ...
+
+    def record(self, step: int, groups: list["ScoredGroup"], advantages: list[list[float | None]], *,
+               trainer_logprobs: dict[tuple[int, int], list[float | None]] | None = None) -> Any:
+        """After the step: `advantages[g][m]` is the advantage rollout m of group g was trained with (None
+        when it was not trained on: an error, no turns); `trainer_logprobs[(g, m)]` per token of its sample."""
+        ...
 
 
 @dataclass
@@ -323,7 +345,7 @@ class Orchestrator:
         on_step: StepCallback | None = None,
         checkpoint: Callable[[int, OrchestratorState], Awaitable[None]] | None = None,
         env_name: str | None = None,
-        on_groups: GroupsCallback | None = None,
+        on_groups: GroupsRecorder | None = None,
     ) -> None:
         self.config = config
         self.environment = environment
@@ -355,6 +377,7 @@ class Orchestrator:
         self._failed_errors: list[str | None] = []  # one entry per rollout of those steps
         self._step_errors: list[str | None] = []
         self._step_advantages: list[list[float | None]] = []  # per group, per rollout (None: not trained on)
+        self._step_sample_of: dict[tuple[int, int], int] = {}  # (group, member) -> index in the step's samples
         self._r3_seen = False  # some step's samples carried routed experts
         self._r3_warned = False
 
@@ -452,7 +475,8 @@ class Orchestrator:
         first_error: str | None = None
         self._step_errors = [r.error for group in groups for r in group.rollouts]
         self._step_advantages = []
-        for group in groups:
+        self._step_sample_of = {}
+        for group_index, group in enumerate(groups):
             usable = [r for r in group.rollouts if r.error is None and r.turns]
             errors += len(group.rollouts) - len(usable)
             if first_error is None:
@@ -461,9 +485,11 @@ class Orchestrator:
             advantages = group_advantages([r.reward for r in usable], normalize=self.config.normalize_advantages)
             trained = {id(rollout): advantage for rollout, advantage in zip(usable, advantages)}
             self._step_advantages.append([trained.get(id(r)) for r in group.rollouts])
+            member_of = {id(r): member for member, r in enumerate(group.rollouts)}
             for rollout, advantage in zip(usable, advantages):
                 sample = rollout.sample()
                 sample.advantage = advantage
+                self._step_sample_of[(group_index, member_of[id(rollout)])] = len(samples)
                 samples.append(sample)
                 completion_tokens += rollout.completion_tokens
         self._counters.rollout_errors += errors
@@ -549,16 +575,21 @@ class Orchestrator:
                 groups = collect.result()
                 wait_s = time.monotonic() - wait_start
                 samples, batch_metrics = self._samples(groups)
-                if self.on_groups is not None:
-                    self.on_groups(step, groups, self._step_advantages)
+                picked = self.on_groups.pick(groups) if self.on_groups is not None else []
+                logprobs_of = {pick: self._step_sample_of[pick] for pick in picked if pick in self._step_sample_of}
                 if samples:
                     self._failed_steps, self._failed_errors = [], []
                 else:  # nothing to train on: a failed step
                     self._failed_steps.append(step)
                     self._failed_errors += self._step_errors
                 train_start = time.monotonic()
-                train_metrics = await self.trainer.train_step(samples, step=step) if samples else {}
+                asked = {"logprobs_of": sorted(set(logprobs_of.values()))} if logprobs_of else {}
+                train_metrics = dict(await self.trainer.train_step(samples, step=step, **asked)) if samples else {}
                 train_s = time.monotonic() - train_start
+                token_logprobs = train_metrics.pop("token_logprobs", None) or {}
+                if self.on_groups is not None:
+                    self.on_groups.record(step, groups, self._step_advantages, trainer_logprobs={
+                        pick: token_logprobs[index] for pick, index in logprobs_of.items() if index in token_logprobs})
                 self.state.step = step + 1
                 if publishing is not None:
                     await publishing  # one load at a time; the previous one is normally long done

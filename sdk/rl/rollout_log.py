@@ -11,7 +11,13 @@ outputs, turns with token ids, inference logprobs and weight versions, reward, r
 in `metrics`, error, state such as a SWE diff) plus where it came from:
 
     step, group_index, rollout_index, advantage (None when the rollout was not trained on),
-    policy_versions, time
+    policy_versions, time, trainer_logprobs
+
+`trainer_logprobs` (when the rollout was trained on) is the trainer's logprob of each token of
+the rollout's training sample (`Rollout.sample().token_ids`: prompt and completion tokens of
+its turns), None for tokens outside the loss mask; it comes from the step's own forward pass
+(the orchestrator asks the trainer for the samples `RolloutLog.pick` names), so with the
+inference logprobs the viewer shows the trainer-vs-inference mismatch per token.
 
 and with routed experts left out (they are (tokens, layers, top_k) arrays, most of a record).
 Strings longer than `MAX_STRING_CHARS` are cut with a marker; once the file reaches
@@ -96,22 +102,33 @@ class RolloutLog:
         tmp.write_text("".join(kept))
         os.replace(tmp, self.path)
 
-    def record(self, step: int, groups: Sequence[Any], advantages: Sequence[Sequence[float | None]]) -> int:
-        """Append the step's sample: `groups` are `ScoredGroup`s, `advantages[g][m]` (or None).
+    def pick(self, groups: Sequence[Any]) -> list[tuple[int, int]]:
+        """(group, member) of the rollouts `record` keeps of these groups (none once the log is full)."""
+        if self.samples_per_step <= 0 or self.full:
+            return []
+        return pick_rollouts([group.rollouts for group in groups], self.samples_per_step)
+
+    def record(self, step: int, groups: Sequence[Any], advantages: Sequence[Sequence[float | None]], *,
+               trainer_logprobs: dict[tuple[int, int], list[float | None]] | None = None) -> int:
+        """Append the step's sample: `groups` are `ScoredGroup`s, `advantages[g][m]` (or None),
+        `trainer_logprobs[(g, m)]` the trainer's per-token logprobs of that rollout's sample.
 
         Returns how many records were written (0 once the cap is reached).
         """
-        if self.samples_per_step <= 0 or self.full:
+        picked = self.pick(groups)
+        if not picked:
             return 0
+        trainer_logprobs = trainer_logprobs or {}
         size = self.path.stat().st_size if self.path.is_file() else 0
         lines = []
         now = time.time()
-        for index, member in pick_rollouts([group.rollouts for group in groups], self.samples_per_step):
+        for index, member in picked:
             group = groups[index]
             known = index < len(advantages) and member < len(advantages[index])
             advantage = advantages[index][member] if known else None
             record = rollout_record(group.rollouts[member], step=step, group_index=group.index,
-                                    rollout_index=member, advantage=advantage, time=now)
+                                    rollout_index=member, advantage=advantage, time=now,
+                                    trainer_logprobs=trainer_logprobs.get((index, member)))
             line = json.dumps(record) + "\n"
             if size + len(line) > self.max_bytes:
                 self.full = True

@@ -80,9 +80,10 @@ class TrainerRank:
         return {"rank": self.rank, "node": self.node(), "layout": self.trainer.plan.describe()}
 
     # ---- steps ------------------------------------------------------------------------
-    def train_step(self, samples: list[TrainingSample], step: int) -> dict[str, float]:
+    def train_step(self, samples: list[TrainingSample], step: int, logprobs_of: list[int] = ()) -> dict[str, Any]:
+        """The step's metrics; with `logprobs_of`, this rank's part of those samples' `token_logprobs`."""
         started = time.monotonic()
-        metrics = self.trainer.train_on_samples(samples)
+        metrics = self.trainer.train_on_samples(samples, logprobs_of=logprobs_of)
         # Packing + forward/backward + optimizer, without the transfer of the samples to this actor.
         metrics["compute_s"] = time.monotonic() - started
         return metrics

@@ -107,6 +107,15 @@ def test_viewer_over_a_real_run_and_eval(tmp_path):
         assert trained.startswith(completion)  # the completion's tokens, decoded with tiny-moe's tokenizer
         titles = texts(driver, "#tokens .tok.loss", "title")
         assert all("logprob" in title for title in titles)
+        # the trainer's logprobs of the recorded samples, from the step's forward on the trainer rank
+        for trained_record in (r for r in records if r["advantage"] is not None):
+            values = trained_record["trainer_logprobs"]
+            completion_tokens = sum(len(turn["completion"]["token_ids"]) for turn in trained_record["turns"])
+            assert sum(value is not None for value in values) == completion_tokens
+        if record["advantage"] is not None:
+            assert all("trainer " in title for title in titles)
+            driver.find_element("css selector", "button[data-mode='mismatch']").click()
+            assert "no trainer logprobs" not in driver.find_element("id", "token-note").text
         driver.save_screenshot(str(tmp_path / "rollout.png"))
 
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser import browser_errors, chromium_or_skip, count, open_page, texts, wait_for
-from tests.viewer_folders import HOSTILE, arithmetic_eval, arithmetic_run
+from tests.viewer_folders import HOSTILE, arithmetic_eval, arithmetic_run, trained_run
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +73,28 @@ def test_a_tool_using_rollout_with_its_diff_and_reward_parts(driver, viewer, tmp
     assert "no trainer logprobs" in driver.find_element("id", "token-note").text
     driver.save_screenshot(str(tmp_path / "rollout.png"))
     assert browser_errors(driver) == []
+
+
+def test_the_per_token_view_colours_trainer_vs_inference_mismatch(driver, tmp_path):
+    pytest.importorskip("torch", reason="the train extra (torch) is not installed")
+    from agentrl.viewer.serve import ViewerServer
+
+    path, _ = trained_run(tmp_path / "trained", steps=1, samples_per_step=2)
+    with ViewerServer([path]) as server:
+        run = _ids(driver, server)["trained"]
+        open_page(driver, server.url + f"#/f/{run}/r/0")
+        wait_for(driver, f"document.body.dataset.ready === '#/f/{run}/r/0'")
+        driver.find_element("css selector", "button[data-mode='mismatch']").click()
+        colours = driver.execute_script(
+            "return [...document.querySelectorAll('#tokens .tok')].map(s => [s.classList.contains('loss'), "
+            "s.style.backgroundColor, s.title])")
+        trained = [(colour, title) for loss, colour, title in colours if loss]
+        assert trained and all("124, 58, 237" in colour for colour, _ in trained)  # the mismatch hue
+        assert all("trainer " in title and "Δ" in title for _, title in trained)
+        assert all(colour == "" for loss, colour, _ in colours if not loss)
+        assert "no trainer logprobs" not in driver.find_element("id", "token-note").text
+        driver.save_screenshot(str(tmp_path / "mismatch.png"))
+        assert browser_errors(driver) == []
 
 
 def test_filters_narrow_the_rollout_list(driver, viewer, tmp_path):

@@ -67,6 +67,51 @@ def test_wandb_offline_run_folder_holds_the_scalars(tmp_path, monkeypatch):
     assert history[3]["staleness/1"] == 3 and history[0]["inference_bound"] == 0
 
 
+def _log(logger, steps, *, offset: float) -> None:
+    for step in steps:
+        logger.log({"step": step, "reward": offset + step, "time": 1.7e9 + offset + step}, step=step)
+    logger.close()
+
+
+def test_a_resumed_run_continues_the_tensorboard_curves_without_repeating_steps(tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    [first] = make_loggers(["tensorboard"], run_dir=tmp_path, run_name="t")
+    _log(first, range(5), offset=0.0)  # interrupted after step 4; the checkpoint is at step 2
+    [resumed] = make_loggers(["tensorboard"], run_dir=tmp_path, run_name="t", resume_step=2)
+    _log(resumed, range(2, 6), offset=100.0)
+    assert len(glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))) == 2
+    reader = EventAccumulator(str(tmp_path / "tensorboard"))
+    reader.Reload()
+    assert [(e.step, e.value) for e in reader.Scalars("reward")] == [
+        (0, 0.0), (1, 1.0), (2, 102.0), (3, 103.0), (4, 104.0), (5, 105.0)]
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from tests.wandb_records import history_rows
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    [first] = make_loggers(["wandb"], run_dir=tmp_path, run_name="r")
+    _log(first, range(5), offset=0.0)
+    run_id = (tmp_path / "wandb" / "run_id").read_text().strip()
+    assert run_id == first.run_id
+    [other] = make_loggers(["wandb"], run_dir=tmp_path / "fresh", run_name="r")  # not resumed: a new run
+    _log(other, range(1), offset=0.0)
+    assert other.run_id != run_id
+    [resumed] = make_loggers(["wandb"], run_dir=tmp_path, run_name="r", resume_step=2)
+    assert resumed.run_id == run_id
+    _log(resumed, range(2, 6), offset=100.0)
+    files = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb")))
+    assert len(files) == 2 and all(path.endswith(f"run-{run_id}.wandb") for path in files)
+    histories = sorted((history_rows(path) for path in files), key=lambda rows: rows[0]["_step"])
+    assert [row["_step"] for row in histories[0]] == [0, 1, 2, 3, 4]
+    assert [(row["_step"], row["reward"]) for row in histories[1]] == [(2, 102.0), (3, 103.0), (4, 104.0),
+                                                                       (5, 105.0)]
+
+
 def test_logger_names_are_checked():
     with pytest.raises(ConfigError, match="run.loggers"):
         load_run_config(overrides=['run.loggers=["tensorbored"]'])

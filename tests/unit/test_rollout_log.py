@@ -40,9 +40,11 @@ class RecordingTrainer:
 
     def __init__(self) -> None:
         self.steps: list[int] = []
+        self.asked: list[list[int]] = []
 
-    async def train_step(self, samples, *, step):
+    async def train_step(self, samples, *, step, logprobs_of=()):
         self.steps.append(step)
+        self.asked.append(list(logprobs_of))
         return {"mismatch_kl": 0.0, "loss": 0.0}
 
     async def save_checkpoint(self, path, *, step):
@@ -60,10 +62,12 @@ async def _run(tmp_path, *, samples_per_step: int, max_bytes: int = 2**30, steps
         config=OrchestratorConfig(max_steps=steps, groups_per_step=3, rollouts_per_group=4,
                                   max_off_policy_steps=0),
         environment=env, client=_alternating_policy(), trainer=trainer, weight_sync=trainer,
-        sampling=SamplingConfig(), on_groups=log.record,
+        sampling=SamplingConfig(), on_groups=log,
     )
     await orchestrator.run()
     assert trainer.steps == list(range(steps))
+    if not log.full:  # the trainer is asked for the logprobs of the recorded samples only
+        assert [len(asked) for asked in trainer.asked] == [min(samples_per_step, 12)] * steps
     return [json.loads(line) for line in log.path.read_text().splitlines()] if log.path.exists() else []
 
 

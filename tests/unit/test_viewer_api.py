@@ -12,7 +12,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from agentrl.errors import NotFoundError  # noqa: E402
 from agentrl.viewer.app import create_app  # noqa: E402
-from tests.viewer_folders import DIFF, HOSTILE, arithmetic_eval, arithmetic_run  # noqa: E402
+from tests.viewer_folders import DIFF, HOSTILE, arithmetic_eval, arithmetic_run, trained_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,19 @@ def test_a_rollout_in_full_with_tool_calls_diff_and_tokens(client):
     assert all(t["logprob"] == 0.0 for t in tokens if t["loss"])  # the scripted policy is certain
     assert all(t["logprob"] is None for t in tokens if not t["loss"])
     assert body["decoded"] is False or all(t["text"] is not None for t in tokens)
+
+
+def test_per_token_trainer_logprobs_and_mismatch_of_a_trained_run(tmp_path):
+    pytest.importorskip("torch", reason="the train extra (torch) is not installed")
+    path, _ = trained_run(tmp_path / "trained", steps=1, samples_per_step=2)
+    client = TestClient(create_app([path]), base_url="http://127.0.0.1")
+    run = client.get("/api/folders").json()["folders"][0]["id"]
+    body = client.get(f"/api/folders/{run}/rollouts/0").json()
+    recorded = body["record"]["trainer_logprobs"]
+    trained = [t for t in body["tokens"] if t["loss"]]
+    assert trained and all(t["trainer_logprob"] == recorded[i] for i, t in enumerate(body["tokens"]) if t["loss"])
+    assert all(t["mismatch"] == pytest.approx(t["logprob"] - t["trainer_logprob"]) for t in trained)
+    assert all(t["trainer_logprob"] is None and t["mismatch"] is None for t in body["tokens"] if not t["loss"])
 
 
 def test_compare_two_evaluations_task_by_task(client):
