@@ -81,7 +81,10 @@ class MoEModelArgs:
     use_conv_bias: bool = True
     mamba_proj_bias: bool = False
     dt_min: float = 0.0
-    """Lower clamp of the Mamba step size after softplus (transformers 5.19 clamps at ``time_step_min``)."""
+    """Lower clamp of the Mamba step size after softplus: the config's ``time_step_limit[0]`` (0), as vLLM's
+    mixer (``dt_limit=(0.0, inf)``) and NVIDIA's Mamba-2 clamp. transformers 5.19's mixer clamps at
+    ``time_step_min`` (0.001) instead; trained weights put dt below it, where logprobs then differ from
+    vLLM's by up to 0.4 (tiny-nemotron's SFT warm start), so the trainer follows vLLM, the sampler."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -209,8 +212,7 @@ class MoEModelArgs:
             mamba_chunk_size=int(config.get("chunk_size", config.get("mamba_chunk_size", 128))),
             use_conv_bias=bool(config.get("use_conv_bias", config.get("mamba_conv_bias", True))),
             mamba_proj_bias=bool(config.get("use_bias", False)),
-            # transformers 5.19's NemotronHMamba2Mixer clamps dt at time_step_min (vLLM: at 0)
-            dt_min=float(config.get("time_step_min", config.get("mamba_dt_min", 0.001))),
+            dt_min=float((config.get("time_step_limit") or config.get("mamba_dt_limit") or (0.0,))[0]),
         )
 
     @classmethod
