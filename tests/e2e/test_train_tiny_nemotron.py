@@ -12,9 +12,6 @@ machine is loaded).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +19,9 @@ import pytest
 
 from agentrl.rl.report import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_cli import pid_gone, run_train  # noqa: E402
+
 STEPS_PER_EPOCH = 8  # the recipe's 64 tasks, 8 groups a step
 EPOCHS = 3  # the recipe's 24 steps
 # Step 0 is on-policy and vLLM serves in the trainer's float32 with its routing replayed: only
@@ -36,17 +35,8 @@ MAX_STEP_KL = 0.05  # one step off-policy included (test_train_default.py's boun
 def test_tiny_nemotron_run_learns(tmp_path):
     run_dir = tmp_path / "run"
     steps = STEPS_PER_EPOCH * EPOCHS
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "train", "--model", "tiny-nemotron", "-o", str(run_dir)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=840)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 0, output[-3000:]
+    returncode, output = run_train(["--model", "tiny-nemotron", "-o", str(run_dir)], timeout=840)
+    assert returncode == 0, output[-3000:]
     config = (run_dir / "config.toml").read_text()
     assert 'name = "tiny-nemotron"' in config and "cpu-tiny-nemotron/tiny-nemotron-sft" in config
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -65,9 +55,4 @@ def test_tiny_nemotron_run_learns(tmp_path):
     assert (final / "model.safetensors").is_file() and (final / "COMPLETE").is_file()
     assert json.loads((final / "config.json").read_text())["architectures"] == ["NemotronHForCausalLM"]
     server_pid = json.loads((run_dir / "placement.json").read_text())["servers"][0]["pid"]
-    try:
-        os.kill(server_pid, 0)
-    except ProcessLookupError:
-        pass
-    else:
-        pytest.fail("the vLLM server outlived the run")
+    assert pid_gone(server_pid), "the vLLM server outlived the run"
