@@ -13,8 +13,10 @@
 `load_run_config(path, overrides, env=..., model=...)` reads TOML through
 `agentrl.config.load_config` (one-line errors naming file, line and key) and fills in the
 model-dependent defaults: with no file for reverse-text on tiny-moe, the CPU default
-recipe (`cookbook/cpu-default/train.toml`); for tiny-moe the committed SFT warm start
-(`cookbook/cpu-default/tiny-moe-sft`) as the starting checkpoint; for GPU-sized presets
+recipe (`cookbook/cpu-default/train.toml`), on tiny-nemotron its CPU recipe
+(`cookbook/cpu-tiny-nemotron/train.toml`); for either the committed SFT warm start
+(`cookbook/cpu-default/tiny-moe-sft`, `cookbook/cpu-tiny-nemotron/tiny-nemotron-sft`) as the
+starting checkpoint; for GPU-sized presets
 a GPU deployment and a trainer with enough GPUs for its layout to fit.
 """
 
@@ -34,13 +36,16 @@ from agentrl.trainer.config import TrainerConfig
 from pydantic import Field
 
 __all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfig", "load_run_config",
-           "TINY_MOE_SFT", "CPU_DEFAULT_RECIPE"]
+           "TINY_MOE_SFT", "CPU_DEFAULT_RECIPE", "TINY_NEMOTRON_SFT", "TINY_NEMOTRON_RECIPE"]
 
 # In a checkout or shipped inside the installed package (agentrl.project_files).
 #: The committed SFT warm start of tiny-moe (reproduced by cookbook/cpu-default/sft.toml).
 TINY_MOE_SFT = project_path("cookbook", "cpu-default", "tiny-moe-sft")
 #: The embedded default run (`agentrl train` with no arguments).
 CPU_DEFAULT_RECIPE = project_path("cookbook", "cpu-default", "train.toml")
+#: The SFT warm start of tiny-nemotron (reproduced by cookbook/cpu-tiny-nemotron/sft.toml) and its CPU recipe.
+TINY_NEMOTRON_SFT = project_path("cookbook", "cpu-tiny-nemotron", "tiny-nemotron-sft")
+TINY_NEMOTRON_RECIPE = project_path("cookbook", "cpu-tiny-nemotron", "train.toml")
 
 
 class EnvSection(BaseConfig):
@@ -197,7 +202,9 @@ class RunConfig(BaseConfig):
         return self.inference.dtype or self.trainer_compute_dtype()
 
 
-_DEFAULTS_BY_MODEL = {"tiny-moe": TINY_MOE_SFT}
+_DEFAULTS_BY_MODEL = {"tiny-moe": TINY_MOE_SFT, "tiny-nemotron": TINY_NEMOTRON_SFT}
+#: reverse-text with no --config: the model's CPU recipe
+_CPU_RECIPES = {"tiny-moe": CPU_DEFAULT_RECIPE, "tiny-nemotron": TINY_NEMOTRON_RECIPE}
 
 
 def load_run_config(
@@ -214,9 +221,9 @@ def load_run_config(
         shortcuts.append(f"env.name={_toml_string(env)}")
     if model is not None:
         shortcuts.append(f"model.name={_toml_string(model)}")
-    if path is None and (env or "reverse-text") == "reverse-text" and (model or "tiny-moe") == "tiny-moe" \
-            and CPU_DEFAULT_RECIPE.is_file():
-        path = CPU_DEFAULT_RECIPE  # `agentrl train` with no arguments is the CPU default recipe
+    recipe = _CPU_RECIPES.get(model or "tiny-moe")
+    if path is None and (env or "reverse-text") == "reverse-text" and recipe is not None and recipe.is_file():
+        path = recipe  # `agentrl train` with no arguments is the CPU default recipe; `--model tiny-nemotron` its own
     elif path is not None:
         path = resolve_project_path(path)  # `--config cookbook/...` also outside a checkout
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)

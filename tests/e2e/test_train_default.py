@@ -9,9 +9,6 @@ updates after every step. The config is the CPU default with fewer steps
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +16,9 @@ import pytest
 
 from agentrl.rl.report import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_cli import ROOT, pid_gone, run_train  # noqa: E402
+
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
 MAX_MEAN_KL = 0.01  # mean over steps of KL(inference || trainer), one step off-policy included (measured ~8e-4)
 # Rollouts that straddle an in-flight weight update keep their KV cache and replay the experts
@@ -30,31 +29,14 @@ MAX_MEAN_KL = 0.01  # mean over steps of KL(inference || trainer), one step off-
 MAX_STEP_KL = 0.05
 
 
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_short_default_run_learns(tmp_path, ranks):
     """With one trainer process, and with 2 gloo ranks (Ray actors, the batch's rows split between them)."""
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "train", "--config", str(CI_CONFIG), "-o", str(run_dir),
-         "--set", f"launch.trainer_ranks={ranks}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=840)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 0, output[-3000:]
+    returncode, output = run_train(["--config", str(CI_CONFIG), "-o", str(run_dir),
+                                    "--set", f"launch.trainer_ranks={ranks}"], timeout=840)
+    assert returncode == 0, output[-3000:]
     rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [row["step"] for row in rows]
     assert steps == list(range(len(rows))) and len(rows) == 24, steps
@@ -83,4 +65,4 @@ def test_short_default_run_learns(tmp_path, ranks):
     assert (final / "model.safetensors").is_file() and (final / "COMPLETE").is_file()
     assert (run_dir / "config.toml").is_file()
     server_pid = json.loads((run_dir / "placement.json").read_text())["servers"][0]["pid"]
-    assert _pid_gone(server_pid), "the vLLM server outlived the run"
+    assert pid_gone(server_pid), "the vLLM server outlived the run"

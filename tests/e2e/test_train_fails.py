@@ -9,10 +9,7 @@ the client's context error before a request is sent, so each step fails the same
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +18,9 @@ import pytest
 
 from agentrl.rl.report import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_cli import run_train  # noqa: E402
+
 OVERRIDES = [
     "env.args.num_train=8", "env.args.num_test=2",
     "env.args.min_words=600", "env.args.max_words=600", "env.args.max_chars=10000",
@@ -33,20 +32,12 @@ OVERRIDES = [
 @pytest.mark.timeout(600)
 def test_a_run_whose_rollouts_all_fail_exits_with_one_error_line(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli", "train", "--env", "reverse-text", "--model", "tiny-moe",
-               "-o", str(run_dir)]
+    args = ["--env", "reverse-text", "--model", "tiny-moe", "-o", str(run_dir)]
     for override in OVERRIDES:
-        command += ["--set", override]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=540)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        args += ["--set", override]
+    returncode, output = run_train(args, timeout=540)
     print(output[-4000:])
-    assert process.returncode == 2, output[-3000:]
+    assert returncode == 2, output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, output[-3000:]
     assert re.fullmatch(

@@ -37,6 +37,19 @@ def test_defaults_are_the_embedded_cpu_run():
     assert config.trainer.model == "tiny-moe"
 
 
+def test_tiny_nemotron_on_reverse_text_is_its_cpu_recipe_from_its_warm_start():
+    from agentrl.rl.config import TINY_NEMOTRON_RECIPE, TINY_NEMOTRON_SFT
+
+    config = load_run_config(model="tiny-nemotron")  # `agentrl train --model tiny-nemotron`
+    assert TINY_NEMOTRON_RECIPE.is_file() and (TINY_NEMOTRON_SFT / "config.json").is_file()
+    assert config.model.name == config.trainer.model == "tiny-nemotron"
+    assert config.starting_weights().resolve() == TINY_NEMOTRON_SFT.resolve()
+    assert config.inference.device == "cpu" and config.inference.routed_experts and config.trainer.router_replay
+    assert config.orchestrator.max_steps == 24
+    # another environment on tiny-nemotron: no recipe, no reverse-text warm start
+    assert load_run_config(model="tiny-nemotron", env="arithmetic").model.init_checkpoint is None
+
+
 def test_inference_serves_in_the_trainers_dtype():
     # vLLM's "auto" would serve the float32 checkpoint in bfloat16 on the CPU: a mismatch KL of
     # ~1e-4 per token against the float32 trainer. The run passes the trainer's dtype instead.

@@ -88,7 +88,11 @@ class MoEModelArgs:
     use_conv_bias: bool = True
     mamba_proj_bias: bool = False
     dt_min: float = 0.0
-    """Lower clamp of the Mamba step size after softplus (transformers 5.19 clamps at ``time_step_min``)."""
+    """Lower clamp of the Mamba step size after softplus: the config's ``time_step_limit[0]`` (0), as vLLM's
+    mixer (``dt_limit=(0.0, inf)``) and NVIDIA's Mamba-2 clamp. transformers 5.19's mixer clamps at
+    ``time_step_min`` (0.001) instead; trained weights put dt below it, where logprobs then differ from
+    vLLM's (tiny-nemotron's SFT warm start: up to 0.036 on a 91-token sequence, an on-policy mismatch KL
+    of 6e-5 instead of 2e-13 in the loop), so the trainer follows vLLM, the sampler."""
     # Multi-head Latent Attention (deepseek_v3 only; see `agentrl.trainer.models.mla`)
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
@@ -229,8 +233,7 @@ class MoEModelArgs:
             mamba_chunk_size=int(config.get("chunk_size", config.get("mamba_chunk_size", 128))),
             use_conv_bias=bool(config.get("use_conv_bias", config.get("mamba_conv_bias", True))),
             mamba_proj_bias=bool(config.get("use_bias", False)),
-            # transformers 5.19's NemotronHMamba2Mixer clamps dt at time_step_min (vLLM: at 0)
-            dt_min=float(config.get("time_step_min", config.get("mamba_dt_min", 0.001))),
+            dt_min=float((config.get("time_step_limit") or config.get("mamba_dt_limit") or (0.0,))[0]),
         )
 
     @classmethod
