@@ -46,6 +46,8 @@ CPU_DEFAULT_RECIPE = project_path("cookbook", "cpu-default", "train.toml")
 #: The SFT warm start of tiny-nemotron (reproduced by cookbook/cpu-tiny-nemotron/sft.toml) and its CPU recipe.
 TINY_NEMOTRON_SFT = project_path("cookbook", "cpu-tiny-nemotron", "tiny-nemotron-sft")
 TINY_NEMOTRON_RECIPE = project_path("cookbook", "cpu-tiny-nemotron", "train.toml")
+#: tiny-deepseek's CPU recipe (MLA end to end; random weights, no warm start).
+TINY_DEEPSEEK_RECIPE = project_path("cookbook", "cpu-tiny-deepseek", "train.toml")
 
 
 class EnvSection(BaseConfig):
@@ -204,7 +206,8 @@ class RunConfig(BaseConfig):
 
 _DEFAULTS_BY_MODEL = {"tiny-moe": TINY_MOE_SFT, "tiny-nemotron": TINY_NEMOTRON_SFT}
 #: reverse-text with no --config: the model's CPU recipe
-_CPU_RECIPES = {"tiny-moe": CPU_DEFAULT_RECIPE, "tiny-nemotron": TINY_NEMOTRON_RECIPE}
+_CPU_RECIPES = {"tiny-moe": CPU_DEFAULT_RECIPE, "tiny-nemotron": TINY_NEMOTRON_RECIPE,
+                "tiny-deepseek": TINY_DEEPSEEK_RECIPE}
 
 
 def load_run_config(
@@ -223,7 +226,7 @@ def load_run_config(
         shortcuts.append(f"model.name={_toml_string(model)}")
     recipe = _CPU_RECIPES.get(model or "tiny-moe")
     if path is None and (env or "reverse-text") == "reverse-text" and recipe is not None and recipe.is_file():
-        path = recipe  # `agentrl train` with no arguments is the CPU default recipe; `--model tiny-nemotron` its own
+        path = recipe  # `agentrl train` with no arguments is the CPU default recipe; `--model tiny-nemotron` / `tiny-deepseek` their own
     elif path is not None:
         path = resolve_project_path(path)  # `--config cookbook/...` also outside a checkout
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)

@@ -50,6 +50,15 @@ def test_tiny_nemotron_on_reverse_text_is_its_cpu_recipe_from_its_warm_start():
     assert load_run_config(model="tiny-nemotron", env="arithmetic").model.init_checkpoint is None
 
 
+def test_tiny_deepseek_on_reverse_text_is_its_cpu_recipe():
+    from agentrl.rl.config import TINY_DEEPSEEK_RECIPE
+
+    config = load_run_config(model="tiny-deepseek")  # `agentrl train --model tiny-deepseek`
+    assert TINY_DEEPSEEK_RECIPE.is_file() and config.model.name == config.trainer.model == "tiny-deepseek"
+    assert config.orchestrator.max_steps == 3 and config.trainer.router_replay
+    assert config.model.init_checkpoint is None  # random weights: the recipe shows MLA end to end
+
+
 def test_inference_serves_in_the_trainers_dtype():
     # vLLM's "auto" would serve the float32 checkpoint in bfloat16 on the CPU: a mismatch KL of
     # ~1e-4 per token against the float32 trainer. The run passes the trainer's dtype instead.
