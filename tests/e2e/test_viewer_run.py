@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,25 +23,16 @@ import pytest
 
 from agentrl.rl.report import read_metrics
 from tests.browser import browser_errors, chromium_or_skip, count, open_page, texts, wait_for
+from tests.e2e.train_cli import finish, start_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
 STEPS = 3
 
 
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
 def _finish(process: subprocess.Popen, timeout_s: float) -> str:
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 0, output[-3000:]
+    code, output = finish(process, timeout=timeout_s)
+    assert code == 0, output[-3000:]
     return output
 
 
@@ -61,7 +51,7 @@ def test_viewer_over_a_real_run_and_eval(tmp_path):
     driver = chromium_or_skip()
     folders = tmp_path / "runs"
     run_dir = folders / "run"
-    train = _start("train", "--config", str(CI_CONFIG), "-o", str(run_dir),
+    train = start_cli("train", "--config", str(CI_CONFIG), "-o", str(run_dir),
                    "--set", f"orchestrator.max_steps={STEPS}", "--set", "orchestrator.groups_per_step=2",
                    "--set", "orchestrator.rollouts_per_group=4", "--set", "run.rollout_samples_per_step=6",
                    "--set", 'run.loggers=["tensorboard", "wandb"]', "--set", "run.plots=false",
@@ -134,7 +124,7 @@ def test_viewer_over_a_real_run_and_eval(tmp_path):
 
         checkpoint = run_dir / "checkpoints" / f"step_{STEPS}"
         evaluation = folders / f"eval-step{STEPS}"
-        output = _finish(_start("eval", "--model", str(checkpoint), "-n", "4", "-r", "2",
+        output = _finish(start_cli("eval", "--model", str(checkpoint), "-n", "4", "-r", "2",
                                 "-o", str(evaluation)), 480)
         baseline = evaluation.with_name(evaluation.name + "-baseline")
         assert f"view it: agentrl view {evaluation}" in output

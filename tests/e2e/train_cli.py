@@ -11,15 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_train(args: list[str], *, timeout: float) -> tuple[int, str]:
-    """`python -m agentrl.cli train ARGS` from the checkout in its own session: (exit code, output).
+def start_cli(*args: str) -> subprocess.Popen:
+    """`python -m agentrl.cli ARGS` from the checkout in its own session, output captured."""
+    return subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
-    Past `timeout` (or on any error) the whole process group (Ray, vLLM, the actors) is killed.
-    """
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "train", *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
+
+def finish(process: subprocess.Popen, *, timeout: float) -> tuple[int, str]:
+    """Wait for a `start_cli` process: (exit code, output); past `timeout` (or on any error) its whole
+    process group (Ray, vLLM, the actors) is killed."""
     try:
         output, _ = process.communicate(timeout=timeout)
     finally:
@@ -27,6 +27,11 @@ def run_train(args: list[str], *, timeout: float) -> tuple[int, str]:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     return process.returncode, output
+
+
+def run_train(args: list[str], *, timeout: float) -> tuple[int, str]:
+    """`agentrl train ARGS` as `start_cli` + `finish`: (exit code, output)."""
+    return finish(start_cli("train", *args), timeout=timeout)
 
 
 def pid_gone(pid: int) -> bool:
