@@ -39,13 +39,6 @@ def _packed(seed: int):
     return documents, torch.cat(documents), positions
 
 
-@pytest.fixture(scope="module")
-def deepseek_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-deepseek")
-    make_hf_folder(path, tiny_deepseek_config())
-    return path
-
-
 @pytest.mark.parametrize("variant", ["yarn", "no q lora", "halves rope", "plain rope, bias", "kimi"])
 def test_packed_logits_match_transformers_deepseek_v3(tmp_path, variant):
     overrides = {
@@ -70,12 +63,12 @@ def test_packed_logits_match_transformers_deepseek_v3(tmp_path, variant):
     torch.testing.assert_close(packed, reference, atol=ATOL, rtol=0)
 
 
-def test_yarn_changes_frequencies_and_softmax_scale(deepseek_dir):
+def test_yarn_changes_frequencies_and_softmax_scale(tiny_deepseek_dir):
     """The parity above runs with YaRN in effect: its frequencies and mscale differ from plain RoPE's."""
     from agentrl.trainer.models.mla import mla_inv_freq
     from agentrl.trainer.models.mla_config import mla_softmax_scale
 
-    args = MoEModelArgs.from_hf_dir(deepseek_dir)
+    args = MoEModelArgs.from_hf_dir(tiny_deepseek_dir)
     plain = MoEModelArgs(**{**args.to_dict(), "rope_scaling": None})
     yarn_freq, attention_factor = mla_inv_freq(args)
     plain_freq, _ = mla_inv_freq(plain)
@@ -85,9 +78,9 @@ def test_yarn_changes_frequencies_and_softmax_scale(deepseek_dir):
     assert mla_softmax_scale(plain) == pytest.approx(32 ** -0.5)
 
 
-def test_router_replay_and_query_tail(deepseek_dir):
+def test_router_replay_and_query_tail(tiny_deepseek_dir):
     """R3 replays the given experts; the last layer from the first needed token on is exact (gradients too)."""
-    model = _load(deepseek_dir).train()
+    model = _load(tiny_deepseek_dir).train()
     _, ids, positions = _packed(seed=2)
     targets = torch.roll(ids, -1)
     generator = torch.Generator().manual_seed(3)
@@ -123,8 +116,8 @@ def test_router_replay_and_query_tail(deepseek_dir):
         torch.testing.assert_close(tail_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_param_counts_match_the_built_model(deepseek_dir):
-    args = MoEModelArgs.from_hf_dir(deepseek_dir)
+def test_param_counts_match_the_built_model(tiny_deepseek_dir):
+    args = MoEModelArgs.from_hf_dir(tiny_deepseek_dir)
     model = build_model(args)
     assert args.param_counts()["total"] == sum(p.numel() for p in model.parameters())
 
@@ -136,8 +129,8 @@ def test_param_counts_match_the_built_model(deepseek_dir):
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4}}, "original_max_position_embeddings"),
     ({"kv_lora_rank": None}, "kv_lora_rank is missing"),
 ])
-def test_unsupported_deepseek_configs_are_one_line_errors(deepseek_dir, change, message):
-    config = {**json.loads((deepseek_dir / "config.json").read_text()), **change}
+def test_unsupported_deepseek_configs_are_one_line_errors(tiny_deepseek_dir, change, message):
+    config = {**json.loads((tiny_deepseek_dir / "config.json").read_text()), **change}
     with pytest.raises(AgentrlError, match=message):
         MoEModelArgs.from_hf_config(config)
 

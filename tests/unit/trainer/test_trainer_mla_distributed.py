@@ -14,31 +14,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_helpers import assert_matches_single_process, launch_ranks, make_hf_folder, run_steps, \
-    tiny_deepseek_config
+from trainer_helpers import assert_matches_single_process, launch_ranks, run_steps
 
 HERE = Path(__file__).parent
 LAYOUTS = ["fsdp", "ep", "cp", "epcp"]
 
 
 @pytest.fixture(scope="module")
-def deepseek_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-deepseek")
-    make_hf_folder(path, tiny_deepseek_config())
-    return path
-
-
-@pytest.fixture(scope="module")
-def distributed_results(deepseek_dir, tmp_path_factory):
+def distributed_results(tiny_deepseek_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist-mla")
-    launch_ranks(HERE / "dist_worker.py", 2, deepseek_dir, out / "results.pt", out / "ckpt", ",".join(LAYOUTS),
+    launch_ranks(HERE / "dist_worker.py", 2, tiny_deepseek_dir, out / "results.pt", out / "ckpt", ",".join(LAYOUTS),
                  timeout=600)
     return torch.load(out / "results.pt", weights_only=False)
 
 
 @pytest.fixture(scope="module")
-def single_process(deepseek_dir, tmp_path_factory):
-    return run_steps(deepseek_dir, checkpoint_dir=tmp_path_factory.mktemp("single-mla") / "ckpt")
+def single_process(tiny_deepseek_dir, tmp_path_factory):
+    return run_steps(tiny_deepseek_dir, checkpoint_dir=tmp_path_factory.mktemp("single-mla") / "ckpt")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -52,13 +44,13 @@ def test_mla_layout_matches_single_process(layout, distributed_results, single_p
 
 
 
-def test_training_moved_the_latent_attention_weights(deepseek_dir, single_process):
+def test_training_moved_the_latent_attention_weights(tiny_deepseek_dir, single_process):
     from agentrl.trainer.models.args import MoEModelArgs
     from agentrl.trainer.models.glm4_moe import build_model
     from agentrl.trainer.models.state_dict import load_hf_weights
 
-    initial = build_model(MoEModelArgs.from_hf_dir(deepseek_dir))
-    load_hf_weights(initial, deepseek_dir)
+    initial = build_model(MoEModelArgs.from_hf_dir(tiny_deepseek_dir))
+    load_hf_weights(initial, tiny_deepseek_dir)
     trained = single_process["state"]
     for name in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"):
         key = f"layers.1.self_attn.{name}.weight"
