@@ -16,10 +16,17 @@ committed ones are under cookbook/gpu-1xh200/results/):
   `r3_kl_reduction_gpu` = pooled mean KL(live routing) / pooled mean KL(replayed), and the
   median of the per-step ratios; bf16 on both sides, CUDA kernels.
 
-With `--measure` (a GPU, the recipe's SFT warm start in `--model-dir`): a vLLM server of the
-5B model with the `ipc` engine beside a trainer in this process, the weight update timed
-three times through CUDA IPC (`IpcWeightPublisher`) and twice through the filesystem
-(HF export + `reload_weights`), pause to resume and end to end.
+With `--measure` (a GPU; the recipe's SFT warm start in `--model-dir`, else glm-air-5b as created):
+a vLLM server of the 5B model with the `ipc` engine beside a trainer in this process, the weight
+update timed three times through CUDA IPC (`IpcWeightPublisher`) and twice through the filesystem
+(HF export + `reload_weights`), pause to resume and end to end; then completion tokens/s through
+`agentrl.evaluate` against raw requests to the same server (bench/eval_throughput.py, target
+ratio >= 0.9), with `--enforce-eager` and again on a server that captured CUDA graphs
+(`inference.cuda_graphs`): the decode speed-up and the start-up it costs.
+
+`--deep-run` (the run folder of `cookbook/gpu-1xh200/r3-deep-train.toml`, glm-air-deep: GLM-4.5-Air's
+46 layers at a quarter of its width) gives `r3_kl_reduction_gpu_deep`: the same paired KL at
+GLM-4.5-Air's depth, where routing flips compound over 45 MoE layers.
 
 Prints a table; writes `bench/results/gpu_loop.json` (`--results`).
 """
@@ -63,8 +70,24 @@ def summarise(run_dir: Path, *, ahead: int) -> dict:
     }
 
 
-def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 2) -> dict:
-    """Weight-update latency of the served model through CUDA IPC and through the filesystem."""
+def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> dict:
+    """bench/eval_throughput.py against a running server: agentrl.evaluate vs raw requests (its JSON)."""
+    import subprocess
+
+    command = [sys.executable, str(ROOT / "bench" / "eval_throughput.py"), "--base-url", base_url, "--model", model,
+               "-n", "64", "-r", "4", "--max-tokens", "128", "--concurrency", "128", "--repeats", "3",
+               "--output", str(out)]
+    finished = subprocess.run(command, timeout=240)
+    if finished.returncode != 0 or not out.is_file():
+        return {"error": f"bench/eval_throughput.py exited {finished.returncode}"}
+    result = json.loads(out.read_text())
+    return {key: result[key] for key in ("ratio", "agentrl_tokens_per_s", "raw_tokens_per_s", "paired_ratio_median",
+                                         "config")}
+
+
+def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 2, cuda_graphs: bool = True) -> dict:
+    """Weight-update latency of the served model through CUDA IPC and through the filesystem, then
+    agentrl.evaluate's throughput on that server (eager) and on one with CUDA graphs."""
     from agentrl.inference.plans import DeploymentConfig
     from agentrl.inference.weights import FilesystemWeightPublisher, IpcWeightPublisher
     from agentrl.rl.inference_actor import replica_server
@@ -98,9 +121,24 @@ def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 
             outcome = files.publish(exported, version)
             runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
         results["filesystem"] = runs
+        throughput = {"eager": eval_throughput(server.url, scratch / "eval-eager.json")}
+        throughput["eager"]["startup_s"] = server.startup_s
     params = trainer.args.param_counts().get("total")
-    return {"model_params": params, **{f"{name}_median_s": statistics.median(r["total_s"] for r in runs_)
-                                       for name, runs_ in results.items()}, "runs": results}
+    report = {"model_params": params, **{f"{name}_median_s": statistics.median(r["total_s"] for r in runs_)
+                                         for name, runs_ in results.items()}, "runs": results}
+    if cuda_graphs:
+        del trainer
+        import torch
+
+        torch.cuda.empty_cache()
+        graphs = replica_server(deployment.model_copy(update={"cuda_graphs": True}), model_dir,
+                                served_name="glm-air-5b", dtype="bfloat16", log_path=scratch / "vllm-graphs.log")
+        with graphs:
+            throughput["cuda_graphs"] = eval_throughput(graphs.url, scratch / "eval-graphs.json")
+            throughput["cuda_graphs"]["startup_s"] = graphs.startup_s
+        eager, captured = throughput["eager"].get("raw_tokens_per_s"), throughput["cuda_graphs"].get("raw_tokens_per_s")
+        throughput["cuda_graphs_speedup_raw"] = captured / eager if eager and captured else None
+    return {"weight_update": report, "eval_throughput": throughput}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-run", type=Path, default=RUNS / "sync-16-steps")
     parser.add_argument("--measure", action="store_true", help="also time weight updates on this GPU")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft")
+    parser.add_argument("--deep-run", type=Path, default=RUNS / "r3-deep-12-steps",
+                        help="run folder of cookbook/gpu-1xh200/r3-deep-train.toml (skipped when absent)")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="with --measure: only the eager server")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -118,12 +159,23 @@ def main(argv: list[str] | None = None) -> int:
     live, replayed = report["async"]["mismatch_kl_live_routing"], report["async"]["mismatch_kl_replayed"]
     report["r3_kl_reduction_gpu"] = live / replayed if live and replayed else None
     report["r3_kl_reduction_gpu_step_median"] = report["async"]["r3_step_ratio_median"]
+    if (args.deep_run / "metrics.jsonl").is_file():
+        report["deep"] = summarise(args.deep_run, ahead=ASYNC_AHEAD)
+        deep_live, deep_replayed = report["deep"]["mismatch_kl_live_routing"], report["deep"]["mismatch_kl_replayed"]
+        report["r3_kl_reduction_gpu_deep"] = deep_live / deep_replayed if deep_live and deep_replayed else None
+        report["r3_kl_reduction_gpu_deep_step_median"] = report["deep"]["r3_step_ratio_median"]
     if args.measure:
-        report["weight_update"] = measure_updates(args.model_dir)
+        model_dir = args.model_dir
+        if not (model_dir / "config.json").is_file():  # no SFT warm start here: the created model's weights
+            from agentrl.models import ensure_model
+
+            model_dir = ensure_model("glm-air-5b")
+        report.update(measure_updates(model_dir, cuda_graphs=not args.no_cuda_graphs))
     elif args.results.is_file():  # keep an earlier measurement when only summarising
-        earlier = json.loads(args.results.read_text()).get("weight_update")
-        if earlier:
-            report["weight_update"] = earlier
+        earlier = json.loads(args.results.read_text())
+        for key in ("weight_update", "eval_throughput"):
+            if earlier.get(key):
+                report[key] = earlier[key]
 
     from rich.console import Console
     from rich.table import Table
@@ -144,6 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     if update:
         table.add_row("weight update ipc / filesystem (s)", f"{update['ipc_median_s']:.2f} / "
                       f"{update['filesystem_median_s']:.2f}", "", "ipc < 2 s")
+    deep = report.get("deep")
+    if deep:
+        table.add_row("r3_kl_reduction_gpu_deep, 45 MoE layers (pooled / step median)",
+                      f"{report['r3_kl_reduction_gpu_deep']:.2f}x / "
+                      f"{report['r3_kl_reduction_gpu_deep_step_median']:.2f}x", "", ">= 5")
+    throughput = report.get("eval_throughput") or {}
+    for mode in ("eager", "cuda_graphs"):
+        row = throughput.get(mode) or {}
+        if "ratio" in row:
+            table.add_row(f"completion tokens/s agentrl / raw ({mode})", f"{row['agentrl_tokens_per_s']:.0f} / "
+                          f"{row['raw_tokens_per_s']:.0f} = {row['ratio']:.2f}", "", ">= 0.9")
+    if throughput.get("cuda_graphs_speedup_raw"):
+        table.add_row("CUDA graphs vs eager, raw tokens/s", f"{throughput['cuda_graphs_speedup_raw']:.2f}x", "", "")
     Console().print(table)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(report, indent=2) + "\n")

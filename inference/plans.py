@@ -126,6 +126,9 @@ class DeploymentConfig(BaseConfig):
     attend to context computed with the old weights, as PipelineRL's in-flight updates);
     True has vLLM drop it and recompute every running request with the new weights (one
     prefill of each per update)."""
+    cuda_graphs: bool = False
+    """GPU servers capture CUDA graphs for decoding (vLLM's default; False passes --enforce-eager, which
+    starts faster and keeps the graphs' memory for the KV cache). Ignored on the CPU."""
     extra_args: list[str] = []
     """Extra vLLM arguments appended to every server command."""
 

@@ -9,7 +9,12 @@
 #   tests     tests/gpu/test_loop_gpu.py (routed experts vs the trainer's router, IPC update logprobs)
 #   sft       agentrl sft --config cookbook/gpu-1xh200/sft.toml (creates glm-air-5b on the GPU first)
 #   train     agentrl train --config cookbook/gpu-1xh200/train.toml -> $OUT/run (report, plots, metrics; no weights)
-#   bench     python3 bench/gpu_loop.py --measure (IPC and filesystem update latency here) -> $OUT/gpu_loop.json
+#   bench     python3 bench/gpu_loop.py --measure (IPC and filesystem update latency, agentrl eval vs raw
+#             tokens/s eager and with CUDA graphs; glm-air-5b as created when no SFT ran) -> $OUT/gpu_loop.json
+#   gputests  the trainer's model tests on CUDA: MLA (tiny DeepSeek-V3) and Nemotron-3 (grouped non-gated experts)
+#   steptime  bench/step_time_check.py: the planner's trainer step time against measured steps -> $OUT
+#   nemotron  bench/trainer_mfu_nemotron.py: MFU of Nemotron-3-Nano-shaped layers, Mamba scan share -> $OUT
+#   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run
 # Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), <PHASE>_TIMEOUT (seconds).
 set -uo pipefail
 out="${OUT:-/tmp/gpu_run_out}"
@@ -57,6 +62,25 @@ for phase in "${phases[@]}"; do
       done ;;
     bench)
       run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --measure --results "$out/gpu_loop.json" ;;
+    gputests)
+      run_phase gputests "${GPUTESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_trainer_mla_gpu.py \
+        tests/gpu/test_trainer_nemotron_gpu.py -q -p no:cacheprovider ;;
+    steptime)
+      run_phase steptime "${STEPTIME_TIMEOUT:-240}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+        python3 bench/step_time_check.py --results "$out/step_time_check.json" ;;
+    nemotron)
+      run_phase nemotron "${NEMOTRON_TIMEOUT:-200}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+        python3 bench/trainer_mfu_nemotron.py --results "$out/trainer_mfu_nemotron.json" ;;
+    r3deep)
+      run_phase r3deep-sft "${R3DEEP_SFT_TIMEOUT:-220}" python3 -m agentrl.cli sft \
+        --config cookbook/gpu-1xh200/r3-deep-sft.toml
+      rm -rf runs/gpu-1xh200/r3-deep
+      run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
+        --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep
+      mkdir -p "$out/r3-deep-run"
+      for item in config.toml metrics.jsonl report.md weight_updates.jsonl plots logs; do
+        cp -r "runs/gpu-1xh200/r3-deep/$item" "$out/r3-deep-run/" 2>/dev/null || true
+      done ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import NotFoundError
-from agentrl.tiny_moe import GLM_AIR_5B_CONFIG, TINY_DEEPSEEK_CONFIG
+from agentrl.tiny_moe import GLM_AIR_5B_CONFIG, GLM_AIR_DEEP_CONFIG, TINY_DEEPSEEK_CONFIG
 from pydantic import BaseModel, ConfigDict, model_validator
 
 __all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
@@ -135,6 +135,13 @@ PRESETS: dict[str, ModelSpec] = {
             description="GLM-4.5-Air widths in 3 layers (1 dense + 2 MoE, 128 experts top-8), created locally with "
                         "the character tokenizer; one H200 (cookbook/gpu-1xh200)",
             hf_config={"model_type": "glm4_moe", **GLM_AIR_5B_CONFIG},
+        ),
+        ModelSpec(
+            name="glm-air-deep", architecture="Glm4MoeForCausalLM", total_params=3.752e9, active_params=0.567e9,
+            context=4096, inference_gpus=1, training_gpus=1,
+            description="GLM-4.5-Air's depth (46 layers: 1 dense + 45 MoE, 128 experts top-8) at a quarter of its "
+                        "width (hidden 1024), created locally with the character tokenizer; Router Replay on one H200",
+            hf_config={"model_type": "glm4_moe", **GLM_AIR_DEEP_CONFIG},
         ),
         ModelSpec(
             name="glm-4.5-air", hf_repo="zai-org/GLM-4.5-Air", architecture="Glm4MoeForCausalLM",

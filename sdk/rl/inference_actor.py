@@ -72,7 +72,8 @@ def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str
                       device="cuda" if deployment.device == "gpu" else "cpu",
                       log_path=log_path, startup_timeout_s=startup_timeout_s,
                       max_model_len=deployment.max_model_len or 2048, dtype=dtype, nice=nice,
-                      kv_cache_bytes=kv_bytes, max_num_seqs=deployment.max_num_seqs or 128)
+                      kv_cache_bytes=kv_bytes, max_num_seqs=deployment.max_num_seqs or 128,
+                      compile=deployment.cuda_graphs and deployment.device == "gpu")
 
 
 def _max_positions(model_dir: Path) -> int:

@@ -234,3 +234,25 @@ def test_run_baseline_of_a_checkpoint(tmp_path):
     with pytest.raises(NotFoundError) as info:
         compare_checkpoint("reverse-text", checkpoint=lonely)
     assert "baseline" in str(info.value)
+
+
+def test_inference_cuda_graphs_drop_enforce_eager_on_gpu_only(tmp_path):
+    """`inference.cuda_graphs` lets a GPU server capture CUDA graphs; the CPU server stays eager either way."""
+    import json
+
+    from agentrl.models import PRESETS
+    from agentrl.rl.inference_actor import replica_server
+
+    model = tmp_path / "glm-air-5b-shapes"  # config only: the command needs no weights
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**PRESETS["glm-air-5b"].hf_config,
+                                                   "architectures": ["Glm4MoeForCausalLM"]}))
+    commands = {}
+    for device in ("gpu", "cpu"):
+        for graphs in (False, True):
+            config = load_run_config(overrides=[f"inference.device={device}",
+                                                f"inference.cuda_graphs={str(graphs).lower()}"])
+            commands[device, graphs] = replica_server(config.inference, model, served_name="glm-air-5b",
+                                                      dtype="bfloat16").command()
+    assert "--enforce-eager" in commands["gpu", False] and "--enforce-eager" not in commands["gpu", True]
+    assert "--enforce-eager" in commands["cpu", False] and "--enforce-eager" in commands["cpu", True]
