@@ -16,9 +16,21 @@
 #   nemotron  bench/trainer_mfu_nemotron.py: MFU of Nemotron-3-Nano-shaped layers, Mamba scan share -> $OUT
 #   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run
 # Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), <PHASE>_TIMEOUT (seconds).
+# The device tool brings back at most 8 files from $OUT: everything is written into a work folder
+# and packed into $OUT/gpu_run-<first phase>.tgz when the script ends (also when it is stopped);
+# phases.txt and gpu.txt are copied beside it.
 set -uo pipefail
-out="${OUT:-/tmp/gpu_run_out}"
-mkdir -p "$out"
+dest="${OUT:-/tmp/gpu_run_out}"
+out="${GPU_RUN_WORK:-/tmp/gpu_run_work}/${1:-default}-$$"
+mkdir -p "$out" "$dest"
+pack() {
+  trap - EXIT TERM INT
+  tar czf "$dest/gpu_run-${phases[0]:-default}.tgz" -C "$out" . 2>/dev/null
+  cp "$out/phases.txt" "$out/gpu.txt" "$dest/" 2>/dev/null
+  return 0
+}
+trap pack EXIT
+trap 'pack; exit 143' TERM INT
 export PYTHONUNBUFFERED=1 AGENTRL_CACHE=/tmp/agentrl-cache AGENTRL_NODE_DIR=/tmp/agentrl-node
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
