@@ -18,6 +18,9 @@ CUDA vLLM 0.24.0 is the newest vLLM built for the lent H200 machines' torch (2.1
   `/finish_weight_update` takes `{"weight_version"}` on 0.32 and ignores the body on 0.24.
 - Logprob entries: 0.24 `{"token": "token_id:N", "logprob"}`, 0.32 `{"token_id", "logprob"}`;
   `TokenClient` reads only "logprob".
+- Unstreamed `/inference/v1/generate` with `n` > 1: 0.32 sets `output_kind` FINAL_ONLY itself; 0.24
+  keeps the request's (default CUMULATIVE) and answers with the last engine step's choices only, so
+  the client always sends `output_kind` 2 (FINAL_ONLY), which both parse.
 - `routed_experts`: base64 of an `np.save` array (tokens, all layers, top_k) on both, uint8
   up to 256 experts; dense layers hold zeros (`trainer.packing` maps the MoE layers out).
 """

@@ -124,6 +124,10 @@ def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[
         "top_p": sampling.top_p,
         "top_k": max(0, sampling.top_k),
         "logprobs": 0,  # the sampled token's logprob only
+        # RequestOutputKind.FINAL_ONLY: every choice in the one answer. vLLM 0.32 sets it for unstreamed
+        # requests itself; 0.24 leaves CUMULATIVE, and with n > 1 its answer then holds only the choices
+        # that finished in the engine's last step (seen on the H200: "asked for 8 choices, got 2").
+        "output_kind": 2,
     }
     if sampling.seed is not None:
         params["seed"] = sampling.seed

@@ -67,6 +67,10 @@ class Experts(GroupedExperts):
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if x_RD.is_cuda:
             return super().forward(x_RD, num_tokens_per_expert_E)
+        return self.loop_forward(x_RD, num_tokens_per_expert_E)
+
+    def loop_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        """One matmul chain per expert in the rows' dtype: exact in float32 on any device."""
         counts = [int(count) for count in num_tokens_per_expert_E.tolist()]
         if not counts:
             return x_RD.new_zeros(x_RD.shape[:-1] + (self.w2_EDF.shape[1],))

@@ -60,8 +60,9 @@ class ReluSquaredExperts(Experts):
 
         w1, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF))
         offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        # bf16 again after the square: autocast runs pow in float32, and the grouped GEMM takes one dtype
         hidden = torch.square(F.relu(self._grouped_mm(A=x_RD.bfloat16(), B_t=w1.bfloat16().transpose(-2, -1),
-                                                      offs=offsets_E)))
+                                                      offs=offsets_E))).bfloat16()
         return self._grouped_mm(A=hidden, B_t=w2.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
 
 
