@@ -27,29 +27,34 @@ policy is recent enough for the step it will feed, so `max_off_policy_steps = 0`
 synchronous loop (generate, train, push, repeat) and larger values let generation run up
 to that many steps ahead of the trainer.
 
-The trainer and the weight transport are protocols (`PolicyTrainer`, `WeightSync`): the
-Ray launcher (`agentrl.rl.launch`) binds them to the trainer actor and to the
-inference engineer's weight publisher; anything that implements them can be driven.
-A `GroupsRecorder` (`on_groups`, the run's `agentrl.rl.rollout_log.RolloutLog`) picks which
-rollouts of each step it keeps; the trainer is asked for those samples' per-token logprobs
-(`train_step(..., logprobs_of=[sample indices])`, from the step's own forward pass) and the
-recorder gets them with the step's groups after the step.
+The parts it drives are protocols (`PolicyTrainer`, `WeightSync`, `Environment`,
+`GroupsRecorder`), defined with its config and the records it hands out (`ScoredGroup`,
+`OrchestratorState`) in `agentrl.rl.orchestrator_types`; the failed run's one-line message
+and the Router Replay coverage check (`ReplayCoverage`) are in `agentrl.rl.diagnostics`.
+Their names are importable from here as well.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
-import re
 import time
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable
 
-from agentrl.config import BaseConfig
-from agentrl.errors import AgentrlError, ConfigError
+from agentrl.errors import ConfigError
+from agentrl.rl.diagnostics import ReplayCoverage, RunFailedError, describe_failure, failure_hint
+from agentrl.rl.orchestrator_types import (
+    Environment,
+    GroupsRecorder,
+    OrchestratorConfig,
+    OrchestratorState,
+    PolicyTrainer,
+    ScoredGroup,
+    StepCallback,
+    WeightSync,
+)
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.types import Rollout, Task, TrainingSample
 
@@ -63,137 +68,9 @@ __all__ = [
     "Orchestrator",
     "RunFailedError",
     "describe_failure",
+    "failure_hint",
     "group_advantages",
 ]
-
-
-class RunFailedError(AgentrlError):
-    """`max_failed_steps` steps in a row had no usable rollout; the message names the first error and a fix."""
-
-    def __init__(self, message: str, *, history: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(message)
-        self.history = history or []
-        """The metrics of every step this run delivered, the failed ones included."""
-
-
-class OrchestratorConfig(BaseConfig):
-    """How the asynchronous loop samples, bounds staleness and checkpoints."""
-
-    max_steps: int = 20
-    """Optimizer steps to run in total (a resumed run counts the steps already done)."""
-    groups_per_step: int = 8
-    """Tasks (groups) per optimizer step."""
-    rollouts_per_group: int = 4
-    """Rollouts per task; advantages are computed within a group."""
-    max_concurrent_rollouts: int = 32
-    """Most rollouts in flight against inference at once."""
-    max_off_policy_steps: int = 1
-    """Most optimizer steps a rollout's policy may lag behind the step it trains (0 = synchronous)."""
-    normalize_advantages: bool = False
-    """Divide group advantages by the group's reward standard deviation."""
-    task_split: str = "train"
-    """Dataset split tasks are sampled from."""
-    seed: int = 0
-    """Seed of the task order (and of sampling seeds when set)."""
-    checkpoint_every: int = 1
-    """Save trainer and orchestrator state every this many steps (0: only at the end)."""
-    max_failed_steps: int = 3
-    """Stop the run (`RunFailedError`) after this many steps in a row whose rollouts all errored
-    (no usable sample); >= 1. A failed step trains nothing; its metrics are still written."""
-
-    def model_post_init(self, __context: Any) -> None:
-        checks = {
-            "max_steps": self.max_steps >= 1,
-            "groups_per_step": self.groups_per_step >= 1,
-            "rollouts_per_group": self.rollouts_per_group >= 1,
-            "max_concurrent_rollouts": self.max_concurrent_rollouts >= 1,
-            "max_off_policy_steps": self.max_off_policy_steps >= 0,
-            "checkpoint_every": self.checkpoint_every >= 0,
-            "max_failed_steps": self.max_failed_steps >= 1,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ConfigError(
-                    f"orchestrator.{name} = {getattr(self, name)!r} is out of range; "
-                    f"use {'a value >= 0' if name in ('max_off_policy_steps', 'checkpoint_every') else 'a value >= 1'}"
-                )
-
-
-class PolicyTrainer(Protocol):
-    """The trainer side as the orchestrator sees it (bound to a Ray actor by the launcher)."""
-
-    async def train_step(self, samples: list[TrainingSample], *, step: int,
-                         logprobs_of: list[int] = ()) -> dict[str, Any]:
-        """Run one optimizer step on these samples; return its metrics (loss, mismatch_kl, ...).
-
-        Only called with `logprobs_of` (indices into `samples`) when a recorder keeps some of the
-        step's rollouts; the metrics then carry ``token_logprobs``: {sample index: the trainer's
-        logprob per token of that sample, None where it has none (the first token, non-loss tokens)}.
-        """
-        ...
-
-    async def save_checkpoint(self, path: str, *, step: int) -> None:
-        """Write the trainer's full state (model, optimizer, RNG) under `path`."""
-        ...
-
-
-class WeightSync(Protocol):
-    """Moves the trainer's current weights into the inference servers."""
-
-    async def push(self, *, version: int) -> Awaitable[None] | None:
-        """Make inference serve the trainer's current weights, tagged as policy `version`.
-
-        Returns once the weights are staged (the trainer may step again), with an awaitable
-        that completes when inference serves them; None when the push is already complete.
-        """
-        ...
-
-
-@dataclass
-class ScoredGroup:
-    """One task's scored rollouts and the policy versions that produced them."""
-
-    index: int
-    """Order in which the group was started (task order)."""
-    rollouts: list[Rollout]
-    """The scored rollouts."""
-    started_version: int
-    """Inference policy version when the group started."""
-    elapsed_s: float = 0.0
-    """Wall time of the whole group."""
-
-    @property
-    def oldest_version(self) -> int:
-        """The oldest policy version that produced a token (the start version when unknown)."""
-        versions = [v for r in self.rollouts for v in r.policy_versions]
-        return min(versions) if versions else self.started_version
-
-
-@dataclass
-class OrchestratorState:
-    """What the orchestrator must remember across a restart (saved with each checkpoint)."""
-
-    step: int = 0
-    """Next optimizer step to run (= steps done)."""
-    dropped_stale_total: int = 0
-    """Groups dropped for staleness so far."""
-    rollout_errors_total: int = 0
-    """Rollouts that ended with an error so far."""
-    groups_started: int = 0
-    """Groups started so far (the position in the task order)."""
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "step": self.step,
-            "dropped_stale_total": self.dropped_stale_total,
-            "rollout_errors_total": self.rollout_errors_total,
-            "groups_started": self.groups_started,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OrchestratorState":
-        return cls(**{k: int(data[k]) for k in ("step", "dropped_stale_total", "rollout_errors_total",
-                                                "groups_started") if k in data})
 
 
 def group_advantages(rewards: list[float], *, normalize: bool = False) -> list[float]:
@@ -203,120 +80,6 @@ def group_advantages(rewards: list[float], *, normalize: bool = False) -> list[f
     if not rewards:
         return []
     return trainer_group_advantages(rewards, std_normalize=normalize)
-
-
-_NUMBERS = re.compile(r"\d[\d,]*")
-_CLIENT_TOO_LONG = re.compile(r"prompt of [\d,]+ tokens (?:exceeds|fills)")  # agentrl.client.TokenClient
-_VLLM_TOO_LONG = (  # vLLM's own 400 answers: (pattern, group of the prompt length, group of the context)
-    (re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (?:at least )?(\d+)"), 2, 1),
-    (re.compile(r"prompt \(length (\d+)\).*?maximum model length of (\d+)"), 1, 2),
-)
-_CONTEXT_FIX = "use a model with a longer context, shorter prompts (the environment's args), or inference.max_model_len"
-_NO_IMAGE = re.compile(r"sandbox image .* is not in the local Docker engine|ImageNotFound|No such image", re.I)
-_NO_DOCKER = re.compile(r"no Docker engine answers|Cannot connect to the Docker daemon")
-_UNREACHABLE = re.compile(r"ConnectError|ConnectTimeout|Connection refused|All connection attempts failed|"
-                          r"RemoteProtocolError|Server disconnected|ReadError|ReadTimeout|PoolTimeout|"
-                          r"Name or service not known|inference server (?:\S+ )?lost|was restarting")
-_SERVER_FAILED = re.compile(r"answered 5\d\d")
-
-
-def failure_hint(error: str, *, env_name: str | None = None) -> str:
-    """What to do about a rollout error, chosen from its text."""
-    if _CLIENT_TOO_LONG.search(error):
-        return _CONTEXT_FIX  # the error already has both numbers and the model's name
-    for pattern, prompt_group, context_group in _VLLM_TOO_LONG:
-        match = pattern.search(error)
-        if match:
-            prompt, context = int(match.group(prompt_group)), int(match.group(context_group))
-            return f"prompt of {prompt:,} tokens exceeds the model's context of {context:,}: {_CONTEXT_FIX}"
-    if _NO_IMAGE.search(error):
-        return f"build it: agentrl env check {env_name or '<env>'} lists what is missing"
-    if _NO_DOCKER.search(error):
-        return "start the Docker engine (dockerd) or give the environment another sandbox type"
-    if _UNREACHABLE.search(error):
-        return "inference is unreachable: check that the vLLM server is up (its log is in the run folder's logs/)"
-    if _SERVER_FAILED.search(error):
-        return "the inference server failed the requests: see its log in the run folder's logs/"
-    return "see the run folder's logs/"
-
-
-def _error_kind(error: str) -> str:
-    """Errors that differ only in their numbers (token counts, ports, ids) count as one."""
-    return _NUMBERS.sub("#", " ".join(error.split()))
-
-
-def describe_failure(errors: list[str | None], *, steps: list[int], env_name: str | None = None) -> str:
-    """One line for `RunFailedError`: the failed steps, the first error, how many rollouts had it, a fix.
-
-    `errors` holds one entry per rollout of the failed steps (None: no error, but no usable sample).
-    """
-    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-    head = f"no usable rollout in {len(steps)} step{'s' if len(steps) != 1 else ''} in a row ({span})"
-    first = next((error for error in errors if error), None)
-    if first is None:
-        return (f"{head}: {len(errors)} rollouts ended without an error but with no model turn to train on; "
-                "see the run folder's logs/")
-    kind = _error_kind(first)
-    same = sum(1 for error in errors if error and _error_kind(error) == kind)
-    shown = " ".join(first.split())
-    if len(shown) > 400:
-        shown = shown[:400] + "..."
-    return f"{head}: {same} of {len(errors)} rollouts failed with {shown}: {failure_hint(first, env_name=env_name)}"
-
-
-def _replay_warning(step: int, fraction: float, train_metrics: dict[str, Any], carried: int, samples: int) -> str:
-    """Why Router Replay covered less than all loss tokens of a step, as far as the metrics tell."""
-    from_trainer = {key.removeprefix("replay_skipped_"): float(value) for key, value in train_metrics.items()
-                    if key.startswith("replay_skipped_") and float(value) > 0}
-    reasons = []
-    if carried < samples:
-        tokens = from_trainer.get("no_experts")
-        reasons.append(f"{samples - carried} of {samples} samples carried no routed experts"
-                       + (f" ({tokens:,.0f} loss tokens)" if tokens else ""))
-    labels = {
-        "no_experts": "of samples without routed experts",
-        "layout": "of samples whose routed experts do not fit a packed row (their (layers, top_k) is not the "
-                  "model's MoE layers and top_k)",
-        "unknown": "whose routed experts were unknown (-1) or missing",
-        "router_replay_off": "not replayed because trainer.router_replay is off",
-    }
-    for reason, count in from_trainer.items():
-        if reason == "no_experts" and carried < samples:
-            continue  # said already, in samples
-        reasons.append(f"{count:,.0f} loss tokens {labels.get(reason, f'skipped ({reason})')}")
-    if not reasons:
-        reasons.append("the trainer gave no reason (no replay_skipped_* metrics)")
-    if math.isnan(fraction):
-        return (f"Router Replay: step {step}'s samples carried routed experts but the trainer reported no "
-                "replayed_fraction; its routing may be live")
-    shown = f"{fraction:.1%}" if fraction < 0.999 else f"{fraction:.3%}"  # never a rounded 100.0%
-    return (f"Router Replay replayed {shown} of step {step}'s loss tokens although its samples carried "
-            f"routed experts: {'; '.join(reasons)}")
-
-
-class Environment(Protocol):  # the part of agentrl.environment.Environment used here
-    async def run_group(self, client: ChatClient, task: Task, *, n: int, sampling: SamplingConfig) -> list[Rollout]:
-        ...
-
-    def tasks(self, split: str = "test", *, n: int | None = None, seed: int = 0) -> list[Task]:
-        ...
-
-
-StepCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
-
-
-class GroupsRecorder(Protocol):
-    """Keeps some rollouts of each step (`agentrl.rl.rollout_log.RolloutLog`)."""
-
-    def pick(self, groups: list["ScoredGroup"]) -> list[tuple[int, int]]:
-        """(group, member) of the rollouts `record` will keep (their trainer logprobs are asked for)."""
-        ...
-
-    def record(self, step: int, groups: list["ScoredGroup"], advantages: list[list[float | None]], *,
-               trainer_logprobs: dict[tuple[int, int], list[float | None]] | None = None) -> Any:
-        """After the step: `advantages[g][m]` is the advantage rollout m of group g was trained with (None
-        when it was not trained on: an error, no turns); `trainer_logprobs[(g, m)]` per token of its sample."""
-        ...
 
 
 @dataclass
@@ -378,8 +141,7 @@ class Orchestrator:
         self._step_errors: list[str | None] = []
         self._step_advantages: list[list[float | None]] = []  # per group, per rollout (None: not trained on)
         self._step_sample_of: dict[tuple[int, int], int] = {}  # (group, member) -> index in the step's samples
-        self._r3_seen = False  # some step's samples carried routed experts
-        self._r3_warned = False
+        self._replay_coverage = ReplayCoverage()
 
     # ---- task order -------------------------------------------------------------------
     def task_for(self, group_index: int) -> Task:
@@ -502,30 +264,6 @@ class Orchestrator:
             metrics["first_error"] = first_error[:500]
         return samples, metrics
 
-    def _replay_metrics(self, step: int, samples: list[TrainingSample],
-                        train_metrics: dict[str, Any]) -> dict[str, Any]:
-        """`r3/replayed_fraction` once samples carry routed experts; warn once when it is below 1."""
-        carried = sum(1 for sample in samples if sample.routed_experts is not None)
-        self._r3_seen = self._r3_seen or carried > 0
-        if not self._r3_seen:
-            return {}
-        if not samples:  # a failed step: nothing trained, nothing replayed
-            return {"r3/replayed_fraction": float("nan")}
-        if carried == 0:
-            fraction = 0.0
-            message = (f"Router Replay: step {step}'s samples carried no routed experts although earlier steps' "
-                       "did; inference stopped returning them, so the trainer routed every token live")
-        else:
-            fraction = float(train_metrics.get("replayed_fraction", float("nan")))
-            message = _replay_warning(step, fraction, train_metrics, carried, len(samples))
-        metrics: dict[str, Any] = {"r3/replayed_fraction": fraction}
-        nothing_to_replay = float(train_metrics.get("loss_tokens", 1.0)) == 0.0
-        if (math.isnan(fraction) or fraction < 1.0) and not nothing_to_replay and not self._r3_warned:
-            self._r3_warned = True
-            metrics["r3/warning"] = message
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-        return metrics
-
     async def run(self) -> list[dict[str, Any]]:
         """Run until `max_steps` steps are done; return each step's metrics.
 
@@ -622,7 +360,7 @@ class Orchestrator:
                     "time": time.time(),
                 }
                 metrics["failed_steps"] = len(self._failed_steps)
-                metrics.update(self._replay_metrics(step, samples, train_metrics))
+                metrics.update(self._replay_coverage.step_metrics(step, samples, train_metrics))
                 metrics.update({f"train/{k}": float(v) for k, v in train_metrics.items()})
                 history.append(metrics)
                 if self.on_step is not None:

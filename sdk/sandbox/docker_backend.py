@@ -20,23 +20,31 @@ The disk limit uses `--storage-opt size=` where the engine supports it (overlay2
 with pquota, devicemapper, btrfs, zfs); elsewhere the root filesystem is read-only and the
 working directory plus `writable_paths` are size-limited tmpfs mounts (executable,
 nosuid, nodev), the working directory seeded with the image's content there.
+
+What the backend reads from the image first (its user, a user name as uid:gid for the tmpfs
+owners, the working directory's content) is in `docker_image.py`; the shared client, thread
+pool, engine probes and the removal of leftover containers are in `docker_engine.py`.
 """
 from __future__ import annotations
 
 import asyncio
-import atexit
 import base64
-import functools
-import io
 import os
-import tarfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.errors import NotFoundError, require
 from agentrl.sandbox.base import (
     RawExecResult, Sandbox, SandboxConfig, SandboxError, limit_not_enforced, network_not_available,
+)
+from agentrl.sandbox.docker_engine import (
+    docker_client,
+    in_thread,
+    live_containers,
+    mark_storage_opt_unsupported,
+    network_unavailable,
+    runsc_applies_seccomp,
+    startup_gc,
+    storage_opt_supported,
 )
 from agentrl.sandbox.docker_exec import (
     HARD_DEADLINE_GRACE_S,
@@ -44,12 +52,15 @@ from agentrl.sandbox.docker_exec import (
     kill_all_via_docker,
     kill_exec_processes,
 )
+from agentrl.sandbox.docker_image import image_user, numeric_user, workdir_seed
 from agentrl.sandbox.docker_server import ServerConnection, server_command
 from agentrl.sandbox.gvisor_compat import SHIM_TARGET, statx_shim
 from agentrl.sandbox.labels import sandbox_labels
 from agentrl.sandbox.sandboxd import USER_VARIABLE
 
-__all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
+# docker_client, in_thread, network_unavailable and storage_opt_supported live in docker_engine;
+# they are re-exported here, where hub/ and the sandbox tools import them from.
+__all__ = ["DockerSandbox", "docker_client", "in_thread", "network_unavailable", "storage_opt_supported"]
 
 # gVisor's own host threads count against the container's pids limit: the Sentry's, the
 # gofer's and, on the ptrace platform (Debian's runsc), a stub process per guest process with a
@@ -61,79 +72,7 @@ __all__ = ["DockerSandbox", "docker_client", "storage_opt_supported"]
 RUNSC_PIDS_HEADROOM = 384
 SERVER_MAX_STDIN_BYTES = 8 * 1024 * 1024
 SERVER_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
-_EXECUTOR = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agentrl-sandbox")
-_client_lock = threading.Lock()
-_client = None
-_storage_opt: bool | None = None
-_startup_gc_done = False
-
 SERVER_CAPABILITIES = ["SETUID", "SETGID", "KILL"]  # sandboxd's, never a command's
-_live: set[str] = set()  # containers this process created and has not removed yet
-_image_users: dict[str, str] = {}  # image -> its configured user (Config.User)
-_numeric_users: dict[tuple[str, str], str] = {}  # (image, user name) -> uid:gid from the image's /etc/passwd
-_runsc_seccomp: bool | None = None
-_seed_cache: dict[tuple[str, str], bytes | None] = {}  # (image, workdir) -> tar of the image's workdir
-SEED_CACHE_ENTRIES = 32
-
-
-async def in_thread(fn, /, *args, **kwargs):
-    """Run a blocking docker call on the sandbox thread pool (large enough for 64+ sandboxes)."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_EXECUTOR, functools.partial(fn, *args, **kwargs))
-
-
-def docker_client():
-    """A shared docker SDK client, or a one-line error when no engine answers."""
-    global _client
-    with _client_lock:
-        if _client is not None:
-            return _client
-        docker = require("docker", "cpu")
-        try:
-            client = docker.from_env(timeout=120, max_pool_size=256)
-            client.ping()
-        except Exception as error:  # docker raises DockerException/ConnectionError variants
-            reason = str(error).split("\n")[0][:160]
-            raise SandboxError(
-                f"sandbox type 'docker': no Docker engine answers ({reason}); start dockerd "
-                "(scripts/start-dockerd.sh) or set sandbox type = 'bwrap' to use bubblewrap"
-            ) from None
-        _client = client
-        return client
-
-
-def storage_opt_supported(client) -> bool:
-    """Whether `--storage-opt size=` works on this engine (it needs xfs+pquota on overlay2)."""
-    global _storage_opt
-    if _storage_opt is None:
-        info = client.info()
-        driver = info.get("Driver", "")
-        backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "")
-        _storage_opt = driver in ("devicemapper", "btrfs", "zfs") or (driver == "overlay2" and backing == "xfs")
-    return _storage_opt
-
-
-def runsc_applies_seccomp(client) -> bool:
-    """Whether the engine's runsc runtime loads the OCI seccomp profile (`--oci-seccomp`)."""
-    global _runsc_seccomp
-    if _runsc_seccomp is None:
-        runtime = (client.info().get("Runtimes") or {}).get("runsc") or {}
-        _runsc_seccomp = "--oci-seccomp" in (runtime.get("runtimeArgs") or [])
-    return _runsc_seccomp
-
-
-def network_unavailable(client, runtime: str) -> str | None:
-    """Why `runtime`'s sandboxes on this engine get no network even when asked (None: they get the bridge)."""
-    docker = require("docker", "cpu")
-    if runtime == "runsc":
-        args = ((client.info().get("Runtimes") or {}).get("runsc") or {}).get("runtimeArgs") or []
-        if "--network=none" in args:
-            return "the engine registers runsc with --network=none"
-    try:
-        client.api.inspect_network("bridge")
-    except docker.errors.NotFound:
-        return "the Docker engine has no 'bridge' network: dockerd runs with --bridge=none"
-    return None
 
 
 def _explain(error) -> str:
@@ -186,7 +125,8 @@ class DockerSandbox(Sandbox):
         if self.disk_mode == "storage-opt":
             host["storage_opt"] = {"size": f"{cfg.disk_mb}M"}
         elif self.disk_mode == "tmpfs":
-            uid, _, gid = self._numeric_user().partition(":")
+            owner_user = numeric_user(self.client, cfg.image, self.command_user, owner=self.owner)
+            uid, _, gid = owner_user.partition(":")
             gid = gid or uid
             owned = f",uid={uid},gid={gid}" if uid.isdigit() and gid.isdigit() else ""
             host["read_only"] = True
@@ -222,78 +162,17 @@ class DockerSandbox(Sandbox):
             f"pids_limit={cfg.pids_limit}, disk_mb={cfg.disk_mb} ({self.disk_mode})"
         )
 
-    def _image_user(self) -> str | None:
-        """The image's configured user (`USER` in its Dockerfile); None for root or a missing image."""
-        docker = require("docker", "cpu")
-        image = self.config.image
-        if image not in _image_users:
-            try:
-                _image_users[image] = (self.client.api.inspect_image(image).get("Config") or {}).get("User") or ""
-            except docker.errors.ImageNotFound:
-                return None  # create_container reports it
-        return _image_users[image] or None
-
-    def _numeric_user(self) -> str:
-        """`command_user` as uid:gid (a name looked up in the image's /etc/passwd, cached): tmpfs owners."""
-        name, _, group = self.command_user.partition(":")
-        if name.isdigit() and (not group or group.isdigit()):
-            return self.command_user
-        key = (self.config.image, self.command_user)
-        if key not in _numeric_users:
-            files = {}
-            try:
-                labels = sandbox_labels(owner=self.owner, backend="docker")
-                probe = self.client.api.create_container(image=self.config.image, command=["true"],
-                                                         labels=labels)
-            except Exception:  # a missing image: create_container reports it again, with its one-line error
-                return self.command_user
-            try:
-                for path in ("/etc/passwd", "/etc/group"):
-                    stream, _stat = self.client.api.get_archive(probe["Id"], path)
-                    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-                        member = tar.extractfile(tar.getmembers()[0])
-                        files[path] = member.read().decode(errors="replace") if member else ""
-            except Exception:  # no passwd file: leave the name to sandboxd
-                files = {}
-            finally:
-                self.client.api.remove_container(probe["Id"], force=True)
-            passwd = [line.split(":") for line in files.get("/etc/passwd", "").splitlines()]
-            users = {fields[0]: (fields[2], fields[3]) for fields in passwd if len(fields) > 3}
-            group_lines = [line.split(":") for line in files.get("/etc/group", "").splitlines()]
-            groups = {fields[0]: fields[2] for fields in group_lines if len(fields) > 2}
-            uid, gid = users.get(name, (name, None))
-            gid = (groups.get(group, group) if group else gid) or uid
-            _numeric_users[key] = f"{uid}:{gid}"
-        return _numeric_users[key]
-
-    def _workdir_seed(self, container_id: str) -> bytes | None:
-        """A tar of the image's content at `workdir` (read before the tmpfs hides it); cached per image."""
-        docker = require("docker", "cpu")
-        key = (self.config.image, self.config.workdir)
-        if key not in _seed_cache:
-            try:
-                stream, _stat = self.client.api.get_archive(container_id, self.config.workdir.rstrip("/") + "/.")
-                data = b"".join(stream)
-                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                    empty = all(member.name in (".", "./") for member in tar.getmembers())
-                if len(_seed_cache) >= SEED_CACHE_ENTRIES:
-                    _seed_cache.pop(next(iter(_seed_cache)))
-                _seed_cache[key] = None if empty else data
-            except docker.errors.NotFound:
-                _seed_cache[key] = None
-        return _seed_cache[key]
-
     def _start_blocking(self) -> None:
         docker = require("docker", "cpu")
         self.client = docker_client()
         api = self.client.api
-        _startup_gc(self.client)
+        startup_gc(self.client)
         if self.config.runtime == "runsc" and not runsc_applies_seccomp(self.client):
             limit_not_enforced(self.config, "user namespaces (gVisor)",
                                "runsc is registered without --oci-seccomp, so Docker's seccomp profile is not applied; "
                                "add it to the runtimeArgs in /etc/docker/daemon.json")
         if self.config.user is None:
-            self.command_user = self._image_user() or "0"
+            self.command_user = image_user(self.client, self.config.image) or "0"
         self.disk_mode = self._disk_mode()
         if self.config.network and self.config.docker_network is None:
             why = network_unavailable(self.client, self.config.runtime)
@@ -306,7 +185,7 @@ class DockerSandbox(Sandbox):
                 network = {self.config.docker_network: endpoint}
                 create["networking_config"] = api.create_networking_config(network)
             self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
-            _live.add(self.id)
+            live_containers.add(self.id)
         except docker.errors.ImageNotFound:
             raise NotFoundError(
                 f"sandbox image {self.config.image!r} is not in the local Docker engine; build it "
@@ -315,8 +194,7 @@ class DockerSandbox(Sandbox):
         except docker.errors.APIError as error:
             text = _explain(error)
             if "storage-opt" in text and self.config.disk_limit == "auto":
-                global _storage_opt
-                _storage_opt = False
+                mark_storage_opt_unsupported()
                 return self._start_blocking()
             if "runtime" in text:
                 raise SandboxError(
@@ -324,7 +202,9 @@ class DockerSandbox(Sandbox):
                     "register runsc in /etc/docker/daemon.json (scripts/start-dockerd.sh does) or use runtime='runc'"
                 ) from None
             raise SandboxError(f"the Docker engine refused the sandbox ({self._limits()}): {text}") from None
-        seed = self._workdir_seed(self.id) if self.disk_mode == "tmpfs" else None
+        seed = None
+        if self.disk_mode == "tmpfs":
+            seed = workdir_seed(self.client, self.id, image=self.config.image, workdir=self.config.workdir)
         self._server = ServerConnection(api, self.id)
         try:
             self._server.attach()
@@ -462,7 +342,7 @@ class DockerSandbox(Sandbox):
             self._server.close()
         if not self.id or self.client is None:
             return
-        _live.discard(self.id)
+        live_containers.discard(self.id)
         try:
             self.client.api.remove_container(self.id, force=True, v=True)
         except docker.errors.NotFound:
@@ -474,31 +354,4 @@ class DockerSandbox(Sandbox):
     async def _close(self) -> None:
         # Shielded: a cancelled rollout must still remove its container.
         await asyncio.shield(in_thread(self._close_blocking))
-
-
-@atexit.register
-def _remove_leftovers() -> None:
-    """At interpreter exit, remove sandboxes that were never closed (a crash is left to gc)."""
-    if not _live or _client is None:
-        return
-    for container_id in list(_live):
-        try:
-            _client.api.remove_container(container_id, force=True, v=True)
-        except Exception:  # already gone, or the engine went away first
-            pass
-    _live.clear()
-
-
-def _startup_gc(client) -> None:
-    """Once per process: remove labelled containers whose owning process is dead."""
-    global _startup_gc_done
-    if _startup_gc_done:
-        return
-    _startup_gc_done = True
-    from agentrl.sandbox.gc import remove_orphan_containers
-
-    try:
-        remove_orphan_containers(client)
-    except Exception:  # best effort: never block a sandbox on garbage collection
-        pass
 

@@ -129,15 +129,15 @@ async def test_docker_errors_are_one_line(overrides, error, pattern):
 
 
 async def test_missing_docker_engine_suggests_bwrap(monkeypatch):
-    from agentrl.sandbox import docker_backend
+    from agentrl.sandbox import docker_engine
 
-    monkeypatch.setattr(docker_backend, "_client", None)
+    monkeypatch.setattr(docker_engine, "_client", None)
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(AgentrlError, match="no Docker engine answers.*type = 'bwrap'") as caught:
         async with create_sandbox(SandboxConfig(owner=owner())):
             pass
     assert "\n" not in str(caught.value)
-    monkeypatch.setattr(docker_backend, "_client", None)
+    monkeypatch.setattr(docker_engine, "_client", None)
 
 
 async def test_bwrap_missing_rootfs_is_clear(tmp_path):
