@@ -248,6 +248,12 @@ class InferenceGroup:
             return [{"held": False, "restarts": 0, "version": None} for _ in self.urls]
         return list(await asyncio.gather(*(actor.weight_state.remote() for actor in self.actors)))
 
+    async def went_down(self, within_s: float) -> bool:
+        """After a direct push failed: did a server go down in the last `within_s` seconds (and is it back)?"""
+        if not self._supervised():
+            return False
+        return any(await asyncio.gather(*(actor.went_down.remote(within_s) for actor in self.actors)))
+
     async def set_version(self, version: int, *, push: dict[str, Any] | None = None,
                           transport: str | None = None, restarts: list[int] | None = None,
                           urls: list[str] | None = None) -> None:

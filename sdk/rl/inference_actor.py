@@ -205,6 +205,13 @@ class InferenceActor:
         with self._lock:
             return {"held": self.held, "restarts": self.restarts, "version": self.delivered_version}
 
+    def went_down(self, within_s: float) -> bool:
+        """After a delivery to this server failed: did the server go down in the last `within_s` seconds (True,
+        once it is back up and held), or did the delivery fail on its own (False)?"""
+        if not self.supervisor.went_down(since=time.monotonic() - within_s):
+            return False
+        return self.supervisor.wait_healthy(self.startup_timeout_s)
+
     def weights_delivered(self, version: int, *, restarts: int | None = None) -> dict[str, Any]:
         """The trainer delivered `version` to this server (direct transports); what the server reports now.
 

@@ -26,17 +26,20 @@ folder transports its actor loads the latest version back before it serves. With
 `WeightPush.watch`, which the orchestrator runs beside the loop, has the trainer send the
 version it pushed last again (`TrainerRank.resend_direct`), the restarted server's transfer
 engine set up anew; when a step ran since that push, the next push (right after the step)
-reaches the held server instead. A re-send that fails ends the run with one line naming
-the server.
+reaches the held server instead. A server that dies during a push fails it: the push waits
+for the restart (the server comes back held) and pushes again (the trainer has not stepped).
+A re-send or push that fails otherwise ends the run with one line naming the cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.inference.weights import WeightUpdateError
 
 __all__ = ["DIRECT_TRANSPORTS", "TRANSPORTS", "WeightPush", "direct_publisher"]
 
@@ -73,6 +76,12 @@ def _world_size(url: str) -> int:
     return int(response.json()["world_size"])
 
 
+def _last_line(error: BaseException) -> str:
+    """An error's last line (a Ray task error's is the cause: `module.Error: message`), at most 300 characters."""
+    text = str(error).strip()
+    return text.splitlines()[-1][:300] if text else type(error).__name__
+
+
 class WeightPush:
     """`WeightSync` over a `TrainerGroup` and an `InferenceGroup` with one of the `TRANSPORTS`."""
 
@@ -99,17 +108,35 @@ class WeightPush:
         files = await self.trainer.export_ref(version)  # an ObjectRef: the bytes never pass through the driver
         return asyncio.ensure_future(self.inference.load(version, files=files))
 
-    def _restarted(self, states: list[dict[str, Any]]) -> list[str]:
-        """The servers restarted since the last delivery (their transfer engine must be set up again)."""
-        if self._restarts is None:
-            return []  # the first push connects every server
-        return [url for url, state, before in zip(self.inference.urls, states, self._restarts, strict=True)
-                if state["restarts"] != before]
+    def _restarted(self, states: list[dict[str, Any]], since: list[int] | None = None) -> list[str]:
+        """The servers restarted since the last delivery, or since `since` (their transfer engine must be set up
+        again); none before the first delivery, which connects every server."""
+        before = self._restarts if self._restarts is not None else since
+        if before is None:
+            return []
+        return [url for url, state, count in zip(self.inference.urls, states, before, strict=True)
+                if state["restarts"] != count]
 
-    async def _deliver(self, version: int) -> None:
-        states = await self.inference.weight_states()
-        timings = await self.trainer.push_direct(version, urls=self.inference.urls, backend=self.transport,
-                                                 reconnect=self._restarted(states))
+    async def _deliver(self, version: int, *, attempts: int = 3) -> None:
+        """Push `version` to every server; a server that dies during the push is waited for and pushed to again.
+
+        The trainer has not stepped since (the push is part of the step), so its weights are
+        still `version`: the retry sends them once the restarted server is back (held), its
+        transfer engine set up again. A push that fails otherwise ends the run in one line.
+        """
+        first: list[int] | None = None  # restart counts at the first attempt
+        for attempt in range(attempts):
+            states = await self.inference.weight_states()
+            first = first or [state["restarts"] for state in states]
+            started = time.monotonic()
+            try:
+                timings = await self.trainer.push_direct(version, urls=self.inference.urls, backend=self.transport,
+                                                         reconnect=self._restarted(states, first))
+                break
+            except Exception as error:  # noqa: BLE001 - a restart is retried, anything else is one line
+                if attempt == attempts - 1 or not await self.inference.went_down(time.monotonic() - started):
+                    raise WeightUpdateError(f"pushing version {version} through {self.transport} failed: "
+                                            f"{_last_line(error)}") from None
         self._restarts = [state["restarts"] for state in states]
         await self.inference.set_version(version, push=timings, transport=self.transport,
                                          restarts=self._restarts)
@@ -126,8 +153,6 @@ class WeightPush:
         """
         if self.transport not in DIRECT_TRANSPORTS:
             return  # the inference actors restore the latest folder themselves
-        from agentrl.inference.weights import WeightUpdateError
-
         while True:
             await asyncio.sleep(self.watch_interval_s)
             async with self._lock:
@@ -138,11 +163,9 @@ class WeightPush:
                 try:
                     timings = await self.trainer.resend_direct(held)  # their engines are set up again
                 except Exception as error:  # noqa: BLE001 - the run stops with this one line
-                    text = str(error).strip()
-                    last = text.splitlines()[-1][:300] if text else type(error).__name__  # Ray's: the cause
                     raise WeightUpdateError(
                         f"inference server(s) {', '.join(held)} restarted and the trainer could not send "
-                        f"them the current weights through {self.transport}: {last}") from None
+                        f"them the current weights through {self.transport}: {_last_line(error)}") from None
                 if timings is None:
                     continue  # a step ran since the last push: the next push delivers to the held servers
                 self._restarts = [state["restarts"] for state in states]

