@@ -14,9 +14,10 @@ and `replicas` deployment kinds:
   `WeightPush.watch` has the trainer send the current version again (or the next push, right
   after a step, reaches it), and that update's resume lets the queued requests run with the
   right weights (`weights_delivered`). If the trainer cannot send them, the run stops with a
-  one-line error naming the server. Not closed: a request that reaches the restarted API
-  server in the instant between its first `/health` answer and the pause (vLLM cannot be
-  started paused);
+  one-line error naming the server. Not closed, as with the folder restore: a request that
+  reaches the restarted API server in the instant between its first `/health` answer and the
+  pause (vLLM cannot be started paused); on servers that report weight versions its tokens
+  carry version 0, so the orchestrator's staleness bound counts them;
 - the actor loads each new version into its own server (`load_weights`): from a folder it
   can read (the `filesystem` transport) or from files shipped through Ray's object store,
   written into this node's folder first (`object_store`: no shared filesystem);
