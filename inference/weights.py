@@ -29,6 +29,13 @@ Transports:
 - `IpcWeightPublisher` (a trainer sharing the server's GPU): vLLM's `ipc` engine, CUDA IPC
   handles of the trainer's tensors, sent in bounded chunks.
 
+A restarted server loads its original checkpoint. `restore(url)` puts the latest version
+back from its folder (filesystem); the direct transports' weights live in the trainer, so
+the trainer calls `resend(its_current_tensors, [url])` while they are still the published
+version, and `publish(..., reconnect=[url])` for a server restarted before a new version:
+each sets the restarted server's transfer engine up again first (`_reconnect`: a new IPC
+engine init, a new NCCL group on a fresh port).
+
 Servers that report no weight versions (vLLM 0.24, see `vllm_compat`) get the cache dropped
 at each update (`clear_cache`) and no `/update_weight_version`; the publisher's `version`
 is the record.
@@ -254,32 +261,27 @@ class WeightPublisher(ABC):
         self._last_prepared: Any = None
         self._versioned: dict[str, bool] = {}  # url -> whether that server reports weight versions
 
-    def publish(self, weights: Mapping[str, Any] | str | Path, version: int) -> PublishResult:
-        """Apply `weights` (a state dict with HF names, or an HF checkpoint folder) as `version`."""
-        return _run_sync(self.apublish(weights, version))
+    def publish(self, weights: Mapping[str, Any] | str | Path, version: int, *,
+                reconnect: list[str] = ()) -> PublishResult:
+        """Apply `weights` (a state dict with HF names, or an HF checkpoint folder) as `version`.
 
-    async def apublish(self, weights: Mapping[str, Any] | str | Path, version: int) -> PublishResult:
+        `reconnect`: servers restarted since the last update; their transfer engine is set up again first.
+        """
+        return _run_sync(self.apublish(weights, version, reconnect=reconnect))
+
+    async def apublish(self, weights: Mapping[str, Any] | str | Path, version: int, *,
+                       reconnect: list[str] = ()) -> PublishResult:
         """Async form of `publish`, for the orchestrator's event loop."""
         if self.version is not None and version <= self.version:
             raise WeightUpdateError(f"publish: version {version} is not newer than the served version {self.version}")
         started = time.monotonic()
+        for url in self._known(reconnect):
+            await asyncio.to_thread(self._reconnect, url)
         async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
             controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in self.urls]
             served = await self._served_shapes(controls[0])
             prepared = await asyncio.to_thread(self._prepare, weights, version, served)
-            # Every server finishes its own pause..resume before any error is raised: none stays paused.
-            outcomes = await asyncio.gather(
-                *(self._update_one(control, prepared, version) for control in controls), return_exceptions=True
-            )
-        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        if errors:
-            if len(errors) < len(outcomes):
-                raise WeightUpdateError(
-                    f"publish v{version}: {len(outcomes) - len(errors)} of {len(outcomes)} servers updated, the rest"
-                    f" failed (servers now serve mixed versions): {errors[0]}"
-                ) from errors[0]
-            raise errors[0]
-        durations = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+            durations = await self._update_all(controls, prepared, version)
         self.version = version
         self._last_prepared = prepared
         return PublishResult(
@@ -289,6 +291,65 @@ class WeightPublisher(ABC):
             servers=len(self.urls),
             path=str(prepared) if isinstance(prepared, Path) else None,
         )
+
+    async def _update_all(self, controls: list[ServerControl], prepared: Any, version: int) -> list[float]:
+        """Update every server of `controls`; each one's pause..resume seconds.
+
+        Every server finishes its own pause..resume before any error is raised: none stays paused.
+        """
+        outcomes = await asyncio.gather(
+            *(self._update_one(control, prepared, version) for control in controls), return_exceptions=True
+        )
+        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if errors:
+            if len(errors) < len(outcomes):
+                raise WeightUpdateError(
+                    f"publish v{version}: {len(outcomes) - len(errors)} of {len(outcomes)} servers updated, the"
+                    f" rest failed (servers now serve mixed versions): {errors[0]}"
+                ) from errors[0]
+            raise errors[0]
+        return list(outcomes)
+
+    def resend(self, weights: Mapping[str, Any] | str | Path, urls: list[str]) -> PublishResult:
+        """Apply `weights`, still the published `version`, again to the restarted servers `urls`.
+
+        For the direct transports, whose restarted servers cannot read the weights back from a
+        folder: the trainer calls this with its current tensors while they are still the
+        version it published last. Each server's transfer engine is set up again first
+        (`_reconnect`: the restarted process has a fresh one), then the update runs as a
+        publish does (pause, load, version, resume), so the server resumes the requests it held.
+        """
+        return _run_sync(self.aresend(weights, urls))
+
+    async def aresend(self, weights: Mapping[str, Any] | str | Path, urls: list[str]) -> PublishResult:
+        """Async form of `resend`."""
+        if self.version is None:
+            raise WeightUpdateError("resend: no version was published yet; the starting weights are current")
+        targets = self._known(urls)
+        started = time.monotonic()
+        for url in targets:
+            await asyncio.to_thread(self._reconnect, url)
+        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
+            controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in targets]
+            served = await self._served_shapes(controls[0])
+            prepared = await asyncio.to_thread(self._prepare, weights, self.version, served)
+            durations = await self._update_all(controls, prepared, self.version)
+        self._last_prepared = prepared
+        return PublishResult(version=self.version, update_s=max(durations, default=0.0),
+                             total_s=time.monotonic() - started, servers=len(targets),
+                             path=str(prepared) if isinstance(prepared, Path) else None)
+
+    def _known(self, urls: list[str]) -> list[str]:
+        """`urls` without trailing slashes, each checked to be one of this publisher's servers."""
+        targets = [url.rstrip("/") for url in urls]
+        unknown = sorted(set(targets) - set(self.urls))
+        if unknown:
+            raise WeightUpdateError(f"{unknown[0]} is not one of this publisher's servers: "
+                                    f"{', '.join(self.urls)}")
+        return targets
+
+    def _reconnect(self, url: str) -> None:
+        """Set up the transfer engine of one restarted server again (nothing to set up for a folder)."""
 
     def restore(self, url: str) -> bool:
         """Re-apply the latest published version to one (restarted) server; False if none was published.
@@ -410,20 +471,27 @@ class NcclWeightPublisher(WeightPublisher):
         torch = require("torch", "vllm")
         if not torch.cuda.is_available():
             raise WeightUpdateError("NcclWeightPublisher needs a CUDA GPU on the trainer; use FilesystemWeightPublisher")
+        self._source = _make_state_dict_source()
+        for index, url in enumerate(self.urls):
+            self._connect_one(url, self.master_port + index)
+
+    def _connect_one(self, url: str, port: int) -> None:
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
-        self._source = _make_state_dict_source()
-        for index, url in enumerate(self.urls):
-            info = NCCLTrainerInitInfo(
-                master_address=self.master_address,
-                master_port=self.master_port + index,
-                world_size=1 + self.workers_per_server,
-                rank=0,
-            )
-            self._engines[url] = NCCLTrainerWeightTransferEngine.trainer_init(
-                info, client=HTTPVLLMWeightSyncClient(url, timeout=self.timeout_s), source=self._source
-            )
+        info = NCCLTrainerInitInfo(master_address=self.master_address, master_port=port,
+                                   world_size=1 + self.workers_per_server, rank=0)
+        self._engines[url] = NCCLTrainerWeightTransferEngine.trainer_init(
+            info, client=HTTPVLLMWeightSyncClient(url, timeout=self.timeout_s), source=self._source
+        )
+
+    def _reconnect(self, url: str) -> None:
+        """A restarted server's workers join a new NCCL group on a fresh port (the old one died with them)."""
+        if not self._engines:
+            return  # not connected yet: the first publish connects every server
+        from agentrl.inference.server import free_port
+
+        self._connect_one(url, free_port(self.master_address))
 
     def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> None:
         if isinstance(weights, (str, Path)):
@@ -447,7 +515,7 @@ class NcclWeightPublisher(WeightPublisher):
         if self.version is None:
             return False
         raise WeightUpdateError(
-            f"restore {url}: the NCCL group died with the server; call connect() again, then publish the next version"
+            f"restore {url}: the weights live in the trainer's memory; the trainer re-sends them (`resend`)"
         )
 
 
@@ -481,14 +549,20 @@ class IpcWeightPublisher(WeightPublisher):
             raise WeightUpdateError("IpcWeightPublisher needs the server's GPU in this process; use "
                                     "FilesystemWeightPublisher when trainer and server do not share a GPU")
 
-        async def init_all() -> None:
-            async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
-                for url in self.urls:
-                    await ServerControl(url, client=client, timeout_s=self.timeout_s)._post(
-                        "/init_weight_transfer_engine", what="init_weight_transfer_engine", json={"init_info": {}})
-
-        _run_sync(init_all())
+        _run_sync(self._init_engines(self.urls))
         self._connected = True
+
+    async def _init_engines(self, urls: list[str]) -> None:
+        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
+            for url in urls:
+                control = ServerControl(url, client=client, timeout_s=self.timeout_s)
+                await control._post("/init_weight_transfer_engine", what="init_weight_transfer_engine",
+                                    json={"init_info": {}})
+
+    def _reconnect(self, url: str) -> None:
+        """A restarted server has a fresh, uninitialised `ipc` engine: initialise it again."""
+        if self._connected:
+            _run_sync(self._init_engines([url]))
 
     def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> Mapping[str, Any]:
         if isinstance(weights, (str, Path)):
@@ -556,7 +630,8 @@ class IpcWeightPublisher(WeightPublisher):
         if self.version is None:
             return False
         raise WeightUpdateError(
-            f"restore {url}: IPC weights live in the trainer's GPU memory; publish the next version from the trainer"
+            f"restore {url}: IPC weights live in the trainer's GPU memory; the trainer re-sends them"
+            " (`resend`)"
         )
 
 

@@ -13,7 +13,11 @@ shipped to every rank.
 server for `single`/`replicas`, `InferenceNodeActor` per node for `wide_ep`/`pd`), puts
 `vllm-router` in front of several servers (consistent hashing on the trajectory id, so a
 trajectory stays on one replica), loads each weight version into every server and, at the
-end, copies every server's log into the run folder.
+end, copies every server's log into the run folder. Every update is one line of the run's
+`weight_updates.jsonl`, whatever the transport: a load (`load`: version, time, `load_s`, the
+version each server reports) or a direct push or re-send (`set_version`: the same, with the
+trainer-side timings the publisher measured, `update_s` pause..resume and `push_s` with the
+gather, the transport, and `resent` for a re-send to restarted servers).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.rl.shipping import Folder, write_folder
+from agentrl.rl.transport import DIRECT_TRANSPORTS
 from agentrl.types import TrainingSample
 
 __all__ = ["InferenceGroup", "TrainerGroup", "merge_token_logprobs"]
@@ -111,8 +116,15 @@ class TrainerGroup:
         await asyncio.gather(*refs)
         return refs[0]
 
-    async def push_direct(self, version: int, *, urls: list[str], backend: str) -> None:
-        await self._all("push_direct", version, urls=urls, backend=backend)
+    async def push_direct(self, version: int, *, urls: list[str], backend: str,
+                          reconnect: list[str] = ()) -> dict[str, Any]:
+        """Every rank gathers, rank 0 sends `version` (nccl / ipc); rank 0's timings."""
+        timings = await self._all("push_direct", version, urls=urls, backend=backend, reconnect=list(reconnect))
+        return timings[0]
+
+    async def resend_direct(self, urls: list[str]) -> dict[str, Any] | None:
+        """The pushed version again to the restarted servers `urls`; None when a step ran since that push."""
+        return (await self._all("resend_direct", urls))[0]
 
     async def save_checkpoint(self, path: str, *, step: int, trainer_state: bool = True) -> None:
         """Every rank saves; ranks that see `path` (the driver's checkpoint folder) write into it, the
@@ -156,7 +168,8 @@ class InferenceGroup:
                  updates_log: Path | None = None) -> None:
         self.actors = actors
         self.updates_log = updates_log
-        """`weight_updates.jsonl` of the run: per load, the version each server reports afterwards."""
+        """`weight_updates.jsonl` of the run: per update (load, direct push or re-send), its timing and the
+        version each server reports afterwards."""
         self.urls = urls
         """Every server's URL (weights go to each one directly)."""
         self.router = router
@@ -202,7 +215,8 @@ class InferenceGroup:
                     run_id=run_id, index=index, model_dir=model_dir, model_files=model_files,
                     served_name=config.model.name, deployment=serving,
                     startup_timeout_s=config.launch.startup_timeout_s, dtype=config.inference_dtype(),
-                    nice=config.generation_nice()))
+                    nice=config.generation_nice(),
+                    weights_from_trainer=config.weight_transfer() in DIRECT_TRANSPORTS))
             urls = ray.get([actor.start.remote() for actor in actors])
         router = None
         if deployment.router is not None and len(urls) > 1:
@@ -219,14 +233,56 @@ class InferenceGroup:
         started = time.time()
         results = await asyncio.gather(*(actor.load_weights.remote(version, path=path, files=files)
                                          for actor in self.actors))
+        self._log_update({"version": version, "time": started, "load_s": time.time() - started,
+                          "served": {url: result.get("served_version")
+                                     for url, result in zip(self.urls, results, strict=True)}})
+
+    def _supervised(self) -> bool:
+        """One `InferenceActor` per URL (single / replicas), not a wide-EP / P/D plan's node processes."""
+        return len(self.actors) == len(self.urls) and all(
+            hasattr(actor, "weight_state") for actor in self.actors)
+
+    async def weight_states(self) -> list[dict[str, Any]]:
+        """Per server: {"held", "restarts", "version"} (unsupervised node processes: never held)."""
+        if not self._supervised():
+            return [{"held": False, "restarts": 0, "version": None} for _ in self.urls]
+        return list(await asyncio.gather(*(actor.weight_state.remote() for actor in self.actors)))
+
+    async def went_down(self, within_s: float) -> bool:
+        """After a direct push failed: did a server go down in the last `within_s` seconds (and is it back)?"""
+        if not self._supervised():
+            return False
+        return any(await asyncio.gather(*(actor.went_down.remote(within_s) for actor in self.actors)))
+
+    async def set_version(self, version: int, *, push: dict[str, Any] | None = None,
+                          transport: str | None = None, restarts: list[int] | None = None,
+                          urls: list[str] | None = None) -> None:
+        """A direct transport delivered `version` to `urls` (None: every server); logged like a load.
+
+        `push`: the trainer's timings (`total_s` and `update_s` as the publisher measured them,
+        `push_s` with the gather); `restarts`: each server's restart count when the push began
+        (a server restarted since then stays held, `InferenceActor.weights_delivered`).
+        """
+        started = time.time()
+        targets = [index for index, url in enumerate(self.urls) if urls is None or url in urls]
+        served: dict[str, Any] = {self.urls[index]: None for index in targets}
+        if self._supervised():
+            results = await asyncio.gather(*(self.actors[index].weights_delivered.remote(
+                version, restarts=None if restarts is None else restarts[index]) for index in targets))
+            served = {self.urls[index]: result.get("served_version")
+                      for index, result in zip(targets, results, strict=True)}
+        push = push or {}
+        line = {"version": version, "time": started - float(push.get("push_s") or 0.0),
+                "load_s": push.get("total_s"), "update_s": push.get("update_s"), "push_s": push.get("push_s"),
+                "transport": transport, "served": served}
+        if urls is not None:
+            line["resent"] = True  # a restarted server got the current version again
+        self._log_update(line)
+
+    def _log_update(self, line: dict[str, Any]) -> None:
         if self.updates_log is not None:
-            line = {"version": version, "time": started, "load_s": time.time() - started,
-                    "served": {url: result.get("served_version") for url, result in zip(self.urls, results, strict=True)}}
             with open(self.updates_log, "a") as handle:
                 handle.write(json.dumps(line) + "\n")
-
-    async def set_version(self, version: int) -> None:
-        """A direct transport delivered `version` to every server (nothing to load here)."""
 
     def server_pids(self) -> list[int | None]:
         """Each server's API-server pid on its node (it leads its own session: its process group)."""

@@ -7,6 +7,17 @@ and `replicas` deployment kinds:
   is restarted on the same port, and before it serves again the latest weights go back in
   (`FilesystemWeightPublisher.restore`), so a server never serves a version older than the
   one the run is at;
+- under a direct transport (`weights_from_trainer`: `nccl`, `ipc`) the weights live in the
+  trainer and no folder here holds them: a restarted server (once a version was delivered) is
+  *held* instead, paused in vLLM's `keep` mode before it is reported healthy, so requests that
+  reach it are queued, none scheduled; `weight_state()` says so, the driver's
+  `WeightPush.watch` has the trainer send the current version again (or the next push, right
+  after a step, reaches it), and that update's resume lets the queued requests run with the
+  right weights (`weights_delivered`). If the trainer cannot send them, the run stops with a
+  one-line error naming the server. Not closed, as with the folder restore: a request that
+  reaches the restarted API server in the instant between its first `/health` answer and the
+  pause (vLLM cannot be started paused); on servers that report weight versions its tokens
+  carry version 0, so the orchestrator's staleness bound counts them;
 - the actor loads each new version into its own server (`load_weights`): from a folder it
   can read (the `filesystem` transport) or from files shipped through Ray's object store,
   written into this node's folder first (`object_store`: no shared filesystem);
@@ -126,7 +137,7 @@ class InferenceActor:
 
     def __init__(self, *, run_id: str, index: int, model_dir: str, model_files: Folder | None, served_name: str,
                  deployment: Any, startup_timeout_s: float, dtype: str = "auto", nice: int = 0,
-                 max_restarts: int = 3) -> None:
+                 max_restarts: int = 3, weights_from_trainer: bool = False) -> None:
         from agentrl.inference.supervisor import ServerSupervisor
         from agentrl.inference.weights import FilesystemWeightPublisher
 
@@ -141,18 +152,79 @@ class InferenceActor:
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
         self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
                                                    recompute_kv=deployment.recompute_kv_on_weight_update)
-        self.supervisor = ServerSupervisor(self.server, after_restart=self._restore, max_restarts=max_restarts,
-                                           on_event=self._on_event)
+        self.supervisor = ServerSupervisor(self.server, after_restart=self._after_restart,
+                                           max_restarts=max_restarts, on_event=self._on_event)
         self.startup_timeout_s = startup_timeout_s
+        self.weights_from_trainer = weights_from_trainer
+        """A direct transport (nccl, ipc): the trainer sends the weights, no folder holds them here."""
+        self.restarts = 0
+        self.delivered_version: int | None = None
+        """The version the trainer last delivered (direct transports)."""
+        self.held = False
+        """Restarted and paused until the trainer delivers `delivered_version` again (direct transports)."""
         self._lock = threading.Lock()  # one weight load at a time (a restore runs under it too)
         self._events: list[dict[str, Any]] = []
 
     def _on_event(self, event) -> None:
         self._events.append({"kind": event.kind, "detail": event.detail, "time": time.time()})
 
-    def _restore(self, url: str) -> None:
+    def _after_restart(self, url: str) -> None:
+        """Before the restarted server is reported healthy: the latest weights back in, or the server held."""
         with self._lock:
-            self.publisher.restore(url)  # the latest version, before any request goes through again
+            if not self.weights_from_trainer:
+                self.publisher.restore(url)  # the latest version, before any request goes through again
+                return
+            self.restarts += 1
+            if self.delivered_version is None:
+                return  # nothing was pushed yet: the starting weights are the current ones
+            self._hold(url)
+
+    def _hold(self, url: str) -> None:
+        """Pause a restarted server (mode keep) until the trainer re-sends its weights.
+
+        vLLM queues the requests that arrive while it is paused and schedules none of them, so
+        rollouts wait instead of getting tokens of the starting weights; the trainer's update
+        (pause, load, version, resume) resumes them with the right weights.
+        """
+        import asyncio
+
+        import httpx
+
+        from agentrl.inference.weights import ServerControl
+
+        async def pause() -> None:
+            async with httpx.AsyncClient() as client:
+                await ServerControl(url, client=client, timeout_s=60.0).pause(mode="keep", clear_cache=False)
+
+        asyncio.run(pause())  # an error: the supervisor restarts the server again, it never serves unheld
+        self.held = True
+        self._events.append({"kind": "held", "time": time.time(), "detail": "paused until the trainer sends "
+                             f"version {self.delivered_version} again"})
+
+    def weight_state(self) -> dict[str, Any]:
+        """{"held", "restarts", "version"}: whether the server waits for the trainer's weights (direct
+        transports)."""
+        with self._lock:
+            return {"held": self.held, "restarts": self.restarts, "version": self.delivered_version}
+
+    def went_down(self, within_s: float) -> bool:
+        """After a delivery to this server failed: did the server go down in the last `within_s` seconds (True,
+        once it is back up and held), or did the delivery fail on its own (False)?"""
+        if not self.supervisor.went_down(since=time.monotonic() - within_s):
+            return False
+        return self.supervisor.wait_healthy(self.startup_timeout_s)
+
+    def weights_delivered(self, version: int, *, restarts: int | None = None) -> dict[str, Any]:
+        """The trainer delivered `version` to this server (direct transports); what the server reports now.
+
+        `restarts`: this actor's restart count when the delivery began. A server restarted since
+        then did not get it (its restart came after): it stays held until the next delivery.
+        """
+        with self._lock:
+            self.delivered_version = version
+            if restarts is None or restarts == self.restarts:
+                self.held = False
+        return {"version": version, "served_version": self.served_version(), "held": self.held}
 
     def start(self) -> str:
         """Start the server (blocking until healthy) and its supervision; its URL."""
@@ -212,8 +284,8 @@ class InferenceActor:
             return None
 
     def weight_version(self) -> int | None:
-        """The version this actor last loaded (the server reports it too)."""
-        return self.publisher.version
+        """The version this actor last loaded or the trainer last delivered (the server reports it too)."""
+        return self.delivered_version if self.weights_from_trainer else self.publisher.version
 
     def server_pid(self) -> int | None:
         """The API server's pid (tests kill it to see the supervisor bring it back)."""

@@ -289,6 +289,9 @@ class Orchestrator:
             await self._wake_producer()
 
         producer = asyncio.create_task(self._producer())
+        # Optional `WeightSync.watch`: keeps restarted servers on the pushed version between pushes.
+        watch = getattr(self.weight_sync, "watch", None)
+        guard = asyncio.create_task(watch()) if watch is not None else None
         last_step_end = time.monotonic()
         try:
             while self.state.step < self.config.max_steps:
@@ -297,12 +300,19 @@ class Orchestrator:
                 wait_start = time.monotonic()
                 collect = asyncio.create_task(self._collect(step))
                 waiting = {collect, producer} | ({publishing} if publishing is not None else set())
+                if guard is not None and not (guard.done() and guard.exception() is None):
+                    waiting.add(guard)
                 while True:
                     done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                     if producer in done:
                         collect.cancel()
                         producer.result()  # re-raise the producer's failure
                         raise RuntimeError("rollout producer stopped before the run finished")
+                    if guard in done:
+                        waiting.discard(guard)
+                        if guard.exception() is not None:
+                            collect.cancel()
+                            guard.result()  # a restarted server that cannot get the weights ends the run
                     if publishing in done:
                         waiting.discard(publishing)
                         if publishing.exception() is not None:
@@ -383,7 +393,9 @@ class Orchestrator:
             self._stopping = True
             await self._wake_producer()
             producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+            if guard is not None:
+                guard.cancel()
+            await asyncio.gather(producer, *([guard] if guard is not None else []), return_exceptions=True)
             if publishing is not None and not publishing.done():
                 publishing.cancel()
                 await asyncio.gather(publishing, return_exceptions=True)

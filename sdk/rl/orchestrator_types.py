@@ -106,6 +106,10 @@ class WeightSync(Protocol):
 
         Returns once the weights are staged (the trainer may step again), with an awaitable
         that completes when inference serves them; None when the push is already complete.
+
+        A weight sync may also have `async def watch()`, run beside the loop for the whole run
+        (cancelled at its end): it keeps servers that restart between pushes on the pushed
+        version (`agentrl.rl.transport.WeightPush.watch`); if it raises, the run ends with its error.
         """
         ...
 

@@ -7,7 +7,7 @@ port), then calls `setup` on all ranks at once: each joins the process group and
 given a batch, trains on every `dp`-th packed row, so a step's rows are split across
 data-parallel ranks and the step equals a one-process step on the whole batch.
 
-Every collective call (`train_step`, `export`, `save`, `load`, `push_direct`) is made on
+Every collective call (`train_step`, `export`, `save`, `load`, `push_direct`, `resend_direct`) is made on
 all ranks together by `agentrl.rl.groups.TrainerGroup`. Nothing here assumes a shared
 filesystem: checkpoints and exports are written into this node's folder and the files the
 driver keeps come back as values (`agentrl.rl.shipping.Folder`); a checkpoint to resume from
@@ -42,6 +42,9 @@ class TrainerRank:
         self.trainer = None
         self.folder = node_dir("runs", run_id, "trainer")  # shared by the ranks of this node
         self.direct_publisher = None
+        self.pushed_version: int | None = None
+        """The version the last direct push sent (the trainer's weights until the next step)."""
+        self.stepped_since_push = False
 
     # ---- set-up -----------------------------------------------------------------------
     def rendezvous(self) -> tuple[str, int]:
@@ -83,6 +86,7 @@ class TrainerRank:
     def train_step(self, samples: list[TrainingSample], step: int, logprobs_of: list[int] = ()) -> dict[str, Any]:
         """The step's metrics; with `logprobs_of`, this rank's part of those samples' `token_logprobs`."""
         started = time.monotonic()
+        self.stepped_since_push = True  # from here on the weights are no longer the pushed version
         metrics = self.trainer.train_on_samples(samples, logprobs_of=logprobs_of)
         # Packing + forward/backward + optimizer, without the transfer of the samples to this actor.
         metrics["compute_s"] = time.monotonic() - started
@@ -105,24 +109,53 @@ class TrainerRank:
         shutil.rmtree(target, ignore_errors=True)
         return files
 
-    def push_direct(self, version: int, *, urls: list[str], backend: str) -> float:
+    def push_direct(self, version: int, *, urls: list[str], backend: str,
+                    reconnect: list[str] = ()) -> dict[str, Any]:
         """Send the weights straight into the servers' weight-transfer engine (nccl or ipc; GPUs).
 
-        Every rank gathers the full tensors (collective); rank 0 sends them. Returns the seconds it took.
+        Every rank gathers the full tensors (collective); rank 0 sends them, first setting up the
+        engine of the servers in `reconnect` again (restarted since the last push). Returns the
+        timings (rank 0: the publisher's `update_s` and `total_s` too; `push_s` includes the gather).
         """
-        from agentrl.trainer.checkpoint import full_state_dict
-        from agentrl.trainer.models.state_dict import native_to_hf
-
         started = time.monotonic()
-        # HF names over the parameters themselves (views: the publisher casts and copies chunk by chunk).
-        state = native_to_hf(full_state_dict(self.trainer, on_device=True), self.trainer.args, contiguous=False)
+        state = self._hf_state()
+        timings: dict[str, Any] = {"version": version}
         if self.rank == 0:
             if self.direct_publisher is None:
                 from agentrl.rl.transport import direct_publisher
 
                 self.direct_publisher = direct_publisher(backend, urls)
-            self.direct_publisher.publish(state, version)
-        return time.monotonic() - started
+            result = self.direct_publisher.publish(state, version, reconnect=list(reconnect))
+            timings.update(update_s=result.update_s, total_s=result.total_s)
+        self.pushed_version, self.stepped_since_push = version, False
+        return {**timings, "push_s": time.monotonic() - started}
+
+    def resend_direct(self, urls: list[str]) -> dict[str, Any] | None:
+        """Send the pushed version again to the restarted servers `urls`; None when it cannot be done now.
+
+        Calls on this actor run one at a time, so when this runs no step is running: if no step
+        ran since the last push, the weights are still that version and are sent again (the
+        gather is collective, the decision the same on every rank). After a step the weights
+        are the next version, and the push that follows the step reaches these servers instead.
+        """
+        if self.pushed_version is None or self.stepped_since_push:
+            return None
+        started = time.monotonic()
+        state = self._hf_state()
+        timings: dict[str, Any] = {"version": self.pushed_version}
+        if self.rank == 0:
+            result = self.direct_publisher.resend(state, urls)
+            timings.update(update_s=result.update_s, total_s=result.total_s)
+        return {**timings, "push_s": time.monotonic() - started}
+
+    def _hf_state(self) -> dict[str, Any]:
+        """The full tensors under HF names (collective), as views of the parameters (the publisher casts
+        and copies them chunk by chunk)."""
+        from agentrl.trainer.checkpoint import full_state_dict
+        from agentrl.trainer.models.state_dict import native_to_hf
+
+        state = full_state_dict(self.trainer, on_device=True)
+        return native_to_hf(state, self.trainer.args, contiguous=False)
 
     # ---- checkpoints --------------------------------------------------------------------
     def save(self, step: int, *, dest: str, token: str | None, ship: bool, trainer_state: bool = True) -> Folder | None:
@@ -153,6 +186,7 @@ class TrainerRank:
 
     def load(self, step: int, *, path: str | None = None, files: Folder | None = None) -> int:
         """Restore a checkpoint (collective): from `path` this node sees, else from the shipped `files`."""
+        self.stepped_since_push = True  # new weights: not the pushed version
         if path is not None:
             return self.trainer.load_checkpoint(Path(path) / "trainer")
         local = write_folder(files, self.folder / "resume" / f"rank{self.rank}-step_{step}")

@@ -19,19 +19,32 @@ transports, one setting:
 With the first two the load runs in the inference actors while the trainer takes its next
 step; the direct transports send from the trainer's memory, so `push` returns once sent.
 Either way every server of the run holds the same version when the load completes.
+
+A server restarted by its supervisor comes back with the run's starting weights. With the
+folder transports its actor loads the latest version back before it serves. With `nccl` /
+`ipc` there is no folder: the actor holds the server (paused, requests queued) and
+`WeightPush.watch`, which the orchestrator runs beside the loop, has the trainer send the
+version it pushed last again (`TrainerRank.resend_direct`), the restarted server's transfer
+engine set up anew; when a step ran since that push, the next push (right after the step)
+reaches the held server instead. A server that dies during a push fails it: the push waits
+for the restart (the server comes back held) and pushes again (the trainer has not stepped).
+A re-send or push that fails otherwise ends the run with one line naming the cause.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.inference.weights import WeightUpdateError
 
-__all__ = ["TRANSPORTS", "WeightPush", "direct_publisher"]
+__all__ = ["DIRECT_TRANSPORTS", "TRANSPORTS", "WeightPush", "direct_publisher"]
 
 TRANSPORTS = ("filesystem", "object_store", "nccl", "ipc")
+DIRECT_TRANSPORTS = ("nccl", "ipc")
 
 
 def direct_publisher(backend: str, urls: list[str]):
@@ -63,24 +76,98 @@ def _world_size(url: str) -> int:
     return int(response.json()["world_size"])
 
 
+def _last_line(error: BaseException) -> str:
+    """An error's last line (a Ray task error's is the cause: `module.Error: message`), at most 300 characters."""
+    text = str(error).strip()
+    return text.splitlines()[-1][:300] if text else type(error).__name__
+
+
 class WeightPush:
     """`WeightSync` over a `TrainerGroup` and an `InferenceGroup` with one of the `TRANSPORTS`."""
 
-    def __init__(self, trainer: Any, inference: Any, *, transport: str, staging_dir: Path) -> None:
+    def __init__(self, trainer: Any, inference: Any, *, transport: str, staging_dir: Path,
+                 watch_interval_s: float = 2.0) -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(f"inference.weight_transfer={transport!r}: use one of {', '.join(TRANSPORTS)}")
         self.trainer = trainer
         self.inference = inference
         self.transport = transport
         self.staging_dir = staging_dir
+        self.watch_interval_s = watch_interval_s
+        self._lock = asyncio.Lock()  # a push and a re-send never overlap
+        self._restarts: list[int] | None = None  # each server's restart count at the last direct delivery
 
     async def push(self, *, version: int) -> Any:
-        if self.transport in ("nccl", "ipc"):
-            await self.trainer.push_direct(version, urls=self.inference.urls, backend=self.transport)
-            await self.inference.set_version(version)
+        if self.transport in DIRECT_TRANSPORTS:
+            async with self._lock:
+                await self._deliver(version)
             return None
         if self.transport == "filesystem":
             path = await self.trainer.export(version, dest=str(self.staging_dir / f"v{version}"), ship=False)
             return asyncio.ensure_future(self.inference.load(version, path=path))
         files = await self.trainer.export_ref(version)  # an ObjectRef: the bytes never pass through the driver
         return asyncio.ensure_future(self.inference.load(version, files=files))
+
+    def _restarted(self, states: list[dict[str, Any]], since: list[int] | None = None) -> list[str]:
+        """The servers restarted since the last delivery, or since `since` (their transfer engine must be set up
+        again); none before the first delivery, which connects every server."""
+        before = self._restarts if self._restarts is not None else since
+        if before is None:
+            return []
+        return [url for url, state, count in zip(self.inference.urls, states, before, strict=True)
+                if state["restarts"] != count]
+
+    async def _deliver(self, version: int, *, attempts: int = 3) -> None:
+        """Push `version` to every server; a server that dies during the push is waited for and pushed to again.
+
+        The trainer has not stepped since (the push is part of the step), so its weights are
+        still `version`: the retry sends them once the restarted server is back (held), its
+        transfer engine set up again. A push that fails otherwise ends the run in one line.
+        """
+        first: list[int] | None = None  # restart counts at the first attempt
+        for attempt in range(attempts):
+            states = await self.inference.weight_states()
+            first = first or [state["restarts"] for state in states]
+            started = time.monotonic()
+            try:
+                timings = await self.trainer.push_direct(version, urls=self.inference.urls, backend=self.transport,
+                                                         reconnect=self._restarted(states, first))
+                break
+            except Exception as error:  # noqa: BLE001 - a restart is retried, anything else is one line
+                if attempt == attempts - 1 or not await self.inference.went_down(time.monotonic() - started):
+                    raise WeightUpdateError(f"pushing version {version} through {self.transport} failed: "
+                                            f"{_last_line(error)}") from None
+        self._restarts = [state["restarts"] for state in states]
+        await self.inference.set_version(version, push=timings, transport=self.transport,
+                                         restarts=self._restarts)
+
+    async def watch(self) -> None:
+        """Between pushes, send the current version again to servers restarted after it (direct transports).
+
+        A restarted server under `nccl` / `ipc` starts from the run's starting weights, with no
+        folder to read the current ones from; its `InferenceActor` holds it (paused, requests
+        queued) and this re-sends from the trainer. When a step ran since the last push the
+        trainer no longer has that version and the next push (right after the step) reaches
+        the held server instead. Runs until cancelled (the orchestrator runs it beside the loop);
+        a re-send that fails ends the run with the reason.
+        """
+        if self.transport not in DIRECT_TRANSPORTS:
+            return  # the inference actors restore the latest folder themselves
+        while True:
+            await asyncio.sleep(self.watch_interval_s)
+            async with self._lock:
+                states = await self.inference.weight_states()
+                held = [url for url, state in zip(self.inference.urls, states, strict=True) if state["held"]]
+                if not held or self._restarts is None:
+                    continue
+                try:
+                    timings = await self.trainer.resend_direct(held)  # their engines are set up again
+                except Exception as error:  # noqa: BLE001 - the run stops with this one line
+                    raise WeightUpdateError(
+                        f"inference server(s) {', '.join(held)} restarted and the trainer could not send "
+                        f"them the current weights through {self.transport}: {_last_line(error)}") from None
+                if timings is None:
+                    continue  # a step ran since the last push: the next push delivers to the held servers
+                self._restarts = [state["restarts"] for state in states]
+                await self.inference.set_version(timings["version"], push=timings, transport=self.transport,
+                                                 restarts=self._restarts, urls=held)

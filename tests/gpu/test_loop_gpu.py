@@ -7,7 +7,8 @@
 - CUDA IPC weight updates: the trainer (in this process, on the server's GPU) trains two
   steps, `IpcWeightPublisher` hands the new weights to the server through vLLM's `ipc`
   engine, and the server's prompt logprobs then equal the trainer's own within bfloat16
-  tolerance, while they moved well beyond it from the starting weights.
+  tolerance, while they moved well beyond it from the starting weights; after a restart of
+  the server (the starting weights again), `resend` puts them back through a new `ipc` engine.
 """
 
 from __future__ import annotations
@@ -108,27 +109,34 @@ def test_native_routed_experts_agree_with_the_trainers_router(dtype, tmp_path):
         assert agreement >= 0.8, agreements
 
 
-def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
+def _stepped_trainer(model_dir):
+    """A bf16 trainer two RL steps (lr 1e-2) from the starting weights, and its HF-named tensors (views)."""
     from trainer_helpers import make_samples
 
-    from agentrl.inference.weights import IpcWeightPublisher
-    from agentrl.models import ensure_model
     from agentrl.trainer.checkpoint import full_state_dict
     from agentrl.trainer.models.state_dict import native_to_hf
+
+    trainer = _trainer(model_dir, dtype="bfloat16")
+    args = trainer.args
+    samples = make_samples(vocab=args.vocab_size, moe_layers=len(args.moe_layers), num_experts=args.num_experts,
+                           top_k=args.top_k)
+    for _ in range(2):
+        trainer.train_on_samples(samples)
+    return trainer, native_to_hf(full_state_dict(trainer, on_device=True), args, contiguous=False)
+
+
+def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
+    from agentrl.inference.weights import IpcWeightPublisher
+    from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")
     with _server(model_dir, dtype="bfloat16", transport="ipc") as server:
         before = _served_logprobs(server.url, TOKENS)
-        trainer = _trainer(model_dir, dtype="bfloat16")
-        args = trainer.args
-        samples = make_samples(vocab=args.vocab_size, moe_layers=len(args.moe_layers), num_experts=args.num_experts,
-                               top_k=args.top_k)
-        for _ in range(2):
-            trainer.train_on_samples(samples)
+        trainer, state = _stepped_trainer(model_dir)
         ours = _trainer_logprobs(trainer, TOKENS)
         publisher = IpcWeightPublisher([server.url], chunk_bytes=1 << 20)  # several chunks even for tiny-moe
         started = time.monotonic()
-        result = publisher.publish(native_to_hf(full_state_dict(trainer, on_device=True), args, contiguous=False), 1)
+        result = publisher.publish(state, 1)
         took = time.monotonic() - started
         after = _served_logprobs(server.url, TOKENS)
     print(f"ipc update of tiny-moe: {took * 1000:.0f} ms (pause to resume {result.update_s * 1000:.0f} ms)")
@@ -136,3 +144,28 @@ def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
     error = max(abs(a - b) for a, b in zip(after, ours))
     assert moved > 0.2, moved  # two steps at lr 1e-2 moved the logprobs far beyond bf16 rounding
     assert error < 0.05, (error, after, ours)  # bf16 on both sides, different kernels
+
+
+def test_a_restarted_server_gets_the_trainers_weights_back_through_ipc(tmp_path):
+    """What a held server gets: after a restart (the starting weights again) `resend` sets up the restarted
+    server's `ipc` engine anew and puts the published version back (`WeightPush.watch` drives this in a run)."""
+    from agentrl.inference.weights import IpcWeightPublisher
+    from agentrl.models import ensure_model
+
+    model_dir = ensure_model("tiny-moe")
+    with _server(model_dir, dtype="bfloat16", transport="ipc") as server:
+        before = _served_logprobs(server.url, TOKENS)
+        trainer, state = _stepped_trainer(model_dir)
+        ours = _trainer_logprobs(trainer, TOKENS)
+        publisher = IpcWeightPublisher([server.url])
+        publisher.publish(state, 1)
+        server.stop()  # as the supervisor restarts a dead server: same port, the starting checkpoint
+        server.start()
+        restarted = _served_logprobs(server.url, TOKENS)
+        result = publisher.resend(state, [server.url])
+        after = _served_logprobs(server.url, TOKENS)
+    print(f"ipc re-send to a restarted tiny-moe server: pause to resume {result.update_s * 1000:.0f} ms")
+    assert result.version == 1
+    assert max(abs(a - b) for a, b in zip(restarted, before)) < 0.05  # it came back with the starting weights
+    assert max(abs(a - b) for a, b in zip(before, ours)) > 0.2
+    assert max(abs(a - b) for a, b in zip(after, ours)) < 0.05, (after, ours)

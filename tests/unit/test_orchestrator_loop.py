@@ -525,3 +525,50 @@ async def test_full_replay_reports_one_and_never_warns():
     # without routed experts there is no R3 metric at all
     history = await _orchestrator(TabularPolicy(tasks=6), PickTokenEnv(), max_steps=2).run()
     assert all("r3/replayed_fraction" not in m for m in history)
+
+
+class WatchedPolicy(TabularPolicy):
+    """A weight sync with `watch` (as `WeightPush` has for direct transports)."""
+
+    def __init__(self, *, fail: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail = fail
+        self.watching = asyncio.Event()
+        self.watch_cancelled = False
+
+    async def chat(self, messages, *, tools=None, sampling, previous=None):
+        if self.fail and self.pushed_versions:
+            await asyncio.Event().wait()  # a held server: rollouts after the first push never finish
+        return await super().chat(messages, tools=tools, sampling=sampling, previous=previous)
+
+    async def watch(self):
+        from agentrl.inference.weights import WeightUpdateError
+
+        self.watching.set()
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+                if self.fail and self.pushed_versions:
+                    raise WeightUpdateError("inference server(s) http://127.0.0.1:1 restarted and the trainer "
+                                            "could not send them the current weights through ipc: gone")
+        except asyncio.CancelledError:
+            self.watch_cancelled = True
+            raise
+
+
+async def test_a_failing_weight_watch_ends_the_run_while_rollouts_wait():
+    from agentrl.inference.weights import WeightUpdateError
+
+    policy = WatchedPolicy(fail=True, tasks=6)
+    orch = _orchestrator(policy, PickTokenEnv(), max_steps=4, groups_per_step=2, rollouts_per_group=2,
+                         max_off_policy_steps=0)
+    with pytest.raises(WeightUpdateError, match="restarted and the trainer could not send"):
+        await asyncio.wait_for(orch.run(), timeout=30)
+    assert policy.trained_steps == [0]  # the second step's rollouts were waiting on the held server
+
+
+async def test_the_weight_watch_runs_for_the_whole_run_and_is_cancelled_at_its_end():
+    policy = WatchedPolicy(fail=False, tasks=6)
+    orch = _orchestrator(policy, PickTokenEnv(), max_steps=3, groups_per_step=2, rollouts_per_group=2)
+    history = await asyncio.wait_for(orch.run(), timeout=30)
+    assert len(history) == 3 and policy.watching.is_set() and policy.watch_cancelled
