@@ -81,8 +81,10 @@ def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> d
     if finished.returncode != 0 or not out.is_file():
         return {"error": f"bench/eval_throughput.py exited {finished.returncode}"}
     result = json.loads(out.read_text())
-    return {key: result[key] for key in ("ratio", "agentrl_tokens_per_s", "raw_tokens_per_s", "paired_ratio_median",
+    kept = {key: result[key] for key in ("ratio", "agentrl_tokens_per_s", "raw_tokens_per_s", "paired_ratio_median",
                                          "config")}
+    kept["agentrl_errors"] = [run.get("errors") for run in result["runs"] if run["arm"] == "agentrl"]
+    return kept
 
 
 def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 2, cuda_graphs: bool = True) -> dict:
