@@ -30,7 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from trainer_mfu import _measure, air_args, gpu_launch, matmul_rate  # noqa: E402  (the trainer benchmark's code)
+# the trainer benchmark's code
+from trainer_mfu import _measure, _timed, air_args, gpu_launch, matmul_rate  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -55,22 +56,6 @@ def tiny_args(layers: int):
         num_shared_experts=1,
         dense_layers=[],
     )
-
-
-def _timed(fn, *, repeats: int, cuda: bool) -> float:
-    import torch
-
-    fn()
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def measure_rates(args, *, seq: int, cuda: bool, gemm_size: int) -> dict[str, float]:

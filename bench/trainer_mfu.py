@@ -98,6 +98,23 @@ def matmul_rate(*, size: int = 8192) -> float:
     return 2 * size**3 / times[len(times) // 2]
 
 
+def _timed(fn, *, repeats: int, cuda: bool) -> float:
+    """Median seconds of `repeats` calls of `fn` after one warm-up call (synchronised on CUDA)."""
+    import torch
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: list[int]) -> None:
     """Runs in every rank: build the trainer, time steps at each sequence length."""
     import torch

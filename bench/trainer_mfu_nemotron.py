@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from trainer_mfu import DATASHEET_BF16, _measure, matmul_rate  # noqa: E402  (the trainer benchmark's code)
+from trainer_mfu import DATASHEET_BF16, _measure, _timed, matmul_rate  # noqa: E402  (the trainer benchmark's code)
 
 RESULTS = ROOT / "bench" / "results" / "trainer_mfu_nemotron.json"
 NANO_PATTERN = "MEMEM*E"
@@ -47,30 +47,28 @@ def nano_args(pattern: str, *, tiny: bool = False):
     from agentrl.models import PRESETS
     from agentrl.trainer.models.args import MoEModelArgs
 
-    config = dict(PRESETS["nemotron-3-nano"].hf_config, num_hidden_layers=len(pattern),
-                  hybrid_override_pattern=pattern)
+    config = dict(
+        PRESETS["nemotron-3-nano"].hf_config, num_hidden_layers=len(pattern), hybrid_override_pattern=pattern
+    )
     if tiny:  # the CPU smoke run: Nano's structure at widths a laptop trains in seconds
-        config.update(vocab_size=512, hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                      mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=32,
-                      n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
-                      moe_shared_expert_intermediate_size=128, intermediate_size=128)
+        config.update(
+            vocab_size=512,
+            hidden_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            ssm_state_size=16,
+            n_groups=2,
+            chunk_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            moe_shared_expert_intermediate_size=128,
+            intermediate_size=128,
+        )
     return MoEModelArgs.from_hf_config(config)
-
-
-def _timed(fn, *, repeats: int, cuda: bool) -> float:
-    import torch
-
-    fn()  # warm-up (kernel selection, allocator)
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def mamba_layer_times(args, *, seq: int, cuda: bool, repeats: int) -> dict[str, float]:
@@ -101,13 +99,16 @@ def mamba_layer_times(args, *, seq: int, cuda: bool, repeats: int) -> dict[str, 
             out = mixer(x, sequences)
         out.float().sum().backward()
 
-    times = {"scan_s": _timed(scan, repeats=repeats, cuda=cuda), "mixer_s": _timed(whole_mixer, repeats=repeats,
-                                                                                    cuda=cuda)}
+    times = {
+        "scan_s": _timed(scan, repeats=repeats, cuda=cuda),
+        "mixer_s": _timed(whole_mixer, repeats=repeats, cuda=cuda),
+    }
     return times
 
 
-def run(pattern: str, seqs: list[int], *, steps: int, cuda: bool, tiny: bool,
-        partial: Path | None = None) -> tuple[float, list[dict]]:
+def run(
+    pattern: str, seqs: list[int], *, steps: int, cuda: bool, tiny: bool, partial: Path | None = None
+) -> tuple[float, list[dict]]:
     """Each length's row (`_measure` plus the Mamba timings); the rows so far also go to `partial`."""
     import torch
 
@@ -119,15 +120,25 @@ def run(pattern: str, seqs: list[int], *, steps: int, cuda: bool, tiny: bool,
             row = _measure(seq, 1, args, 1, 0, steps, peak_rate, warmup=2 if cuda else 1)
             layer = mamba_layer_times(args, seq=seq, cuda=cuda, repeats=3 if cuda else 1)
             mamba = len(args.mamba_layers)
-            row.update(pattern=pattern, mamba_layers=mamba, mamba_scan_s_per_layer=layer["scan_s"],
-                       mamba_mixer_s_per_layer=layer["mixer_s"],
-                       mamba_scan_share=mamba * layer["scan_s"] / row["step_s"],
-                       mamba_mixer_share=mamba * layer["mixer_s"] / row["step_s"],
-                       scan_flops_share=3.0 * mamba * args.mamba_scan_flops_per_token()
-                       / args.training_flops_per_token(mean_context=seq / 2))
+            row.update(
+                pattern=pattern,
+                mamba_layers=mamba,
+                mamba_scan_s_per_layer=layer["scan_s"],
+                mamba_mixer_s_per_layer=layer["mixer_s"],
+                mamba_scan_share=mamba * layer["scan_s"] / row["step_s"],
+                mamba_mixer_share=mamba * layer["mixer_s"] / row["step_s"],
+                scan_flops_share=3.0
+                * mamba
+                * args.mamba_scan_flops_per_token()
+                / args.training_flops_per_token(mean_context=seq / 2),
+            )
         except Exception as exc:  # noqa: BLE001 - out of memory or a kernel's refusal: reported in the row
-            row = {"gpus": 1, "seq": seq, "pattern": pattern,
-                   "error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
+            row = {
+                "gpus": 1,
+                "seq": seq,
+                "pattern": pattern,
+                "error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}",
+            }
         rows.append(row)
         if partial is not None:  # kept if a later length runs past the caller's time limit
             partial.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +151,9 @@ def run(pattern: str, seqs: list[int], *, steps: int, cuda: bool, tiny: bool,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seq", type=int, action="append", help="tokens per step (repeatable; default 8k 16k 32k)")
+    parser.add_argument(
+        "--seq", type=int, action="append", help="tokens per step (repeatable; default 8k 16k 32k)"
+    )
     parser.add_argument("--pattern", default=NANO_PATTERN, help="Nano's layer kinds to build (M, E, *)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per length")
     parser.add_argument("--cpu", action="store_true", help="CPU smoke run at tiny widths")
@@ -153,39 +166,72 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda and not options.cpu:
         print("bench/trainer_mfu_nemotron.py needs a CUDA GPU (or --cpu for the smoke run); see docs/gpu.md")
         return 2
-    seqs = options.seq or ([8192, 16384, 32768] if cuda else ([128, 256] if options.quick else [256, 512, 1024]))
+    seqs = options.seq or (
+        [8192, 16384, 32768] if cuda else ([128, 256] if options.quick else [256, 512, 1024])
+    )
     started = time.time()
     path = options.results or (RESULTS if cuda else RESULTS.with_name("trainer_mfu_nemotron_cpu.json"))
-    peak_rate, rows = run(options.pattern, seqs, steps=options.steps if cuda else 1, cuda=cuda, tiny=not cuda,
-                          partial=path)
+    peak_rate, rows = run(
+        options.pattern, seqs, steps=options.steps if cuda else 1, cuda=cuda, tiny=not cuda, partial=path
+    )
 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"trainer MFU, Nemotron-3-Nano-shaped layers {options.pattern} "
-                        f"({'H200' if cuda else 'CPU, tiny widths'})")
-    for column in ("row tokens", "step s", "tokens/s", "TFLOP/s", "GEMM TFLOP/s", "MFU", "MFU (989T)",
-                   "scan share", "Mamba mixer share", "scan FLOP share", "peak GiB", "est. GiB"):
+    table = Table(
+        title=f"trainer MFU, Nemotron-3-Nano-shaped layers {options.pattern} "
+        f"({'H200' if cuda else 'CPU, tiny widths'})"
+    )
+    for column in (
+        "row tokens",
+        "step s",
+        "tokens/s",
+        "TFLOP/s",
+        "GEMM TFLOP/s",
+        "MFU",
+        "MFU (989T)",
+        "scan share",
+        "Mamba mixer share",
+        "scan FLOP share",
+        "peak GiB",
+        "est. GiB",
+    ):
         table.add_column(column, justify="right")
     for r in rows:
         if "error" in r:
             table.add_row(str(r["seq"]), r["error"][:48], *[""] * 10)
             continue
-        memory = (f"{r['peak_memory_gib']:.1f}", f"{r['estimate_gib']:.1f}") if r["peak_memory_gib"] else ("", "")
-        table.add_row(str(r["seq"]), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}", f"{r['tflops_per_gpu']:.1f}",
-                      f"{r['matmul_tflops']:.1f}", f"{r['mfu']:.1%}", f"{r['mfu_datasheet']:.1%}",
-                      f"{r['mamba_scan_share']:.1%}", f"{r['mamba_mixer_share']:.1%}", f"{r['scan_flops_share']:.1%}",
-                      *memory)
+        memory = (
+            (f"{r['peak_memory_gib']:.1f}", f"{r['estimate_gib']:.1f}") if r["peak_memory_gib"] else ("", "")
+        )
+        table.add_row(
+            str(r["seq"]),
+            f"{r['step_s']:.3f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['tflops_per_gpu']:.1f}",
+            f"{r['matmul_tflops']:.1f}",
+            f"{r['mfu']:.1%}",
+            f"{r['mfu_datasheet']:.1%}",
+            f"{r['mamba_scan_share']:.1%}",
+            f"{r['mamba_mixer_share']:.1%}",
+            f"{r['scan_flops_share']:.1%}",
+            *memory,
+        )
     Console().print(table)
     measured = [r for r in rows if "error" not in r]
     at_longest = max(measured, key=lambda r: r["seq"]) if measured else None
     summary = {
-        "benchmark": "trainer_mfu_nemotron", "pattern": options.pattern,
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
-        "matmul_tflops": peak_rate / 1e12, "datasheet_tflops": DATASHEET_BF16 / 1e12,
-        "mfu_at_longest": at_longest and at_longest["mfu"], "longest_seq": at_longest and at_longest["seq"],
+        "benchmark": "trainer_mfu_nemotron",
+        "pattern": options.pattern,
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "torch": torch.__version__,
+        "matmul_tflops": peak_rate / 1e12,
+        "datasheet_tflops": DATASHEET_BF16 / 1e12,
+        "mfu_at_longest": at_longest and at_longest["mfu"],
+        "longest_seq": at_longest and at_longest["seq"],
         "mamba_scan_share_at_longest": at_longest and at_longest["mamba_scan_share"],
-        "runs": rows, "wall_s": time.time() - started,
+        "runs": rows,
+        "wall_s": time.time() - started,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=2, default=str) + "\n")

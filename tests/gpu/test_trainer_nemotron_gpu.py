@@ -1,4 +1,4 @@
-"""Nemotron-3 on CUDA: the non-gated experts' grouped GEMMs and the hybrid model under bf16 (skips without CUDA).
+"""Nemotron-3 on CUDA: the non-gated experts' grouped GEMMs and the hybrid model in bf16 (skips without CUDA).
 
 `ReluSquaredExperts` runs two bf16 grouped GEMMs (torch's `_grouped_mm`) on CUDA and an exact
 per-expert loop elsewhere. On the same bf16-rounded weights and rows (some experts with no rows)
@@ -49,7 +49,9 @@ def test_nongated_experts_grouped_gemm_matches_the_loop():
             weight.copy_((torch.randn(weight.shape, generator=generator) * dim**-0.5).bfloat16().float())
     rows = torch.randn(int(counts.sum()), dim, generator=generator).bfloat16().float()
 
-    reference = ReluSquaredExperts(GroupedExperts.Config(dim=dim, hidden_dim=hidden, num_experts=experts_count))
+    reference = ReluSquaredExperts(
+        GroupedExperts.Config(dim=dim, hidden_dim=hidden, num_experts=experts_count)
+    )
     reference.load_state_dict(experts.state_dict())
     reference = reference.double()
     rows_ref = rows.double().requires_grad_()
