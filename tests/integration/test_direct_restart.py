@@ -110,6 +110,10 @@ def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_log
     from agentrl.trainer.config import TrainerConfig
 
     monkeypatch.setenv("AGENTRL_NODE_DIR", str(tmp_path / "node"))
+    # Outside Ray (the thread shim above) asking for the node id would start a local Ray instance in this
+    # process, which then outlives the test (a later ray.init in the same session refuses to start).
+    monkeypatch.setattr(TrainerRank, "node", lambda self: "local-node")
+    monkeypatch.setattr(InferenceActor, "node", lambda self: "local-node")
     model_dir = ensure_model("tiny-moe")
     actor = InferenceActor(run_id="direct", index=0, model_dir=str(model_dir), model_files=None,
                            served_name="tiny-moe", deployment=DeploymentConfig(
