@@ -173,6 +173,11 @@ def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_log
             watch = asyncio.create_task(push.watch())
             try:
                 await asyncio.wait_for(asyncio.to_thread(thread.join), timeout=300)
+                # The resume answers the held request before the watch writes the re-send's log line:
+                # wait for that line too before the watch is cancelled.
+                deadline = time.monotonic() + 60
+                while len(log.read_text().splitlines()) < 2 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
             finally:
                 watch.cancel()
                 await asyncio.gather(watch, return_exceptions=True)
