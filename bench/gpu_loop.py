@@ -93,9 +93,8 @@ def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 
     from agentrl.inference.plans import DeploymentConfig
     from agentrl.inference.weights import FilesystemWeightPublisher, IpcWeightPublisher
     from agentrl.rl.inference_actor import replica_server
-    from agentrl.trainer.checkpoint import full_state_dict
+    from agentrl.trainer.checkpoint import hf_state_views
     from agentrl.trainer.config import TrainerConfig
-    from agentrl.trainer.models.state_dict import native_to_hf
     from agentrl.trainer.trainer import Trainer
 
     deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.30, max_model_len=4096,
@@ -110,7 +109,7 @@ def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 
         runs = []
         for version in range(1, repeats_ipc + 1):
             started = time.monotonic()
-            state = native_to_hf(full_state_dict(trainer, on_device=True), trainer.args, contiguous=False)
+            state = hf_state_views(trainer)
             outcome = ipc.publish(state, version)
             runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
         results["ipc"] = runs

@@ -274,21 +274,27 @@ class WeightPublisher(ABC):
         """Async form of `publish`, for the orchestrator's event loop."""
         if self.version is not None and version <= self.version:
             raise WeightUpdateError(f"publish: version {version} is not newer than the served version {self.version}")
+        result = await self._send(weights, version, targets=self.urls, reconnect=self._known(reconnect))
+        self.version = version
+        return result
+
+    async def _send(self, weights: Mapping[str, Any] | str | Path, version: int, *, targets: list[str],
+                    reconnect: list[str]) -> PublishResult:
+        """One update of the servers `targets` to `version`, the engines of `reconnect` set up again first."""
         started = time.monotonic()
-        for url in self._known(reconnect):
+        for url in reconnect:
             await asyncio.to_thread(self._reconnect, url)
         async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
-            controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in self.urls]
+            controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in targets]
             served = await self._served_shapes(controls[0])
             prepared = await asyncio.to_thread(self._prepare, weights, version, served)
             durations = await self._update_all(controls, prepared, version)
-        self.version = version
         self._last_prepared = prepared
         return PublishResult(
             version=version,
             update_s=max(durations),
             total_s=time.monotonic() - started,
-            servers=len(self.urls),
+            servers=len(targets),
             path=str(prepared) if isinstance(prepared, Path) else None,
         )
 
@@ -326,18 +332,7 @@ class WeightPublisher(ABC):
         if self.version is None:
             raise WeightUpdateError("resend: no version was published yet; the starting weights are current")
         targets = self._known(urls)
-        started = time.monotonic()
-        for url in targets:
-            await asyncio.to_thread(self._reconnect, url)
-        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
-            controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in targets]
-            served = await self._served_shapes(controls[0])
-            prepared = await asyncio.to_thread(self._prepare, weights, self.version, served)
-            durations = await self._update_all(controls, prepared, self.version)
-        self._last_prepared = prepared
-        return PublishResult(version=self.version, update_s=max(durations, default=0.0),
-                             total_s=time.monotonic() - started, servers=len(targets),
-                             path=str(prepared) if isinstance(prepared, Path) else None)
+        return await self._send(weights, self.version, targets=targets, reconnect=targets)
 
     def _known(self, urls: list[str]) -> list[str]:
         """`urls` without trailing slashes, each checked to be one of this publisher's servers."""

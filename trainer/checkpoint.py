@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from agentrl.errors import AgentrlError, NotFoundError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "full_state_dict", "export_hf"]
+__all__ = ["save_checkpoint", "load_checkpoint", "full_state_dict", "hf_state_views", "export_hf"]
 
 _EXPERT_KEYS = (".experts.w1_EFD", ".experts.w2_EDF", ".experts.w3_EFD")  # mlp.experts / mixer.experts (nemotron_h)
 _CLEAN = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -152,6 +152,14 @@ def full_state_dict(trainer, *, on_device: bool = False) -> dict[str, torch.Tens
             tensor = torch.cat(parts, dim=0)
         out[key] = tensor.detach() if on_device else tensor.detach().cpu()
     return out
+
+
+def hf_state_views(trainer) -> dict[str, torch.Tensor]:
+    """The full tensors under HF names where they are, as views of the parameters (not made
+    contiguous): what a direct weight push sends, cast and copied chunk by chunk. Collective."""
+    from agentrl.trainer.models.state_dict import native_to_hf
+
+    return native_to_hf(full_state_dict(trainer, on_device=True), trainer.args, contiguous=False)
 
 
 def export_hf(trainer, out_dir: str | Path, *, dtype: torch.dtype | None = torch.bfloat16) -> Path | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,18 +118,14 @@ class TrainerRank:
         engine of the servers in `reconnect` again (restarted since the last push). Returns the
         timings (rank 0: the publisher's `update_s` and `total_s` too; `push_s` includes the gather).
         """
-        started = time.monotonic()
-        state = self._hf_state()
-        timings: dict[str, Any] = {"version": version}
-        if self.rank == 0:
-            if self.direct_publisher is None:
-                from agentrl.rl.transport import direct_publisher
+        if self.rank == 0 and self.direct_publisher is None:
+            from agentrl.rl.transport import direct_publisher
 
-                self.direct_publisher = direct_publisher(backend, urls)
-            result = self.direct_publisher.publish(state, version, reconnect=list(reconnect))
-            timings.update(update_s=result.update_s, total_s=result.total_s)
+            self.direct_publisher = direct_publisher(backend, urls)
+        timings = self._send_direct(version, lambda state: self.direct_publisher.publish(
+            state, version, reconnect=list(reconnect)))
         self.pushed_version, self.stepped_since_push = version, False
-        return {**timings, "push_s": time.monotonic() - started}
+        return timings
 
     def resend_direct(self, urls: list[str]) -> dict[str, Any] | None:
         """Send the pushed version again to the restarted servers `urls`; None when it cannot be done now.
@@ -140,22 +137,20 @@ class TrainerRank:
         """
         if self.pushed_version is None or self.stepped_since_push:
             return None
+        return self._send_direct(self.pushed_version, lambda state: self.direct_publisher.resend(state, urls))
+
+    def _send_direct(self, version: int, send: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+        """Gather the full tensors under HF names (collective, `hf_state_views`), rank 0 `send`s them; the
+        timings (`push_s` includes the gather)."""
+        from agentrl.trainer.checkpoint import hf_state_views
+
         started = time.monotonic()
-        state = self._hf_state()
-        timings: dict[str, Any] = {"version": self.pushed_version}
+        state = hf_state_views(self.trainer)
+        timings: dict[str, Any] = {"version": version}
         if self.rank == 0:
-            result = self.direct_publisher.resend(state, urls)
+            result = send(state)
             timings.update(update_s=result.update_s, total_s=result.total_s)
         return {**timings, "push_s": time.monotonic() - started}
-
-    def _hf_state(self) -> dict[str, Any]:
-        """The full tensors under HF names (collective), as views of the parameters (the publisher casts
-        and copies them chunk by chunk)."""
-        from agentrl.trainer.checkpoint import full_state_dict
-        from agentrl.trainer.models.state_dict import native_to_hf
-
-        state = full_state_dict(self.trainer, on_device=True)
-        return native_to_hf(state, self.trainer.args, contiguous=False)
 
     # ---- checkpoints --------------------------------------------------------------------
     def save(self, step: int, *, dest: str, token: str | None, ship: bool, trainer_state: bool = True) -> Folder | None:

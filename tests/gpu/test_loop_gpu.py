@@ -113,8 +113,7 @@ def _stepped_trainer(model_dir):
     """A bf16 trainer two RL steps (lr 1e-2) from the starting weights, and its HF-named tensors (views)."""
     from trainer_helpers import make_samples
 
-    from agentrl.trainer.checkpoint import full_state_dict
-    from agentrl.trainer.models.state_dict import native_to_hf
+    from agentrl.trainer.checkpoint import hf_state_views
 
     trainer = _trainer(model_dir, dtype="bfloat16")
     args = trainer.args
@@ -122,7 +121,7 @@ def _stepped_trainer(model_dir):
                            top_k=args.top_k)
     for _ in range(2):
         trainer.train_on_samples(samples)
-    return trainer, native_to_hf(full_state_dict(trainer, on_device=True), args, contiguous=False)
+    return trainer, hf_state_views(trainer)
 
 
 def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
