@@ -39,6 +39,13 @@ phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra fixtures tests sft train)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$out/gpu.txt"
 
+keep_run() {  # run folder, destination: what of a run comes back (report, plots, metrics, logs; no weights)
+  mkdir -p "$2"
+  for item in config.toml metrics.jsonl report.md placement.json weight_updates.jsonl plots logs; do
+    cp -r "$1/$item" "$2/" 2>/dev/null || true
+  done
+}
+
 run_phase() {  # name timeout command...
   local name=$1 limit=$2; shift 2
   local started=$SECONDS
@@ -68,10 +75,7 @@ for phase in "${phases[@]}"; do
       # shellcheck disable=SC2086
       run_phase train "${TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train --config cookbook/gpu-1xh200/train.toml \
         -o runs/gpu-1xh200/rl ${TRAIN_ARGS:-}
-      mkdir -p "$out/run"
-      for item in config.toml metrics.jsonl report.md placement.json weight_updates.jsonl plots logs; do
-        cp -r "runs/gpu-1xh200/rl/$item" "$out/run/" 2>/dev/null || true
-      done ;;
+      keep_run runs/gpu-1xh200/rl "$out/run" ;;
     bench)
       run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --measure --results "$out/gpu_loop.json" ;;
     gputests)
@@ -89,10 +93,7 @@ for phase in "${phases[@]}"; do
       rm -rf runs/gpu-1xh200/r3-deep
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
         --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep
-      mkdir -p "$out/r3-deep-run"
-      for item in config.toml metrics.jsonl report.md weight_updates.jsonl plots logs; do
-        cp -r "runs/gpu-1xh200/r3-deep/$item" "$out/r3-deep-run/" 2>/dev/null || true
-      done ;;
+      keep_run runs/gpu-1xh200/r3-deep "$out/r3-deep-run" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
