@@ -3,7 +3,12 @@
 Both arms run against the same vLLM server in the same run, with the same prompts (the
 environment's tasks rendered with the model's chat template), the same per-request seeds,
 `max_tokens` and concurrency. The raw arm is the floor of client overhead: pre-built JSON
-bodies posted with httpx to `/inference/v1/generate`, nothing parsed but the token count.
+bodies posted with httpx to `/inference/v1/generate`, nothing parsed but the token count,
+through the same sharded connection pools as agentrl's client (`agentrl.http_pool`). One
+httpx pool of 128 connections costs about 20 ms of client CPU per request (httpcore's
+pool work grows with the square of its size; 5 s per 256 requests measured on the CPU
+machine against an instant server), which made a single-pool raw arm the bottleneck on the
+H200 and its ratio a meaningless 2.0-2.9.
 The agentrl arm is the whole evaluation (rendering, token client, environment, rubric,
 results.jsonl). Arms alternate to spread machine noise; the median of each is compared.
 
@@ -26,7 +31,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -51,11 +55,24 @@ def machine_info() -> dict:
             "load_avg_1m_at_start": load}
 
 
-async def raw_arm(base_url: str, bodies: list[dict], *, concurrency: int) -> tuple[int, float]:
-    """Post every body with at most `concurrency` in flight; (completion tokens, seconds)."""
+async def raw_arm(
+    base_url: str, bodies: list[dict], *, concurrency: int, single_pool: bool = False,
+) -> tuple[int, float]:
+    """Post every body with at most `concurrency` in flight; (completion tokens, seconds).
+
+    `single_pool`: one `httpx.AsyncClient` with `concurrency` connections instead of the sharded
+    pools (what this arm used to be; `--raw-single-pool` measures what that pool costs)."""
+    import httpx
+
+    from agentrl.http_pool import ShardedAsyncClient
+
     semaphore = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as http:
+    if single_pool:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits)
+    else:
+        http = ShardedAsyncClient(base_url=base_url, timeout=600, max_connections=concurrency)
+    try:
         async def one(body: dict) -> int:
             async with semaphore:
                 response = await http.post("/inference/v1/generate", json=body)
@@ -66,6 +83,8 @@ async def raw_arm(base_url: str, bodies: list[dict], *, concurrency: int) -> tup
         started = time.monotonic()
         counts = await asyncio.gather(*(one(body) for body in bodies))
         return sum(counts), time.monotonic() - started
+    finally:
+        await http.aclose()
 
 
 def main(
@@ -77,6 +96,8 @@ def main(
     max_tokens: int = typer.Option(96, help="max_tokens of every request."),
     concurrency: int = typer.Option(64, help="Requests in flight in both arms."),
     repeats: int = typer.Option(5, help="Runs of each arm (alternating)."),
+    raw_single_pool: bool = typer.Option(False, help="Also a raw arm through one httpx pool of `concurrency` "
+                                         "connections (what that pool costs the client)."),
     output: Path = typer.Option(RESULTS, help="Where the JSON goes."),
 ) -> None:
     """Compare agentrl.evaluate's completion tokens/s with raw concurrent requests to the same server."""
@@ -123,6 +144,15 @@ def main(
                 runs.append({"arm": "raw", "repeat": repeat, "completion_tokens": tokens, "seconds": seconds,
                              "tokens_per_s": tokens / seconds, "client_cpu_s": time.process_time() - cpu})
                 console.print(f"raw      #{repeat}: {tokens} tokens in {seconds:.1f}s = {tokens / seconds:.1f} tok/s")
+                if raw_single_pool:
+                    cpu = time.process_time()
+                    tokens, seconds = asyncio.run(
+                        raw_arm(base_url, bodies, concurrency=concurrency, single_pool=True))
+                    runs.append({"arm": "raw_single_pool", "repeat": repeat, "completion_tokens": tokens,
+                                 "seconds": seconds, "tokens_per_s": tokens / seconds,
+                                 "client_cpu_s": time.process_time() - cpu})
+                    console.print(f"raw, one pool #{repeat}: {tokens} tokens in {seconds:.1f}s = "
+                                  f"{tokens / seconds:.1f} tok/s")
                 config = EvalConfig(env=env, model=model, n=n, rollouts_per_task=rollouts_per_task, base_url=base_url,
                                     max_concurrent=concurrency, sampling=sampling, client="token",
                                     output=Path(scratch) / f"run{repeat}")
@@ -139,18 +169,28 @@ def main(
         if server is not None:
             server.stop()
 
-    # Each agentrl run is paired with the raw run just before it: machine load drifts between pairs.
-    pair_ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs[0::2], runs[1::2])]
-    raw = statistics.median(r["tokens_per_s"] for r in runs if r["arm"] == "raw")
-    ours = statistics.median(r["tokens_per_s"] for r in runs if r["arm"] == "agentrl")
+    # Each agentrl run is paired with the raw run of its repeat: machine load drifts between repeats.
+    by_repeat = {(r["arm"], r["repeat"]): r for r in runs}
+    pair_ratios = [by_repeat["agentrl", repeat]["tokens_per_s"] / by_repeat["raw", repeat]["tokens_per_s"]
+                   for repeat in range(repeats)]
+
+    def median_of(arm: str, key: str = "tokens_per_s") -> float | None:
+        values = [r[key] for r in runs if r["arm"] == arm]
+        return statistics.median(values) if values else None
+
+    raw, ours = median_of("raw"), median_of("agentrl")
     ratio = ours / raw
     result = {
         "benchmark": "eval_throughput", "ratio": ratio, "agentrl_tokens_per_s": ours, "raw_tokens_per_s": raw,
         "target_ratio": 0.9, "meets_target": ratio >= 0.9, "model": model, "env": env, "machine": machine,
         "config": {"n": n, "rollouts_per_task": rollouts_per_task, "max_tokens": max_tokens,
                    "concurrency": concurrency, "repeats": repeats, "temperature": sampling.temperature},
-        "paired_ratios": pair_ratios, "paired_ratio_median": statistics.median(pair_ratios), "runs": runs, "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+        "paired_ratios": pair_ratios, "paired_ratio_median": statistics.median(pair_ratios),
+        "client_cpu_s_median": {arm: median_of(arm, "client_cpu_s") for arm in sorted({r["arm"] for r in runs})},
+        "runs": runs, "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    if raw_single_pool:
+        result["raw_single_pool_tokens_per_s"] = median_of("raw_single_pool")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -160,8 +200,11 @@ def main(
     table.add_column("completion tokens/s (median)", justify="right")
     table.add_column("runs", justify="right")
     table.add_column("client CPU s (median)", justify="right")
-    for arm, label in (("raw", "raw httpx -> /inference/v1/generate"), ("agentrl", "agentrl.evaluate")):
+    for arm, label in (("raw", "raw httpx -> /inference/v1/generate"), ("agentrl", "agentrl.evaluate"),
+                       ("raw_single_pool", "raw, one httpx pool")):
         mine = [r for r in runs if r["arm"] == arm]
+        if not mine:
+            continue
         table.add_row(label, f"{statistics.median(r['tokens_per_s'] for r in mine):.1f}",
                       ", ".join(f"{r['tokens_per_s']:.0f}" for r in mine),
                       f"{statistics.median(r['client_cpu_s'] for r in mine):.1f}")

@@ -76,20 +76,24 @@ def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> d
 
     command = [sys.executable, str(ROOT / "bench" / "eval_throughput.py"), "--base-url", base_url, "--model", model,
                "-n", "64", "-r", "4", "--max-tokens", "128", "--concurrency", "128", "--repeats", "3",
-               "--output", str(out)]
-    finished = subprocess.run(command, timeout=240)
+               "--raw-single-pool", "--output", str(out)]
+    finished = subprocess.run(command, timeout=300)
     if finished.returncode != 0 or not out.is_file():
         return {"error": f"bench/eval_throughput.py exited {finished.returncode}"}
     result = json.loads(out.read_text())
-    kept = {key: result[key] for key in ("ratio", "agentrl_tokens_per_s", "raw_tokens_per_s", "paired_ratio_median",
-                                         "config")}
+    kept = {key: result.get(key) for key in ("ratio", "agentrl_tokens_per_s", "raw_tokens_per_s", "paired_ratio_median",
+                                             "raw_single_pool_tokens_per_s", "client_cpu_s_median", "config")}
     kept["agentrl_errors"] = [run.get("errors") for run in result["runs"] if run["arm"] == "agentrl"]
     return kept
 
 
-def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 2, cuda_graphs: bool = True) -> dict:
+def measure_updates(
+    model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 2, cuda_graphs: bool = True, updates: bool = True,
+) -> dict:
     """Weight-update latency of the served model through CUDA IPC and through the filesystem, then
-    agentrl.evaluate's throughput on that server (eager) and on one with CUDA graphs."""
+    agentrl.evaluate's throughput on that server (eager) and on one with CUDA graphs.
+
+    `updates=False`: the throughput only (no trainer, no weight update; `weight_update` is absent)."""
     from agentrl.inference.plans import DeploymentConfig
     from agentrl.inference.weights import FilesystemWeightPublisher, IpcWeightPublisher
     from agentrl.rl.inference_actor import replica_server
@@ -103,6 +107,11 @@ def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 
     server = replica_server(deployment, model_dir, served_name="glm-air-5b", dtype="bfloat16",
                             log_path=scratch / "vllm.log")
     results: dict = {}
+    if not updates:
+        with server:
+            throughput = {"eager": eval_throughput(server.url, scratch / "eval-eager.json")}
+            throughput["eager"]["startup_s"] = server.startup_s
+        return {"eval_throughput": _with_graphs(throughput, deployment, model_dir, scratch, cuda_graphs=cuda_graphs)}
     with server:
         trainer = Trainer(TrainerConfig(parallel={"param_dtype": "bfloat16"}), model_dir=model_dir, device="cuda:0")
         ipc = IpcWeightPublisher([server.url])
@@ -127,19 +136,28 @@ def measure_updates(model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 
     params = trainer.args.param_counts().get("total")
     report = {"model_params": params, **{f"{name}_median_s": statistics.median(r["total_s"] for r in runs_)
                                          for name, runs_ in results.items()}, "runs": results}
-    if cuda_graphs:
-        del trainer
-        import torch
+    del trainer
+    return {"weight_update": report,
+            "eval_throughput": _with_graphs(throughput, deployment, model_dir, scratch, cuda_graphs=cuda_graphs)}
 
-        torch.cuda.empty_cache()
-        graphs = replica_server(deployment.model_copy(update={"cuda_graphs": True}), model_dir,
-                                served_name="glm-air-5b", dtype="bfloat16", log_path=scratch / "vllm-graphs.log")
-        with graphs:
-            throughput["cuda_graphs"] = eval_throughput(graphs.url, scratch / "eval-graphs.json")
-            throughput["cuda_graphs"]["startup_s"] = graphs.startup_s
-        eager, captured = throughput["eager"].get("raw_tokens_per_s"), throughput["cuda_graphs"].get("raw_tokens_per_s")
-        throughput["cuda_graphs_speedup_raw"] = captured / eager if eager and captured else None
-    return {"weight_update": report, "eval_throughput": throughput}
+
+def _with_graphs(throughput: dict, deployment, model_dir: Path, scratch: Path, *, cuda_graphs: bool) -> dict:
+    """`throughput` plus the same measurement on a server that captured CUDA graphs (when `cuda_graphs`)."""
+    if not cuda_graphs:
+        return throughput
+    import torch
+
+    from agentrl.rl.inference_actor import replica_server
+
+    torch.cuda.empty_cache()
+    graphs = replica_server(deployment.model_copy(update={"cuda_graphs": True}), model_dir,
+                            served_name="glm-air-5b", dtype="bfloat16", log_path=scratch / "vllm-graphs.log")
+    with graphs:
+        throughput["cuda_graphs"] = eval_throughput(graphs.url, scratch / "eval-graphs.json")
+        throughput["cuda_graphs"]["startup_s"] = graphs.startup_s
+    eager, captured = throughput["eager"].get("raw_tokens_per_s"), throughput["cuda_graphs"].get("raw_tokens_per_s")
+    throughput["cuda_graphs_speedup_raw"] = captured / eager if eager and captured else None
+    return throughput
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deep-run", type=Path, default=RUNS / "r3-deep-12-steps",
                         help="run folder of cookbook/gpu-1xh200/r3-deep-train.toml (skipped when absent)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="with --measure: only the eager server")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="with --measure: only the eval throughput (keeps an earlier weight_update)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -174,11 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.cuda.empty_cache()  # the creation's cached blocks go back before vLLM sizes its share
-        report.update(measure_updates(model_dir, cuda_graphs=not args.no_cuda_graphs))
-    elif args.results.is_file():  # keep an earlier measurement when only summarising
+        report.update(measure_updates(model_dir, cuda_graphs=not args.no_cuda_graphs, updates=not args.eval_only))
+    if args.results.is_file():  # keep an earlier measurement of what this run did not measure
         earlier = json.loads(args.results.read_text())
         for key in ("weight_update", "eval_throughput"):
-            if earlier.get(key):
+            if earlier.get(key) and key not in report:
                 report[key] = earlier[key]
 
     from rich.console import Console
@@ -211,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         if "ratio" in row:
             table.add_row(f"completion tokens/s agentrl / raw ({mode})", f"{row['agentrl_tokens_per_s']:.0f} / "
                           f"{row['raw_tokens_per_s']:.0f} = {row['ratio']:.2f}", "", ">= 0.9")
+        if row.get("raw_single_pool_tokens_per_s"):
+            table.add_row(f"raw through one httpx pool of 128 ({mode})",
+                          f"{row['raw_single_pool_tokens_per_s']:.0f} tokens/s", "", "")
     if throughput.get("cuda_graphs_speedup_raw"):
         table.add_row("CUDA graphs vs eager, raw tokens/s", f"{throughput['cuda_graphs_speedup_raw']:.2f}x", "", "")
     Console().print(table)

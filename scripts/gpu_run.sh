@@ -14,8 +14,11 @@
 #   gputests  the trainer's model tests on CUDA: MLA (tiny DeepSeek-V3) and Nemotron-3 (grouped non-gated experts)
 #   steptime  bench/step_time_check.py: the planner's trainer step time against measured steps -> $OUT
 #   nemotron  bench/trainer_mfu_nemotron.py: MFU of Nemotron-3-Nano-shaped layers, Mamba scan share -> $OUT
-#   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run
-# Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), <PHASE>_TIMEOUT (seconds).
+#   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run;
+#             its halves r3deep-sft and r3deep-train run alone too (the SFT export stays on a warm machine)
+#   evalbench bench/gpu_loop.py --measure --eval-only: the eval throughput alone -> $OUT/gpu_loop.json
+# Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), TESTS_ARGS (extra pytest arguments
+# for the tests phase, e.g. `-k restarted`), <PHASE>_TIMEOUT (seconds).
 # The device tool brings back at most 8 files from $OUT: everything is written into a work folder
 # and packed into $OUT/gpu_run-<first phase>.tgz when the script ends (also when it is stopped);
 # phases.txt and gpu.txt are copied beside it.
@@ -56,7 +59,11 @@ run_phase() {  # name timeout command...
   tail -15 "$out/$name.log"
 }
 
-for phase in "${phases[@]}"; do
+expanded=()
+for phase in "${phases[@]}"; do  # r3deep is its two halves (a call each when they do not fit one together)
+  if [[ $phase == r3deep ]]; then expanded+=(r3deep-sft r3deep-train); else expanded+=("$phase"); fi
+done
+for phase in "${expanded[@]}"; do
   case "$phase" in
     extra)
       run_phase extra "${EXTRA_TIMEOUT:-60}" python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -66,8 +73,9 @@ for phase in "${phases[@]}"; do
       run_phase fixtures "${FIXTURES_TIMEOUT:-150}" python3 scripts/record_vllm_fixtures.py \
         --out "$out/fixtures/vllm-$version" ;;
     tests)
+      # shellcheck disable=SC2086
       run_phase tests "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/gpu/test_loop_gpu.py -q -s -p no:cacheprovider \
-        --timeout 280 ;;
+        --timeout 280 ${TESTS_ARGS:-} ;;
     sft)
       run_phase sft "${SFT_TIMEOUT:-420}" python3 -m agentrl.cli sft --config cookbook/gpu-1xh200/sft.toml ;;
     train)
@@ -78,6 +86,10 @@ for phase in "${phases[@]}"; do
       keep_run runs/gpu-1xh200/rl "$out/run" ;;
     bench)
       run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --measure --results "$out/gpu_loop.json" ;;
+    evalbench)  # the eval throughput only, on an eager and a CUDA-graphs server (the committed update figures kept)
+      cp bench/results/gpu_loop.json "$out/gpu_loop.json"
+      run_phase evalbench "${EVALBENCH_TIMEOUT:-420}" python3 bench/gpu_loop.py --measure --eval-only \
+        --results "$out/gpu_loop.json" ;;
     gputests)
       run_phase gputests "${GPUTESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_trainer_mla_gpu.py \
         tests/gpu/test_trainer_nemotron_gpu.py -q -p no:cacheprovider ;;
@@ -87,9 +99,10 @@ for phase in "${phases[@]}"; do
     nemotron)
       run_phase nemotron "${NEMOTRON_TIMEOUT:-200}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
         python3 bench/trainer_mfu_nemotron.py --results "$out/trainer_mfu_nemotron.json" ;;
-    r3deep)
+    r3deep-sft)
       run_phase r3deep-sft "${R3DEEP_SFT_TIMEOUT:-220}" python3 -m agentrl.cli sft \
-        --config cookbook/gpu-1xh200/r3-deep-sft.toml
+        --config cookbook/gpu-1xh200/r3-deep-sft.toml ;;
+    r3deep-train)
       rm -rf runs/gpu-1xh200/r3-deep
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
         --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep
