@@ -1,14 +1,20 @@
 """Benchmark: completion tokens/s through `agentrl.evaluate` versus raw concurrent requests.
 
 Both arms run against the same vLLM server in the same run, with the same prompts (the
-environment's tasks rendered with the model's chat template), the same per-request seeds,
-`max_tokens` and concurrency. The raw arm is the floor of client overhead: pre-built JSON
-bodies posted with httpx to `/inference/v1/generate`, nothing parsed but the token count,
-through the same sharded connection pools as agentrl's client (`agentrl.http_pool`). One
-httpx pool of 128 connections costs about 20 ms of client CPU per request (httpcore's
-pool work grows with the square of its size; 5 s per 256 requests measured on the CPU
-machine against an instant server), which made a single-pool raw arm the bottleneck on the
-H200 and its ratio a meaningless 2.0-2.9.
+environment's tasks rendered with the model's chat template), the same seeds, `max_tokens`
+and the same number of sequences in flight. The raw arm is the floor of client overhead: it
+posts pre-built JSON bodies with httpx to `/inference/v1/generate` and parses nothing but the
+token counts. It sends the requests agentrl's client sends: one per task, with `n` =
+rollouts per task and the task's first seed (vLLM seeds choice `i` with `seed + i`, so these
+are the completions of member `i` seeded `seed + i`; `agentrl.coalesce`). It goes through
+the same sharded connection pools (`agentrl.http_pool`).
+
+`--raw-single-pool` adds the arm this benchmark had before: one request per rollout through one
+httpx pool of `concurrency` connections. httpcore's pool work per request grows with the
+square of its size: at 128 connections it costs about 20 ms of client CPU per request (5.1 s
+per 256 requests against an instant local server, 0.27 s sharded). On the H200 that pool was
+the bottleneck and made the ratio a meaningless 2.0-2.9.
+
 The agentrl arm is the whole evaluation (rendering, token client, environment, rubric,
 results.jsonl). Arms alternate to spread machine noise; the median of each is compared.
 
@@ -58,7 +64,8 @@ def machine_info() -> dict:
 async def raw_arm(
     base_url: str, bodies: list[dict], *, concurrency: int, single_pool: bool = False,
 ) -> tuple[int, float]:
-    """Post every body with at most `concurrency` in flight; (completion tokens, seconds).
+    """Post every body with at most `concurrency` sequences in flight (a body of `n` choices holds `n`);
+    (completion tokens, seconds).
 
     `single_pool`: one `httpx.AsyncClient` with `concurrency` connections instead of the sharded
     pools (what this arm used to be; `--raw-single-pool` measures what that pool costs)."""
@@ -66,7 +73,8 @@ async def raw_arm(
 
     from agentrl.http_pool import ShardedAsyncClient
 
-    semaphore = asyncio.Semaphore(concurrency)
+    choices = max(body["sampling_params"].get("n", 1) for body in bodies)
+    semaphore = asyncio.Semaphore(max(1, concurrency // choices))
     if single_pool:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits)
@@ -78,7 +86,7 @@ async def raw_arm(
                 response = await http.post("/inference/v1/generate", json=body)
                 if response.status_code != 200:
                     raise RuntimeError(f"raw request failed: {response.status_code} {response.text[:500]}")
-                return len(response.json()["choices"][0]["token_ids"])
+                return sum(len(choice["token_ids"]) for choice in response.json()["choices"])
 
         started = time.monotonic()
         counts = await asyncio.gather(*(one(body) for body in bodies))
@@ -119,18 +127,23 @@ def main(
         base_url = server.url
         console.print(f"server ready in {server.startup_s:.1f}s at {base_url}")
     try:
-        # The raw arm's requests: the same tasks, rendered once, with the seeds run_group uses.
+        # The raw arm's requests: the same tasks, rendered once, with the seeds run_group uses (member i:
+        # seed + i), as agentrl's client sends them (one request of n choices per task), and one per rollout
+        # for the single-pool arm.
         renderer = TokenClient(base_url, model=model).renderer
         tasks = environment.tasks("test", n=n, seed=0)
-        bodies = []
+        bodies, single_bodies = [], []
         for task in tasks:
             prompt = renderer.render(task.prompt, tools=environment.tool_schemas)
+            params = _vllm_sampling_params(sampling, max_tokens=max_tokens)
+            bodies.append({"token_ids": prompt, "output_mode": "tokens",
+                           "sampling_params": {**params, "n": rollouts_per_task} if rollouts_per_task > 1 else params})
             for index in range(rollouts_per_task):
                 seeded = sampling.model_copy(update={"seed": sampling.seed + index})
-                bodies.append({"token_ids": prompt, "output_mode": "tokens",
-                               "sampling_params": _vllm_sampling_params(seeded, max_tokens=max_tokens)})
+                single_bodies.append({"token_ids": prompt, "output_mode": "tokens",
+                                      "sampling_params": _vllm_sampling_params(seeded, max_tokens=max_tokens)})
         # Warm both arms up (server caches, first-call costs in this process) before measuring.
-        asyncio.run(raw_arm(base_url, bodies[:concurrency], concurrency=concurrency))
+        asyncio.run(raw_arm(base_url, bodies[: max(1, concurrency // rollouts_per_task)], concurrency=concurrency))
 
         runs = []
         with tempfile.TemporaryDirectory() as scratch:
@@ -147,7 +160,7 @@ def main(
                 if raw_single_pool:
                     cpu = time.process_time()
                     tokens, seconds = asyncio.run(
-                        raw_arm(base_url, bodies, concurrency=concurrency, single_pool=True))
+                        raw_arm(base_url, single_bodies, concurrency=concurrency, single_pool=True))
                     runs.append({"arm": "raw_single_pool", "repeat": repeat, "completion_tokens": tokens,
                                  "seconds": seconds, "tokens_per_s": tokens / seconds,
                                  "client_cpu_s": time.process_time() - cpu})
@@ -201,7 +214,7 @@ def main(
     table.add_column("runs", justify="right")
     table.add_column("client CPU s (median)", justify="right")
     for arm, label in (("raw", "raw httpx -> /inference/v1/generate"), ("agentrl", "agentrl.evaluate"),
-                       ("raw_single_pool", "raw, one httpx pool")):
+                       ("raw_single_pool", "raw, a request per rollout, one pool")):
         mine = [r for r in runs if r["arm"] == arm]
         if not mine:
             continue

@@ -46,11 +46,12 @@ is the record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ __all__ = [
     "WeightUpdateError",
     "PublishResult",
     "ServerControl",
+    "server_controls",
     "WeightPublisher",
     "FilesystemWeightPublisher",
     "NcclWeightPublisher",
@@ -169,6 +171,13 @@ class ServerControl:
             what=f"reload_weights from {path}",
             json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
         )
+
+
+@contextlib.asynccontextmanager
+async def server_controls(urls: list[str], *, timeout_s: float) -> AsyncIterator[list[ServerControl]]:
+    """`ServerControl`s of `urls` over one HTTP client, closed on exit (the one way they are opened)."""
+    async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
+        yield [ServerControl(url, client=client, timeout_s=timeout_s) for url in urls]
 
 
 def save_state_dict(state_dict: Mapping[str, Any], folder: Path) -> Path:
@@ -284,8 +293,7 @@ class WeightPublisher(ABC):
         started = time.monotonic()
         for url in reconnect:
             await asyncio.to_thread(self._reconnect, url)
-        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
-            controls = [ServerControl(url, client=client, timeout_s=self.timeout_s) for url in targets]
+        async with server_controls(targets, timeout_s=self.timeout_s) as controls:
             served = await self._served_shapes(controls[0])
             prepared = await asyncio.to_thread(self._prepare, weights, version, served)
             durations = await self._update_all(controls, prepared, version)
@@ -358,8 +366,8 @@ class WeightPublisher(ABC):
         """Async form of `restore`."""
         if self.version is None:
             return False
-        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
-            await self._update_one(ServerControl(url, client=client, timeout_s=self.timeout_s), self._last_prepared, self.version)
+        async with server_controls([url], timeout_s=self.timeout_s) as (control,):
+            await self._update_one(control, self._last_prepared, self.version)
         return True
 
     async def _served_shapes(self, control: ServerControl) -> dict[str, tuple[int, ...]] | None:
@@ -548,9 +556,8 @@ class IpcWeightPublisher(WeightPublisher):
         self._connected = True
 
     async def _init_engines(self, urls: list[str]) -> None:
-        async with httpx.AsyncClient(verify=shared_ssl_context()) as client:
-            for url in urls:
-                control = ServerControl(url, client=client, timeout_s=self.timeout_s)
+        async with server_controls(urls, timeout_s=self.timeout_s) as controls:
+            for control in controls:
                 await control._post("/init_weight_transfer_engine", what="init_weight_transfer_engine",
                                     json={"init_info": {}})
 

@@ -7,8 +7,9 @@ sampled tokens' logprobs, `routed_experts` (base64 `.npy` -> `RoutedExperts`, wh
 and per-token `weight_versions` (vLLM reports version spans). Multi-turn: with `previous`
 the prompt is `previous.prompt_token_ids + previous.completion.token_ids` followed by the
 tokens of the newly added messages only, so nothing the model saw is re-tokenized.
-Concurrent identical unseeded calls (a group's first turns) share one request with `n`
-choices (`agentrl.coalesce`). Requests carry `cache_salt` = the newest weight version the
+Concurrent identical calls (a group's first turns) share one request with `n` choices
+(`agentrl.coalesce`); seeded ones when their seeds run consecutively (vLLM seeds choice `i`
+with `seed + i`, so each choice is what its own seeded request would have been). Requests carry `cache_salt` = the newest weight version the
 client has seen (asked once from `/weight_info`, then read from responses), so vLLM's
 prefix cache never hands a request KV blocks computed by weights older than its own start
 (weight updates keep the KV of requests in flight, `agentrl.inference.weights`).
@@ -242,10 +243,11 @@ class TokenClient:
     ) -> tuple[Completion, RoutedExperts | None]:
         """One completion of `prompt_ids`: the Completion and the prompt's routed experts.
 
-        Unseeded, non-greedy calls with the same prompt and sampling made in the same turn of
-        the event loop and the same `trajectory_session` (a group's first turns) share one
-        `/inference/v1/generate` request with `n` choices (`coalesce`); seeded and greedy
-        calls always have a request of their own.
+        Non-greedy calls with the same prompt and sampling made in the same turn of the event
+        loop and the same `trajectory_session` (a group's first turns) share one
+        `/inference/v1/generate` request with `n` choices (`coalesce`): unseeded calls all,
+        seeded calls by runs of consecutive seeds (choice `i` is seeded `seed + i` by vLLM, as
+        the request seeded `seed + i` alone); greedy calls always have a request of their own.
         """
         max_tokens = sampling.max_tokens
         context = await self._context_length()
@@ -255,11 +257,18 @@ class TokenClient:
                 raise self._too_long(len(prompt_ids), context)
             max_tokens = min(max_tokens, room)
         params = _vllm_sampling_params(sampling, max_tokens=max_tokens)
-        if self._coalescer is not None and sampling.seed is None and sampling.temperature >= _GREEDY_BELOW:
+        if self._coalescer is not None and sampling.temperature >= _GREEDY_BELOW:
             # vLLM takes n > 1 only when sampling; calls of different trajectory sessions keep
             # their own requests (each goes to its session's replica behind a router)
-            key = (tuple(prompt_ids), json.dumps(params, sort_keys=True), current_trajectory())
-            choice = await self._coalescer.submit(key, lambda n: self._generate_choices(prompt_ids, params, n=n))
+            unseeded = {name: value for name, value in params.items() if name != "seed"}
+            key = (tuple(prompt_ids), json.dumps(unseeded, sort_keys=True), current_trajectory(),
+                   sampling.seed is not None)
+
+            def send(n: int, first_seed: int | None) -> Any:
+                seeded = unseeded if first_seed is None else {**unseeded, "seed": first_seed}
+                return self._generate_choices(prompt_ids, seeded, n=n)
+
+            choice = await self._coalescer.submit(key, send, seed=sampling.seed)
         else:
             choice = (await self._generate_choices(prompt_ids, params, n=1))[0]
         return self._completion(choice, prompt_ids)
@@ -280,10 +289,12 @@ class TokenClient:
         except httpx.HTTPError as exc:
             raise InferenceError(f"{self.base_url}/inference/v1/generate: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 400 and n > 1 and "sampling_params.n must be at most" in response.text:
-            # more choices than the server's max_num_seqs: ask for two halves instead
+            # more choices than the server's max_num_seqs: ask for two halves instead (seeded:
+            # the second half starts at the seed its first choice has in the whole request)
+            later = params if params.get("seed") is None else {**params, "seed": params["seed"] + n // 2}
             first, second = await asyncio.gather(
                 self._generate_choices(prompt_ids, params, n=n // 2),
-                self._generate_choices(prompt_ids, params, n=n - n // 2),
+                self._generate_choices(prompt_ids, later, n=n - n // 2),
             )
             return first + second
         if response.status_code == 400:
@@ -302,6 +313,8 @@ class TokenClient:
         for choice in choices:
             for span in choice.get("weight_versions") or []:
                 self._note_version(span.get("version"))
+        if n > 1 and all("index" in choice for choice in choices):
+            choices = sorted(choices, key=lambda choice: choice["index"])  # choice i is the one seeded seed + i
         return choices
 
     def _too_long(self, prompt_tokens: int, context: int, *, refused: bool = False) -> ContextLengthError:

@@ -188,13 +188,11 @@ class InferenceActor:
         """
         import asyncio
 
-        import httpx
-
-        from agentrl.inference.weights import ServerControl
+        from agentrl.inference.weights import server_controls
 
         async def pause() -> None:
-            async with httpx.AsyncClient() as client:
-                await ServerControl(url, client=client, timeout_s=60.0).pause(mode="keep", clear_cache=False)
+            async with server_controls([url], timeout_s=60.0) as (control,):
+                await control.pause(mode="keep", clear_cache=False)
 
         asyncio.run(pause())  # an error: the supervisor restarts the server again, it never serves unheld
         self.held = True

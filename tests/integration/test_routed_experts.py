@@ -150,8 +150,8 @@ async def test_token_client_aligns_experts_with_completion_tokens(experts_server
 
 async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(experts_server, reference_model):
     """Six concurrent unseeded calls with one prompt go out as one request with n=6 (`agentrl.coalesce`);
-    every choice keeps its own tokens, logprobs and experts. Seeded calls keep a request each, and a
-    group wider than the server's max_num_seqs is asked for in parts."""
+    every choice keeps its own tokens, logprobs and experts. Calls with the same seed keep a request each,
+    and a group wider than the server's max_num_seqs is asked for in parts."""
     from agentrl.client import TokenClient
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
@@ -182,6 +182,41 @@ async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(
         reference = reference_routed_experts(reference_model, prompt + completion.token_ids[:-1])
         served = np.concatenate([prompt_experts.array, completion.routed_experts.array[:-1]]).astype(np.int64)
         assert routing_agreement(served, reference, layers=MOE_LAYERS) == 1.0
+
+
+async def test_a_seeded_group_shares_one_request_and_each_member_gets_its_own_seeds_completion(experts_server):
+    """Calls seeded 40..43 go out as one request (n=4, seed 40): vLLM seeds choice i with 40 + i, so each call
+    gets the tokens and logprobs a request seeded alone gives; a gap in the seeds starts a request of its own."""
+    from agentrl.client import TokenClient
+    from agentrl.models import ensure_model
+    from agentrl.sampling import SamplingConfig
+
+    prompt = [3, 44, 45, 46, 47, 48, 49]
+    sent: list[tuple[int, int | None]] = []
+
+    async def count(request):
+        if request.url.path.endswith("/inference/v1/generate"):
+            params = json.loads(request.content)["sampling_params"]
+            sent.append((params.get("n", 1), params.get("seed")))
+
+    seeds = [40, 41, 42, 43, 50]
+    wide_seeds = list(range(60, 72))  # more than the server's max_num_seqs (8): halves seeded 60 and 66
+    async with TokenClient(experts_server.url, model=ensure_model("tiny-moe")) as client:
+        client.http.event_hooks = {"request": [count], "response": []}
+        together = await asyncio.gather(
+            *(client.generate(prompt, sampling=SamplingConfig(max_tokens=12, seed=seed)) for seed in seeds))
+        wide = await asyncio.gather(
+            *(client.generate(prompt, sampling=SamplingConfig(max_tokens=4, seed=seed)) for seed in wide_seeds))
+    async with TokenClient(experts_server.url, model=ensure_model("tiny-moe"), coalesce=False) as client:
+        alone = [await client.generate(prompt, sampling=SamplingConfig(max_tokens=12, seed=seed)) for seed in seeds]
+        wide_alone = [await client.generate(prompt, sampling=SamplingConfig(max_tokens=4, seed=seed))
+                      for seed in wide_seeds]
+    assert sorted(sent[:2]) == [(1, 50), (4, 40)] and sorted(sent[2:]) == [(6, 60), (6, 66), (12, 60)]
+    assert [completion.token_ids for completion, _ in wide] == [completion.token_ids for completion, _ in wide_alone]
+    assert [completion.token_ids for completion, _ in together] == [completion.token_ids for completion, _ in alone]
+    assert len({tuple(completion.token_ids) for completion, _ in together}) > 1  # five samples, not one copied
+    for (ours, _), (theirs, _) in zip(together, alone):
+        assert np.allclose(ours.logprobs, theirs.logprobs, atol=1e-4)
 
 
 async def test_seeded_requests_with_chunked_prefill_are_reproducible(experts_server):

@@ -9,15 +9,17 @@ from agentrl.coalesce import RequestCoalescer
 
 
 class Recorder:
-    """A `send` that records each n and answers [f"{request}:{i}" for i in range(n)]."""
+    """A `send` that records each n (and first seed) and answers [f"{request}:{i}" for i in range(n)]."""
 
     def __init__(self, *, fail: Exception | None = None, delay_s: float = 0.0) -> None:
         self.sizes: list[int] = []
+        self.seeds: list[int | None] = []
         self.fail = fail
         self.delay_s = delay_s
 
-    async def __call__(self, n: int) -> list[str]:
+    async def __call__(self, n: int, first_seed: int | None) -> list[str]:
         self.sizes.append(n)
+        self.seeds.append(first_seed)
         request = len(self.sizes)
         await asyncio.sleep(self.delay_s)
         if self.fail is not None:
@@ -57,7 +59,7 @@ async def test_an_error_reaches_every_caller_of_the_request():
 async def test_a_short_answer_fails_the_callers():
     coalescer = RequestCoalescer()
 
-    async def short(n: int) -> list[str]:
+    async def short(n: int, first_seed: int | None) -> list[str]:
         return ["only one"]
 
     results = await asyncio.gather(*(coalescer.submit("k", short) for _ in range(3)), return_exceptions=True)
@@ -86,3 +88,26 @@ async def test_aclose_cancels_requests_in_flight():
 def test_max_batch_must_be_positive():
     with pytest.raises(ValueError, match="max_batch must be at least 1"):
         RequestCoalescer(max_batch=0)
+
+
+async def test_seeded_calls_share_a_request_per_run_of_consecutive_seeds():
+    """vLLM seeds choice i of a request seeded s with s + i: each call gets the choice of its own seed."""
+    coalescer = RequestCoalescer()
+
+    async def send(n: int, first_seed: int | None) -> list[str]:
+        return [f"seed {first_seed + index}" for index in range(n)]
+
+    seeds = [12, 10, 11, 20, 21, 11, 30]  # 10-12 and 20-21 run on; the second 11 and 30 do not
+    results = await asyncio.gather(*(coalescer.submit("k", send, seed=seed) for seed in seeds))
+    assert results == [f"seed {seed}" for seed in seeds]
+    assert (coalescer.calls, coalescer.requests) == (7, 4)
+
+
+async def test_seeded_runs_are_sent_with_their_first_seed():
+    coalescer, send = RequestCoalescer(), Recorder()
+    await asyncio.gather(*(coalescer.submit("k", send, seed=100 + member) for member in range(4)))
+    await asyncio.gather(coalescer.submit("k", send, seed=5), coalescer.submit("k", send, seed=5))
+    assert list(zip(send.sizes, send.seeds)) == [(4, 100), (1, 5), (1, 5)]
+    unseeded = Recorder()
+    await asyncio.gather(*(coalescer.submit("u", unseeded) for _ in range(3)))
+    assert list(zip(unseeded.sizes, unseeded.seeds)) == [(3, None)]
