@@ -19,6 +19,8 @@ import asyncio, os, signal, sys, time
 from agentrl.rl.stopping import RunStopped, stop_on_signals
 
 signum = int(sys.argv[1])
+# what this process started with (SIGINT is SIG_IGN under a shell's background job, not Python's default handler)
+before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
 
 async def busy():
     try:  # the handler runs inside this task, between two of its bytecodes
@@ -42,8 +44,8 @@ with stop_on_signals():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)
         print("cleaned up", flush=True)
-print("restored", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
-      signal.getsignal(signal.SIGINT) == signal.default_int_handler, flush=True)
+print("restored", signal.getsignal(signal.SIGTERM) == before[0], signal.getsignal(signal.SIGINT) == before[1],
+      flush=True)
 """
 
 
