@@ -100,7 +100,8 @@ def measure_updates(
 
     `updates=False`: the throughput only (no trainer, no weight update; `weight_update` is absent)."""
     from agentrl.inference.plans import DeploymentConfig
-    from agentrl.inference.weights import FilesystemWeightPublisher, IpcWeightPublisher
+    from agentrl.inference.direct_weights import IpcWeightPublisher
+    from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.rl.inference_actor import replica_server
     from agentrl.trainer.checkpoint import hf_state_views
     from agentrl.trainer.config import TrainerConfig

@@ -125,7 +125,7 @@ def _stepped_trainer(model_dir):
 
 
 def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
-    from agentrl.inference.weights import IpcWeightPublisher
+    from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")
@@ -148,7 +148,7 @@ def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
 def test_a_restarted_server_gets_the_trainers_weights_back_through_ipc(tmp_path):
     """What a held server gets: after a restart (the starting weights again) `resend` sets up the restarted
     server's `ipc` engine anew and puts the published version back (`WeightPush.watch` drives this in a run)."""
-    from agentrl.inference.weights import IpcWeightPublisher
+    from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")

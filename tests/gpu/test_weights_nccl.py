@@ -23,7 +23,7 @@ def test_nccl_publish_matches_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from agentrl.inference.server import VLLMServer, free_port
-    from agentrl.inference.weights import NcclWeightPublisher
+    from agentrl.inference.direct_weights import NcclWeightPublisher
     from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")
