@@ -75,17 +75,23 @@ def _wait_running(url, timeout_s=60.0):
     raise AssertionError("the long request never started running")
 
 
-def test_nccl_update_gives_the_trainers_logprobs_and_requests_in_flight_complete():
+def _trained(server, model_dir):
+    """The server's starting logprobs, the trainer's tensors after two steps, its own logprobs, a publisher."""
     from test_loop_gpu import TOKENS, _served_logprobs, _stepped_trainer, _trainer_logprobs
+
+    before = _served_logprobs(server.url, TOKENS)
+    trainer, state = _stepped_trainer(model_dir)
+    return before, state, _trainer_logprobs(trainer, TOKENS), _publisher(server.url)
+
+
+def test_nccl_update_gives_the_trainers_logprobs_and_requests_in_flight_complete():
+    from test_loop_gpu import TOKENS, _served_logprobs
 
     from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")
     with _server(model_dir) as server:
-        before = _served_logprobs(server.url, TOKENS)
-        trainer, state = _stepped_trainer(model_dir)
-        ours = _trainer_logprobs(trainer, TOKENS)
-        publisher = _publisher(server.url)  # packed: vLLM's packed producer and consumer
+        before, state, ours, publisher = _trained(server, model_dir)  # packed: vLLM's packed producer and consumer
         publisher.connect()
         answer: dict = {}
         request = _long_request(server.url, answer)
@@ -103,25 +109,19 @@ def test_nccl_update_gives_the_trainers_logprobs_and_requests_in_flight_complete
 
 
 def test_a_restarted_server_gets_the_trainers_weights_back_through_nccl():
-    from test_loop_gpu import TOKENS, _served_logprobs, _stepped_trainer, _trainer_logprobs
+    from test_loop_gpu import _restart_and_resend
 
     from agentrl.models import ensure_model
 
+    def unpacked(publisher):  # the re-send (a new group, set up with this) covers the one-by-one broadcast
+        publisher.packed = False
+
     model_dir = ensure_model("tiny-moe")
     with _server(model_dir) as server:
-        before = _served_logprobs(server.url, TOKENS)
-        trainer, state = _stepped_trainer(model_dir)
-        ours = _trainer_logprobs(trainer, TOKENS)
-        publisher = _publisher(server.url)
-        publisher.publish(state, 1)  # connects on first use
-        server.stop()  # as the supervisor restarts a dead server: same port, the starting checkpoint
-        server.start()
-        restarted = _served_logprobs(server.url, TOKENS)
-        publisher.packed = False  # the re-send also covers the one-by-one broadcast
-        result = publisher.resend(state, [server.url])
-        after = _served_logprobs(server.url, TOKENS)
+        before, state, ours, publisher = _trained(server, model_dir)  # the first publish connects
+        result, restarted, after = _restart_and_resend(server, publisher, state, before_resend=unpacked)
     print(f"nccl re-send to a restarted tiny-moe server: pause to resume {result.update_s * 1000:.0f} ms")
     assert result.version == 1
     assert max(abs(a - b) for a, b in zip(restarted, before)) < 0.05  # it came back with the starting weights
-    assert max(abs(a - b) for a, b in zip(before, ours)) > 0.2
+    assert max(abs(a - b) for a, b in zip(before, ours)) > 0.2  # the trainer moved beyond bf16 rounding
     assert max(abs(a - b) for a, b in zip(after, ours)) < 0.05, (after, ours)
