@@ -53,13 +53,15 @@ class _DirectWeightPublisher(WeightPublisher):
             raise WeightUpdateError(f"{type(self).__name__}: dtype={dtype!r}; use one of {', '.join(_ITEM_BYTES)}")
         self.dtype = dtype
         self._connected = False
+        self._device: int | None = None  # the trainer's CUDA device, fixed when the engines are connected
 
     def connect(self) -> None:
         """Initialise the transfer engine of every server (once)."""
         torch = require("torch", "vllm")
         if not torch.cuda.is_available():
             raise WeightUpdateError(f"{type(self).__name__} {self._needs_cuda}")
-        self._device = torch.cuda.current_device()
+        if self._device is None:
+            self._device = torch.cuda.current_device()
         _run_sync(self._init_engines(self.urls))
         self._connected = True
 
@@ -81,6 +83,9 @@ class _DirectWeightPublisher(WeightPublisher):
         if served:
             check_weights_match({name: tuple(t.shape) for name, t in weights.items()}, served, source="the state dict")
         if not self._connected:
+            first = next(iter(weights.values()))
+            if getattr(first, "is_cuda", False):  # connected from a worker thread: the tensors' device
+                self._device = first.device.index
             self.connect()
         return weights
 
