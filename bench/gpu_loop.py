@@ -2,6 +2,7 @@
 
     python3 bench/gpu_loop.py                       # summarise the recipe's run folders (anywhere)
     python3 bench/gpu_loop.py --measure             # on the H200 (scripts/gpu_run.sh bench): also measure
+    python3 bench/gpu_loop.py --measure-nccl        # on two H200s (scripts/gpu_run.sh x2bench; issue 25)
 
 From the run folders of `cookbook/gpu-1xh200/train.toml` (`--async-run`, `max_off_policy_steps`
 1, and `--sync-run`, the same recipe with 0; scripts/gpu_run.sh train writes them, the
@@ -28,6 +29,15 @@ ratio >= 0.9), with `--enforce-eager` and again on a server that captured CUDA g
 46 layers at a quarter of its width) gives `r3_kl_reduction_gpu_deep`: the same paired KL at
 GLM-4.5-Air's depth, where routing flips compound over 45 MoE layers.
 
+`--measure-nccl` (2 GPUs; writes `bench/results/gpu_loop_x2.json`): the same model served on GPU 1
+with the `nccl` engine, the trainer on GPU 0 in this process; the NCCL group formed once
+(`connect_s`), then the update timed three times packed (vLLM's packed broadcast, 1 GiB buffers, as
+runs send) and twice one tensor at a time (a second group), in GB/s of wire bytes (matrices bf16,
+vectors float32, as every direct transport sends them) against the one-GPU IPC and filesystem
+medians of `bench/results/gpu_loop.json` for the same bytes; and the run folders of
+`cookbook/gpu-2xh200/train.toml` (async, and `max_off_policy_steps` 0 for sync) summarised as above
+when they exist (`--async-run`, `--sync-run`; scripts/gpu_run.sh x2train / x2sync write them).
+
 Prints a table; writes `bench/results/gpu_loop.json` (`--results`).
 """
 
@@ -45,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results" / "gpu_loop.json"
 RUNS = ROOT / "cookbook" / "gpu-1xh200" / "results"
+RESULTS_X2 = ROOT / "bench" / "results" / "gpu_loop_x2.json"
+RUNS_X2 = ROOT / "runs" / "gpu-2xh200"
 ASYNC_AHEAD = 1  # the recipe's max_off_policy_steps: the async run's last step trains on an earlier batch
 
 
@@ -100,7 +112,8 @@ def measure_updates(
 
     `updates=False`: the throughput only (no trainer, no weight update; `weight_update` is absent)."""
     from agentrl.inference.plans import DeploymentConfig
-    from agentrl.inference.weights import FilesystemWeightPublisher, IpcWeightPublisher
+    from agentrl.inference.direct_weights import IpcWeightPublisher
+    from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.rl.inference_actor import replica_server
     from agentrl.trainer.checkpoint import hf_state_views
     from agentrl.trainer.config import TrainerConfig
@@ -146,6 +159,114 @@ def measure_updates(
             "eval_throughput": _with_graphs(throughput, deployment, model_dir, scratch, cuda_graphs=cuda_graphs)}
 
 
+def measure_nccl(model_dir: Path, *, server_gpu: int = 1, repeats_packed: int = 3, repeats_unpacked: int = 2) -> dict:
+    """NCCL weight-update latency into a server on `server_gpu` from a trainer on GPU 0 (see the docstring)."""
+    from agentrl.inference.direct_weights import NcclWeightPublisher
+    from agentrl.inference.plans import DeploymentConfig
+    from agentrl.inference.server import free_port
+    from agentrl.rl.inference_actor import replica_server
+    from agentrl.rl.transport import _world_size
+    from agentrl.trainer.checkpoint import hf_state_views
+    from agentrl.trainer.config import TrainerConfig
+    from agentrl.trainer.trainer import Trainer
+
+    deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.85, max_model_len=4096,
+                                  routed_experts=True, weight_transfer="nccl", fp8=False)
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-loop-x2-"))
+    server = replica_server(deployment, model_dir, served_name="glm-air-5b", dtype="bfloat16",
+                            log_path=scratch / "vllm.log")
+    server.env["CUDA_VISIBLE_DEVICES"] = str(server_gpu)
+    report: dict = {"server_gpu": server_gpu, "trainer_gpu": 0}
+    with server:
+        trainer = Trainer(TrainerConfig(parallel={"param_dtype": "bfloat16"}), model_dir=model_dir, device="cuda:0")
+        state = hf_state_views(trainer)
+        wire_bytes = sum(t.numel() * (2 if t.dim() > 1 else 4) for t in state.values())
+        report.update(model_params=trainer.args.param_counts().get("total"), wire_bytes=wire_bytes,
+                      tensors=len(state), startup_s=server.startup_s)
+        version = 0
+        for packed, repeats in ((True, repeats_packed), (False, repeats_unpacked)):
+            name = "packed" if packed else "unpacked"
+            try:
+                publisher = NcclWeightPublisher([server.url], master_address="127.0.0.1",
+                                                master_port=free_port("127.0.0.1"),
+                                                workers_per_server=_world_size(server.url), packed=packed)
+                publisher.version = version or None
+                started = time.monotonic()
+                publisher.connect()
+                runs = []
+                report[f"{name}_connect_s"] = time.monotonic() - started
+                for _ in range(repeats):
+                    version += 1
+                    started = time.monotonic()
+                    outcome = publisher.publish(hf_state_views(trainer), version)
+                    runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
+            except Exception as error:  # noqa: BLE001 - recorded; the other mode's figures are kept
+                report[f"{name}_error"] = f"{type(error).__name__}: {error}"[:500]
+                break
+            median = statistics.median(r["total_s"] for r in runs)
+            report[name] = {"runs": runs, "median_s": median, "gbs": wire_bytes / median / 1e9,
+                            "pause_to_resume_gbs": wire_bytes / statistics.median(r["pause_to_resume_s"]
+                                                                                  for r in runs) / 1e9}
+    one_gpu = (json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}).get("weight_update") or {}
+    for name in ("ipc", "filesystem"):
+        if one_gpu.get(f"{name}_median_s"):
+            report[f"one_gpu_{name}"] = {"median_s": one_gpu[f"{name}_median_s"],
+                                         "gbs": wire_bytes / one_gpu[f"{name}_median_s"] / 1e9,
+                                         "source": "bench/results/gpu_loop.json (one H200, same model)"}
+    del trainer
+    return {"weight_update_nccl": report}
+
+
+def main_nccl(args) -> int:
+    """`--measure-nccl`: the two-GPU report (`gpu_loop_x2.json`)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        raise SystemExit(f"--measure-nccl needs 2 GPUs (trainer on GPU 0, vLLM on GPU 1); "
+                         f"{torch.cuda.device_count()} visible")
+    report: dict = {}
+    for name, folder, ahead in (("async", args.async_run or RUNS_X2 / "rl", ASYNC_AHEAD),
+                                ("sync", args.sync_run or RUNS_X2 / "rl-sync", 0)):
+        if (folder / "metrics.jsonl").is_file():
+            report[name] = summarise(folder, ahead=ahead)
+    fast, slow = ((report.get(name) or {}).get("steps_per_hour") for name in ("async", "sync"))
+    report["async_speedup"] = fast / slow if fast and slow else None
+    model_dir = args.model_dir
+    if not (model_dir / "config.json").is_file():
+        from agentrl.models import ensure_model
+
+        model_dir = ensure_model("glm-air-5b")
+        torch.cuda.empty_cache()  # the creation's cached blocks go back before vLLM sizes its share
+    report.update(measure_nccl(model_dir))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="agentrl on two H200s: glm-air-5b, trainer GPU 0, vLLM GPU 1, nccl")
+    for column in ("measure", "value"):
+        table.add_column(column)
+    update = report["weight_update_nccl"]
+    for name in ("packed", "unpacked", "one_gpu_ipc", "one_gpu_filesystem"):
+        if name in update:
+            table.add_row(f"weight update {name} (median s, GB/s)", f"{update[name]['median_s']:.2f} s, "
+                          f"{update[name]['gbs']:.1f} GB/s")
+        if f"{name}_error" in update:
+            table.add_row(f"weight update {name}", update[f"{name}_error"][:120])
+    for name in ("async", "sync"):
+        if name in report:
+            split = ", ".join(f"{key} {value:.2f}" for key, value in report[name]["split_median_s"].items())
+            table.add_row(f"{name} run: steps/hour; split (median s)",
+                          f"{report[name]['steps_per_hour']:.0f}; {split}")
+    if report["async_speedup"]:
+        table.add_row("async_speedup", f"{report['async_speedup']:.2f}x")
+    Console().print(table)
+    results = args.results or RESULTS_X2
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {results}")
+    return 0
+
+
 def _with_graphs(throughput: dict, deployment, model_dir: Path, scratch: Path, *, cuda_graphs: bool) -> dict:
     """`throughput` plus the same measurement on a server that captured CUDA graphs (when `cuda_graphs`)."""
     if not cuda_graphs:
@@ -167,17 +288,25 @@ def _with_graphs(throughput: dict, deployment, model_dir: Path, scratch: Path, *
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--async-run", type=Path, default=RUNS / "async-30-steps")
-    parser.add_argument("--sync-run", type=Path, default=RUNS / "sync-16-steps")
+    parser.add_argument("--async-run", type=Path, default=None,
+                        help=f"default {RUNS / 'async-30-steps'} ({RUNS_X2 / 'rl'} with --measure-nccl)")
+    parser.add_argument("--sync-run", type=Path, default=None,
+                        help=f"default {RUNS / 'sync-16-steps'} ({RUNS_X2 / 'rl-sync'} with --measure-nccl)")
     parser.add_argument("--measure", action="store_true", help="also time weight updates on this GPU")
+    parser.add_argument("--measure-nccl", action="store_true",
+                        help="two GPUs: NCCL weight updates into vLLM on GPU 1 (writes gpu_loop_x2.json)")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft")
     parser.add_argument("--deep-run", type=Path, default=RUNS / "r3-deep-12-steps",
                         help="run folder of cookbook/gpu-1xh200/r3-deep-train.toml (skipped when absent)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="with --measure: only the eager server")
     parser.add_argument("--eval-only", action="store_true",
                         help="with --measure: only the eval throughput (keeps an earlier weight_update)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--results", type=Path, default=None, help=f"default {RESULTS} ({RESULTS_X2} with --measure-nccl)")
     args = parser.parse_args(argv)
+    if args.measure_nccl:
+        return main_nccl(args)
+    args.async_run, args.sync_run = args.async_run or RUNS / "async-30-steps", args.sync_run or RUNS / "sync-16-steps"
+    args.results = args.results or RESULTS
 
     report: dict = {"async": summarise(args.async_run, ahead=ASYNC_AHEAD), "sync": summarise(args.sync_run, ahead=0)}
     fast, slow = report["async"]["steps_per_hour"], report["sync"]["steps_per_hour"]

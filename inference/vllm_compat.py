@@ -16,6 +16,15 @@ CUDA vLLM 0.24.0 is the newest vLLM built for the lent H200 machines' torch (2.1
   under, `ScoredGroup.started_version`).
 - `/start_weight_update` wants a JSON body on 0.24 (`{}` at least) and ignores one on 0.32;
   `/finish_weight_update` takes `{"weight_version"}` on 0.32 and ignores the body on 0.24.
+- NCCL weight transfer (`--weight-transfer-config '{"backend": "nccl"}'`): the same routes on both
+  (`/init_weight_transfer_engine`, then per update `/start_weight_update`, `/update_weights` while
+  the trainer broadcasts, `/finish_weight_update`), the same worker ranks (trainer 0, workers from
+  `rank_offset` 1), but the packed-broadcast settings (`packed`, `packed_buffer_size_bytes`,
+  `packed_num_buffers`) sit in each update's `update_info` on 0.24 and in the `init_info` on 0.32;
+  each version's dataclass refuses them in the other place. `nccl_init_info` / `nccl_update_info`
+  build the bodies for a server's version. The trainer's end of the group comes from the installed
+  vLLM (`nccl_trainer_group`: 0.24 `NCCLWeightTransferEngine.trainer_init`, 0.32
+  `nccl_common.trainer_init`); 0.24 has no trainer-side engine or HTTP client of its own.
 - Logprob entries: 0.24 `{"token": "token_id:N", "logprob"}`, 0.32 `{"token_id", "logprob"}`;
   `TokenClient` reads only "logprob".
 - Unstreamed `/inference/v1/generate` with `n` > 1: 0.32 sets `output_kind` FINAL_ONLY itself; 0.24
@@ -30,10 +39,15 @@ from __future__ import annotations
 import importlib.util
 import re
 
-__all__ = ["parse_version", "reports_weight_versions", "server_flags_need_scale_out", "WEIGHT_VERSIONS_SINCE"]
+__all__ = [
+    "parse_version", "reports_weight_versions", "server_flags_need_scale_out", "WEIGHT_VERSIONS_SINCE",
+    "NCCL_PACKED_AT_INIT_SINCE", "nccl_init_info", "nccl_update_info", "nccl_trainer_group",
+]
 
 #: First vLLM release agentrl knows to report weight versions (0.24 does not; 0.32 does).
 WEIGHT_VERSIONS_SINCE = (0, 32)
+#: First vLLM release agentrl knows to take the NCCL packed-broadcast settings at init (0.24: per update).
+NCCL_PACKED_AT_INIT_SINCE = (0, 32)
 
 
 def parse_version(text: str | None) -> tuple[int, ...]:
@@ -54,3 +68,44 @@ def server_flags_need_scale_out() -> bool:
         return importlib.util.find_spec("vllm.entrypoints.scale_out") is not None
     except (ImportError, ValueError):
         return True  # vLLM is not importable here: the CPU default (0.32) is the likely server
+
+
+def _packed_at_init(version: str | None) -> bool:
+    parsed = parse_version(version)
+    return bool(parsed) and parsed >= NCCL_PACKED_AT_INIT_SINCE
+
+
+def _packing(packed: bool, buffer_bytes: int, num_buffers: int) -> dict:
+    return {"packed": packed, "packed_buffer_size_bytes": buffer_bytes, "packed_num_buffers": num_buffers}
+
+
+def nccl_init_info(version: str | None, *, master_address: str, master_port: int, world_size: int,
+                   packed: bool, buffer_bytes: int, num_buffers: int) -> dict:
+    """`init_info` of `/init_weight_transfer_engine` for a server of `version` (unknown: the 0.24 layout).
+
+    The trainer is rank 0 of `world_size`; the server's workers take the ranks from 1 (`rank_offset`).
+    """
+    info = {"master_address": master_address, "master_port": master_port, "rank_offset": 1, "world_size": world_size}
+    return {**info, **_packing(packed, buffer_bytes, num_buffers)} if _packed_at_init(version) else info
+
+
+def nccl_update_info(version: str | None, *, names: list[str], dtype_names: list[str], shapes: list[list[int]],
+                     packed: bool, buffer_bytes: int, num_buffers: int) -> dict:
+    """`update_info` of one `/update_weights` for a server of `version`: the tensors in broadcast order."""
+    info = {"names": names, "dtype_names": dtype_names, "shapes": shapes}
+    return info if _packed_at_init(version) else {**info, **_packing(packed, buffer_bytes, num_buffers)}
+
+
+def nccl_trainer_group(*, master_address: str, master_port: int, world_size: int):
+    """The trainer's end (rank 0, current CUDA device) of the NCCL group, from the installed vLLM.
+
+    Blocks until every worker joined (the server joins inside `/init_weight_transfer_engine`).
+    """
+    rendezvous = {"master_address": master_address, "master_port": master_port, "world_size": world_size}
+    try:
+        from vllm.distributed.weight_transfer.nccl_common import trainer_init  # 0.32
+    except ImportError:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine  # 0.24
+
+        trainer_init = NCCLWeightTransferEngine.trainer_init
+    return trainer_init(rendezvous)

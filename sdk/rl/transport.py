@@ -49,7 +49,7 @@ DIRECT_TRANSPORTS = ("nccl", "ipc")
 
 def direct_publisher(backend: str, urls: list[str]):
     """The trainer-side publisher of a direct transport (built in trainer rank 0's process)."""
-    from agentrl.inference import weights
+    from agentrl.inference import direct_weights
 
     if backend == "nccl":
         import ray
@@ -57,10 +57,10 @@ def direct_publisher(backend: str, urls: list[str]):
         from agentrl.inference.server import free_port
 
         address = ray.util.get_node_ip_address()
-        publisher = weights.NcclWeightPublisher(urls, master_address=address, master_port=free_port(address),
+        publisher = direct_weights.NcclWeightPublisher(urls, master_address=address, master_port=free_port(address),
                                                 workers_per_server=_world_size(urls[0]))
     elif backend == "ipc":
-        publisher = weights.IpcWeightPublisher(urls)
+        publisher = direct_weights.IpcWeightPublisher(urls)
     else:
         raise ConfigError(f"inference.weight_transfer={backend!r} is not a direct transport; use nccl or ipc")
     publisher.connect()

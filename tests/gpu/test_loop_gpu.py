@@ -125,7 +125,7 @@ def _stepped_trainer(model_dir):
 
 
 def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
-    from agentrl.inference.weights import IpcWeightPublisher
+    from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")
@@ -148,7 +148,7 @@ def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
 def test_a_restarted_server_gets_the_trainers_weights_back_through_ipc(tmp_path):
     """What a held server gets: after a restart (the starting weights again) `resend` sets up the restarted
     server's `ipc` engine anew and puts the published version back (`WeightPush.watch` drives this in a run)."""
-    from agentrl.inference.weights import IpcWeightPublisher
+    from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")
@@ -156,15 +156,22 @@ def test_a_restarted_server_gets_the_trainers_weights_back_through_ipc(tmp_path)
         before = _served_logprobs(server.url, TOKENS)
         trainer, state = _stepped_trainer(model_dir)
         ours = _trainer_logprobs(trainer, TOKENS)
-        publisher = IpcWeightPublisher([server.url])
-        publisher.publish(state, 1)
-        server.stop()  # as the supervisor restarts a dead server: same port, the starting checkpoint
-        server.start()
-        restarted = _served_logprobs(server.url, TOKENS)
-        result = publisher.resend(state, [server.url])
-        after = _served_logprobs(server.url, TOKENS)
+        result, restarted, after = _restart_and_resend(server, IpcWeightPublisher([server.url]), state)
     print(f"ipc re-send to a restarted tiny-moe server: pause to resume {result.update_s * 1000:.0f} ms")
     assert result.version == 1
     assert max(abs(a - b) for a, b in zip(restarted, before)) < 0.05  # it came back with the starting weights
     assert max(abs(a - b) for a, b in zip(before, ours)) > 0.2
     assert max(abs(a - b) for a, b in zip(after, ours)) < 0.05, (after, ours)
+
+
+def _restart_and_resend(server, publisher, state, *, before_resend=None):
+    """Publish `state` as version 1, restart the server (as its supervisor does: same port, the starting
+    checkpoint), `resend`; the result and the served logprobs after the restart and after the re-send."""
+    publisher.publish(state, 1)
+    server.stop()
+    server.start()
+    restarted = _served_logprobs(server.url, TOKENS)
+    if before_resend is not None:
+        before_resend(publisher)
+    result = publisher.resend(state, [server.url])
+    return result, restarted, _served_logprobs(server.url, TOKENS)
