@@ -91,8 +91,10 @@ def test_serve_cli_start_health_stop(tmp_path):
 
     port = free_port()
     log = tmp_path / "serve.log"
+    # SIGINT as a terminal leaves it (a suite started as a shell's background job hands its children SIGINT ignored)
     process = subprocess.Popen(AGENTRL + ["serve", "--model", "tiny-moe", "--port", str(port), "--log", str(log)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         seen = _read_until(process, "press Ctrl-C", timeout_s=400)
         assert f"http://127.0.0.1:{port}" in seen and "ready in" in seen, seen + log.read_text()[-2000:]
