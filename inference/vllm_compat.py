@@ -56,10 +56,15 @@ def parse_version(text: str | None) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(1).split(".")) if match else ()
 
 
+def _at_least(version: str | None, since: tuple[int, ...]) -> bool:
+    """Whether `version` is `since` or newer (an unknown version is not)."""
+    parsed = parse_version(version)
+    return bool(parsed) and parsed >= since
+
+
 def reports_weight_versions(version: str | None) -> bool:
     """Whether a server of this version reports weight versions (unknown versions: assume not)."""
-    parsed = parse_version(version)
-    return bool(parsed) and parsed >= WEIGHT_VERSIONS_SINCE
+    return _at_least(version, WEIGHT_VERSIONS_SINCE)
 
 
 def server_flags_need_scale_out() -> bool:
@@ -71,8 +76,7 @@ def server_flags_need_scale_out() -> bool:
 
 
 def _packed_at_init(version: str | None) -> bool:
-    parsed = parse_version(version)
-    return bool(parsed) and parsed >= NCCL_PACKED_AT_INIT_SINCE
+    return _at_least(version, NCCL_PACKED_AT_INIT_SINCE)
 
 
 def _packing(packed: bool, buffer_bytes: int, num_buffers: int) -> dict:
