@@ -23,7 +23,8 @@
 #   x2sync    the same recipe synchronous (max_off_policy_steps 0, 16 steps) -> $OUT/x2-sync-run
 #   x2bench   python3 bench/gpu_loop.py --measure-nccl (NCCL update latency and GB/s against the one-GPU
 #             IPC/filesystem figures; the x2train/x2sync runs summarised when present) -> $OUT/gpu_loop_x2.json
-# Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), TESTS_ARGS (extra pytest arguments
+# Environment: TRAIN_ARGS (extra `--set` arguments for the train phase), R3DEEP_ARGS (the same for
+# r3deep-train, e.g. `--set orchestrator.max_off_policy_steps=0` for on-policy R3 figures), TESTS_ARGS (extra pytest arguments
 # for the tests phase, e.g. `-k restarted`), <PHASE>_TIMEOUT (seconds).
 # The device tool brings back at most 8 files from $OUT: everything is written into a work folder
 # and packed into $OUT/gpu_run-<first phase>.tgz when the script ends (also when it is stopped);
@@ -110,8 +111,9 @@ for phase in "${expanded[@]}"; do
         --config cookbook/gpu-1xh200/r3-deep-sft.toml ;;
     r3deep-train)
       rm -rf runs/gpu-1xh200/r3-deep
+      # shellcheck disable=SC2086
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
-        --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep
+        --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep ${R3DEEP_ARGS:-}
       keep_run runs/gpu-1xh200/r3-deep "$out/r3-deep-run" ;;
     x2tests)
       # shellcheck disable=SC2086
