@@ -63,34 +63,42 @@ def machine_info() -> dict:
 
 async def raw_arm(
     base_url: str, bodies: list[dict], *, concurrency: int, single_pool: bool = False,
-) -> tuple[int, float]:
+) -> tuple[int, float, int]:
     """Post every body with at most `concurrency` sequences in flight (a body of `n` choices holds `n`);
-    (completion tokens, seconds).
+    (completion tokens, seconds, requests lost to a transport error).
 
-    `single_pool`: one `httpx.AsyncClient` with `concurrency` connections instead of the sharded
-    pools (what this arm used to be; `--raw-single-pool` measures what that pool costs)."""
+    A transport error (the server closed the connection, say) loses that request and is counted, as
+    `agentrl.evaluate` counts a failed rollout, instead of ending the benchmark; an HTTP error status
+    still does (the bodies are wrong). `single_pool`: one `httpx.AsyncClient` with `concurrency`
+    connections instead of the sharded pools (what this arm used to be; `--raw-single-pool` measures
+    what that pool costs), with the same keep-alive expiry."""
     import httpx
 
-    from agentrl.http_pool import ShardedAsyncClient
+    from agentrl.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
 
     choices = max(body["sampling_params"].get("n", 1) for body in bodies)
     semaphore = asyncio.Semaphore(max(1, concurrency // choices))
     if single_pool:
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
         http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits)
     else:
         http = ShardedAsyncClient(base_url=base_url, timeout=600, max_connections=concurrency)
     try:
-        async def one(body: dict) -> int:
+        async def one(body: dict) -> int | None:
             async with semaphore:
-                response = await http.post("/inference/v1/generate", json=body)
+                try:
+                    response = await http.post("/inference/v1/generate", json=body)
+                except httpx.TransportError:
+                    return None
                 if response.status_code != 200:
                     raise RuntimeError(f"raw request failed: {response.status_code} {response.text[:500]}")
                 return sum(len(choice["token_ids"]) for choice in response.json()["choices"])
 
         started = time.monotonic()
         counts = await asyncio.gather(*(one(body) for body in bodies))
-        return sum(counts), time.monotonic() - started
+        seconds = time.monotonic() - started
+        return sum(count for count in counts if count is not None), seconds, counts.count(None)
     finally:
         await http.aclose()
 
@@ -142,8 +150,9 @@ def main(
                 seeded = sampling.model_copy(update={"seed": sampling.seed + index})
                 single_bodies.append({"token_ids": prompt, "output_mode": "tokens",
                                       "sampling_params": _vllm_sampling_params(seeded, max_tokens=max_tokens)})
-        # Warm both arms up (server caches, first-call costs in this process) before measuring.
-        asyncio.run(raw_arm(base_url, bodies[: max(1, concurrency // rollouts_per_task)], concurrency=concurrency))
+        # Warm both arms up before measuring: every prompt once (the server's prefix cache holds them for
+        # every run after; left cold, the first run measured would prefill them all), first-call costs here.
+        asyncio.run(raw_arm(base_url, bodies, concurrency=concurrency))
 
         runs = []
         with tempfile.TemporaryDirectory() as scratch:
@@ -153,19 +162,22 @@ def main(
             asyncio.run(evaluate_async(warm, environment=environment))
             for repeat in range(repeats):
                 cpu = time.process_time()
-                tokens, seconds = asyncio.run(raw_arm(base_url, bodies, concurrency=concurrency))
+                tokens, seconds, lost = asyncio.run(raw_arm(base_url, bodies, concurrency=concurrency))
                 runs.append({"arm": "raw", "repeat": repeat, "completion_tokens": tokens, "seconds": seconds,
-                             "tokens_per_s": tokens / seconds, "client_cpu_s": time.process_time() - cpu})
-                console.print(f"raw      #{repeat}: {tokens} tokens in {seconds:.1f}s = {tokens / seconds:.1f} tok/s")
+                             "tokens_per_s": tokens / seconds, "client_cpu_s": time.process_time() - cpu,
+                             "errors": lost})
+                console.print(f"raw      #{repeat}: {tokens} tokens in {seconds:.1f}s = {tokens / seconds:.1f} tok/s"
+                              + (f" ({lost} requests lost to transport errors)" if lost else ""))
                 if raw_single_pool:
                     cpu = time.process_time()
-                    tokens, seconds = asyncio.run(
+                    tokens, seconds, lost = asyncio.run(
                         raw_arm(base_url, single_bodies, concurrency=concurrency, single_pool=True))
                     runs.append({"arm": "raw_single_pool", "repeat": repeat, "completion_tokens": tokens,
                                  "seconds": seconds, "tokens_per_s": tokens / seconds,
-                                 "client_cpu_s": time.process_time() - cpu})
+                                 "client_cpu_s": time.process_time() - cpu, "errors": lost})
                     console.print(f"raw, one pool #{repeat}: {tokens} tokens in {seconds:.1f}s = "
-                                  f"{tokens / seconds:.1f} tok/s")
+                                  f"{tokens / seconds:.1f} tok/s"
+                                  + (f" ({lost} requests lost to transport errors)" if lost else ""))
                 config = EvalConfig(env=env, model=model, n=n, rollouts_per_task=rollouts_per_task, base_url=base_url,
                                     max_concurrent=concurrency, sampling=sampling, client="token",
                                     output=Path(scratch) / f"run{repeat}")
@@ -200,6 +212,7 @@ def main(
                    "concurrency": concurrency, "repeats": repeats, "temperature": sampling.temperature},
         "paired_ratios": pair_ratios, "paired_ratio_median": statistics.median(pair_ratios),
         "client_cpu_s_median": {arm: median_of(arm, "client_cpu_s") for arm in sorted({r["arm"] for r in runs})},
+        "errors": {arm: sum(r["errors"] for r in runs if r["arm"] == arm) for arm in sorted({r["arm"] for r in runs})},
         "runs": runs, "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if raw_single_pool:

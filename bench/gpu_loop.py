@@ -27,7 +27,12 @@ ratio >= 0.9), with `--enforce-eager` and again on a server that captured CUDA g
 
 `--deep-run` (the run folder of `cookbook/gpu-1xh200/r3-deep-train.toml`, glm-air-deep: GLM-4.5-Air's
 46 layers at a quarter of its width) gives `r3_kl_reduction_gpu_deep`: the same paired KL at
-GLM-4.5-Air's depth, where routing flips compound over 45 MoE layers.
+GLM-4.5-Air's depth, where routing flips compound over 45 MoE layers. `--deep-on-policy-run` (the same
+recipe with `max_off_policy_steps` 0, `R3DEEP_ARGS` of scripts/gpu_run.sh) gives it on samples the
+trainer scores with the very weights that generated them, so the KL holds the kernels' and the
+routing's mismatch only, not one step of the policy's own change (`..._deep_on_policy`).
+`--graphs-run` (train.toml with `inference.cuda_graphs = true`) gives its steps/hour against the
+eager async run (`cuda_graphs_run_speedup`).
 
 `--measure-nccl` (2 GPUs; writes `bench/results/gpu_loop_x2.json`): the same model served on GPU 1
 with the `nccl` engine, the trainer on GPU 0 in this process; the NCCL group formed once
@@ -99,7 +104,8 @@ def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> d
         return {"error": f"bench/eval_throughput.py exited {finished.returncode}"}
     result = json.loads(out.read_text())
     kept = {key: result.get(key) for key in ("ratio", "agentrl_tokens_per_s", "raw_tokens_per_s", "paired_ratio_median",
-                                             "raw_single_pool_tokens_per_s", "client_cpu_s_median", "config")}
+                                             "raw_single_pool_tokens_per_s", "client_cpu_s_median", "errors",
+                                             "config")}
     kept["agentrl_errors"] = [run.get("errors") for run in result["runs"] if run["arm"] == "agentrl"]
     return kept
 
@@ -298,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft")
     parser.add_argument("--deep-run", type=Path, default=RUNS / "r3-deep-12-steps",
                         help="run folder of cookbook/gpu-1xh200/r3-deep-train.toml (skipped when absent)")
+    parser.add_argument("--deep-on-policy-run", type=Path, default=RUNS / "r3-deep-on-policy-8-steps",
+                        help="r3-deep-train.toml with max_off_policy_steps 0 (skipped when absent)")
+    parser.add_argument("--graphs-run", type=Path, default=RUNS / "async-30-steps-cuda-graphs",
+                        help="train.toml with inference.cuda_graphs = true (skipped when absent)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="with --measure: only the eager server")
     parser.add_argument("--eval-only", action="store_true",
                         help="with --measure: only the eval throughput (keeps an earlier weight_update)")
@@ -319,6 +329,15 @@ def main(argv: list[str] | None = None) -> int:
         deep_live, deep_replayed = report["deep"]["mismatch_kl_live_routing"], report["deep"]["mismatch_kl_replayed"]
         report["r3_kl_reduction_gpu_deep"] = deep_live / deep_replayed if deep_live and deep_replayed else None
         report["r3_kl_reduction_gpu_deep_step_median"] = report["deep"]["r3_step_ratio_median"]
+    if (args.deep_on_policy_run / "metrics.jsonl").is_file():
+        on_policy = report["deep_on_policy"] = summarise(args.deep_on_policy_run, ahead=0)
+        live, replayed = on_policy["mismatch_kl_live_routing"], on_policy["mismatch_kl_replayed"]
+        report["r3_kl_reduction_gpu_deep_on_policy"] = live / replayed if live and replayed else None
+        report["r3_kl_reduction_gpu_deep_on_policy_step_median"] = on_policy["r3_step_ratio_median"]
+    if (args.graphs_run / "metrics.jsonl").is_file():
+        graphs = report["async_cuda_graphs"] = summarise(args.graphs_run, ahead=ASYNC_AHEAD)
+        report["cuda_graphs_run_speedup"] = (graphs["steps_per_hour"] / fast
+                                             if graphs["steps_per_hour"] and fast else None)
     if args.measure:
         model_dir = args.model_dir
         if not (model_dir / "config.json").is_file():  # no SFT warm start here: the created model's weights
@@ -354,7 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     if update:
         table.add_row("weight update ipc / filesystem (s)", f"{update['ipc_median_s']:.2f} / "
                       f"{update['filesystem_median_s']:.2f}", "", "ipc < 2 s")
-    for name in ("async", "deep"):
+    graphs = report.get("async_cuda_graphs")
+    if graphs:
+        table.add_row("with CUDA graphs: steps/hour, step split (median)",
+                      f"{graphs['steps_per_hour']:.0f} ({report['cuda_graphs_run_speedup']:.2f}x eager); "
+                      + ", ".join(f"{key} {value:.2f}" for key, value in graphs["split_median_s"].items()), "", "")
+        table.add_row("with CUDA graphs: reward first 10 -> last 10, mismatch KL (R3 / live)",
+                      f"{graphs['reward_first10']:.3f} -> {graphs['reward_last10']:.3f}; "
+                      f"{graphs['mismatch_kl_replayed']:.2e} / {graphs['mismatch_kl_live_routing']:.2e}", "", "")
+    for name in ("async", "async_cuda_graphs", "deep", "deep_on_policy"):
         if (report.get(name) or {}).get("live_routing_agreement") is not None:
             table.add_row(f"live routing agrees with inference's ({name})",
                           f"{report[name]['live_routing_agreement']:.4f} of (token, layer) sets", "", "")
@@ -363,9 +390,15 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row("r3_kl_reduction_gpu_deep, 45 MoE layers (pooled / step median)",
                       f"{report['r3_kl_reduction_gpu_deep']:.2f}x / "
                       f"{report['r3_kl_reduction_gpu_deep_step_median']:.2f}x", "", ">= 5")
+    if report.get("deep_on_policy"):
+        table.add_row("r3_kl_reduction_gpu_deep_on_policy, sync (pooled / step median)",
+                      f"{report['r3_kl_reduction_gpu_deep_on_policy']:.2f}x / "
+                      f"{report['r3_kl_reduction_gpu_deep_on_policy_step_median']:.2f}x", "", ">= 5")
     throughput = report.get("eval_throughput") or {}
     for mode in ("eager", "cuda_graphs"):
         row = throughput.get(mode) or {}
+        if row.get("error"):
+            table.add_row(f"completion tokens/s agentrl / raw ({mode})", f"not measured: {row['error']}", "", ">= 0.9")
         if "ratio" in row:
             table.add_row(f"completion tokens/s agentrl / raw ({mode})", f"{row['agentrl_tokens_per_s']:.0f} / "
                           f"{row['raw_tokens_per_s']:.0f} = {row['ratio']:.2f}", "", ">= 0.9")

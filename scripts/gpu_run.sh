@@ -107,7 +107,7 @@ for phase in "${expanded[@]}"; do
       run_phase nemotron "${NEMOTRON_TIMEOUT:-200}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
         python3 bench/trainer_mfu_nemotron.py --results "$out/trainer_mfu_nemotron.json" ;;
     r3deep-sft)
-      run_phase r3deep-sft "${R3DEEP_SFT_TIMEOUT:-220}" python3 -m agentrl.cli sft \
+      run_phase r3deep-sft "${R3DEEP_SFT_TIMEOUT:-300}" python3 -m agentrl.cli sft \
         --config cookbook/gpu-1xh200/r3-deep-sft.toml ;;
     r3deep-train)
       rm -rf runs/gpu-1xh200/r3-deep

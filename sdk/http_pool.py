@@ -11,6 +11,11 @@ through the pool with the fewest requests in flight. The shards share one SSL co
 
 It offers the parts of `httpx.AsyncClient` the clients use: `request`, `get`, `post`,
 `event_hooks` (settable, applied to every shard) and `aclose`.
+
+Idle connections are dropped after `KEEPALIVE_EXPIRY_S`, below the 5 s after which vLLM's
+uvicorn closes an idle keep-alive connection (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`): with httpx's
+own default, also 5 s, a request can go out on a connection the server is closing at that
+moment and fail with `ReadError`.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ShardedAsyncClient", "shared_ssl_context"]
+__all__ = ["KEEPALIVE_EXPIRY_S", "ShardedAsyncClient", "shared_ssl_context"]
+
+KEEPALIVE_EXPIRY_S = 3.0
+"""Seconds an idle connection is kept: below vLLM's 5 s keep-alive (see the module docstring)."""
 
 
 @functools.cache
@@ -42,6 +50,7 @@ class ShardedAsyncClient:
         timeout: httpx.Timeout | float,
         headers: dict[str, str] | None = None,
         connections_per_shard: int = 8,
+        keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
     ) -> None:
         if max_connections < 1 or connections_per_shard < 1:
             raise ValueError("max_connections and connections_per_shard must be at least 1")
@@ -51,7 +60,8 @@ class ShardedAsyncClient:
         self._shards = [
             httpx.AsyncClient(
                 base_url=base_url, timeout=timeout, headers=headers, verify=ssl_context,
-                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard),
+                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard,
+                                    keepalive_expiry=keepalive_expiry_s),
             )
             for _ in range(shards)
         ]

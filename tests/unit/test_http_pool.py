@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from agentrl.http_pool import ShardedAsyncClient
+from agentrl.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
 
 
 class _Recorder(http.server.ThreadingHTTPServer):
@@ -94,3 +94,32 @@ async def test_event_hooks_set_on_the_client_reach_every_shard(recorder):
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError, match="max_connections"):
         ShardedAsyncClient(base_url="http://127.0.0.1:1", timeout=1, max_connections=0)
+
+
+async def test_an_idle_connection_is_dropped_after_the_keepalive_expiry(recorder):
+    """A connection idle past the expiry is not reused (a new client port), one idle less is."""
+    client = ShardedAsyncClient(base_url=f"http://127.0.0.1:{recorder.server_port}", timeout=30,
+                                max_connections=1, keepalive_expiry_s=0.3)
+    try:
+        await client.post("/echo", json={"value": 0})
+        await client.post("/echo", json={"value": 1})  # at once: the same connection
+        assert len(recorder.client_ports) == 1
+        await asyncio.sleep(0.6)
+        await client.post("/echo", json={"value": 2})
+    finally:
+        await client.aclose()
+    assert len(recorder.client_ports) == 2
+
+
+def test_the_default_keepalive_expiry_is_below_vllms_keep_alive():
+    """vLLM's uvicorn closes idle connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (default 5 s); the
+    client must drop them first, or a request can race the server's close (ReadError)."""
+    envs = pytest.importorskip("vllm.envs")
+    import os
+
+    saved = os.environ.pop("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", None)
+    try:
+        assert KEEPALIVE_EXPIRY_S < envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    finally:
+        if saved is not None:
+            os.environ["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = saved
