@@ -28,7 +28,19 @@ __all__ = ["ChatRenderer", "assistant_message", "parse_tool_calls"]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _SENTINEL = "\u2063AGENTRL\u2063"
-_ENCODED_TEXTS = 256  # texts whose token ids a renderer remembers
+_REMEMBERED = 256  # conversations (texts, token ids) a renderer remembers: a group's rollouts render the same prompt
+
+
+def _remembered(cache: OrderedDict, key: Any, compute: Any) -> Any:
+    """`cache[key]`, computed by `compute()` the first time; the `_REMEMBERED` latest keys are kept."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = compute()
+        if len(cache) > _REMEMBERED:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return value
 
 
 def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
@@ -75,6 +87,7 @@ class ChatRenderer:
             )
         self._closing: str | None = None
         self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._rendered: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ChatRenderer:
@@ -91,26 +104,24 @@ class ChatRenderer:
         self, messages: list[Message] | list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The chat template's text for `messages`."""
-        return self.tokenizer.apply_chat_template(
-            self._dicts(messages), tools=tools or None, tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-        )
+        """The chat template's text for `messages`.
+
+        The latest conversations are remembered (keyed by their JSON, tools and the generation
+        prompt): the rollouts of a group render the same prompt, and the template costs more than
+        the key."""
+        dicts = self._dicts(messages)
+        key = json.dumps([dicts, tools or None, add_generation_prompt], ensure_ascii=False)
+        return _remembered(self._rendered, key, lambda: self.tokenizer.apply_chat_template(
+            dicts, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+        ))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of template text (special tokens are written in the text).
 
         The latest texts are remembered: a group's rollouts render the same prompt.
         """
-        ids = self._encoded.get(text)
-        if ids is None:
-            ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            self._encoded[text] = ids
-            if len(self._encoded) > _ENCODED_TEXTS:
-                self._encoded.popitem(last=False)
-        else:
-            self._encoded.move_to_end(text)
-        return list(ids)
+        return list(_remembered(self._encoded, text, lambda: tuple(
+            self.tokenizer(text, add_special_tokens=False)["input_ids"])))
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 from agentrl.chat import ChatRenderer, assistant_message
 from agentrl.coalesce import RequestCoalescer
 from agentrl.errors import AgentrlError
@@ -45,6 +46,7 @@ __all__ = ["ContextLengthError", "InferenceError", "OpenAIClient", "TokenClient"
 
 _GREEDY_BELOW = 1e-5
 """vLLM samples greedily below this temperature (and then refuses n > 1)."""
+_JSON_CONTENT = {"content-type": "application/json"}
 
 
 class InferenceError(AgentrlError):
@@ -285,7 +287,8 @@ class TokenClient:
         if self.weight_version is not None:
             body["cache_salt"] = f"agentrl-weights-v{self.weight_version}"
         try:
-            response = await self.http.post("/inference/v1/generate", json=body)
+            response = await self.http.post("/inference/v1/generate", content=msgspec.json.encode(body),
+                                            headers=_JSON_CONTENT)
         except httpx.HTTPError as exc:
             raise InferenceError(f"{self.base_url}/inference/v1/generate: {type(exc).__name__}: {exc}") from exc
         if response.status_code == 400 and n > 1 and "sampling_params.n must be at most" in response.text:
@@ -306,7 +309,11 @@ class TokenClient:
                 f"{self.base_url}/inference/v1/generate answered {response.status_code}: {response.text[:300]}",
                 status=response.status_code,
             )
-        choices = response.json()["choices"]
+        try:  # msgspec: the logprobs of every token make these bodies large, json.loads is 2.7x slower
+            choices = msgspec.json.decode(response.content)["choices"]
+        except (msgspec.DecodeError, KeyError, TypeError) as exc:
+            raise InferenceError(f"{self.base_url}/inference/v1/generate answered 200 without a JSON body of "
+                                 f"choices: {response.text[:200]!r}") from exc
         if len(choices) != n:
             raise InferenceError(f"{self.base_url}/inference/v1/generate: asked for {n} choices, got {len(choices)}",
                                  retryable=False)

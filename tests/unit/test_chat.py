@@ -187,7 +187,37 @@ def test_encode_remembers_recent_texts_and_hands_out_copies():
     first.append(-1)  # the caller's list is its own
     assert renderer.encode("reverse: abc") == tokenizer("reverse: abc", add_special_tokens=False)["input_ids"]
     assert calls == ["reverse: abc"]
-    for index in range(chat._ENCODED_TEXTS):
+    for index in range(chat._REMEMBERED):
         renderer.encode(f"text {index}")
     renderer.encode("reverse: abc")  # pushed out by newer texts: encoded again
     assert calls.count("reverse: abc") == 2
+
+
+def test_render_text_remembers_conversations_and_tells_different_ones_apart():
+    """A group's rollouts render one prompt: the template runs once; any difference (a message,
+    the tools, the generation prompt) is rendered on its own."""
+    from agentrl import chat
+
+    renderer = ChatRenderer.from_pretrained(ensure_model("tiny-moe"))
+    template_calls = []
+    apply = renderer.tokenizer.apply_chat_template
+
+    def counting(conversation, **kwargs):
+        template_calls.append(conversation)
+        return apply(conversation, **kwargs)
+
+    renderer.tokenizer.apply_chat_template = counting
+    prompt = [Message(role="user", content="reverse: abc")]
+    fresh = renderer.render_text(prompt)
+    assert [renderer.render_text([m.model_copy() for m in prompt]) for _ in range(3)] == [fresh] * 3
+    assert len(template_calls) == 1
+    other = renderer.render_text([Message(role="user", content="reverse: abd")])
+    no_prompt = renderer.render_text(prompt, add_generation_prompt=False)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    renderer.render_text(prompt, tools=tools)
+    assert len(template_calls) == 4 and len({fresh, other, no_prompt}) == 3
+    assert fresh == apply([{"role": "user", "content": "reverse: abc"}], tokenize=False, add_generation_prompt=True)
+    for index in range(chat._REMEMBERED):
+        renderer.render_text([Message(role="user", content=f"text {index}")])
+    renderer.render_text(prompt)  # pushed out by newer conversations: rendered again
+    assert len(template_calls) == 4 + chat._REMEMBERED + 1

@@ -30,3 +30,45 @@ def test_every_request_asks_for_all_choices_in_the_final_answer():
 
     request = GenerateRequest.model_validate({"token_ids": [5, 6, 7], "sampling_params": {**params, "n": 4}})
     assert request.sampling_params.output_kind == RequestOutputKind.FINAL_ONLY and request.sampling_params.n == 4
+
+
+def test_the_body_goes_out_as_json_and_a_body_that_is_not_json_is_one_line():
+    """The request body is encoded (msgspec) into the JSON vLLM's parser reads, with its content type;
+    an answer of 200 whose body is not JSON choices is an InferenceError naming the endpoint. A broken
+    server stands in through httpx's MockTransport: real vLLM does not send such bodies on demand."""
+    import asyncio
+    import json
+
+    import httpx
+    import pytest
+    from agentrl.client import InferenceError, TokenClient
+
+    seen: list[httpx.Request] = []
+
+    class _Renderer:
+        def decode(self, ids, *, skip_special_tokens=True):
+            return "x" * len(ids)
+
+    def run(answer) -> object:
+        async def go():
+            client = TokenClient("http://vllm", renderer=_Renderer())
+            client._context_looked_up = True
+            client.http = httpx.AsyncClient(base_url="http://vllm", transport=httpx.MockTransport(answer))
+            async with client:
+                return await client.generate([1, 2, 3], sampling=SamplingConfig(max_tokens=4, seed=5))
+        return asyncio.run(go())
+
+    def good(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"choices": [{"index": 0, "token_ids": [7, 8], "finish_reason": "stop",
+                                                      "logprobs": {"content": [{"logprob": -0.5}] * 2}}]})
+
+    completion, _ = run(good)
+    assert completion.token_ids == [7, 8] and completion.logprobs == [-0.5, -0.5]
+    assert seen[0].headers["content-type"] == "application/json"
+    body = json.loads(seen[0].content)
+    assert body["token_ids"] == [1, 2, 3] and body["sampling_params"]["seed"] == 5
+    assert body["sampling_params"]["max_tokens"] == 4 and body["output_mode"] == "tokens"
+    for broken in (b"<html>proxy error</html>", b'{"detail": "no choices"}'):
+        with pytest.raises(InferenceError, match=r"generate answered 200 without a JSON body of choices"):
+            run(lambda request, broken=broken: httpx.Response(200, content=broken))
