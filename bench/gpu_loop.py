@@ -97,8 +97,8 @@ def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> d
     import subprocess
 
     command = [sys.executable, str(ROOT / "bench" / "eval_throughput.py"), "--base-url", base_url, "--model", model,
-               "-n", "256", "-r", "4", "--max-tokens", "128", "--concurrency", "128", "--repeats", "3",
-               "--raw-single-pool", "--output", str(out)]
+               "-n", "128", "-r", "4", "--max-tokens", "128", "--concurrency", "128", "--repeats", "3",
+               "--output", str(out)]
     finished = subprocess.run(command, timeout=300)
     if finished.returncode != 0 or not out.is_file():
         return {"error": f"bench/eval_throughput.py exited {finished.returncode}"}
@@ -309,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graphs-run", type=Path, default=RUNS / "async-30-steps-cuda-graphs",
                         help="train.toml with inference.cuda_graphs = true (skipped when absent)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="with --measure: only the eager server")
+    parser.add_argument("--created-model", action="store_true",
+                        help="with --measure: glm-air-5b as created even when --model-dir exists (its answers run to "
+                             "max_tokens, so the eval throughput measures decoding, not short answers' latency)")
     parser.add_argument("--eval-only", action="store_true",
                         help="with --measure: only the eval throughput (keeps an earlier weight_update)")
     parser.add_argument("--results", type=Path, default=None, help=f"default {RESULTS} ({RESULTS_X2} with --measure-nccl)")
@@ -340,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                                              if graphs["steps_per_hour"] and fast else None)
     if args.measure:
         model_dir = args.model_dir
-        if not (model_dir / "config.json").is_file():  # no SFT warm start here: the created model's weights
+        if args.created_model or not (model_dir / "config.json").is_file():  # the created model's weights
             from agentrl.models import ensure_model
 
             model_dir = ensure_model("glm-air-5b")

@@ -16,7 +16,8 @@
 #   nemotron  bench/trainer_mfu_nemotron.py: MFU of Nemotron-3-Nano-shaped layers, Mamba scan share -> $OUT
 #   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run;
 #             its halves r3deep-sft and r3deep-train run alone too (the SFT export stays on a warm machine)
-#   evalbench bench/gpu_loop.py --measure --eval-only: the eval throughput alone -> $OUT/gpu_loop.json
+#   evalbench bench/gpu_loop.py --measure --eval-only --created-model: the eval throughput alone, on glm-air-5b
+#             as created (answers run to max_tokens) -> $OUT/gpu_loop.json
 # On nvidia-h200-x2 (issue 25: trainer on GPU 0, vLLM on GPU 1, weights through NCCL; sft first for the warm start):
 #   x2tests   tests/gpu/test_weights_nccl.py (NCCL update logprobs, a request in flight, restart + re-send)
 #   x2train   agentrl train --config cookbook/gpu-2xh200/train.toml -> $OUT/x2-run
@@ -95,8 +96,8 @@ for phase in "${expanded[@]}"; do
       run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --measure --results "$out/gpu_loop.json" ;;
     evalbench)  # the eval throughput only, on an eager and a CUDA-graphs server (the committed update figures kept)
       cp bench/results/gpu_loop.json "$out/gpu_loop.json"
-      run_phase evalbench "${EVALBENCH_TIMEOUT:-420}" python3 bench/gpu_loop.py --measure --eval-only \
-        --results "$out/gpu_loop.json" ;;
+      run_phase evalbench "${EVALBENCH_TIMEOUT:-480}" python3 bench/gpu_loop.py --measure --eval-only \
+        --created-model --results "$out/gpu_loop.json" ;;
     gputests)
       run_phase gputests "${GPUTESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_trainer_mla_gpu.py \
         tests/gpu/test_trainer_nemotron_gpu.py -q -p no:cacheprovider ;;
