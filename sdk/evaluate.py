@@ -201,8 +201,9 @@ async def _has_token_endpoint(base_url: str) -> bool:
 
 
 async def _make_client(config: EvalConfig, base_url: str, *, started_here: bool):
-    from agentrl.client import OpenAIClient, TokenClient
+    from agentrl.client import TokenClient
     from agentrl.models import resolve_model
+    from agentrl.openai_client import OpenAIClient
 
     kind = config.client
     spec = None

@@ -197,7 +197,8 @@ async def test_seeded_requests_beyond_one_prefill_batch(tiny_moe_server):
 
 @pytest.mark.integration
 async def test_openai_client_matches_token_rendering(tiny_moe_server):
-    from agentrl.client import OpenAIClient, TokenClient
+    from agentrl.client import TokenClient
+    from agentrl.openai_client import OpenAIClient
 
     messages = [Message(role="system", content="Be brief."), Message(role="user", content="hello there")]
     tools = [{"type": "function", "function": {"name": "add", "description": "Add numbers.", "parameters": {"type": "object", "properties": {}}}}]
