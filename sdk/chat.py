@@ -104,16 +104,11 @@ class ChatRenderer:
         self, messages: list[Message] | list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The chat template's text for `messages`.
-
-        The latest conversations are remembered (keyed by their JSON, tools and the generation
-        prompt): the rollouts of a group render the same prompt, and the template costs more than
-        the key."""
-        dicts = self._dicts(messages)
-        key = json.dumps([dicts, tools or None, add_generation_prompt], ensure_ascii=False)
-        return _remembered(self._rendered, key, lambda: self.tokenizer.apply_chat_template(
-            dicts, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
-        ))
+        """The chat template's text for `messages`."""
+        return self.tokenizer.apply_chat_template(
+            self._dicts(messages), tools=tools or None, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of template text (special tokens are written in the text).
@@ -129,8 +124,14 @@ class ChatRenderer:
     def render(
         self, messages: list[Message] | list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Prompt token ids for a whole conversation, ending with the generation prompt."""
-        return self.encode(self.render_text(messages, tools=tools))
+        """Prompt token ids for a whole conversation, ending with the generation prompt.
+
+        The latest conversations are remembered (keyed by their JSON and the tools): the rollouts of
+        a group render the same first prompt, and the template costs more than the key. Extending a
+        turn (`new_text`) renders fresh: its conversations are each new."""
+        dicts = self._dicts(messages)
+        key = json.dumps([dicts, tools or None], ensure_ascii=False)
+        return self.encode(_remembered(self._rendered, key, lambda: self.render_text(dicts, tools=tools)))
 
     # ------------------------------------------------------------------ extension
     def special_ids(self) -> set[int]:

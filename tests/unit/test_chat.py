@@ -193,9 +193,10 @@ def test_encode_remembers_recent_texts_and_hands_out_copies():
     assert calls.count("reverse: abc") == 2
 
 
-def test_render_text_remembers_conversations_and_tells_different_ones_apart():
-    """A group's rollouts render one prompt: the template runs once; any difference (a message,
-    the tools, the generation prompt) is rendered on its own."""
+def test_render_remembers_conversations_and_tells_different_ones_apart():
+    """A group's rollouts render one first prompt: the template runs once; any difference (a message,
+    the tools) is rendered on its own, and render_text (turn extension: each conversation new) is not
+    remembered at all."""
     from agentrl import chat
 
     renderer = ChatRenderer.from_pretrained(ensure_model("tiny-moe"))
@@ -208,16 +209,19 @@ def test_render_text_remembers_conversations_and_tells_different_ones_apart():
 
     renderer.tokenizer.apply_chat_template = counting
     prompt = [Message(role="user", content="reverse: abc")]
-    fresh = renderer.render_text(prompt)
-    assert [renderer.render_text([m.model_copy() for m in prompt]) for _ in range(3)] == [fresh] * 3
+    fresh = renderer.render(prompt)
+    assert [renderer.render([m.model_copy() for m in prompt]) for _ in range(3)] == [fresh] * 3
     assert len(template_calls) == 1
-    other = renderer.render_text([Message(role="user", content="reverse: abd")])
-    no_prompt = renderer.render_text(prompt, add_generation_prompt=False)
+    other = renderer.render([Message(role="user", content="reverse: abd")])
+    no_prompt = renderer.encode(renderer.render_text(prompt, add_generation_prompt=False))
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    renderer.render_text(prompt, tools=tools)
-    assert len(template_calls) == 4 and len({fresh, other, no_prompt}) == 3
-    assert fresh == apply([{"role": "user", "content": "reverse: abc"}], tokenize=False, add_generation_prompt=True)
+    renderer.render(prompt, tools=tools)
+    assert len(template_calls) == 4 and len({tuple(fresh), tuple(other), tuple(no_prompt)}) == 3
+    renderer.render_text(prompt, add_generation_prompt=False)
+    assert len(template_calls) == 5
+    text = apply([{"role": "user", "content": "reverse: abc"}], tokenize=False, add_generation_prompt=True)
+    assert fresh == renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
     for index in range(chat._REMEMBERED):
-        renderer.render_text([Message(role="user", content=f"text {index}")])
-    renderer.render_text(prompt)  # pushed out by newer conversations: rendered again
-    assert len(template_calls) == 4 + chat._REMEMBERED + 1
+        renderer.render([Message(role="user", content=f"text {index}")])
+    renderer.render(prompt)  # pushed out by newer conversations: rendered again
+    assert len(template_calls) == 5 + chat._REMEMBERED + 1
