@@ -62,6 +62,11 @@ RESULTS = ROOT / "bench" / "results" / "gpu_loop.json"
 RUNS = ROOT / "cookbook" / "gpu-1xh200" / "results"
 RESULTS_X2 = ROOT / "bench" / "results" / "gpu_loop_x2.json"
 RUNS_X2 = ROOT / "runs" / "gpu-2xh200"
+R3_FIGURES = (  # (summary in the report, its R3 figure's key, what the table adds to the key)
+    ("async", "r3_kl_reduction_gpu", ""),
+    ("deep", "r3_kl_reduction_gpu_deep", ", 45 MoE layers"),
+    ("deep_on_policy", "r3_kl_reduction_gpu_deep_on_policy", ", 45 MoE layers, sync"),
+)
 ASYNC_AHEAD = 1  # the recipe's max_off_policy_steps: the async run's last step trains on an earlier batch
 
 
@@ -72,6 +77,8 @@ def summarise(run_dir: Path, *, ahead: int) -> dict:
     live = [r.get("train/mismatch_kl_live_routing") for r in rows]
     replayed = [r.get("mismatch_kl") for r in rows]
     pairs = [(lv, rp) for lv, rp in zip(live, replayed) if lv is not None and rp]
+    live_mean = statistics.mean(lv for lv, _ in pairs) if pairs else None
+    replayed_mean = statistics.mean(rp for _, rp in pairs) if pairs else None
     return {
         "run": str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir),
         "steps": len(rows),
@@ -80,8 +87,9 @@ def summarise(run_dir: Path, *, ahead: int) -> dict:
                            for key in ("step_time_s", "wait_s", "train_s", "weight_stage_s", "weight_push_s")},
         "reward_first10": statistics.mean(r["reward"] for r in rows[:10]),
         "reward_last10": statistics.mean(r["reward"] for r in rows[-10:]),
-        "mismatch_kl_replayed": statistics.mean(rp for _, rp in pairs) if pairs else None,
-        "mismatch_kl_live_routing": statistics.mean(lv for lv, _ in pairs) if pairs else None,
+        "mismatch_kl_replayed": replayed_mean,
+        "mismatch_kl_live_routing": live_mean,
+        "r3_kl_reduction": live_mean / replayed_mean if pairs else None,  # pooled over the same steps
         "r3_step_ratio_median": statistics.median(lv / rp for lv, rp in pairs) if pairs else None,
         "r3_replayed_fraction": sorted({r.get("r3/replayed_fraction") for r in rows if r.get("r3/replayed_fraction")}),
         # the share of inference's (token, MoE layer) expert sets the trainer's own routers chose alike
@@ -324,19 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"async": summarise(args.async_run, ahead=ASYNC_AHEAD), "sync": summarise(args.sync_run, ahead=0)}
     fast, slow = report["async"]["steps_per_hour"], report["sync"]["steps_per_hour"]
     report["async_speedup"] = fast / slow if fast and slow else None
-    live, replayed = report["async"]["mismatch_kl_live_routing"], report["async"]["mismatch_kl_replayed"]
-    report["r3_kl_reduction_gpu"] = live / replayed if live and replayed else None
-    report["r3_kl_reduction_gpu_step_median"] = report["async"]["r3_step_ratio_median"]
     if (args.deep_run / "metrics.jsonl").is_file():
         report["deep"] = summarise(args.deep_run, ahead=ASYNC_AHEAD)
-        deep_live, deep_replayed = report["deep"]["mismatch_kl_live_routing"], report["deep"]["mismatch_kl_replayed"]
-        report["r3_kl_reduction_gpu_deep"] = deep_live / deep_replayed if deep_live and deep_replayed else None
-        report["r3_kl_reduction_gpu_deep_step_median"] = report["deep"]["r3_step_ratio_median"]
     if (args.deep_on_policy_run / "metrics.jsonl").is_file():
-        on_policy = report["deep_on_policy"] = summarise(args.deep_on_policy_run, ahead=0)
-        live, replayed = on_policy["mismatch_kl_live_routing"], on_policy["mismatch_kl_replayed"]
-        report["r3_kl_reduction_gpu_deep_on_policy"] = live / replayed if live and replayed else None
-        report["r3_kl_reduction_gpu_deep_on_policy_step_median"] = on_policy["r3_step_ratio_median"]
+        report["deep_on_policy"] = summarise(args.deep_on_policy_run, ahead=0)
+    for name, key, _ in R3_FIGURES:
+        if name in report:
+            report[key], report[f"{key}_step_median"] = (report[name]["r3_kl_reduction"],
+                                                         report[name]["r3_step_ratio_median"])
     if (args.graphs_run / "metrics.jsonl").is_file():
         graphs = report["async_cuda_graphs"] = summarise(args.graphs_run, ahead=ASYNC_AHEAD)
         report["cuda_graphs_run_speedup"] = (graphs["steps_per_hour"] / fast
@@ -370,8 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("async_speedup", f"{report['async_speedup']:.2f}x", "", ">= 1.5")
     table.add_row("reward first 10 -> last 10", f"{report['async']['reward_first10']:.3f} -> "
                   f"{report['async']['reward_last10']:.3f}", "", "rising")
-    table.add_row("r3_kl_reduction_gpu (pooled / step median)", f"{report['r3_kl_reduction_gpu']:.2f}x / "
-                  f"{report['r3_kl_reduction_gpu_step_median']:.2f}x", "", ">= 5")
     update = report.get("weight_update")
     if update:
         table.add_row("weight update ipc / filesystem (s)", f"{update['ipc_median_s']:.2f} / "
@@ -388,15 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         if (report.get(name) or {}).get("live_routing_agreement") is not None:
             table.add_row(f"live routing agrees with inference's ({name})",
                           f"{report[name]['live_routing_agreement']:.4f} of (token, layer) sets", "", "")
-    deep = report.get("deep")
-    if deep:
-        table.add_row("r3_kl_reduction_gpu_deep, 45 MoE layers (pooled / step median)",
-                      f"{report['r3_kl_reduction_gpu_deep']:.2f}x / "
-                      f"{report['r3_kl_reduction_gpu_deep_step_median']:.2f}x", "", ">= 5")
-    if report.get("deep_on_policy"):
-        table.add_row("r3_kl_reduction_gpu_deep_on_policy, sync (pooled / step median)",
-                      f"{report['r3_kl_reduction_gpu_deep_on_policy']:.2f}x / "
-                      f"{report['r3_kl_reduction_gpu_deep_on_policy_step_median']:.2f}x", "", ">= 5")
+    for name, key, label in R3_FIGURES:
+        if report.get(key) is not None:
+            table.add_row(f"{key}{label} (pooled / step median)",
+                          f"{report[key]:.2f}x / {report[f'{key}_step_median']:.2f}x", "", ">= 5")
     throughput = report.get("eval_throughput") or {}
     for mode in ("eager", "cuda_graphs"):
         row = throughput.get(mode) or {}
