@@ -204,6 +204,7 @@ def main(
         return statistics.median(values) if values else None
 
     raw, ours = median_of("raw"), median_of("agentrl")
+    arms = sorted({r["arm"] for r in runs})
     ratio = ours / raw
     result = {
         "benchmark": "eval_throughput", "ratio": ratio, "agentrl_tokens_per_s": ours, "raw_tokens_per_s": raw,
@@ -211,8 +212,8 @@ def main(
         "config": {"n": n, "rollouts_per_task": rollouts_per_task, "max_tokens": max_tokens,
                    "concurrency": concurrency, "repeats": repeats, "temperature": sampling.temperature},
         "paired_ratios": pair_ratios, "paired_ratio_median": statistics.median(pair_ratios),
-        "client_cpu_s_median": {arm: median_of(arm, "client_cpu_s") for arm in sorted({r["arm"] for r in runs})},
-        "errors": {arm: sum(r["errors"] for r in runs if r["arm"] == arm) for arm in sorted({r["arm"] for r in runs})},
+        "client_cpu_s_median": {arm: median_of(arm, "client_cpu_s") for arm in arms},
+        "errors": {arm: sum(r["errors"] for r in runs if r["arm"] == arm) for arm in arms},
         "runs": runs, "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if raw_single_pool:
