@@ -94,6 +94,25 @@ async def test_recorded_experts_equal_transformers_routing(experts_server, refer
         assert (np.concatenate([prompt_rows, completion_rows[:-1]]) == rows).all()
 
 
+async def _wait_for_progress(client, url, requests, *, since, tokens, timeout_s=120.0):
+    """The server's generated-token count once it is `tokens` past `since` with all of `requests` running.
+
+    Fails if one of them finishes first (the test's `max_tokens` leaves room for every update).
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        for request in requests:
+            if request.done():
+                request.result()  # raises the request's own error, if it failed
+                pytest.fail("a request finished before the updates landed")
+        generated = await vllm_counter(client, url, "vllm:generation_tokens_total")
+        in_flight = await vllm_counter(client, url, "vllm:num_requests_running")
+        if generated >= since + tokens and in_flight == len(requests):
+            return generated
+        assert asyncio.get_running_loop().time() < deadline, f"no progress in {timeout_s:.0f} s ({generated - since:.0f} tokens)"
+        await asyncio.sleep(0.02)
+
+
 @pytest.mark.parametrize("recompute_kv", [True, False])
 async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, reference_model, tmp_path, recompute_kv):
     """Requests running while weights are reloaded get one row per token, in order.
@@ -109,13 +128,18 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
     prompts = [[3] + [(13 * index + offset) % 97 + 9 for index in range(20)] for offset in range(3)]
     publisher = FilesystemWeightPublisher([experts_server.url], staging_dir=tmp_path / "staging",
                                           recompute_kv=recompute_kv)
+    url = experts_server.url
     async with httpx.AsyncClient() as client:
-        preempted_before = await vllm_counter(client, experts_server.url, "vllm:num_preemptions_total")
-        running = [asyncio.create_task(_generate(client, experts_server.url, prompt, max_tokens=200, seed=index,
-                                                     ignore_eos=True))
+        preempted_before = await vllm_counter(client, url, "vllm:num_preemptions_total")
+        generated = await vllm_counter(client, url, "vllm:generation_tokens_total")
+        running = [asyncio.create_task(_generate(client, url, prompt, max_tokens=1800, seed=index, ignore_eos=True))
                    for index, prompt in enumerate(prompts)]
         for version in (1, 2, 3):
-            await asyncio.sleep(0.2)
+            # Publish once the server's counters show every request running and sampling with the
+            # weights served now, not after a sleep. 1800 tokens take ~10 s with two busy cores
+            # (/metrics answering up to 2.5 s late), three updates ~1 s: `_wait_for_progress`
+            # fails, rather than the test passing vacuously, if a request ends first.
+            generated = await _wait_for_progress(client, url, running, since=generated, tokens=2 * len(prompts))
             await publisher.apublish(ensure_model("tiny-moe"), version=version)
         choices = await asyncio.gather(*running)
         preempted = await vllm_counter(client, experts_server.url, "vllm:num_preemptions_total") - preempted_before
