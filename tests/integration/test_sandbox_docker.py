@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -169,6 +170,18 @@ async def test_pool_hands_out_fresh_started_sandboxes():
     assert left == [] and len(held) == 3
 
 
+async def _until_gone(sandbox, process_name: str, *, timeout_s: float = 30.0) -> None:
+    """Return once no process named `process_name` runs in `sandbox`'s container (asked as root, through the engine)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        probe = sandbox.client.api.exec_create(sandbox.id, ["pgrep", "-x", process_name], user="0:0")["Id"]
+        sandbox.client.api.exec_start(probe)
+        if sandbox.client.api.exec_inspect(probe)["ExitCode"] == 1:
+            return
+        assert time.monotonic() < deadline, f"{process_name} still runs {timeout_s:.0f} s after it was killed"
+        await asyncio.sleep(0.05)
+
+
 @needs_docker
 async def test_docker_exec_fallback_when_server_is_gone():
     async with create_sandbox(SandboxConfig(owner=owner(), max_output_bytes=1000)) as sandbox:
@@ -180,7 +193,7 @@ async def test_docker_exec_fallback_when_server_is_gone():
         # The server dies (as if it crashed): root kills it through the engine.
         killer = sandbox.client.api.exec_create(sandbox.id, ["pkill", "-x", "sandboxd"], user="0:0")["Id"]
         sandbox.client.api.exec_start(killer)
-        await asyncio.sleep(0.5)
+        await _until_gone(sandbox, "sandboxd")
         # From here on commands go through `docker exec`, with the same guarantees.
         result = await sandbox.exec("echo $X; echo err >&2; exit 4", env={"X": "fallback"})
         assert (result.exit_code, result.stdout, result.stderr) == (4, "fallback\n", "err\n")
