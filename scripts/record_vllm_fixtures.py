@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    from agentrl.inference.plans import DeploymentConfig
+    from agentrl.inference.deployment import DeploymentConfig
     from agentrl.models import ensure_model
     from agentrl.rl.inference_actor import replica_server
 

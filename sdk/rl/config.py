@@ -4,7 +4,7 @@
     [model]          base model (preset, HF folder) and the checkpoint the policy starts from
     [sampling]       agentrl.sampling.SamplingConfig
     [trainer]        agentrl.trainer.config.TrainerConfig (optimizer, loss, layout, packing)
-    [inference]      agentrl.inference.plans.DeploymentConfig (vLLM deployment)
+    [inference]      agentrl.inference.deployment.DeploymentConfig (vLLM deployment)
     [orchestrator]   agentrl.rl.orchestrator.OrchestratorConfig (async loop)
     [launch]         Ray placement (cluster address, GPUs per role, custom resources)
     [plan]           agentrl.rl.step_time.StepTimeInputs (rates and bandwidths of the step-time model)
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from agentrl.config import BaseConfig, load_config
 from agentrl.errors import AgentrlError, ConfigError
-from agentrl.inference.plans import DeploymentConfig
+from agentrl.inference.deployment import DeploymentConfig
 from agentrl.project_files import project_path, resolve_project_path
 from agentrl.rl.orchestrator import OrchestratorConfig
 from agentrl.rl.step_time import StepTimeInputs

@@ -256,10 +256,9 @@ def format_terms(terms: dict[str, float]) -> str:
 def engine_shape(deployment):
     """Engines, GPUs per engine and FP8 of an inference `DeploymentConfig` (P/D counted as engines of
     `nodes_per_instance` nodes, prefill and decode alike)."""
-    from agentrl.inference.plans import _use_fp8
     from agentrl.rl.decode_model import EngineShape
 
-    fp8 = bool(_use_fp8(deployment))
+    fp8 = deployment.uses_fp8()
     if deployment.kind == "replicas":
         return EngineShape(
             engines=deployment.replicas, gpus_per_engine=deployment.tensor_parallel_size, fp8=fp8

@@ -28,7 +28,7 @@ SERVER_GPU = 1
 
 
 def _server(model_dir):
-    from agentrl.inference.plans import DeploymentConfig
+    from agentrl.inference.deployment import DeploymentConfig
     from agentrl.rl.inference_actor import replica_server
 
     deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=16,

@@ -100,7 +100,7 @@ def _wait_for(condition, *, timeout_s: float, what: str) -> None:
 def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_logged(tmp_path, monkeypatch):
     from trainer_helpers import make_samples
 
-    from agentrl.inference.plans import DeploymentConfig
+    from agentrl.inference.deployment import DeploymentConfig
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.models import ensure_model
     from agentrl.rl.groups import InferenceGroup, TrainerGroup

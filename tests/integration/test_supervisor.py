@@ -16,7 +16,8 @@ import textwrap
 import pytest
 
 from agentrl.errors import AgentrlError, MissingExtraError
-from agentrl.inference.plans import DeploymentConfig, build_plan, cpu_server_options
+from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.plans import build_plan, cpu_server_options
 from agentrl.inference.supervisor import InsufficientGpusError, ServerSupervisor, SupervisedClient, preflight
 from agentrl.inference.weights import FilesystemWeightPublisher
 
@@ -171,7 +172,8 @@ def test_missing_vllm_is_a_one_line_error():
                     raise ModuleNotFoundError(name)
         sys.meta_path.insert(0, Block())
         from agentrl.errors import MissingExtraError
-        from agentrl.inference.plans import DeploymentConfig, build_plan
+        from agentrl.inference.deployment import DeploymentConfig
+        from agentrl.inference.plans import build_plan
         from agentrl.inference.supervisor import preflight
         try:
             preflight(build_plan("tiny-moe", DeploymentConfig(kind="single", device="cpu")))

