@@ -19,7 +19,8 @@ import itertools
 import json
 from pathlib import Path
 
-from agentrl.evaluate import EvalConfig, summarize
+from agentrl.eval_summary import summarize
+from agentrl.evaluate import EvalConfig
 from agentrl.loader import load_environment
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorConfig

@@ -114,7 +114,8 @@ def test_tool_env_offers_the_tools_and_runs_them():
 
 def test_evaluate_writes_verifiers_rewards(tmp_path):
     """agentrl's eval engine over a verifiers package: results.jsonl carries verifiers' rewards."""
-    from agentrl.evaluate import EvalConfig, summarize
+    from agentrl.eval_summary import summarize
+    from agentrl.evaluate import EvalConfig
 
     env = agentrl.load_environment(FIXTURES / "legacy_qa")
     tasks = env.tasks("test")
