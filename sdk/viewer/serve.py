@@ -27,10 +27,13 @@ def view_command(*paths: str | Path) -> str:
 
 
 def _bound_socket(port: int) -> socket.socket:
+    """A socket bound to HOST:port and already listening: a client given the URL at once is queued
+    in the backlog until the server accepts, never refused."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((HOST, port))
+        sock.listen(128)
     except OSError as error:
         sock.close()
         raise AgentrlError(f"agentrl view: port {port} on {HOST} is taken ({error.strerror}); "
@@ -51,9 +54,12 @@ def serve(paths: list[str | Path], *, port: int = 8765, on_ready=None) -> None:
     """Serve the viewer on http://127.0.0.1:PORT until interrupted."""
     server = _server(paths)
     sock = _bound_socket(port)
-    if on_ready is not None:
-        on_ready(f"http://{HOST}:{sock.getsockname()[1]}/")
-    server.run(sockets=[sock])
+    try:
+        if on_ready is not None:
+            on_ready(f"http://{HOST}:{sock.getsockname()[1]}/")
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 class ViewerServer:

@@ -183,3 +183,22 @@ def test_agentrl_view_serves_on_loopback_and_refuses_bad_folders(folders, tmp_pa
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_the_url_handed_out_takes_connections_before_the_server_runs(folders):
+    """`agentrl view` prints its URL before uvicorn starts: the socket already listens, so a client
+    that connects at once is queued, not refused (it was: the viewer test failed on a busy machine)."""
+    import socket
+
+    from agentrl.viewer.serve import serve
+
+    class Handed(Exception):
+        pass
+
+    def ready(url: str) -> None:
+        host, port = url.removeprefix("http://").rstrip("/").split(":")
+        with socket.create_connection((host, int(port)), timeout=5):
+            raise Handed(url)
+
+    with pytest.raises(Handed, match="http://127.0.0.1:"):
+        serve([folders / "run"], port=0, on_ready=ready)
