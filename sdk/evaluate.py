@@ -81,6 +81,19 @@ def default_output_dir(env: str, model: str) -> Path:
     return Path("runs") / f"eval-{_slug(env)}-{_slug(model)}-{stamp}"
 
 
+async def _check_reachable(base_url: str) -> None:
+    """Fail at once, in one line, when no server answers at `base_url` (any HTTP answer will do),
+    instead of running every rollout into the same connection error."""
+    try:
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            await http.get(base_url)
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        raise AgentrlError(
+            f"base_url {base_url!r}: no server answers ({type(error).__name__}: {error}); start one"
+            " (`agentrl serve`) or fix the URL"
+        ) from None
+
+
 async def _has_token_endpoint(base_url: str) -> bool:
     """True when the server routes /inference/v1/generate (an empty body gets 422, not 404)."""
     try:
@@ -191,6 +204,8 @@ async def evaluate_async(
     results_file = output / "results.jsonl"
     if results_file.exists() and results_file.stat().st_size > 0:
         raise AgentrlError(f"{results_file} already exists; choose another --output so earlier results are kept")
+    if server_startup_s is None:
+        await _check_reachable(config.base_url)
     output.mkdir(parents=True, exist_ok=True)
 
     kind, client = await _make_client(config, config.base_url, started_here=server_startup_s is not None)

@@ -64,7 +64,8 @@ for _group, _name in GROUP_MODULES.items():
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `agentrl` script: run the app, print user errors as one line."""
     try:
-        app(args=argv, prog_name="agentrl", standalone_mode=False)
+        # Not standalone, click hands back a command's `typer.Exit(code)` as the return value.
+        code = app(args=argv, prog_name="agentrl", standalone_mode=False)
     except AgentrlError as error:
         typer.secho(f"error: {error}", fg="red", err=True)
         return error.exit_code
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             typer.secho("aborted", fg="yellow", err=True)
             return 1
         raise
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
