@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(0)
 
         def on_server(server) -> None:
-            console.print(f"starting vLLM for {resolved.model} on {server.url} (about a minute on a 2-core CPU)")
+            console.print(f"starting vLLM for {server.model} on {server.url} (about a minute on a 2-core CPU)")
 
         from agentrl.cli.serve import interrupt_on_sigterm
 

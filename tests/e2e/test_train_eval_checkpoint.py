@@ -39,6 +39,7 @@ def test_eval_checkpoint_against_baseline(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     out = result.stdout
     assert "baseline: tiny-moe" in out and "checkpoint vs baseline" in out, out[-3000:]
+    assert "starting vLLM for tiny-moe" in out, out[-3000:]  # the baseline's own server, named as such
     rows = [[cell.strip() for cell in line.split("│") if cell.strip()] for line in out.splitlines()]
     compared = [cells for cells in rows if len(cells) == 4 and cells[0] == "mean reward"]
     assert compared, out[-3000:]
