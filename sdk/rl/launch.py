@@ -49,7 +49,7 @@ from agentrl.rl.resume import (
     remove_partials,
 )
 from agentrl.rl.rollout_log import RolloutLog
-from agentrl.rl.stopping import RunStopped, stop_on_signals, stopped_error
+from agentrl.rl.stopping import RunStopped, actor_died_error, stop_on_signals, stopped_error
 from agentrl.types import Rollout, Task
 
 __all__ = ["TrainingResult", "run_training"]
@@ -268,6 +268,10 @@ def run_training(
     except RunStopped as stopped:
         last = latest_checkpoint(checkpoint_root)
         raise stopped_error(stopped, run_dir=folder.path, checkpoint_step=last.step if last else None) from None
+    except ray.exceptions.ActorDiedError as died:  # a trainer rank or another actor was killed mid-run
+        last = latest_checkpoint(checkpoint_root)
+        raise actor_died_error(died, run_dir=folder.path, run_id=run_id,
+                               checkpoint_step=last.step if last else None) from None
     finally:
         for logger in loggers:
             logger.close()

@@ -6,13 +6,15 @@ agents are left to die on their own, if they do. `stop_on_signals()` turns the f
 SIGINT in the driver's main thread into `RunStopped` (a `KeyboardInterrupt`, so neither the
 orchestrator's `except Exception` nor asyncio's task machinery swallows it); the launcher's
 clean-up then stops the servers, the actors and the local cluster, and `stopped_error` gives the
-one line the CLI prints (exit status 128 + the signal's number). Further signals during that
+one line the CLI prints (exit status 128 + the signal's number). A Ray actor of the run that dies
+(a trainer rank killed, say) ends it the same way: `actor_died_error` is its one line (exit status 1). Further signals during that
 clean-up are ignored: every step of it is bounded in time, and an interrupted clean-up is what
 leaves processes behind.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -21,7 +23,7 @@ from typing import Iterator
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["RunStopped", "RunStoppedError", "stop_on_signals", "stopped_error"]
+__all__ = ["RunStopped", "RunStoppedError", "ProcessDiedError", "stop_on_signals", "stopped_error", "actor_died_error"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -32,6 +34,12 @@ class RunStopped(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class ProcessDiedError(AgentrlError):
+    """A process of the run (a trainer rank, an actor) died mid-run; its folder is intact and resumable."""
+
+    exit_code = 1
 
 
 class RunStoppedError(AgentrlError):
@@ -74,3 +82,29 @@ def stopped_error(stopped: RunStopped, *, run_dir: Path, checkpoint_step: int | 
             else "no checkpoint yet: a resume starts from step 0")
     return RunStoppedError(f"stopped by {signal.Signals(stopped.signum).name}; {run_dir} is kept ({kept}); "
                            f"resume with: agentrl train --resume {run_dir}", signum=stopped.signum)
+
+
+_ACTOR_FIELDS = re.compile(r"^\s*(class_name|name|pid|ip): (\S+)\s*$", re.M)
+_EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
+
+
+def actor_died_error(error: BaseException, *, run_dir: Path, run_id: str, checkpoint_step: int | None) -> ProcessDiedError:
+    """The one line for a run whose Ray actor died (`ray.exceptions.ActorDiedError`): which one, how, how to resume.
+
+    Ray's own message is a paragraph (class, actor id, pid, node, common causes); the line keeps
+    the actor's name within the run (`trainer-1`), its class, pid and node, and the exit type.
+    """
+    text = str(error)
+    fields = dict(_ACTOR_FIELDS.findall(text))
+    name = fields.get("name", "").removeprefix(f"{run_id}-") or fields.get("class_name", "an actor")
+    where = ", ".join(part for part in (
+        fields.get("class_name"),
+        f"pid {fields['pid']}" + (f" on {fields['ip']}" if "ip" in fields else "") if "pid" in fields else None,
+    ) if part)
+    how = _EXIT_TYPE.search(text)
+    kept = (f"last checkpoint: step {checkpoint_step}" if checkpoint_step is not None
+            else "no checkpoint yet: a resume starts from step 0")
+    return ProcessDiedError(
+        f"{name}{f' ({where})' if where else ''} died{f' ({how.group(1)})' if how else ''}; the run cannot go on"
+        f" without it; {run_dir} is kept ({kept}); resume with: agentrl train --resume {run_dir}"
+    )

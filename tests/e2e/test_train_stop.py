@@ -9,7 +9,8 @@ driver's pid only (not its group). Then, within a bound: the driver exits with 1
 and one line saying it was stopped and how to resume, no process of either session is left, the
 server's port is closed, and the run folder is intact (metrics.jsonl parses, the last
 checkpoint is complete). The second run is `agentrl train --resume` of the first; it resumes
-from that checkpoint, trains a step, and is stopped with SIGINT the same way.
+from that checkpoint, trains a step, and is stopped with SIGINT the same way. A trainer rank killed
+with -9 (a Ray actor of a two-rank run) ends the run the same way: exit 1, one line, nothing left.
 
 Whatever a failed assertion leaves behind is killed (by session) at the end.
 """
@@ -83,15 +84,25 @@ def _wait_serving(process: subprocess.Popen, run_dir: Path, log: Path, *, checkp
 def _stop_and_check(process: subprocess.Popen, signum: int, server: dict, run_dir: Path, log: Path) -> int:
     """Signal the driver's pid; check its exit, its one line, what is left, the run folder; the checkpoint step."""
     os.kill(process.pid, signum)
+    line = (f"error: stopped by {signal.Signals(signum).name}; {run_dir} is kept (last checkpoint: step {{step}}); "
+            f"resume with: agentrl train --resume {run_dir}")
+    return _check_ended(process, returncode=128 + signum, error_line=re.escape(line).replace(r"\{step\}", "{step}"),
+                        server=server, run_dir=run_dir, log=log)
+
+
+def _check_ended(process: subprocess.Popen, *, returncode: int, error_line: str, server: dict, run_dir: Path,
+                 log: Path) -> int:
+    """Wait for the driver; check its exit status, that its only `error:` line matches `error_line` (a regex,
+    `{step}` standing for the last checkpoint's step), that nothing of the run is left and the run folder
+    is intact; the last checkpoint's step."""
     process.wait(timeout=240)
     output = log.read_text()
-    assert process.returncode == 128 + signum, output[-3000:]
+    assert process.returncode == returncode, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     last = latest_checkpoint(run_dir / "checkpoints")
     assert last is not None
     lines = [line for line in output.splitlines() if line.startswith("error:")]
-    assert lines == [f"error: stopped by {signal.Signals(signum).name}; {run_dir} is kept (last checkpoint: step "
-                     f"{last.step}); resume with: agentrl train --resume {run_dir}"], output[-3000:]
+    assert len(lines) == 1 and re.fullmatch(error_line.format(step=last.step), lines[0]), output[-3000:]
     deadline = time.monotonic() + GONE_WITHIN_S
     while (_sessions(process.pid, server["pid"]) or _port_open(server["url"])) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -131,6 +142,38 @@ def test_sigterm_then_sigint_stop_cleanly_and_resume(tmp_path):
         steps = [int(m) for m in re.findall(r"^step +(\d+) +reward", second_log.read_text(), flags=re.MULTILINE)]
         assert steps and steps[0] == stopped_at, steps
         _stop_and_check(second, signal.SIGINT, server, run_dir, second_log)
+    finally:
+        for pid in _sessions(*sessions):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_killed_trainer_rank_ends_the_run_in_one_line(tmp_path):
+    """kill -9 of one of two trainer ranks (a Ray actor) mid-run: exit 1 and one line naming the rank, its pid
+    and how to resume, instead of Ray's ActorDiedError traceback; nothing of the run left, the folder intact."""
+    run_dir = tmp_path / "run"
+    log = tmp_path / "train.log"
+    sessions: list[int] = []
+    try:
+        process = _train("--config", str(CI_CONFIG), "-o", str(run_dir), *TINY, "--set", "launch.trainer_ranks=2",
+                         log=log)
+        sessions.append(process.pid)
+        server = _wait_serving(process, run_dir, log, checkpoint_after=0)
+        sessions.append(server["pid"])
+        ranks = [pid for pid in _sessions(process.pid)
+                 if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::TrainerRank")]
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        folder = re.escape(str(run_dir))
+        _check_ended(process, returncode=1, server=server, run_dir=run_dir, log=log, error_line=(
+            rf"error: trainer-[01] \(TrainerRank, pid {ranks[-1]} on \S+\) died \(\w+\); the run cannot go on"
+            rf" without it; {folder} is kept \(last checkpoint: step {{step}}\); resume with: agentrl train"
+            rf" --resume {folder}"))
     finally:
         for pid in _sessions(*sessions):
             try:
