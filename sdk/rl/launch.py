@@ -221,8 +221,14 @@ def run_training(
         # Rollouts render prompts with the served weights' tokenizer, shipped (small) to nodes that don't see it.
         from agentrl.rl.shipping import WEIGHT_SUFFIXES, read_folder
 
-        tokenizer_files = ray.put(read_folder(start_weights, skip=WEIGHT_SUFFIXES))
-        workers = [ray.remote(RolloutWorker).options(**reservation.options(slot)).remote(
+        # By value, not `ray.put`: a restartable actor's constructor arguments held in the object store
+        # make Ray warn at every start (small files are inlined into the creation task instead).
+        tokenizer_files = read_folder(start_weights, skip=WEIGHT_SUFFIXES)
+        # A dead worker (it holds no state) is restarted by Ray in its bundle; the groups it was running,
+        # and those sent while it restarts, run (again, from the start) on the restarted worker.
+        restarts = config.launch.rollout_worker_restarts
+        workers = [ray.remote(RolloutWorker).options(**reservation.options(slot), max_restarts=restarts,
+                                                     max_task_retries=-1 if restarts else 0).remote(
                        config.env.name, config.env.args, url=inference.endpoint, model=config.model.name,
                        nice=config.generation_nice(), recovery_timeout_s=config.launch.startup_timeout_s,
                        tokenizer_dir=str(start_weights), tokenizer_files=tokenizer_files)

@@ -33,24 +33,14 @@ import pytest
 from agentrl.rl.report import read_metrics
 from agentrl.rl.resume import latest_checkpoint, load_orchestrator_state
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_cli import actor_pids, session_pids  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
 TINY = ["--set", "orchestrator.max_steps=40", "--set", "orchestrator.groups_per_step=2",
         "--set", "orchestrator.rollouts_per_group=4", "--set", "launch.generation_nice=0"]
 GONE_WITHIN_S = 90.0
-
-
-def _sessions(*sessions: int) -> list[int]:
-    """The pids of every process in any of `sessions`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) in sessions:
-                    found.append(int(entry.name))
-            except (OSError, ProcessLookupError):
-                continue
-    return found
 
 
 def _port_open(url: str) -> bool:
@@ -104,9 +94,9 @@ def _check_ended(process: subprocess.Popen, *, returncode: int, error_line: str,
     lines = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and re.fullmatch(error_line.format(step=last.step), lines[0]), output[-3000:]
     deadline = time.monotonic() + GONE_WITHIN_S
-    while (_sessions(process.pid, server["pid"]) or _port_open(server["url"])) and time.monotonic() < deadline:
+    while (session_pids(process.pid, server["pid"]) or _port_open(server["url"])) and time.monotonic() < deadline:
         time.sleep(0.5)
-    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:100] for pid in _sessions(process.pid, server["pid"])
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:100] for pid in session_pids(process.pid, server["pid"])
             if Path(f"/proc/{pid}/cmdline").exists()}
     assert not left, f"processes of the stopped run outlived it by {GONE_WITHIN_S:.0f}s: {left}"
     assert not _port_open(server["url"]), f"the stopped run's server still listens on {server['url']}"
@@ -143,7 +133,7 @@ def test_sigterm_then_sigint_stop_cleanly_and_resume(tmp_path):
         assert steps and steps[0] == stopped_at, steps
         _stop_and_check(second, signal.SIGINT, server, run_dir, second_log)
     finally:
-        for pid in _sessions(*sessions):
+        for pid in session_pids(*sessions):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -165,8 +155,7 @@ def test_a_killed_trainer_rank_ends_the_run_in_one_line(tmp_path):
         sessions.append(process.pid)
         server = _wait_serving(process, run_dir, log, checkpoint_after=0)
         sessions.append(server["pid"])
-        ranks = [pid for pid in _sessions(process.pid)
-                 if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::TrainerRank")]
+        ranks = actor_pids(process.pid, "TrainerRank")
         assert len(ranks) == 2, ranks
         os.kill(ranks[-1], signal.SIGKILL)
         folder = re.escape(str(run_dir))
@@ -175,7 +164,7 @@ def test_a_killed_trainer_rank_ends_the_run_in_one_line(tmp_path):
             rf" without it; {folder} is kept \(last checkpoint: step {{step}}\); resume with: agentrl train"
             rf" --resume {folder}"))
     finally:
-        for pid in _sessions(*sessions):
+        for pid in session_pids(*sessions):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -41,3 +41,28 @@ def pid_gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def session_pids(*sessions: int) -> list[int]:
+    """The pids of every process in any of `sessions` (a `start_new_session` run and what it started there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) in sessions:
+                    found.append(int(entry.name))
+            except (OSError, ProcessLookupError):
+                continue
+    return found
+
+
+def actor_pids(session: int, actor_class: str) -> list[int]:
+    """The pids of the Ray worker processes of `session` that run an actor of `actor_class` (`ray::Class...`)."""
+    pids = []
+    for pid in session_pids(session):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(f"ray::{actor_class}".encode()):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
