@@ -81,6 +81,20 @@ class _RemoteEnvironment:
         return await worker.run_group.remote(task, n, sampling)
 
 
+def _dead_actor(actors: list[Any], *, timeout_s: float = 10.0) -> BaseException | None:
+    """The `ActorDiedError` of the first of `actors` that is dead, or None when each answers (or is busy)."""
+    import ray
+
+    for actor in actors:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.ActorDiedError as died:
+            return died
+        except Exception:  # noqa: BLE001 - busy or unreachable is not dead
+            continue
+    return None
+
+
 def _init_ray(config: RunConfig) -> bool:
     """Connect to (or start) Ray; return True when this call started a local cluster."""
     ray = require("ray", "train")
@@ -274,7 +288,13 @@ def run_training(
     except RunStopped as stopped:
         last = latest_checkpoint(checkpoint_root)
         raise stopped_error(stopped, run_dir=folder.path, checkpoint_step=last.step if last else None) from None
-    except ray.exceptions.ActorDiedError as died:  # a trainer rank or another actor was killed mid-run
+    except ray.exceptions.RayError as error:
+        # A trainer rank or another actor killed mid-run: its own ActorDiedError, or a survivor's error (a
+        # rank's collective losing its peer) that arrived first. Named as the dead actor when there is one.
+        died = error if isinstance(error, ray.exceptions.ActorDiedError) else _dead_actor(
+            [*(trainer.ranks if trainer else []), *(inference.actors if inference else []), *workers])
+        if died is None:
+            raise
         last = latest_checkpoint(checkpoint_root)
         raise actor_died_error(died, run_dir=folder.path, run_id=run_id,
                                checkpoint_step=last.step if last else None) from None

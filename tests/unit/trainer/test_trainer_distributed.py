@@ -44,12 +44,18 @@ def single_process(model_dir, tmp_path_factory):
     return run_steps(model_dir, checkpoint_dir=tmp_path_factory.mktemp("single") / "ckpt")
 
 
+@pytest.fixture(scope="module")
+def initial_state(model_dir):
+    return run_steps(model_dir, steps=0)["state"]
+
+
 @pytest.mark.parametrize("layout", ["fsdp", "ep", "cp", "epcp"])
-def test_layout_matches_single_process(layout, distributed_results, single_process):
+def test_layout_matches_single_process(layout, distributed_results, single_process, initial_state):
     result = distributed_results[layout]
     assert_matches_single_process(result, single_process, layout)
-    # weights moved: the comparison is not between untouched models
-    assert any(not torch.equal(result["state"][k], v) for k, v in single_process["state"].items())
+    # weights moved from the start: the comparison is not between untouched models (the layout's state
+    # may equal the single process's bit for bit: that is a match, not a failure)
+    assert any(not torch.equal(result["state"][k], v) for k, v in initial_state.items())
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "ep", "cp", "epcp"])
