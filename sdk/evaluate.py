@@ -2,9 +2,9 @@
 
 Draws `n` tasks from a split, runs `rollouts_per_task` rollouts of each (one group per
 task, scored together by the environment's rubric) with bounded concurrency, and returns
-an `EvalSummary` (`agentrl.eval_summary`): mean reward, avg@k, pass@k (the unbiased estimator of Chen et al. 2021,
-a rollout passes when its reward reaches `pass_threshold`), per-metric means, token counts
-and throughput. Each finished rollout is appended to `results.jsonl` as soon as its group
+an `EvalSummary` (`agentrl.eval_summary`): mean reward, avg@k, pass@k (the unbiased
+estimator of Chen et al. 2021, a rollout passes when its reward reaches `pass_threshold`),
+per-metric means, token counts and throughput. Each finished rollout is appended to `results.jsonl` as soon as its group
 is scored (tokens and logprobs included); `summary.json` is written at the end.
 
 Without `base_url` a vLLM server for the model is started (and stopped) here and the
