@@ -4,8 +4,11 @@ Draws `n` tasks from a split, runs `rollouts_per_task` rollouts of each (one gro
 task, scored together by the environment's rubric) with bounded concurrency, and returns
 an `EvalSummary` (`agentrl.eval_summary`): mean reward, avg@k, pass@k (the unbiased
 estimator of Chen et al. 2021, a rollout passes when its reward reaches `pass_threshold`),
-per-metric means, token counts and throughput. Each finished rollout is appended to `results.jsonl` as soon as its group
-is scored (tokens and logprobs included); `summary.json` is written at the end.
+per-metric means, token counts and throughput. Each finished rollout is appended to
+`results.jsonl` as soon as its group is scored (tokens and logprobs included; routed experts
+left out: a server started for training returns them for every token, 160 kB of JSON per
+rollout of a 46-layer model, which the evaluation never reads); `summary.json` is written at
+the end.
 
 Without `base_url` a vLLM server for the model is started (and stopped) here and the
 token client is used; with `base_url` the token client is used when the server offers
@@ -150,6 +153,16 @@ async def _served_name(base_url: str, wanted: str, *, api_key: str | None) -> st
     raise AgentrlError(f"{base_url} does not serve model {wanted!r}; it serves: {', '.join(served)}")
 
 
+_RECORD_EXCLUDE = {"turns": {"__all__": {"prompt_routed_experts": True, "completion": {"routed_experts"}}}}
+"""What a rollout's `results.jsonl` record leaves out (see the module docstring)."""
+
+
+def result_record(task_index: int, rollout_index: int, rollout: Rollout) -> dict[str, Any]:
+    """The `results.jsonl` line of one rollout: its indices and the rollout without routed experts."""
+    return {"task_index": task_index, "rollout_index": rollout_index,
+            **rollout.model_dump(mode="json", exclude=_RECORD_EXCLUDE)}
+
+
 def _slot_scheduled_group(env: Any, client: Any, config: EvalConfig) -> Callable[[Any], Any]:
     """`task -> scored group`, keeping at most `max_concurrent` rollouts in flight.
 
@@ -220,8 +233,7 @@ async def evaluate_async(
         groups[index] = group
         with open(results_file, "a") as handle:
             for member, rollout in enumerate(group):
-                record = {"task_index": index, "rollout_index": member, **rollout.model_dump(mode="json")}
-                handle.write(json.dumps(record) + "\n")
+                handle.write(json.dumps(result_record(index, member, rollout)) + "\n")
         if on_group is not None:
             on_group(group)
 

@@ -172,6 +172,27 @@ async def test_token_client_aligns_experts_with_completion_tokens(experts_server
     assert routing_agreement(served, reference, layers=MOE_LAYERS) == 1.0
 
 
+async def test_an_evaluation_against_an_experts_server_writes_results_without_them(experts_server, tmp_path):
+    """The server returns experts for every token; results.jsonl keeps tokens and logprobs, not experts."""
+    from agentrl.evaluate import EvalConfig, evaluate_async
+    from agentrl.sampling import SamplingConfig
+
+    config = EvalConfig(env="reverse-text", model="tiny-moe", n=2, rollouts_per_task=2,
+                        base_url=experts_server.url, client="token", output=tmp_path / "eval",
+                        sampling=SamplingConfig(max_tokens=8, seed=7))
+    summary = await evaluate_async(config)
+    assert summary.errors == 0
+    lines = (tmp_path / "eval" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    for line in lines:
+        record = json.loads(line)
+        (turn,) = record["turns"]
+        assert turn["prompt_token_ids"] and turn["completion"]["token_ids"]
+        assert len(turn["completion"]["logprobs"]) == len(turn["completion"]["token_ids"])
+        assert "routed_experts" not in turn["completion"] and "prompt_routed_experts" not in turn
+    assert "routed_experts" not in "\n".join(lines)
+
+
 async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(experts_server, reference_model):
     """Six concurrent unseeded calls with one prompt go out as one request with n=6 (`agentrl.coalesce`);
     every choice keeps its own tokens, logprobs and experts. Calls with the same seed keep a request each,
