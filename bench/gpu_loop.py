@@ -105,7 +105,7 @@ def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> d
     import subprocess
 
     command = [sys.executable, str(ROOT / "bench" / "eval_throughput.py"), "--base-url", base_url, "--model", model,
-               "-n", "256", "-r", "4", "--max-tokens", "128", "--concurrency", "128", "--repeats", "3",
+               "-n", "256", "-r", "4", "--max-tokens", "128", "--concurrency", "128", "--repeats", "5",
                "--output", str(out)]
     finished = subprocess.run(command, timeout=300)
     if finished.returncode != 0 or not out.is_file():
