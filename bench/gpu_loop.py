@@ -22,8 +22,9 @@ a vLLM server of the 5B model with the `ipc` engine beside a trainer in this pro
 update timed three times through CUDA IPC (`IpcWeightPublisher`) and twice through the filesystem
 (HF export + `reload_weights`), pause to resume and end to end; then completion tokens/s through
 `agentrl.evaluate` against raw requests to the same server (bench/eval_throughput.py, 256 tasks x 4
-rollouts, 5 alternating repeats per arm, target ratio >= 0.9), with `--enforce-eager` and again on a server that captured CUDA graphs
-(`inference.cuda_graphs`): the decode speed-up and the start-up it costs.
+rollouts, 5 alternating repeats per arm, target ratio >= 0.9), with `--enforce-eager` and again on
+a server that captured CUDA graphs (`inference.cuda_graphs`): the decode speed-up and the start-up
+it costs.
 
 `--deep-run` (the run folder of `cookbook/gpu-1xh200/r3-deep-train.toml`, glm-air-deep: GLM-4.5-Air's
 46 layers at a quarter of its width) gives `r3_kl_reduction_gpu_deep`: the same paired KL at

@@ -153,14 +153,9 @@ async def _served_name(base_url: str, wanted: str, *, api_key: str | None) -> st
     raise AgentrlError(f"{base_url} does not serve model {wanted!r}; it serves: {', '.join(served)}")
 
 
-_RECORD_EXCLUDE = {"turns": {"__all__": {"prompt_routed_experts": True, "completion": {"routed_experts"}}}}
-"""What a rollout's `results.jsonl` record leaves out (see the module docstring)."""
-
-
 def result_record(task_index: int, rollout_index: int, rollout: Rollout) -> dict[str, Any]:
-    """The `results.jsonl` line of one rollout: its indices and the rollout without routed experts."""
-    return {"task_index": task_index, "rollout_index": rollout_index,
-            **rollout.model_dump(mode="json", exclude=_RECORD_EXCLUDE)}
+    """The `results.jsonl` line of one rollout: its indices and `Rollout.record` (no routed experts)."""
+    return {"task_index": task_index, "rollout_index": rollout_index, **rollout.record()}
 
 
 def _slot_scheduled_group(env: Any, client: Any, config: EvalConfig) -> Callable[[Any], Any]:

@@ -151,6 +151,10 @@ class TrainingSample(_Model):
     """The rollout's advantage, filled in by the orchestrator."""
 
 
+_RECORD_EXCLUDE = {"turns": {"__all__": {"prompt_routed_experts": True, "completion": {"routed_experts": True}}}}
+"""What `Rollout.record` leaves out."""
+
+
 class Rollout(_Model):
     """A finished episode: the task, the conversation, every turn's tokens, reward, metrics."""
 
@@ -184,6 +188,13 @@ class Rollout(_Model):
         for turn in self.turns:
             versions.update(turn.completion.weight_versions or [])
         return sorted(versions)
+
+    def record(self) -> dict[str, Any]:
+        """The rollout as a JSON-ready dict without routed experts: the record layout of `results.jsonl`
+        (`agentrl eval`) and `rollouts.jsonl` (the run folder). Experts are (tokens, layers, top_k) per
+        turn, most of a record (160 kB of JSON per rollout of a 46-layer model), and neither file's
+        readers use them."""
+        return self.model_dump(mode="json", exclude=_RECORD_EXCLUDE)
 
     def sample(self) -> TrainingSample:
         """Lay the turns out as one sequence; each turn's prompt must extend what came before."""

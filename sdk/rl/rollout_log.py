@@ -59,10 +59,8 @@ def _cut(value: Any) -> Any:
 
 
 def rollout_record(rollout: Rollout, **origin: Any) -> dict[str, Any]:
-    """One rollout as a JSON-ready dict: `origin` keys first, then the rollout without routed experts."""
-    no_experts = {"prompt_routed_experts": True, "completion": {"routed_experts": True}}
-    data = rollout.model_dump(mode="json", exclude={"turns": {"__all__": no_experts}})
-    return {**origin, "policy_versions": rollout.policy_versions, **_cut(data)}
+    """One rollout as a JSON-ready dict: `origin` keys first, then `Rollout.record` (no routed experts)."""
+    return {**origin, "policy_versions": rollout.policy_versions, **_cut(rollout.record())}
 
 
 def pick_rollouts(groups: Sequence[Sequence[Any]], count: int) -> list[tuple[int, int]]:
