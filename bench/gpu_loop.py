@@ -19,8 +19,11 @@ committed ones are under cookbook/gpu-1xh200/results/):
 
 With `--measure` (a GPU; the recipe's SFT warm start in `--model-dir`, else glm-air-5b as created):
 a vLLM server of the 5B model with the `ipc` engine beside a trainer in this process, the weight
-update timed three times through CUDA IPC (`IpcWeightPublisher`) and twice through the filesystem
-(HF export + `reload_weights`), pause to resume and end to end; then completion tokens/s through
+update timed three times through CUDA IPC packed (`IpcWeightPublisher`'s default: a buffer per 1 GiB
+chunk), three times unpacked (a handle per tensor) and twice through the filesystem (HF export +
+`reload_weights`, `--repeats-fs`), pause to resume and end to end (`--updates-only` stops there;
+`--created-model glm-air-deep` times the 46-layer model's 17,925 tensors, under
+`weight_update_glm_air_deep`); then completion tokens/s through
 `agentrl.evaluate` against raw requests to the same server (bench/eval_throughput.py, 256 tasks x 4
 rollouts, 5 alternating repeats per arm, target ratio >= 0.9), with `--enforce-eager` and again on
 a server that captured CUDA graphs (`inference.cuda_graphs`): the decode speed-up and the start-up
@@ -31,7 +34,8 @@ it costs.
 GLM-4.5-Air's depth, where routing flips compound over 45 MoE layers. `--deep-on-policy-run` (the same
 recipe with `max_off_policy_steps` 0, `R3DEEP_ARGS` of scripts/gpu_run.sh) gives it on samples the
 trainer scores with the very weights that generated them, so the KL holds the kernels' and the
-routing's mismatch only, not one step of the policy's own change (`..._deep_on_policy`).
+routing's mismatch only, not one step of the policy's own change (`..._deep_on_policy` on glm-air-deep
+as created, `..._deep_sft_on_policy` from r3-deep-sft.toml's warm start: `--deep-sft-on-policy-run`).
 `--graphs-run` (train.toml with `inference.cuda_graphs = true`) gives its steps/hour against the
 eager async run (`cuda_graphs_run_speedup`).
 
@@ -66,7 +70,8 @@ RUNS_X2 = ROOT / "runs" / "gpu-2xh200"
 R3_FIGURES = (  # (summary in the report, its R3 figure's key, what the table adds to the key)
     ("async", "r3_kl_reduction_gpu", ""),
     ("deep", "r3_kl_reduction_gpu_deep", ", 45 MoE layers"),
-    ("deep_on_policy", "r3_kl_reduction_gpu_deep_on_policy", ", 45 MoE layers, sync"),
+    ("deep_on_policy", "r3_kl_reduction_gpu_deep_on_policy", ", 45 MoE layers, sync, created"),
+    ("deep_sft_on_policy", "r3_kl_reduction_gpu_deep_sft_on_policy", ", 45 MoE layers, sync, after SFT"),
 )
 ASYNC_AHEAD = 1  # the recipe's max_off_policy_steps: the async run's last step trains on an earlier batch
 
@@ -120,12 +125,15 @@ def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> d
 
 
 def measure_updates(
-    model_dir: Path, *, repeats_ipc: int = 3, repeats_fs: int = 2, cuda_graphs: bool = True, updates: bool = True,
+    model_dir: Path, *, served_name: str = "glm-air-5b", repeats_ipc: int = 3, repeats_fs: int = 2,
+    cuda_graphs: bool = True, updates: bool = True, throughput: bool = True,
 ) -> dict:
-    """Weight-update latency of the served model through CUDA IPC and through the filesystem, then
-    agentrl.evaluate's throughput on that server (eager) and on one with CUDA graphs.
+    """Weight-update latency of the served model through CUDA IPC (packed, the default, and unpacked)
+    and through the filesystem, then agentrl.evaluate's throughput on that server (eager) and on one
+    with CUDA graphs.
 
-    `updates=False`: the throughput only (no trainer, no weight update; `weight_update` is absent)."""
+    `updates=False`: the throughput only (no trainer, no weight update; `weight_update` is absent);
+    `throughput=False`: the updates only (`eval_throughput` is absent)."""
     from agentrl.inference.deployment import DeploymentConfig
     from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.inference.weights import FilesystemWeightPublisher
@@ -137,41 +145,61 @@ def measure_updates(
     deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.30, max_model_len=4096,
                                   routed_experts=True, weight_transfer="ipc", fp8=False)
     scratch = Path(tempfile.mkdtemp(prefix="gpu-loop-"))
-    server = replica_server(deployment, model_dir, served_name="glm-air-5b", dtype="bfloat16",
+    server = replica_server(deployment, model_dir, served_name=served_name, dtype="bfloat16",
                             log_path=scratch / "vllm.log")
     results: dict = {}
     if not updates:
         with server:
-            throughput = {"eager": eval_throughput(server.url, scratch / "eval-eager.json")}
-            throughput["eager"]["startup_s"] = server.startup_s
-        return {"eval_throughput": _with_graphs(throughput, deployment, model_dir, scratch, cuda_graphs=cuda_graphs)}
+            measured = {"eager": eval_throughput(server.url, scratch / "eval-eager.json", model=served_name)}
+            measured["eager"]["startup_s"] = server.startup_s
+        return {"eval_throughput": _with_graphs(measured, deployment, model_dir, scratch, cuda_graphs=cuda_graphs,
+                                                served_name=served_name)}
     with server:
         trainer = Trainer(TrainerConfig(parallel={"param_dtype": "bfloat16"}), model_dir=model_dir, device="cuda:0")
-        ipc = IpcWeightPublisher([server.url])
-        runs = []
-        for version in range(1, repeats_ipc + 1):
-            started = time.monotonic()
-            state = hf_state_views(trainer)
-            outcome = ipc.publish(state, version)
-            runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
-        results["ipc"] = runs
+        state = hf_state_views(trainer)
+        wire_bytes = sum(t.numel() * (2 if t.dim() > 1 else 4) for t in state.values())
+        version = 0
+        errors = {}
+        for name, packed in (("ipc", True), ("ipc_unpacked", False)):
+            ipc = IpcWeightPublisher([server.url], packed=packed)
+            ipc.version = version or None
+            runs = []
+            try:
+                for _ in range(repeats_ipc):
+                    started = time.monotonic()
+                    outcome = ipc.publish(hf_state_views(trainer), version + 1)
+                    version += 1
+                    runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
+            except Exception as error:  # noqa: BLE001 - recorded; the other arms' figures are kept
+                errors[f"{name}_error"] = f"{type(error).__name__}: {error}"[:500]
+            if runs:
+                results[name] = runs
         files = FilesystemWeightPublisher([server.url], staging_dir=scratch / "staged")
-        files.version = ipc.version
+        files.version = version or None
         runs = []
-        for version in range(repeats_ipc + 1, repeats_ipc + repeats_fs + 1):
+        for _ in range(repeats_fs):
+            version += 1
             started = time.monotonic()
             exported = trainer.export_hf(scratch / f"v{version}")
             outcome = files.publish(exported, version)
             runs.append({"total_s": time.monotonic() - started, "pause_to_resume_s": outcome.update_s})
-        results["filesystem"] = runs
-        throughput = {"eager": eval_throughput(server.url, scratch / "eval-eager.json")}
-        throughput["eager"]["startup_s"] = server.startup_s
+        if runs:
+            results["filesystem"] = runs
+        measured = {}
+        if throughput:
+            measured["eager"] = eval_throughput(server.url, scratch / "eval-eager.json", model=served_name)
+            measured["eager"]["startup_s"] = server.startup_s
     params = trainer.args.param_counts().get("total")
-    report = {"model_params": params, **{f"{name}_median_s": statistics.median(r["total_s"] for r in runs_)
-                                         for name, runs_ in results.items()}, "runs": results}
-    del trainer
+    report = {"model": served_name, "model_params": params, "tensors": len(state), "wire_bytes": wire_bytes,
+              "ipc_layout": "ipc: packed (a buffer per 1 GiB chunk); ipc_unpacked: a handle per tensor",
+              **{f"{name}_median_s": statistics.median(r["total_s"] for r in runs_) for name, runs_ in results.items()},
+              **errors, "runs": results}
+    del trainer, state
+    if not throughput:
+        return {"weight_update": report}
     return {"weight_update": report,
-            "eval_throughput": _with_graphs(throughput, deployment, model_dir, scratch, cuda_graphs=cuda_graphs)}
+            "eval_throughput": _with_graphs(measured, deployment, model_dir, scratch, cuda_graphs=cuda_graphs,
+                                            served_name=served_name)}
 
 
 def measure_nccl(model_dir: Path, *, server_gpu: int = 1, repeats_packed: int = 3, repeats_unpacked: int = 2) -> dict:
@@ -282,7 +310,8 @@ def main_nccl(args) -> int:
     return 0
 
 
-def _with_graphs(throughput: dict, deployment, model_dir: Path, scratch: Path, *, cuda_graphs: bool) -> dict:
+def _with_graphs(throughput: dict, deployment, model_dir: Path, scratch: Path, *, cuda_graphs: bool,
+                 served_name: str = "glm-air-5b") -> dict:
     """`throughput` plus the same measurement on a server that captured CUDA graphs (when `cuda_graphs`)."""
     if not cuda_graphs:
         return throughput
@@ -292,9 +321,9 @@ def _with_graphs(throughput: dict, deployment, model_dir: Path, scratch: Path, *
 
     torch.cuda.empty_cache()
     graphs = replica_server(deployment.model_copy(update={"cuda_graphs": True}), model_dir,
-                            served_name="glm-air-5b", dtype="bfloat16", log_path=scratch / "vllm-graphs.log")
+                            served_name=served_name, dtype="bfloat16", log_path=scratch / "vllm-graphs.log")
     with graphs:
-        throughput["cuda_graphs"] = eval_throughput(graphs.url, scratch / "eval-graphs.json")
+        throughput["cuda_graphs"] = eval_throughput(graphs.url, scratch / "eval-graphs.json", model=served_name)
         throughput["cuda_graphs"]["startup_s"] = graphs.startup_s
     eager, captured = throughput["eager"].get("raw_tokens_per_s"), throughput["cuda_graphs"].get("raw_tokens_per_s")
     throughput["cuda_graphs_speedup_raw"] = captured / eager if eager and captured else None
@@ -314,15 +343,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deep-run", type=Path, default=RUNS / "r3-deep-12-steps",
                         help="run folder of cookbook/gpu-1xh200/r3-deep-train.toml (skipped when absent)")
     parser.add_argument("--deep-on-policy-run", type=Path, default=RUNS / "r3-deep-on-policy-8-steps",
-                        help="r3-deep-train.toml with max_off_policy_steps 0 (skipped when absent)")
+                        help="r3-deep-train.toml with max_off_policy_steps 0 on glm-air-deep as created "
+                             "(skipped when absent)")
+    parser.add_argument("--deep-sft-on-policy-run", type=Path, default=RUNS / "r3-deep-sft-on-policy-8-steps",
+                        help="the same from r3-deep-sft.toml's warm start (skipped when absent)")
     parser.add_argument("--graphs-run", type=Path, default=RUNS / "async-30-steps-cuda-graphs",
                         help="train.toml with inference.cuda_graphs = true (skipped when absent)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="with --measure: only the eager server")
-    parser.add_argument("--created-model", action="store_true",
-                        help="with --measure: glm-air-5b as created even when --model-dir exists (its answers run to "
-                             "max_tokens, so the eval throughput measures decoding, not short answers' latency)")
+    parser.add_argument("--created-model", nargs="?", const="glm-air-5b", default=None, metavar="PRESET",
+                        help="with --measure: this preset (default glm-air-5b) as created even when --model-dir "
+                             "exists (its answers run to max_tokens, so the eval throughput measures decoding, "
+                             "not short answers' latency); a preset other than glm-air-5b goes under "
+                             "weight_update_<preset>")
     parser.add_argument("--eval-only", action="store_true",
                         help="with --measure: only the eval throughput (keeps an earlier weight_update)")
+    parser.add_argument("--updates-only", action="store_true",
+                        help="with --measure: only the weight updates (keeps an earlier eval_throughput)")
+    parser.add_argument("--repeats-fs", type=int, default=2, help="with --measure: filesystem updates timed")
     parser.add_argument("--results", type=Path, default=None, help=f"default {RESULTS} ({RESULTS_X2} with --measure-nccl)")
     args = parser.parse_args(argv)
     if args.measure_nccl:
@@ -335,8 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     report["async_speedup"] = fast / slow if fast and slow else None
     if (args.deep_run / "metrics.jsonl").is_file():
         report["deep"] = summarise(args.deep_run, ahead=ASYNC_AHEAD)
-    if (args.deep_on_policy_run / "metrics.jsonl").is_file():
-        report["deep_on_policy"] = summarise(args.deep_on_policy_run, ahead=0)
+    for name, run_dir in (("deep_on_policy", args.deep_on_policy_run),
+                          ("deep_sft_on_policy", args.deep_sft_on_policy_run)):
+        if (run_dir / "metrics.jsonl").is_file():
+            report[name] = summarise(run_dir, ahead=0)
     for name, key, _ in R3_FIGURES:
         if name in report:
             report[key], report[f"{key}_step_median"] = (report[name]["r3_kl_reduction"],
@@ -345,21 +384,27 @@ def main(argv: list[str] | None = None) -> int:
         graphs = report["async_cuda_graphs"] = summarise(args.graphs_run, ahead=ASYNC_AHEAD)
         report["cuda_graphs_run_speedup"] = (graphs["steps_per_hour"] / fast
                                              if graphs["steps_per_hour"] and fast else None)
+    preset = args.created_model or "glm-air-5b"
     if args.measure:
         model_dir = args.model_dir
         if args.created_model or not (model_dir / "config.json").is_file():  # the created model's weights
             from agentrl.models import ensure_model
 
-            model_dir = ensure_model("glm-air-5b")
+            model_dir = ensure_model(preset)
             import torch
 
             torch.cuda.empty_cache()  # the creation's cached blocks go back before vLLM sizes its share
-        report.update(measure_updates(model_dir, cuda_graphs=not args.no_cuda_graphs, updates=not args.eval_only))
+        measured = measure_updates(model_dir, served_name=preset, cuda_graphs=not args.no_cuda_graphs,
+                                   updates=not args.eval_only, throughput=not args.updates_only,
+                                   repeats_fs=args.repeats_fs)
+        report.update({(key if preset == "glm-air-5b" else f"{key}_{preset.replace('-', '_')}"): value
+                       for key, value in measured.items()})
     if args.results.is_file():  # keep an earlier measurement of what this run did not measure
         earlier = json.loads(args.results.read_text())
-        for key in ("weight_update", "eval_throughput"):
-            if earlier.get(key) and key not in report:
-                report[key] = earlier[key]
+        for key, value in earlier.items():
+            if (key in ("weight_update", "eval_throughput") or key.startswith(("weight_update_", "eval_throughput_"))) \
+                    and value and key not in report:
+                report[key] = value
 
     from rich.console import Console
     from rich.table import Table
@@ -374,10 +419,16 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("async_speedup", f"{report['async_speedup']:.2f}x", "", ">= 1.5")
     table.add_row("reward first 10 -> last 10", f"{report['async']['reward_first10']:.3f} -> "
                   f"{report['async']['reward_last10']:.3f}", "", "rising")
-    update = report.get("weight_update")
-    if update:
-        table.add_row("weight update ipc / filesystem (s)", f"{update['ipc_median_s']:.2f} / "
-                      f"{update['filesystem_median_s']:.2f}", "", "ipc < 2 s")
+    for key in sorted(key for key in report if key.startswith("weight_update") and key != "weight_update_nccl"):
+        update = report[key]
+        arms = [(name, update[f"{name}_median_s"]) for name in ("ipc", "ipc_unpacked", "filesystem")
+                if update.get(f"{name}_median_s") is not None]
+        table.add_row(f"{key}: {' / '.join(name for name, _ in arms)} (median s)",
+                      " / ".join(f"{seconds:.2f}" for _, seconds in arms)
+                      + (f"; {update['tensors']} tensors" if update.get("tensors") else ""), "", "ipc < 2 s")
+        for name in ("ipc", "ipc_unpacked"):
+            if update.get(f"{name}_error"):
+                table.add_row(f"{key}: {name}", f"failed: {update[f'{name}_error'][:200]}", "", "")
     graphs = report.get("async_cuda_graphs")
     if graphs:
         table.add_row("with CUDA graphs: steps/hour, step split (median)",
@@ -386,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row("with CUDA graphs: reward first 10 -> last 10, mismatch KL (R3 / live)",
                       f"{graphs['reward_first10']:.3f} -> {graphs['reward_last10']:.3f}; "
                       f"{graphs['mismatch_kl_replayed']:.2e} / {graphs['mismatch_kl_live_routing']:.2e}", "", "")
-    for name in ("async", "async_cuda_graphs", "deep", "deep_on_policy"):
+    for name in ("async", "async_cuda_graphs", "deep", "deep_on_policy", "deep_sft_on_policy"):
         if (report.get(name) or {}).get("live_routing_agreement") is not None:
             table.add_row(f"live routing agrees with inference's ({name})",
                           f"{report[name]['live_routing_agreement']:.4f} of (token, layer) sets", "", "")

@@ -25,6 +25,11 @@ CUDA vLLM 0.24.0 is the newest vLLM built for the lent H200 machines' torch (2.1
   build the bodies for a server's version. The trainer's end of the group comes from the installed
   vLLM (`nccl_trainer_group`: 0.24 `NCCLWeightTransferEngine.trainer_init`, 0.32
   `nccl_common.trainer_init`); 0.24 has no trainer-side engine or HTTP client of its own.
+- IPC weight transfer (`{"backend": "ipc"}`): the same routes; each `/update_weights` carries names,
+  dtypes, shapes and the pickled CUDA IPC handles, one per tensor, or (packed) one for a buffer the
+  tensors were copied into, with each one's `tensor_sizes` in bytes. The `packed` flag sits in each
+  update's `update_info` on 0.24 and in the `init_info` on 0.32 (whose update info has no such field,
+  and 0.24's init info no fields at all): `ipc_init_info` / `ipc_update_info`.
 - Logprob entries: 0.24 `{"token": "token_id:N", "logprob"}`, 0.32 `{"token_id", "logprob"}`;
   `TokenClient` reads only "logprob".
 - Unstreamed `/inference/v1/generate` with `n` > 1: 0.32 sets `output_kind` FINAL_ONLY itself; 0.24
@@ -41,13 +46,15 @@ import re
 
 __all__ = [
     "parse_version", "reports_weight_versions", "server_flags_need_scale_out", "WEIGHT_VERSIONS_SINCE",
-    "NCCL_PACKED_AT_INIT_SINCE", "nccl_init_info", "nccl_update_info", "nccl_trainer_group",
+    "PACKED_AT_INIT_SINCE", "nccl_init_info", "nccl_update_info", "nccl_trainer_group", "ipc_init_info",
+    "ipc_update_info",
 ]
 
 #: First vLLM release agentrl knows to report weight versions (0.24 does not; 0.32 does).
 WEIGHT_VERSIONS_SINCE = (0, 32)
-#: First vLLM release agentrl knows to take the NCCL packed-broadcast settings at init (0.24: per update).
-NCCL_PACKED_AT_INIT_SINCE = (0, 32)
+#: First vLLM release agentrl knows to take the packing settings of NCCL and IPC transfers at init (0.24: per
+#: update).
+PACKED_AT_INIT_SINCE = (0, 32)
 
 
 def parse_version(text: str | None) -> tuple[int, ...]:
@@ -76,7 +83,7 @@ def server_flags_need_scale_out() -> bool:
 
 
 def _packed_at_init(version: str | None) -> bool:
-    return _at_least(version, NCCL_PACKED_AT_INIT_SINCE)
+    return _at_least(version, PACKED_AT_INIT_SINCE)
 
 
 def _packing(packed: bool, buffer_bytes: int, num_buffers: int) -> dict:
@@ -113,3 +120,19 @@ def nccl_trainer_group(*, master_address: str, master_port: int, world_size: int
 
         trainer_init = NCCLWeightTransferEngine.trainer_init
     return trainer_init(rendezvous)
+
+
+def ipc_init_info(version: str | None, *, packed: bool) -> dict:
+    """`init_info` of `/init_weight_transfer_engine` of the `ipc` engine for a server of `version`."""
+    return {"packed": packed} if _packed_at_init(version) else {}
+
+
+def ipc_update_info(version: str | None, *, names: list[str], dtype_names: list[str], shapes: list[list[int]],
+                    handles_pickled: str, tensor_sizes: list[int] | None) -> dict:
+    """`update_info` of one `/update_weights` of the `ipc` engine: `tensor_sizes` for a packed buffer (its one
+    handle pickled in `handles_pickled`), None for one handle per tensor (a pickled list)."""
+    info = {"names": names, "dtype_names": dtype_names, "shapes": shapes,
+            "ipc_handles_pickled": handles_pickled}
+    if tensor_sizes is not None:
+        info["tensor_sizes"] = tensor_sizes
+    return info if _packed_at_init(version) else {**info, "packed": tensor_sizes is not None}

@@ -18,6 +18,8 @@
 #             its halves r3deep-sft and r3deep-train run alone too (the SFT export stays on a warm machine)
 #   evalbench bench/gpu_loop.py --measure --eval-only --created-model: the eval throughput alone, on glm-air-5b
 #             as created (answers run to max_tokens) -> $OUT/gpu_loop.json
+#   deepipc   bench/gpu_loop.py --measure --updates-only --created-model glm-air-deep: IPC updates packed and
+#             unpacked (over 17,000 tensors) and one through the filesystem -> $OUT/gpu_loop.json
 # On nvidia-h200-x2 (issue 25: trainer on GPU 0, vLLM on GPU 1, weights through NCCL; sft first for the warm start):
 #   x2tests   tests/gpu/test_weights_nccl.py (NCCL update logprobs, a request in flight, restart + re-send)
 #   x2train   agentrl train --config cookbook/gpu-2xh200/train.toml -> $OUT/x2-run
@@ -98,6 +100,10 @@ for phase in "${expanded[@]}"; do
       cp bench/results/gpu_loop.json "$out/gpu_loop.json"
       run_phase evalbench "${EVALBENCH_TIMEOUT:-480}" python3 bench/gpu_loop.py --measure --eval-only \
         --created-model --results "$out/gpu_loop.json" ;;
+    deepipc)  # the update latency of glm-air-deep alone (the committed figures kept)
+      cp bench/results/gpu_loop.json "$out/gpu_loop.json"
+      run_phase deepipc "${DEEPIPC_TIMEOUT:-300}" python3 bench/gpu_loop.py --measure --updates-only \
+        --created-model glm-air-deep --repeats-fs 1 --results "$out/gpu_loop.json" ;;
     gputests)
       run_phase gputests "${GPUTESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_trainer_mla_gpu.py \
         tests/gpu/test_trainer_nemotron_gpu.py -q -p no:cacheprovider ;;

@@ -6,8 +6,9 @@
   and reported (printed) in bfloat16, where near-ties flip on rounding.
 - CUDA IPC weight updates: the trainer (in this process, on the server's GPU) trains two
   steps, `IpcWeightPublisher` hands the new weights to the server through vLLM's `ipc`
-  engine, and the server's prompt logprobs then equal the trainer's own within bfloat16
-  tolerance, while they moved well beyond it from the starting weights; after a restart of
+  engine (packed: a buffer per chunk), and the server's prompt logprobs then equal the
+  trainer's own within bfloat16 tolerance, while they moved well beyond it from the starting
+  weights; one step later an unpacked update (a handle per tensor) does the same; after a restart of
   the server (the starting weights again), `resend` puts them back through a new `ipc` engine.
 """
 
@@ -125,8 +126,11 @@ def _stepped_trainer(model_dir):
 
 
 def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
+    """Packed (one buffer per chunk, the default), then unpacked (a handle per tensor) after one more step."""
     from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.models import ensure_model
+    from agentrl.trainer.checkpoint import hf_state_views
+    from trainer_helpers import make_samples
 
     model_dir = ensure_model("tiny-moe")
     with _server(model_dir, dtype="bfloat16", transport="ipc") as server:
@@ -138,11 +142,25 @@ def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
         result = publisher.publish(state, 1)
         took = time.monotonic() - started
         after = _served_logprobs(server.url, TOKENS)
+        args = trainer.args
+        trainer.train_on_samples(make_samples(vocab=args.vocab_size, moe_layers=len(args.moe_layers),
+                                              num_experts=args.num_experts, top_k=args.top_k, seed=1))
+        ours_next = _trainer_logprobs(trainer, TOKENS)
+        unpacked = IpcWeightPublisher([server.url], packed=False, chunk_bytes=1 << 20)
+        unpacked.version = publisher.version
+        unpacked.publish(hf_state_views(trainer), 2)
+        after_next = _served_logprobs(server.url, TOKENS)
     print(f"ipc update of tiny-moe: {took * 1000:.0f} ms (pause to resume {result.update_s * 1000:.0f} ms)")
     moved = max(abs(a - b) for a, b in zip(before, ours))
     error = max(abs(a - b) for a, b in zip(after, ours))
+    moved_next = max(abs(a - b) for a, b in zip(ours_next, ours))
+    error_next = max(abs(a - b) for a, b in zip(after_next, ours_next))
+    print(f"packed: moved {moved:.3f}, served vs trainer {error:.4f}; unpacked: moved {moved_next:.3f}, "
+          f"served vs trainer {error_next:.4f}")
     assert moved > 0.2, moved  # two steps at lr 1e-2 moved the logprobs far beyond bf16 rounding
     assert error < 0.05, (error, after, ours)  # bf16 on both sides, different kernels
+    assert moved_next > 0.1, moved_next  # the third step moved them again ...
+    assert error_next < 0.05, (error_next, after_next, ours_next)  # ... and the unpacked update carried that
 
 
 def test_a_restarted_server_gets_the_trainers_weights_back_through_ipc(tmp_path):
