@@ -136,6 +136,7 @@ def measure_updates(
     `throughput=False`: the updates only (`eval_throughput` is absent)."""
     from agentrl.inference.deployment import DeploymentConfig
     from agentrl.inference.direct_weights import IpcWeightPublisher
+    from agentrl.inference.direct_weights import wire_bytes as direct_wire_bytes
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.rl.inference_actor import replica_server
     from agentrl.trainer.checkpoint import hf_state_views
@@ -157,7 +158,7 @@ def measure_updates(
     with server:
         trainer = Trainer(TrainerConfig(parallel={"param_dtype": "bfloat16"}), model_dir=model_dir, device="cuda:0")
         state = hf_state_views(trainer)
-        wire_bytes = sum(t.numel() * (2 if t.dim() > 1 else 4) for t in state.values())
+        wire_bytes = sum(direct_wire_bytes(t, dtype="bfloat16") for t in state.values())
         version = 0
         errors = {}
         for name, packed in (("ipc", True), ("ipc_unpacked", False)):
@@ -204,8 +205,9 @@ def measure_updates(
 
 def measure_nccl(model_dir: Path, *, server_gpu: int = 1, repeats_packed: int = 3, repeats_unpacked: int = 2) -> dict:
     """NCCL weight-update latency into a server on `server_gpu` from a trainer on GPU 0 (see the docstring)."""
-    from agentrl.inference.direct_weights import NcclWeightPublisher
     from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.direct_weights import NcclWeightPublisher
+    from agentrl.inference.direct_weights import wire_bytes as direct_wire_bytes
     from agentrl.inference.server import free_port
     from agentrl.rl.inference_actor import replica_server
     from agentrl.rl.transport import _world_size
@@ -223,7 +225,7 @@ def measure_nccl(model_dir: Path, *, server_gpu: int = 1, repeats_packed: int = 
     with server:
         trainer = Trainer(TrainerConfig(parallel={"param_dtype": "bfloat16"}), model_dir=model_dir, device="cuda:0")
         state = hf_state_views(trainer)
-        wire_bytes = sum(t.numel() * (2 if t.dim() > 1 else 4) for t in state.values())
+        wire_bytes = sum(direct_wire_bytes(t, dtype="bfloat16") for t in state.values())
         report.update(model_params=trainer.args.param_counts().get("total"), wire_bytes=wire_bytes,
                       tensors=len(state), startup_s=server.startup_s)
         version = 0
@@ -402,8 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results.is_file():  # keep an earlier measurement of what this run did not measure
         earlier = json.loads(args.results.read_text())
         for key, value in earlier.items():
-            if (key in ("weight_update", "eval_throughput") or key.startswith(("weight_update_", "eval_throughput_"))) \
-                    and value and key not in report:
+            if key.startswith(("weight_update", "eval_throughput")) and value and key not in report:
                 report[key] = value
 
     from rich.console import Console

@@ -36,7 +36,7 @@ from agentrl.inference.weights import (
     server_controls,
 )
 
-__all__ = ["NcclWeightPublisher", "IpcWeightPublisher"]
+__all__ = ["NcclWeightPublisher", "IpcWeightPublisher", "wire_bytes"]
 
 
 class _DirectWeightPublisher(WeightPublisher):
@@ -127,6 +127,12 @@ class _DirectWeightPublisher(WeightPublisher):
 
 
 _ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def wire_bytes(tensor: Any, *, dtype: str) -> int:
+    """The bytes `tensor` takes on the wire of a direct transport serving `dtype` (`_wire_tensor`: matrices
+    in `dtype`, vectors in float32)."""
+    return tensor.numel() * _ITEM_BYTES[dtype if tensor.dim() > 1 else "float32"]
 
 
 def _in_thread(function: Callable[[], Any]) -> asyncio.Future:
@@ -312,17 +318,14 @@ class IpcWeightPublisher(_DirectWeightPublisher):
 
     def buffer_bytes(self, weights: Mapping[str, Any]) -> int:
         """The packed buffer's size: `chunk_bytes`, or the largest wire tensor's bytes when that is larger."""
-        item = _ITEM_BYTES[self.dtype]
-        return max([self.chunk_bytes, *(tensor.numel() * (item if tensor.dim() > 1 else 4)
-                                        for tensor in weights.values())])
+        return max([self.chunk_bytes, *(wire_bytes(tensor, dtype=self.dtype) for tensor in weights.values())])
 
     def _chunks(self, weights: Mapping[str, Any]):
         """Unpacked: the state dict in lists of (name, tensor) of at most `chunk_bytes` (or one tensor)."""
         chunk: list[tuple[str, Any]] = []
         size = 0
-        item = _ITEM_BYTES[self.dtype]
         for name, tensor in weights.items():
-            nbytes = tensor.numel() * item
+            nbytes = wire_bytes(tensor, dtype=self.dtype)
             if chunk and size + nbytes > self.chunk_bytes:
                 yield chunk
                 chunk, size = [], 0
