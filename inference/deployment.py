@@ -93,6 +93,11 @@ class DeploymentConfig(BaseConfig):
     attend to context computed with the old weights, as PipelineRL's in-flight updates);
     True has vLLM drop it and recompute every running request with the new weights (one
     prefill of each per update)."""
+    verify_weights: bool = True
+    """After every weight update, before the server resumes, check that it holds exactly the trainer's weights
+    (per served parameter, float64 sums of its values against the trainer's tensors:
+    `agentrl.inference.weight_check`); a mismatch stops the run with one line naming the parameter. The
+    servers run agentrl's worker extension for it (`--worker-extension-cls`)."""
     cuda_graphs: bool = False
     """GPU servers capture CUDA graphs for decoding (vLLM's default; False passes --enforce-eager, which
     starts faster and keeps the graphs' memory for the KV cache). Ignored on the CPU."""

@@ -53,8 +53,9 @@ class _DirectWeightPublisher(WeightPublisher):
 
     _needs_cuda = "needs a CUDA GPU in the trainer's process"
 
-    def __init__(self, urls: list[str], *, dtype: str, timeout_s: float, recompute_kv: bool) -> None:
-        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv)
+    def __init__(self, urls: list[str], *, dtype: str, timeout_s: float, recompute_kv: bool,
+                 verify: bool = True) -> None:
+        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify)
         if dtype not in _ITEM_BYTES:
             raise WeightUpdateError(f"{type(self).__name__}: dtype={dtype!r}; use one of {', '.join(_ITEM_BYTES)}")
         self.dtype = dtype
@@ -94,6 +95,12 @@ class _DirectWeightPublisher(WeightPublisher):
                 self._device = first.device.index
             self.connect()
         return weights
+
+    def _expected_digest(self, weights: Mapping[str, Any], prepared: Any) -> Any:
+        """The digest of the tensors as sent (`_wire_dtype`), as a server holding each in its dtype would."""
+        from agentrl.weight_digest import tensor_digests
+
+        return tensor_digests(weights, wire=self._wire_dtype, served=tuple(dict.fromkeys((self.dtype, "float32"))))
 
     def _wire_dtype(self, tensor: Any):
         import torch
@@ -195,8 +202,8 @@ class NcclWeightPublisher(_DirectWeightPublisher):
 
     def __init__(self, urls: list[str], *, master_address: str, master_port: int, workers_per_server: int,
                  dtype: str = "bfloat16", packed: bool = True, buffer_bytes: int = 1 << 30, num_buffers: int = 2,
-                 timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
-        super().__init__(urls, dtype=dtype, timeout_s=timeout_s, recompute_kv=recompute_kv)
+                 timeout_s: float = 600.0, recompute_kv: bool = False, verify: bool = True) -> None:
+        super().__init__(urls, dtype=dtype, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify)
         self.master_address = master_address
         self.master_port = master_port
         self.workers_per_server = workers_per_server
@@ -290,8 +297,9 @@ class IpcWeightPublisher(_DirectWeightPublisher):
                    " server do not share a GPU")
 
     def __init__(self, urls: list[str], *, dtype: str = "bfloat16", packed: bool = True,
-                 chunk_bytes: int = 1 << 30, timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
-        super().__init__(urls, dtype=dtype, timeout_s=timeout_s, recompute_kv=recompute_kv)
+                 chunk_bytes: int = 1 << 30, timeout_s: float = 600.0, recompute_kv: bool = False,
+                 verify: bool = True) -> None:
+        super().__init__(urls, dtype=dtype, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify)
         self.packed = packed
         self.chunk_bytes = chunk_bytes
 

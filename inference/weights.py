@@ -61,6 +61,9 @@ from pydantic import BaseModel, ConfigDict
 from agentrl.errors import AgentrlError, require
 from agentrl.http_pool import shared_ssl_context
 from agentrl.inference.vllm_compat import reports_weight_versions
+from agentrl.inference.vllm_worker_ext import EXTENSION
+from agentrl.inference.weight_check import WeightCheck, compare_digests, merge_worker_digests
+from agentrl.weight_digest import FOLDER_DTYPES, folder_digests, read_digest
 
 __all__ = [
     "WeightUpdateError",
@@ -94,6 +97,10 @@ class PublishResult(BaseModel):
     """How many servers were updated."""
     path: str | None = None
     """The checkpoint folder the servers loaded (filesystem transport)."""
+    checks: dict[str, WeightCheck] = {}
+    """Per server URL: the check that it holds the trainer's weights (`weight_check`; empty when not verified)."""
+    memory: dict[str, list[dict[str, Any]]] = {}
+    """Per server URL: its workers' GPU memory after the update, their allocator's cache released."""
 
 
 class ServerControl:
@@ -161,6 +168,31 @@ class ServerControl:
 
     async def set_weight_version(self, version: int | str) -> None:
         await self._post("/update_weight_version", what="update_weight_version", json={"new_version": str(version)})
+
+    async def worker_call(self, method: str, **kwargs: str) -> list[Any]:
+        """Call agentrl's worker extension method `method` on every worker (`/collective_rpc`); one result each.
+
+        The server must run with `--worker-extension-cls` `vllm_worker_ext.EXTENSION` (agentrl's plans set it).
+        """
+        response = await self._post("/collective_rpc", what=method, json={"method": method, "kwargs": kwargs})
+        try:
+            results = response.json()["results"]
+        except (ValueError, KeyError, TypeError):
+            results = None
+        if not isinstance(results, list) or not all(isinstance(result, dict) for result in results):
+            raise WeightUpdateError(f"{method} on {self.url}: the server answered {response.text[:200]!r}; start it"
+                                    f" with --worker-extension-cls {EXTENSION}, or set inference.verify_weights ="
+                                    " false")
+        return results
+
+    async def weight_digest(self) -> dict[str, list[Any]]:
+        """The served parameters' digest (`vllm_worker_ext`), the workers' shards merged."""
+        return merge_worker_digests(await self.worker_call("agentrl_weight_digest"))
+
+    async def memory(self, *, release: bool = False) -> list[dict[str, Any]]:
+        """Each worker's GPU memory (`vllm_worker_ext.WorkerChecks.agentrl_memory`); `release` empties its
+        allocator's cache first."""
+        return await self.worker_call("agentrl_memory", release=str(release).lower())
 
     async def reload_from_path(self, path: str | Path) -> None:
         """Load an HF safetensors checkpoint folder into the running model, in place."""
@@ -254,18 +286,31 @@ def _run_sync(coroutine):
     return result["value"]
 
 
+class _Updated:
+    """What one server's update did: pause..resume seconds, the weight check, its memory after."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.check: WeightCheck | None = None
+        self.memory: list[dict[str, Any]] = []
+
+
 class WeightPublisher(ABC):
     """Trainer-side interface: push a new policy version into the inference servers."""
 
-    def __init__(self, urls: list[str], *, timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
+    def __init__(self, urls: list[str], *, timeout_s: float = 600.0, recompute_kv: bool = False,
+                 verify: bool = True) -> None:
         if not urls:
             raise WeightUpdateError("WeightPublisher: no server URLs given")
         self.urls = [url.rstrip("/") for url in urls]
         self.timeout_s = timeout_s
         self.recompute_kv = recompute_kv
+        self.verify = verify
+        """Check after every load, before the server resumes, that it holds exactly these weights (`weight_check`)."""
         self.version: int | None = None
         self._served: dict[str, tuple[int, ...]] | None = None
         self._last_prepared: Any = None
+        self._last_expected: Any = None
         self._server_versions: dict[str, str | None] = {}  # url -> that server's vLLM version (`/version`)
 
     def publish(self, weights: Mapping[str, Any] | str | Path, version: int, *,
@@ -294,23 +339,28 @@ class WeightPublisher(ABC):
         async with server_controls(targets, timeout_s=self.timeout_s) as controls:
             served = await self._served_shapes(controls[0])
             prepared = await asyncio.to_thread(self._prepare, weights, version, served)
-            durations = await self._update_all(controls, prepared, version)
-        self._last_prepared = prepared
+            expected = await asyncio.to_thread(self._expected_digest, weights, prepared) if self.verify else None
+            outcomes = await self._update_all(controls, prepared, version, expected)
+        self._last_prepared, self._last_expected = prepared, expected
         return PublishResult(
             version=version,
-            update_s=max(durations),
+            update_s=max(outcome.seconds for outcome in outcomes),
             total_s=time.monotonic() - started,
             servers=len(targets),
             path=str(prepared) if isinstance(prepared, Path) else None,
+            checks={control.url: outcome.check for control, outcome in zip(controls, outcomes) if outcome.check},
+            memory={control.url: outcome.memory for control, outcome in zip(controls, outcomes) if outcome.memory},
         )
 
-    async def _update_all(self, controls: list[ServerControl], prepared: Any, version: int) -> list[float]:
-        """Update every server of `controls`; each one's pause..resume seconds.
+    async def _update_all(self, controls: list[ServerControl], prepared: Any, version: int,
+                          expected: Any) -> list[_Updated]:
+        """Update every server of `controls` (each checked against `expected` when given); what each did.
 
         Every server finishes its own pause..resume before any error is raised: none stays paused.
         """
         outcomes = await asyncio.gather(
-            *(self._update_one(control, prepared, version) for control in controls), return_exceptions=True
+            *(self._update_one(control, prepared, version, expected) for control in controls),
+            return_exceptions=True
         )
         errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
         if errors:
@@ -365,7 +415,7 @@ class WeightPublisher(ABC):
         if self.version is None:
             return False
         async with server_controls([url], timeout_s=self.timeout_s) as (control,):
-            await self._update_one(control, self._last_prepared, self.version)
+            await self._update_one(control, self._last_prepared, self.version, self._last_expected)
         return True
 
     async def _served_shapes(self, control: ServerControl) -> dict[str, tuple[int, ...]] | None:
@@ -389,19 +439,34 @@ class WeightPublisher(ABC):
         """Whether this server reports weight versions (see `vllm_compat`)."""
         return reports_weight_versions(await self._server_version(control))
 
-    async def _update_one(self, control: ServerControl, prepared: Any, version: int) -> float:
+    async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any) -> _Updated:
         started = time.monotonic()
         versioned = await self._reports_versions(control)
         # Without weight versions the client cannot salt the prefix cache by version: drop the cache
         # (requests in flight are recomputed with the new weights) instead of serving old blocks.
         await control.pause(mode="keep", clear_cache=self.recompute_kv or not versioned)
+        updated = _Updated()
         try:
             await self._load(control, prepared, version=version)
+            if expected is not None:  # before any token is generated with these weights
+                updated.check = compare_digests(expected, await control.weight_digest(),
+                                                where=f"version {version} on {control.url}")
+            if self.verify:
+                # A load leaves its buffers in the server's allocator cache: give them back (a trainer may
+                # share the GPU), and report what the server holds.
+                updated.memory = await control.memory(release=True)
             if versioned:
                 await control.set_weight_version(version)
         finally:
             await control.resume()
-        return time.monotonic() - started
+        updated.seconds = time.monotonic() - started
+        return updated
+
+    def _expected_digest(self, weights: Mapping[str, Any] | str | Path, prepared: Any) -> Any:
+        """The digest of what the servers must hold after loading `prepared` (`weight_check`): the exporter's
+        digest beside a folder, else computed from the folder's files."""
+        folder = Path(prepared)
+        return read_digest(folder) or folder_digests(folder, served=FOLDER_DTYPES)
 
     @abstractmethod
     def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> Any:
@@ -416,8 +481,8 @@ class FilesystemWeightPublisher(WeightPublisher):
     """Stage weights as safetensors on a shared filesystem; servers reload them in place."""
 
     def __init__(self, urls: list[str], *, staging_dir: str | Path, keep_last: int = 2, timeout_s: float = 600.0,
-                 recompute_kv: bool = False) -> None:
-        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv)
+                 recompute_kv: bool = False, verify: bool = True) -> None:
+        super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify)
         self.staging_dir = Path(staging_dir)
         self.keep_last = max(1, keep_last)
         self._staged: list[Path] = []

@@ -162,13 +162,16 @@ def hf_state_views(trainer) -> dict[str, torch.Tensor]:
     return native_to_hf(full_state_dict(trainer, on_device=True), trainer.args, contiguous=False)
 
 
-def export_hf(trainer, out_dir: str | Path, *, dtype: torch.dtype | None = torch.bfloat16) -> Path | None:
-    """Write the current weights as a Hugging Face folder vLLM loads (rank 0 writes; collective)."""
+def export_hf(trainer, out_dir: str | Path, *, dtype: torch.dtype | None = torch.bfloat16,
+              digest: bool = False) -> Path | None:
+    """Write the current weights as a Hugging Face folder vLLM loads (rank 0 writes; collective); with `digest`
+    the tensors' digest beside them (a server loading the folder is checked against it)."""
     from agentrl.trainer.models.state_dict import save_hf_weights
 
     state = full_state_dict(trainer)
     written = None
     if _rank() == 0:
-        written = save_hf_weights(state, out_dir, args=trainer.args, source_dir=trainer.model_dir, dtype=dtype)
+        written = save_hf_weights(state, out_dir, args=trainer.args, source_dir=trainer.model_dir, dtype=dtype,
+                                  digest=digest)
     _barrier()
     return written

@@ -12,7 +12,10 @@ RL (``mode="rl"``), per loss token *t* with trainer logprob ``lp``, inference lo
 The gradient of ``-ratio_t * A_t`` is ``-ratio_t * A_t * grad lp_t``: REINFORCE
 importance-weighted towards the inference policy that sampled the tokens. A token whose
 inference logprob is not finite is masked (counted in ``masked_tokens``). The mismatch
-KL reported every step is the mean of ``k3_t`` over all loss tokens, masked ones included.
+KL reported every step is the mean of ``k3_t`` over all loss tokens, masked ones included; given
+``on_policy`` (the tokens of samples generated wholly by the trainer's current weights), also over
+those alone: in an async run the KL of the others carries the policy's own change since they were
+sampled, so only the on-policy share measures how far inference's numerics are from the trainer's.
 SFT (``mode="sft"``): ``loss = -sum_t lp_t / N`` over loss tokens.
 
 Every statistic is returned as a *sum* so the trainer can add them over micro-batches
@@ -39,11 +42,13 @@ def compute_loss(
     loss_mask: torch.Tensor,
     total_loss_tokens: float,
     config: LossConfig,
+    on_policy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss of one micro-batch (already divided by the global loss-token count) and summed stats.
 
     Stats: ``loss_tokens``, ``masked_tokens`` (outside the trust region),
-    ``mismatch_kl_sum``, ``pg_loss_sum``, ``kl_sum``, ``ratio_sum``.
+    ``mismatch_kl_sum``, ``pg_loss_sum``, ``kl_sum``, ``ratio_sum``; with ``on_policy`` (bool per token)
+    also ``on_policy_tokens`` and ``mismatch_kl_on_policy_sum``.
     """
     mask = loss_mask.bool()
     denominator = max(float(total_loss_tokens), 1.0)
@@ -78,6 +83,10 @@ def compute_loss(
             "kl_sum": torch.where(keep, k3, zero).sum(),
             "ratio_sum": torch.where(mask, ratio, zero).sum(),
         }
+        if on_policy is not None:
+            current = mask & on_policy.bool()
+            stats["on_policy_tokens"] = current.sum().float()
+            stats["mismatch_kl_on_policy_sum"] = torch.where(current, k3.clamp_min(0.0), zero).sum()
     return loss, stats
 
 

@@ -55,6 +55,9 @@ class PackedRow:
     """(T,) float32 advantage of each target token's sample."""
     policy_versions: torch.Tensor
     """(T,) int64 policy version that produced each target token (-1 where masked)."""
+    oldest_versions: torch.Tensor | None = None
+    """(T,) int64 per token the oldest policy version of its sample's tokens (-1 in padding): a sample whose
+    tokens all came from one version has it everywhere; one that spanned a weight update has the older."""
     routed_experts: torch.Tensor | None = None
     """(T, moe_layers, top_k) int64 experts inference used per input token, or None."""
     replay_mask: torch.Tensor | None = None
@@ -126,6 +129,7 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
     logprobs = np.zeros(row_tokens, dtype=np.float32)
     advantages = np.zeros(row_tokens, dtype=np.float32)
     versions = np.full(row_tokens, -1, dtype=np.int64)
+    oldest = np.full(row_tokens, -1, dtype=np.int64)
     experts = np.zeros((row_tokens, moe_layers, top_k), dtype=np.int64) if moe_layers else None
     replay = np.zeros(row_tokens, dtype=bool)
     skipped: dict[str, int] = {}
@@ -141,6 +145,8 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
         logprobs[start:stop] = np.where(mask[start:stop], sample.inference_logprobs[1:], 0.0)
         advantages[start:stop] = sample.advantage
         versions[start:stop] = sample.policy_versions[1:]
+        produced = [version for version in sample.policy_versions if version >= 0]
+        oldest[start:stop] = min(produced, default=-1)
         if experts is not None:
             rows = _moe_rows(sample, n, moe_layers=moe_layers, top_k=top_k, layer_indices=layer_indices,
                              num_layers=num_layers)
@@ -162,6 +168,7 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
         inference_logprobs=torch.from_numpy(logprobs),
         advantages=torch.from_numpy(advantages),
         policy_versions=torch.from_numpy(versions),
+        oldest_versions=torch.from_numpy(oldest),
         routed_experts=None if experts is None else torch.from_numpy(experts),
         replay_mask=None if experts is None else torch.from_numpy(replay),
         sample_indices=[seg["index"] for seg in segments],

@@ -190,6 +190,8 @@ class Trainer:
         """
         if not batch.rows:
             raise AgentrlError("trainer.step: the batch has no rows; pack at least one sample")
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.model.train()
         rows = self._my_rows(batch)
         cp, cp_rank = self.plan.cp, self.meshes.cp_rank
@@ -222,6 +224,10 @@ class Trainer:
                 advantages=row.advantages[window].to(self.device),
                 loss_mask=row.loss_mask[window].to(self.device),
                 total_loss_tokens=total_loss_tokens, config=self.config.loss,
+                # Samples whose every token came from the weights this step starts from (the version after
+                # `step_count` steps); a sample that spanned an update attends to context of older weights.
+                on_policy=None if row.oldest_versions is None else
+                (row.oldest_versions[window] == self.step_count).to(self.device),
             )
             if wanted.intersection(row.sample_indices):
                 token_logprobs.update(_row_token_logprobs(row, window, logprobs, wanted))
@@ -276,6 +282,9 @@ class Trainer:
             metrics["loss_scale"] = self.loss_scale.value
         if self.config.loss.mode == "rl":
             metrics["mismatch_kl"] = reduced["mismatch_kl_sum"] / loss_tokens
+            if reduced.get("on_policy_tokens"):  # only the on-policy tokens: inference's numerics against ours
+                metrics["mismatch_kl_on_policy"] = reduced["mismatch_kl_on_policy_sum"] / reduced["on_policy_tokens"]
+            metrics["on_policy_fraction"] = reduced.get("on_policy_tokens", 0.0) / loss_tokens
             if "mismatch_kl_live_routing_sum" in reduced:
                 metrics["mismatch_kl_live_routing"] = reduced["mismatch_kl_live_routing_sum"] / loss_tokens
             if reduced.get("live_routing_compared_sets"):
@@ -285,9 +294,31 @@ class Trainer:
             metrics["importance_ratio"] = reduced["ratio_sum"] / loss_tokens
         else:
             metrics["nll"] = reduced["nll_sum"] / loss_tokens
+        metrics.update(self.memory_metrics())
         if wanted:
             metrics["token_logprobs"] = token_logprobs
         return metrics
+
+    def memory_metrics(self) -> dict[str, float]:
+        """This process's GPU memory (GiB; none on the CPU): `mem/trainer_peak_gib` (tensors at the peak of the
+        step, since `step` reset the counter), `mem/trainer_reserved_gib` (what the allocator holds now),
+        `mem/trainer_process_gib` (the driver's count: context and libraries too, where NVML can see it)."""
+        if self.device.type != "cuda":
+            return {}
+        from agentrl.gpu_memory import GIB, process_gpu_bytes
+
+        metrics = {"mem/trainer_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
+                   "mem/trainer_reserved_gib": torch.cuda.memory_reserved(self.device) / GIB}
+        used = process_gpu_bytes(os.getpid())
+        if used is not None:
+            metrics["mem/trainer_process_gib"] = used / GIB
+        return metrics
+
+    def release_cached_memory(self) -> None:
+        """Give the allocator's cached blocks back to the GPU (a server sharing it is about to need them)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def _live_routing_kl(self, row: PackedRow, window, segments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The row under the trainer's own routing (no replay, no gradient): its summed mismatch KL, and of the
@@ -337,15 +368,16 @@ class Trainer:
 
         return load_checkpoint(self, path)
 
-    def export_hf(self, out_dir: str | Path, *, dtype: torch.dtype | None = None) -> Path | None:
-        """HF safetensors of the current weights (in the source checkpoint's dtype unless given)."""
+    def export_hf(self, out_dir: str | Path, *, dtype: torch.dtype | None = None, digest: bool = False) -> Path | None:
+        """HF safetensors of the current weights (in the source checkpoint's dtype unless given); `digest`: their
+        digest beside them, for the servers' weight check."""
         from agentrl.trainer.checkpoint import export_hf
 
         if dtype is None and self.model_dir is not None:
             config = json.loads((self.model_dir / "config.json").read_text())
             name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
             dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.bfloat16)
-        return export_hf(self, out_dir, dtype=dtype)
+        return export_hf(self, out_dir, dtype=dtype, digest=digest)
 
 
 def _window(row: PackedRow, cp_window: torch.Tensor | None) -> torch.Tensor | slice:

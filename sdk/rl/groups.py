@@ -117,9 +117,10 @@ class TrainerGroup:
         return refs[0]
 
     async def push_direct(self, version: int, *, urls: list[str], backend: str,
-                          reconnect: list[str] = ()) -> dict[str, Any]:
-        """Every rank gathers, rank 0 sends `version` (nccl / ipc); rank 0's timings."""
-        timings = await self._all("push_direct", version, urls=urls, backend=backend, reconnect=list(reconnect))
+                          reconnect: list[str] = (), verify: bool = True) -> dict[str, Any]:
+        """Every rank gathers, rank 0 sends `version` (nccl / ipc); rank 0's timings, checks and server memory."""
+        timings = await self._all("push_direct", version, urls=urls, backend=backend, reconnect=list(reconnect),
+                                  verify=verify)
         return timings[0]
 
     async def resend_direct(self, urls: list[str]) -> dict[str, Any] | None:
@@ -228,14 +229,20 @@ class InferenceGroup:
         nodes = ray.get([actor.node.remote() for actor in actors])
         return cls(actors, urls, router=router, nodes=nodes, updates_log=log_dir.parent / "weight_updates.jsonl")
 
-    async def load(self, version: int, *, path: str | None = None, files: Any = None) -> None:
-        """Every server serves `version` once this returns (the loads run in parallel, one per server)."""
+    async def load(self, version: int, *, path: str | None = None, files: Any = None) -> dict[str, Any]:
+        """Every server serves `version` once this returns (the loads run in parallel, one per server); the
+        update's record (`weight_updates.jsonl`'s line: each server's weight check and memory too)."""
         started = time.time()
         results = await asyncio.gather(*(actor.load_weights.remote(version, path=path, files=files)
                                          for actor in self.actors))
-        self._log_update({"version": version, "time": started, "load_s": time.time() - started,
-                          "served": {url: result.get("served_version")
-                                     for url, result in zip(self.urls, results, strict=True)}})
+        line = {"version": version, "time": started, "load_s": time.time() - started,
+                "served": {url: result.get("served_version") for url, result in zip(self.urls, results, strict=True)}}
+        for key in ("checks", "memory"):
+            merged = {url: part for result in results for url, part in (result.get(key) or {}).items()}
+            if merged:
+                line[key] = merged
+        self._log_update(line)
+        return line
 
     def _supervised(self) -> bool:
         """One `InferenceActor` per URL (single / replicas), not a wide-EP / P/D plan's node processes."""
@@ -274,7 +281,8 @@ class InferenceGroup:
         push = push or {}
         line = {"version": version, "time": started - float(push.get("push_s") or 0.0),
                 "load_s": push.get("total_s"), "update_s": push.get("update_s"), "push_s": push.get("push_s"),
-                "transport": transport, "served": served}
+                "transport": transport, "served": served,
+                **{key: push[key] for key in ("checks", "memory") if push.get(key)}}
         if urls is not None:
             line["resent"] = True  # a restarted server got the current version again
         self._log_update(line)

@@ -151,7 +151,8 @@ class InferenceActor:
         # its server starts would otherwise leave it running (it is started from a thread: no pdeathsig).
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
         self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
-                                                   recompute_kv=deployment.recompute_kv_on_weight_update)
+                                                   recompute_kv=deployment.recompute_kv_on_weight_update,
+                                                   verify=deployment.verify_weights)
         self.supervisor = ServerSupervisor(self.server, after_restart=self._after_restart,
                                            max_restarts=max_restarts, on_event=self._on_event)
         self.startup_timeout_s = startup_timeout_s
@@ -234,7 +235,7 @@ class InferenceActor:
 
         return ray.get_runtime_context().get_node_id()
 
-    def load_weights(self, version: int, path: str | None = None, files: Folder | None = None) -> dict[str, float]:
+    def load_weights(self, version: int, path: str | None = None, files: Folder | None = None) -> dict[str, Any]:
         """Serve `version`: from `path` (a folder this node sees) or from shipped `files`.
 
         A server that dies during the load (or right after it) is waited for: its supervisor
@@ -269,7 +270,9 @@ class InferenceActor:
         if (served is None and self.supervisor.went_down(since=started)
                 and self.supervisor.wait_healthy(self.startup_timeout_s)):
             served = self.served_version()
-        return {"version": version, "update_s": result.update_s, "served_version": served}
+        return {"version": version, "update_s": result.update_s, "served_version": served,
+                "checks": {url: check.model_dump() for url, check in result.checks.items()},
+                "memory": result.memory}
 
     def served_version(self) -> str | None:
         """The weight version the server itself reports (`/weight_info`), None when it does not answer."""

@@ -34,7 +34,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
-from agentrl.errors import require
+from agentrl.errors import AgentrlError, require
 from agentrl.rl.config import RunConfig
 from agentrl.rl.loggers import make_loggers
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorState
@@ -49,7 +49,7 @@ from agentrl.rl.resume import (
     remove_partials,
 )
 from agentrl.rl.rollout_log import RolloutLog
-from agentrl.rl.stopping import RunStopped, actor_died_error, stop_on_signals, stopped_error
+from agentrl.rl.stopping import RunStopped, actor_died_error, actor_error, stop_on_signals, stopped_error
 from agentrl.types import Rollout, Task
 
 __all__ = ["TrainingResult", "run_training"]
@@ -226,8 +226,6 @@ def run_training(
                     inference = starting.result()  # its own error, if it failed too
         if info is not None and state.step > 0:
             if not (info.path / "trainer").is_dir():
-                from agentrl.errors import AgentrlError
-
                 raise AgentrlError(f"{info.path}: no trainer state to resume from (the run had "
                                    "run.checkpoint_trainer_state = false); start a new run from its HF export with "
                                    f"--set model.init_checkpoint={info.path}")
@@ -275,7 +273,8 @@ def run_training(
         orchestrator = Orchestrator(
             config=config.orchestrator, environment=_RemoteEnvironment(local_env, workers), client=None,  # type: ignore[arg-type]
             trainer=trainer, weight_sync=WeightPush(trainer, inference, transport=config.weight_transfer(),
-                                                    staging_dir=folder.path / "weights"),
+                                                    staging_dir=folder.path / "weights",
+                                                    verify=config.inference.verify_weights),
             sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
             on_groups=rollout_log,
         )
@@ -289,6 +288,11 @@ def run_training(
         last = latest_checkpoint(checkpoint_root)
         raise stopped_error(stopped, run_dir=folder.path, checkpoint_step=last.step if last else None) from None
     except ray.exceptions.RayError as error:
+        cause = getattr(error, "cause", None)
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(cause, AgentrlError):
+            # An actor's own one-line error (a trainer rank out of GPU memory), not Ray's traceback around it.
+            last = latest_checkpoint(checkpoint_root)
+            raise actor_error(cause, run_dir=folder.path, checkpoint_step=last.step if last else None) from None
         # A trainer rank or another actor killed mid-run: its own ActorDiedError, or a survivor's error (a
         # rank's collective losing its peer) that arrived first. Named as the dead actor when there is one.
         died = error if isinstance(error, ray.exceptions.ActorDiedError) else _dead_actor(

@@ -110,6 +110,8 @@ class WeightSync(Protocol):
         A weight sync may also have `async def watch()`, run beside the loop for the whole run
         (cancelled at its end): it keeps servers that restart between pushes on the pushed
         version (`agentrl.rl.transport.WeightPush.watch`); if it raises, the run ends with its error.
+        It may also have `metrics() -> dict[str, float]`: the latest completed update's figures (the weight
+        check, the servers' memory), added to each step's metrics.
         """
         ...
 

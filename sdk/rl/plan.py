@@ -140,6 +140,11 @@ def plan_run(config: RunConfig) -> str:
         lines.append(f"# layout: {plan.describe()}")
         lines.append(f"# memory per GPU: {plan.estimated_bytes / 1024**3:.1f} GiB of "
                      f"{config.trainer.parallel.gpu_memory_gib:.0f} GiB planned")
+        from agentrl.rl.shared_gpu import shared_gpu_plan
+
+        shared = shared_gpu_plan(config, plan)
+        if shared is not None:
+            lines.extend(shared.lines())
     except AgentrlError as error:
         plan = None
         lines.append(f"# layout: not plannable: {error}")
@@ -199,6 +204,22 @@ def _step_time_lines(config: RunConfig, layout) -> list[str]:
     return lines
 
 
+def _shared_gpu_problem(config: RunConfig) -> str | None:
+    """Why a colocated run would not fit its GPU (`agentrl.rl.shared_gpu`), None when it fits or is not colocated."""
+    from agentrl.gpu_memory import GIB, device_total_bytes
+    from agentrl.rl.shared_gpu import shared_gpu_plan
+
+    if not config.launch.colocate or config.inference.device != "gpu":
+        return None
+    try:
+        layout = trainer_plan(config)
+    except AgentrlError:
+        return None  # the trainer's own planner refuses it with its own line at start-up
+    total = device_total_bytes()  # the card in hand; the recipe's [plan] figure without one
+    shared = shared_gpu_plan(config, layout, gpu_gib=None if total is None else total / GIB)
+    return None if shared is None else shared.problem(config)
+
+
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:
     """Raise a one-line `ResourceError` listing what is missing for this run."""
     from agentrl.inference.plans import build_plan
@@ -229,6 +250,9 @@ def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> No
             spec.local_path()
         except AgentrlError:
             missing.append(f"the weights of {spec.hf_repo} (huggingface-cli download {spec.hf_repo})")
+    problem = _shared_gpu_problem(config)
+    if problem:
+        missing.append(problem)
     if missing:
         raise ResourceError(f"cannot train {spec.name} here; missing: " + "; ".join(missing)
                             + ". Use --dry-run to see the plan")

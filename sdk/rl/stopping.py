@@ -23,7 +23,8 @@ from typing import Iterator
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["RunStopped", "RunStoppedError", "ProcessDiedError", "stop_on_signals", "stopped_error", "actor_died_error"]
+__all__ = ["RunStopped", "RunStoppedError", "ProcessDiedError", "stop_on_signals", "stopped_error", "actor_died_error",
+           "actor_error"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -108,3 +109,18 @@ def actor_died_error(error: BaseException, *, run_dir: Path, run_id: str, checkp
         f"{name}{f' ({where})' if where else ''} died{f' ({how.group(1)})' if how else ''}; the run cannot go on"
         f" without it; {run_dir} is kept ({kept}); resume with: agentrl train --resume {run_dir}"
     )
+
+
+class ActorError(AgentrlError):
+    """An actor of the run raised an `AgentrlError` (a trainer rank out of GPU memory, say): its line, and what
+    the run folder keeps."""
+
+
+def actor_error(cause: AgentrlError, *, run_dir: Path, checkpoint_step: int | None) -> ActorError:
+    """The one line for a run that an actor's own `AgentrlError` ended (Ray hands it over wrapped in a traceback):
+    the actor's line, the run folder kept, how to resume; the cause's exit status."""
+    kept = (f"last checkpoint: step {checkpoint_step}" if checkpoint_step is not None
+            else "no checkpoint yet: a resume starts from step 0")
+    error = ActorError(f"{cause}; {run_dir} is kept ({kept}); resume with: agentrl train --resume {run_dir}")
+    error.exit_code = cause.exit_code
+    return error

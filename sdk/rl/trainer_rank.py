@@ -88,10 +88,32 @@ class TrainerRank:
         """The step's metrics; with `logprobs_of`, this rank's part of those samples' `token_logprobs`."""
         started = time.monotonic()
         self.stepped_since_push = True  # from here on the weights are no longer the pushed version
-        metrics = self.trainer.train_on_samples(samples, logprobs_of=logprobs_of)
+        try:
+            metrics = self.trainer.train_on_samples(samples, logprobs_of=logprobs_of)
+        except Exception as error:
+            if type(error).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError (torch imports lazily here)
+                raise
+            raise self._out_of_memory(step) from None
         # Packing + forward/backward + optimizer, without the transfer of the samples to this actor.
         metrics["compute_s"] = time.monotonic() - started
         return metrics
+
+    def _out_of_memory(self, step: int) -> Exception:
+        """The one-line error of a CUDA out-of-memory error in `step`, with this GPU's memory as it stands."""
+        import torch
+
+        from agentrl.gpu_memory import GIB, device_processes
+        from agentrl.rl.diagnostics import out_of_memory_error
+
+        device = self.trainer.device
+        self.trainer.release_cached_memory()
+        processes = device_processes(device.index if device.index is not None else torch.cuda.current_device())
+        others = sum(used for pid, used in processes.items() if pid != os.getpid()) if processes else None
+        return out_of_memory_error(step=step, rank=self.rank, peak_gib=torch.cuda.max_memory_allocated(device) / GIB,
+                                   reserved_gib=torch.cuda.max_memory_reserved(device) / GIB,
+                                   others_gib=None if others is None else others / GIB,
+                                   total_gib=torch.cuda.get_device_properties(device).total_memory / GIB,
+                                   row_tokens=self.trainer.config.row_tokens)
 
     def export(self, version: int, *, dest: str | None, ship: bool) -> str | Folder | None:
         """HF export of the current weights (collective; rank 0 writes).
@@ -100,7 +122,7 @@ class TrainerRank:
         folder and returns the files; other ranks return None.
         """
         target = Path(dest) if dest is not None else self.folder / "staged" / f"v{version}"
-        self.trainer.export_hf(target)
+        self.trainer.export_hf(target, digest=True)  # the servers are checked against it after they load
         if self.rank != 0:
             return None
         prune_versions(target.parent, newest=version)
@@ -111,17 +133,18 @@ class TrainerRank:
         return files
 
     def push_direct(self, version: int, *, urls: list[str], backend: str,
-                    reconnect: list[str] = ()) -> dict[str, Any]:
+                    reconnect: list[str] = (), verify: bool = True) -> dict[str, Any]:
         """Send the weights straight into the servers' weight-transfer engine (nccl or ipc; GPUs).
 
         Every rank gathers the full tensors (collective); rank 0 sends them, first setting up the
         engine of the servers in `reconnect` again (restarted since the last push). Returns the
-        timings (rank 0: the publisher's `update_s` and `total_s` too; `push_s` includes the gather).
+        timings (rank 0: the publisher's `update_s` and `total_s` too, each server's weight check and memory;
+        `push_s` includes the gather). `verify`: check every server's weights after the update.
         """
         if self.rank == 0 and self.direct_publisher is None:
             from agentrl.rl.transport import direct_publisher
 
-            self.direct_publisher = direct_publisher(backend, urls)
+            self.direct_publisher = direct_publisher(backend, urls, verify=verify)
         timings = self._send_direct(version, lambda state: self.direct_publisher.publish(
             state, version, reconnect=list(reconnect)))
         self.pushed_version, self.stepped_since_push = version, False
@@ -148,8 +171,13 @@ class TrainerRank:
         state = hf_state_views(self.trainer)
         timings: dict[str, Any] = {"version": version}
         if self.rank == 0:
+            # A server on this GPU loads the weights layer by layer into buffers of its own: hand it the blocks
+            # this process keeps cached from the step (they come back at the next step).
+            self.trainer.release_cached_memory()
             result = send(state)
-            timings.update(update_s=result.update_s, total_s=result.total_s)
+            timings.update(update_s=result.update_s, total_s=result.total_s,
+                           checks={url: check.model_dump() for url, check in result.checks.items()},
+                           memory=result.memory)
         return {**timings, "push_s": time.monotonic() - started}
 
     # ---- checkpoints --------------------------------------------------------------------

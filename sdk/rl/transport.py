@@ -41,14 +41,15 @@ from typing import Any
 from agentrl.errors import ConfigError
 from agentrl.inference.weights import WeightUpdateError
 
-__all__ = ["DIRECT_TRANSPORTS", "TRANSPORTS", "WeightPush", "direct_publisher"]
+__all__ = ["DIRECT_TRANSPORTS", "TRANSPORTS", "WeightPush", "direct_publisher", "update_metrics"]
 
 TRANSPORTS = ("filesystem", "object_store", "nccl", "ipc")
 DIRECT_TRANSPORTS = ("nccl", "ipc")
 
 
-def direct_publisher(backend: str, urls: list[str]):
-    """The trainer-side publisher of a direct transport (built in trainer rank 0's process)."""
+def direct_publisher(backend: str, urls: list[str], *, verify: bool = True):
+    """The trainer-side publisher of a direct transport (built in trainer rank 0's process); `verify`: check each
+    server's weights after every update (`inference.verify_weights`)."""
     from agentrl.inference import direct_weights
 
     if backend == "nccl":
@@ -58,9 +59,9 @@ def direct_publisher(backend: str, urls: list[str]):
 
         address = ray.util.get_node_ip_address()
         publisher = direct_weights.NcclWeightPublisher(urls, master_address=address, master_port=free_port(address),
-                                                workers_per_server=_world_size(urls[0]))
+                                                workers_per_server=_world_size(urls[0]), verify=verify)
     elif backend == "ipc":
-        publisher = direct_weights.IpcWeightPublisher(urls)
+        publisher = direct_weights.IpcWeightPublisher(urls, verify=verify)
     else:
         raise ConfigError(f"inference.weight_transfer={backend!r} is not a direct transport; use nccl or ipc")
     publisher.connect()
@@ -76,6 +77,20 @@ def _world_size(url: str) -> int:
     return int(response.json()["world_size"])
 
 
+def update_metrics(update: dict[str, Any]) -> dict[str, float]:
+    """A step's metrics from one update's record (`checks` and `memory` per server, as `WeightPublisher` reports
+    them): see `WeightPush.metrics`."""
+    checks = update.get("checks") or {}
+    metrics = {"weights/verified": float(bool(checks))}  # a publish checks every server it updates, or fails
+    if checks:
+        metrics["weights/check_error"] = max(float(check["max_error"]) for check in checks.values())
+    used = [worker.get("process") or worker.get("reserved") for workers in (update.get("memory") or {}).values()
+            for worker in workers if worker.get("device") == "cuda"]
+    if any(value is not None for value in used):
+        metrics["mem/inference_gib"] = max(value for value in used if value is not None) / 2**30
+    return metrics
+
+
 def _last_line(error: BaseException) -> str:
     """An error's last line (a Ray task error's is the cause: `module.Error: message`), at most 300 characters."""
     text = str(error).strip()
@@ -86,7 +101,7 @@ class WeightPush:
     """`WeightSync` over a `TrainerGroup` and an `InferenceGroup` with one of the `TRANSPORTS`."""
 
     def __init__(self, trainer: Any, inference: Any, *, transport: str, staging_dir: Path,
-                 watch_interval_s: float = 2.0) -> None:
+                 watch_interval_s: float = 2.0, verify: bool = True) -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(f"inference.weight_transfer={transport!r}: use one of {', '.join(TRANSPORTS)}")
         self.trainer = trainer
@@ -94,6 +109,9 @@ class WeightPush:
         self.transport = transport
         self.staging_dir = staging_dir
         self.watch_interval_s = watch_interval_s
+        self.verify = verify
+        """Each server's weights are checked after every update (`inference.verify_weights`)."""
+        self._report: dict[str, float] = {}  # the step metrics of the latest completed update
         self._lock = asyncio.Lock()  # a push and a re-send never overlap
         self._restarts: list[int] | None = None  # each server's restart count at the last direct delivery
 
@@ -104,9 +122,18 @@ class WeightPush:
             return None
         if self.transport == "filesystem":
             path = await self.trainer.export(version, dest=str(self.staging_dir / f"v{version}"), ship=False)
-            return asyncio.ensure_future(self.inference.load(version, path=path))
+            return asyncio.ensure_future(self._load(version, path=path))
         files = await self.trainer.export_ref(version)  # an ObjectRef: the bytes never pass through the driver
-        return asyncio.ensure_future(self.inference.load(version, files=files))
+        return asyncio.ensure_future(self._load(version, files=files))
+
+    async def _load(self, version: int, **source: Any) -> None:
+        self._report = update_metrics(await self.inference.load(version, **source) or {})
+
+    def metrics(self) -> dict[str, float]:
+        """Step metrics of the latest completed update: `weights/verified` (1 when every server's weights were
+        checked equal to the trainer's, 0 when not checked), `weights/check_error` (the largest difference over
+        its tolerance; below 1 passes), `mem/inference_gib` (the largest server's GPU memory after it, GPUs)."""
+        return dict(self._report)
 
     def _restarted(self, states: list[dict[str, Any]], since: list[int] | None = None) -> list[str]:
         """The servers restarted since the last delivery, or since `since` (their transfer engine must be set up
@@ -131,13 +158,14 @@ class WeightPush:
             started = time.monotonic()
             try:
                 timings = await self.trainer.push_direct(version, urls=self.inference.urls, backend=self.transport,
-                                                         reconnect=self._restarted(states, first))
+                                                         reconnect=self._restarted(states, first), verify=self.verify)
                 break
             except Exception as error:  # noqa: BLE001 - a restart is retried, anything else is one line
                 if attempt == attempts - 1 or not await self.inference.went_down(time.monotonic() - started):
                     raise WeightUpdateError(f"pushing version {version} through {self.transport} failed: "
                                             f"{_last_line(error)}") from None
         self._restarts = [state["restarts"] for state in states]
+        self._report = update_metrics(timings)
         await self.inference.set_version(version, push=timings, transport=self.transport,
                                          restarts=self._restarts)
 

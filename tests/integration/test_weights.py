@@ -220,6 +220,85 @@ async def test_after_an_update_new_requests_never_reuse_old_weights_kv(weights_s
         assert await _prefix_cache_hits(url) - hits >= 256
 
 
+def _export(folder, state: dict) -> None:
+    """An HF folder of tiny-moe holding `state` (no digest beside it)."""
+    from safetensors.torch import save_file
+
+    from agentrl.models import ensure_model
+
+    folder.mkdir(parents=True)
+    for file in ensure_model("tiny-moe").iterdir():
+        if file.name != "model.safetensors":
+            shutil.copy(file, folder / file.name)
+    save_file(state, str(folder / "model.safetensors"))
+
+
+async def _still_serving(url: str) -> None:
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"{url}/is_paused")).json()["is_paused"] is False
+        response = await client.post(f"{url}/inference/v1/generate", timeout=60, json={
+            "token_ids": FIXED_TOKENS, "sampling_params": {"max_tokens": 3, "temperature": 0}})
+        assert response.status_code == 200
+
+
+async def test_every_update_is_checked_against_the_trainers_tensors(weights_server, tmp_path):
+    """The server's parameters after the load (fused qkv, gate_up and experts included) equal the sent weights'."""
+    url = weights_server.url
+    publisher = FilesystemWeightPublisher([url], staging_dir=tmp_path / "staging")
+    result = await publisher.apublish(_perturbed_state_dict(seed=20), version=20)
+    check = result.checks[url]
+    assert check.checked == 39 and check.trainer_tensors == 117 and not check.unserved  # every parameter
+    assert check.max_error < 1e-2
+    assert result.memory[url] == [{"device": "cpu"}]  # the server reported (and released) its memory
+
+
+async def test_a_stale_tensor_in_an_export_stops_the_update_naming_it(weights_server, tmp_path):
+    """Planted corruption: the export holds one tensor of the old weights (a tensor not sent) while its digest,
+    written by the trainer, has the new one."""
+    from agentrl.inference.weight_check import WeightMismatchError
+    from agentrl.weight_digest import FOLDER_DTYPES, tensor_digests, write_digest
+
+    url = weights_server.url
+    new = _perturbed_state_dict(seed=21)
+    written = dict(new, **{"model.layers.2.post_attention_layernorm.weight":
+                           _perturbed_state_dict(seed=0)["model.layers.2.post_attention_layernorm.weight"]})
+    _export(tmp_path / "export", written)
+    write_digest(tmp_path / "export", tensor_digests(new, wire=lambda tensor: tensor.dtype, served=FOLDER_DTYPES))
+    publisher = FilesystemWeightPublisher([url], staging_dir=tmp_path / "staging")
+    with pytest.raises(WeightMismatchError, match=rf"version 21 on {url}: model\.layers\.2\.post_attention_layernorm"
+                                                  r"\.weight differs from the trainer's weights") as info:
+        await publisher.apublish(tmp_path / "export", version=21)
+    assert "\n" not in str(info.value)
+    await _still_serving(url)
+
+
+async def test_a_tensor_sent_in_float16_to_a_float32_server_is_caught(weights_server, tmp_path):
+    """Planted corruption: one tensor travels in the wrong dtype (float16) and is loaded rounded."""
+    from agentrl.inference.weight_check import WeightMismatchError
+
+    url = weights_server.url
+    state = _perturbed_state_dict(seed=22)
+    publisher = FilesystemWeightPublisher([url], staging_dir=tmp_path / "staging")
+    publisher._prepare_state = publisher._prepare
+    name = "model.layers.1.mlp.experts.3.up_proj.weight"
+
+    def half_one_tensor(weights, version, served):  # the transport writes that tensor in float16
+        folder = publisher._prepare_state(weights, version, served)
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(folder / "model.safetensors"))
+        tensors[name] = tensors[name].half()
+        save_file(tensors, str(folder / "model.safetensors"))
+        return folder
+
+    publisher._prepare = half_one_tensor
+    publisher._expected_digest = lambda weights, prepared: __import__("agentrl.weight_digest").weight_digest.tensor_digests(
+        weights, wire=lambda tensor: tensor.dtype, served=("float32",))
+    with pytest.raises(WeightMismatchError, match=r"model\.layers\.1\.mlp\.experts\.routed_experts\.w13_weight differs"):
+        await publisher.apublish(state, version=22)
+    await _still_serving(url)
+
+
 def test_the_whole_server_runs_at_its_niceness(weights_server):
     import os
     from pathlib import Path

@@ -82,7 +82,7 @@ def test_direct_transports_send_from_the_trainer_to_every_server_url(transport):
     assert loading is None
     assert calls == [("inference", "weight_states", (), {}),
                      ("trainer", "push_direct", (3,), {"urls": ["http://127.0.0.1:1", "http://127.0.0.1:2"],
-                                                       "backend": transport, "reconnect": []}),
+                                                       "backend": transport, "reconnect": [], "verify": True}),
                      ("inference", "set_version", (3,), {"push": TIMINGS, "transport": transport,
                                                           "restarts": [0, 0]})]
 

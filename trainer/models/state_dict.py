@@ -306,11 +306,14 @@ def save_hf_weights(
     source_dir: str | Path | None = None,
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = 4 << 30,
+    digest: bool = False,
 ) -> Path:
     """Write HF safetensors (sharded with an index when large) and copy config/tokenizer files.
 
     Writes into a temporary sibling folder and renames it into place, so an interrupted
-    export never leaves a half-written model where inference would load it.
+    export never leaves a half-written model where inference would load it. With `digest`,
+    the written tensors' digest goes beside them (`agentrl.weight_digest.DIGEST_FILE`): a server
+    that loads the folder is checked against it.
     """
     from safetensors.torch import save_file
 
@@ -334,6 +337,10 @@ def save_hf_weights(
         (tmp / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
         )
+    if digest:
+        from agentrl.weight_digest import FOLDER_DTYPES, tensor_digests, write_digest
+
+        write_digest(tmp, tensor_digests(hf, wire=lambda tensor: tensor.dtype, served=FOLDER_DTYPES))
     if source_dir is not None:
         for name in _COPY_FILES:
             if (Path(source_dir) / name).is_file():

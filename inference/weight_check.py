@@ -1,0 +1,151 @@
+"""Exact weights, checked after every update: the served parameters against the trainer's tensors.
+
+After a weight update loads, and before the server resumes, the publisher asks every server
+for the digest of what it now holds (`vllm_worker_ext.WorkerChecks.agentrl_weight_digest`: per
+vLLM parameter its dtype, element count, and float64 sum and sum of squares) and compares it
+with the digest of the tensors the trainer sent (`agentrl.weight_digest.tensor_digests`). vLLM keeps some tensors
+fused (`qkv_proj` = q, k, v; `gate_up_proj`; `experts.w13_weight` = every expert's gate and up;
+`fused_qkv_a_proj` for MLA), so each trainer tensor is counted in the served parameter it loads
+into (`served_group`), rounded as it reaches that parameter: to its wire dtype (what the
+transport sends) and then to the parameter's dtype. Sums of identical values agree to float64
+rounding (values of 16-bit floats and their squares are exact in float64), so the tolerance
+is tight: a tensor not sent, sent in another dtype, or loaded into the wrong place changes
+its group's sums far beyond it, while any change that does not move the served values (a
+float32 step smaller than a bf16 step) is, correctly, no difference.
+
+A mismatch stops the update with `WeightMismatchError`, one line naming the served
+parameter, the trainer tensors behind it and both sums. So does a served parameter that no
+tensor the trainer sent loads into (a tensor not sent). Trainer tensors the server has no
+parameter for (e.g. multi-token-prediction layers vLLM skips) are listed in the result.
+
+The comparison is torch-free; the digest math is `agentrl.weight_digest`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.errors import AgentrlError
+
+__all__ = ["WeightMismatchError", "WeightCheck", "served_group", "merge_worker_digests", "compare_digests"]
+
+RELATIVE_TOLERANCE = 1e-11
+"""Of sqrt(numel * sum of squares), which bounds the sum of |values|: float64 summation in another order
+stays orders of magnitude inside it, one element moved by one bf16 step of a 1.5-billion-element
+parameter does not."""
+
+# vLLM's fused parameters: a checkpoint tensor's name -> the served parameters it may load into (vLLM 0.24
+# names routed experts `mlp.experts.w13_weight`, 0.32 `mlp.experts.routed_experts.w13_weight`).
+_FUSED = [
+    (re.compile(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|w1|w3)\.weight$"),
+     (r"\1.w13_weight", r"\1.routed_experts.w13_weight")),
+    (re.compile(r"^(.*\.experts)\.\d+\.(down_proj|w2)\.weight$"), (r"\1.w2_weight", r"\1.routed_experts.w2_weight")),
+    (re.compile(r"^(.*)\.(q_proj|k_proj|v_proj)\.(weight|bias)$"), (r"\1.qkv_proj.\3",)),
+    (re.compile(r"^(.*)\.(gate_proj|up_proj)\.weight$"), (r"\1.gate_up_proj.weight",)),
+    (re.compile(r"^(.*)\.(q_a_proj|kv_a_proj_with_mqa)\.weight$"), (r"\1.fused_qkv_a_proj.weight",)),
+]
+
+
+class WeightMismatchError(AgentrlError):
+    """The server's weights after an update are not the trainer's."""
+
+
+class WeightCheck(BaseModel):
+    """The outcome of one server's check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checked: int
+    """Served parameters compared."""
+    trainer_tensors: int
+    """Trainer tensors counted in them."""
+    max_error: float
+    """Largest |difference of sums| over its tolerance, over every compared sum (below 1 passes)."""
+    unserved: list[str] = Field(default_factory=list)
+    """Trainer tensors the server has no parameter for."""
+
+
+def served_group(name: str, served: Mapping[str, Any] | set[str]) -> str | None:
+    """The served parameter the checkpoint tensor `name` loads into, None when the server has none."""
+    if name in served:
+        return name
+    for pattern, replacements in _FUSED:
+        if pattern.match(name):
+            for replacement in replacements:
+                group = pattern.sub(replacement, name)
+                if group in served:
+                    return group
+    return None
+
+
+def merge_worker_digests(results: list[Mapping[str, list[Any]]]) -> dict[str, list[Any]]:
+    """One digest from each worker's (tensor or expert parallel): a parameter every worker holds alike
+    (replicated) counts once, a sharded one is the sum of its shards."""
+    if len(results) == 1:
+        return dict(results[0])
+    merged: dict[str, list[Any]] = {}
+    for name in results[0]:
+        entries = [result[name] for result in results if name in result]
+        if all(entry == entries[0] for entry in entries):
+            merged[name] = list(entries[0])
+        else:
+            merged[name] = [entries[0][0], sum(entry[1] for entry in entries),
+                            math.fsum(entry[2] for entry in entries), math.fsum(entry[3] for entry in entries)]
+    return merged
+
+
+def compare_digests(expected: Mapping[str, Mapping[str, list[float]]], served: Mapping[str, list[Any]], *,
+                    where: str) -> WeightCheck:
+    """Compare the trainer's per-tensor digests with a server's per-parameter digest; `WeightMismatchError`
+    (one line, `where` naming the server and version) on the first parameter whose sums differ."""
+    groups: dict[str, list[str]] = {}
+    unserved = []
+    for name in expected:
+        group = served_group(name, served)
+        if group is None:
+            unserved.append(name)
+        else:
+            groups.setdefault(group, []).append(name)
+    worst = 0.0
+    for group, names in groups.items():
+        dtype, numel, total, squares = served[group][0], float(served[group][1]), served[group][2], served[group][3]
+        missing = [name for name in names if dtype not in expected[name]]
+        if missing:
+            raise WeightMismatchError(f"{where}: {group} is served in {dtype}; the trainer's digest of {missing[0]} "
+                                      f"has only {', '.join(expected[missing[0]])}")
+        want_numel = sum(expected[name][dtype][0] for name in names)
+        want_total = math.fsum(expected[name][dtype][1] for name in names)
+        want_squares = math.fsum(expected[name][dtype][2] for name in names)
+        sources = names[0] if len(names) == 1 else f"{len(names)} trainer tensors from {names[0]}"
+        if want_numel != numel:
+            raise WeightMismatchError(f"{where}: {group} holds {int(numel)} values, the trainer sent {int(want_numel)} "
+                                      f"({sources})")
+        error = _relative_error(total, want_total, squares, want_squares, numel)
+        worst = max(worst, error)
+        if error >= 1.0:
+            raise WeightMismatchError(
+                f"{where}: {group} differs from the trainer's weights ({sources}): sum {total:.9g} vs {want_total:.9g},"
+                f" sum of squares {squares:.9g} vs {want_squares:.9g}"
+            )
+    unchecked = sorted(set(served) - set(groups))
+    if unchecked:
+        raise WeightMismatchError(f"{where}: the server holds {unchecked[0]}"
+                                  f"{f' and {len(unchecked) - 1} more parameters' if len(unchecked) > 1 else ''}"
+                                  f" that no tensor the trainer sent loads into")
+    return WeightCheck(checked=len(groups), trainer_tensors=sum(map(len, groups.values())), max_error=worst,
+                       unserved=sorted(unserved))
+
+
+def _relative_error(total: float, want_total: float, squares: float, want_squares: float, numel: float) -> float:
+    """The larger difference (sum, sum of squares) over its tolerance: the sum's against sqrt(numel * sum of
+    squares) (a bound of the sum of |values|), the sum of squares' against itself (its terms are positive)."""
+    largest = max(squares, want_squares)
+    if largest == 0.0:
+        return 0.0 if total == want_total else math.inf
+    sum_error = abs(total - want_total) / (RELATIVE_TOLERANCE * math.sqrt(numel * largest))
+    return max(sum_error, abs(squares - want_squares) / (RELATIVE_TOLERANCE * largest))

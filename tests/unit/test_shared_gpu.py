@@ -1,0 +1,90 @@
+"""The memory plan of a GPU shared by the trainer and vLLM (cookbook/gpu-1xh200), the refusal of a recipe that
+does not fit, the trainer's out-of-memory line, and the step metrics of a weight update; all on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentrl.rl.config import load_run_config
+from agentrl.rl.plan import ResourceError, check_resources, plan_run, trainer_plan
+from agentrl.rl.shared_gpu import MARGIN_GIB, shared_gpu_plan
+
+RECIPE = Path(__file__).resolve().parents[2] / "cookbook" / "gpu-1xh200" / "train.toml"
+
+
+def recipe(**sets):
+    config = load_run_config(RECIPE)
+    for key, value in sets.items():
+        section, field = key.split("__")
+        setattr(getattr(config, section), field, value)
+    return config
+
+
+def test_the_one_gpu_recipe_fits_at_both_moments_and_the_dry_run_says_so():
+    config = recipe()
+    plan = shared_gpu_plan(config, trainer_plan(config), gpu_gib=139.8)
+    # vLLM's share plus what its process holds beyond it; the trainer's estimate scaled to its process
+    assert plan.server_gib == pytest.approx(0.30 * 139.8 + 1.2)
+    assert 80 < plan.trainer_step_gib < 100 and 50 < plan.trainer_update_gib < 65
+    # twice the largest layer (128 experts of 3 x 4096 x 1408, attention, shared expert) in bf16
+    assert 8 < plan.server_update_gib < 9.5
+    assert plan.step_gib > plan.update_gib and plan.fits()
+    text = plan_run(config)
+    assert "# shared GPU (141.0 GiB): at the trainer's step" in text and "# fits:" in text
+
+
+def test_a_recipe_that_does_not_fit_is_refused_before_the_start_in_one_line():
+    config = recipe(inference__gpu_memory_utilization=0.4)
+    plan = shared_gpu_plan(config, trainer_plan(config), gpu_gib=139.8)
+    assert not plan.fits() and plan.peak_gib + MARGIN_GIB > 139.8
+    with pytest.raises(ResourceError) as info:
+        check_resources(config, cluster_gpus=1)
+    line = str(info.value)
+    assert "trainer and vLLM sharing one" in line and "inference.gpu_memory_utilization=0.4" in line
+    assert "lower inference.gpu_memory_utilization to at most 0.3" in line and "\n" not in line
+    assert "# does NOT fit" in plan_run(config)
+
+
+def test_runs_that_do_not_share_a_gpu_have_no_shared_plan():
+    config = recipe(launch__colocate=False)
+    assert shared_gpu_plan(config, trainer_plan(config)) is None
+
+
+def test_the_out_of_memory_line_names_the_step_both_sides_and_the_knobs():
+    from agentrl.rl.diagnostics import out_of_memory_error
+
+    error = out_of_memory_error(step=17, rank=0, peak_gib=91.2, reserved_gib=97.8, others_gib=39.3, total_gib=139.8,
+                                row_tokens=2048)
+    line = str(error)
+    assert error.exit_code == 1 and "\n" not in line
+    for part in ("trainer-0 ran out of GPU memory at step 17", "trainer peak 91.2 GiB", "held 97.8 GiB",
+                 "(a vLLM server sharing it) 39.3 GiB", "GPU 139.8 GiB", "inference.gpu_memory_utilization",
+                 "trainer.row_tokens (now 2048)", "launch.colocate = false"):
+        assert part in line
+
+
+def test_an_actors_own_error_becomes_the_runs_line_with_what_is_kept(tmp_path):
+    from agentrl.rl.diagnostics import out_of_memory_error
+    from agentrl.rl.stopping import actor_error
+
+    cause = out_of_memory_error(step=2, rank=0, peak_gib=85.3, reserved_gib=86.0, others_gib=None, total_gib=139.8,
+                                row_tokens=2048)
+    error = actor_error(cause, run_dir=tmp_path / "run", checkpoint_step=None)
+    assert error.exit_code == 1
+    assert str(error).startswith("trainer-0 ran out of GPU memory at step 2")
+    assert f"{tmp_path / 'run'} is kept (no checkpoint yet" in str(error)
+
+
+def test_a_weight_updates_record_becomes_step_metrics():
+    from agentrl.rl.transport import update_metrics
+
+    record = {"checks": {"http://a": {"checked": 9, "trainer_tensors": 20, "max_error": 0.02, "unserved": []},
+                         "http://b": {"checked": 9, "trainer_tensors": 20, "max_error": 0.07, "unserved": []}},
+              "memory": {"http://a": [{"device": "cuda", "process": 43 * 2**30, "reserved": 41 * 2**30}],
+                         "http://b": [{"device": "cuda", "process": None, "reserved": 44 * 2**30}]}}
+    assert update_metrics(record) == {"weights/verified": 1.0, "weights/check_error": 0.07,
+                                      "mem/inference_gib": 44.0}
+    assert update_metrics({}) == {"weights/verified": 0.0}
+    assert update_metrics({"memory": {"http://a": [{"device": "cpu"}]}}) == {"weights/verified": 0.0}
