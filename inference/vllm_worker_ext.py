@@ -30,7 +30,7 @@ EXTENSION = f"{__name__}.WorkerChecks"
 
 
 class WorkerChecks:
-    """Mixed into vLLM's worker class (`self.model_runner.model` is the served model)."""
+    """Mixed into vLLM's worker class (`self.model_runner.get_model()` is the served model)."""
 
     def agentrl_weight_digest(self) -> dict[str, list[Any]]:
         """{parameter name: [dtype name, numel, sum, sum of squares]} of the served model, sums in float64."""
@@ -38,7 +38,7 @@ class WorkerChecks:
 
         from agentrl.weight_digest import float64_sums
 
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]  # unwrapped from CUDA graph runners
         params = [(name, param.detach()) for name, param in model.named_parameters(remove_duplicate=True)
                   if param.is_floating_point()]
         if not params:

@@ -100,9 +100,14 @@ def merge_worker_digests(results: list[Mapping[str, list[Any]]]) -> dict[str, li
 
 
 def compare_digests(expected: Mapping[str, Mapping[str, list[float]]], served: Mapping[str, list[Any]], *,
-                    where: str) -> WeightCheck:
+                    where: str, checkpoint: set[str] | None = None) -> WeightCheck:
     """Compare the trainer's per-tensor digests with a server's per-parameter digest; `WeightMismatchError`
-    (one line, `where` naming the server and version) on the first parameter whose sums differ."""
+    (one line, `where` naming the server and version) on the first parameter whose sums differ.
+
+    A served parameter no sent tensor loads into is an error when a tensor of the server's own checkpoint
+    (`checkpoint`: its names) loads into it, or, without those names, when it is a `weight` or `bias`; other
+    parameters a server makes itself (e.g. attention's KV-cache scales) are not the trainer's to check.
+    """
     groups: dict[str, list[str]] = {}
     unserved = []
     for name in expected:
@@ -132,7 +137,11 @@ def compare_digests(expected: Mapping[str, Mapping[str, list[float]]], served: M
                 f"{where}: {group} differs from the trainer's weights ({sources}): sum {total:.9g} vs {want_total:.9g},"
                 f" sum of squares {squares:.9g} vs {want_squares:.9g}"
             )
-    unchecked = sorted(set(served) - set(groups))
+    if checkpoint:
+        owed = {group for name in checkpoint if (group := served_group(name, served)) is not None}
+    else:
+        owed = {name for name in served if name.endswith(("weight", "bias"))}
+    unchecked = sorted(owed - set(groups))
     if unchecked:
         raise WeightMismatchError(f"{where}: the server holds {unchecked[0]}"
                                   f"{f' and {len(unchecked) - 1} more parameters' if len(unchecked) > 1 else ''}"

@@ -339,9 +339,16 @@ class WeightPublisher(ABC):
         async with server_controls(targets, timeout_s=self.timeout_s) as controls:
             served = await self._served_shapes(controls[0])
             prepared = await asyncio.to_thread(self._prepare, weights, version, served)
-            expected = await asyncio.to_thread(self._expected_digest, weights, prepared) if self.verify else None
-            outcomes = await self._update_all(controls, prepared, version, expected)
-        self._last_prepared, self._last_expected = prepared, expected
+            # The trainer's digest is computed while the servers load (it is needed only after their load).
+            expected = asyncio.ensure_future(asyncio.to_thread(self._expected_digest, weights, prepared)) \
+                if self.verify else None
+            try:
+                outcomes = await self._update_all(controls, prepared, version, expected)
+            finally:
+                if expected is not None and not expected.done():
+                    expected.cancel()
+        self._last_prepared = prepared
+        self._last_expected = expected.result() if expected is not None and not expected.cancelled() else None
         return PublishResult(
             version=version,
             update_s=max(outcome.seconds for outcome in outcomes),
@@ -449,8 +456,10 @@ class WeightPublisher(ABC):
         try:
             await self._load(control, prepared, version=version)
             if expected is not None:  # before any token is generated with these weights
-                updated.check = compare_digests(expected, await control.weight_digest(),
-                                                where=f"version {version} on {control.url}")
+                digest = await expected if isinstance(expected, asyncio.Future) else expected
+                updated.check = compare_digests(digest, await control.weight_digest(),
+                                                where=f"version {version} on {control.url}",
+                                                checkpoint=set(self._served or ()))
             if self.verify:
                 # A load leaves its buffers in the server's allocator cache: give them back (a trainer may
                 # share the GPU), and report what the server holds.

@@ -10,6 +10,9 @@
   trainer's own within bfloat16 tolerance, while they moved well beyond it from the starting
   weights; one step later an unpacked update (a handle per tensor) does the same; after a restart of
   the server (the starting weights again), `resend` puts them back through a new `ipc` engine.
+- The weight check (`inference.weight_check`): every update above is checked equal to the trainer's
+  tensors on every served parameter; then two planted corruptions, one tensor not sent and one sent in
+  float16, each stop the update with one line naming the parameter, and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -148,8 +151,10 @@ def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
         ours_next = _trainer_logprobs(trainer, TOKENS)
         unpacked = IpcWeightPublisher([server.url], packed=False, chunk_bytes=1 << 20)
         unpacked.version = publisher.version
-        unpacked.publish(hf_state_views(trainer), 2)
+        unpacked_result = unpacked.publish(hf_state_views(trainer), 2)
         after_next = _served_logprobs(server.url, TOKENS)
+        planted = _planted_corruptions(server.url, trainer, version=3)
+        still = _served_logprobs(server.url, TOKENS)
     print(f"ipc update of tiny-moe: {took * 1000:.0f} ms (pause to resume {result.update_s * 1000:.0f} ms)")
     moved = max(abs(a - b) for a, b in zip(before, ours))
     error = max(abs(a - b) for a, b in zip(after, ours))
@@ -161,6 +166,54 @@ def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
     assert error < 0.05, (error, after, ours)  # bf16 on both sides, different kernels
     assert moved_next > 0.1, moved_next  # the third step moved them again ...
     assert error_next < 0.05, (error_next, after_next, ours_next)  # ... and the unpacked update carried that
+    for checked in (result, unpacked_result):  # every served parameter equals the trainer's, bit for bit
+        check = checked.checks[server.url]
+        assert check.checked > 20 and check.max_error < 1.0 and not check.unserved, check
+        assert checked.memory[server.url][0]["device"] == "cuda"
+    print(f"weight checks: {result.checks[server.url].checked} parameters, max error "
+          f"{max(r.checks[server.url].max_error for r in (result, unpacked_result)):.2e} of the tolerance")
+    assert planted["not sent"] == "model.layers.1.post_attention_layernorm.weight", planted
+    assert planted["float16"].startswith("model.layers.1.mlp.experts.") and planted["float16"].endswith(
+        "w13_weight"), planted  # vLLM's fused gate/up experts (0.32 nests them under routed_experts)
+    assert len(still) == len(TOKENS) - 1  # the server resumed and serves after each refused update
+
+
+def _planted_corruptions(url, trainer, *, version):
+    """One more trainer step (the norms move by more than a bf16 step), then two broken IPC publishers: one
+    leaves a norm out, one sends an expert in float16; {kind: the parameter each check named}."""
+    import re
+
+    from trainer_helpers import make_samples
+
+    from agentrl.inference.direct_weights import IpcWeightPublisher
+    from agentrl.inference.weight_check import WeightMismatchError
+    from agentrl.trainer.checkpoint import hf_state_views
+
+    skipped, halved = "model.layers.1.post_attention_layernorm.weight", "model.layers.1.mlp.experts.3.up_proj.weight"
+
+    class NotSent(IpcWeightPublisher):
+        async def _send_tensors(self, control, weights):
+            await super()._send_tensors(control, {name: t for name, t in weights.items() if name != skipped})
+
+    class HalfOne(IpcWeightPublisher):
+        def _wire_tensor(self, tensor):
+            wire = super()._wire_tensor(tensor)
+            return wire.half() if tensor.data_ptr() == self.victim.data_ptr() else wire
+
+    args = trainer.args
+    trainer.train_on_samples(make_samples(vocab=args.vocab_size, moe_layers=len(args.moe_layers),
+                                          num_experts=args.num_experts, top_k=args.top_k, seed=2))
+    named = {}
+    for kind, publisher in (("not sent", NotSent([url])), ("float16", HalfOne([url]))):
+        state = hf_state_views(trainer)
+        publisher.victim = state[halved]
+        publisher.version = version - 1
+        with pytest.raises(WeightMismatchError) as info:
+            publisher.publish(state, version)
+        assert "\n" not in str(info.value)
+        named[kind] = re.search(r"on \S+: (\S+) ", str(info.value)).group(1)
+        version += 1
+    return named
 
 
 def test_a_restarted_server_gets_the_trainers_weights_back_through_ipc(tmp_path):

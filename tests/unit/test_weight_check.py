@@ -173,3 +173,15 @@ def test_a_folder_digest_equals_the_digest_of_its_tensors(tmp_path):
     from_files = folder_digests(tmp_path, served=FOLDER_DTYPES)
     from_tensors = tensor_digests(state, wire=lambda tensor: tensor.dtype, served=FOLDER_DTYPES)
     assert from_files == from_tensors
+
+
+def test_parameters_a_server_makes_itself_are_not_owed_but_checkpoint_ones_are():
+    state = _trainer_state()
+    served = dict(_served(state), **{"model.layers.1.self_attn.attn.k_scale": ["float32", 1, 1.0, 1.0]})
+    compare_digests(_expected(state), served, where="v1")  # a KV-cache scale: no checkpoint tensor loads into it
+    sent = {name: tensor for name, tensor in state.items() if "gate.weight" not in name}
+    with pytest.raises(WeightMismatchError, match=r"holds model\.layers\.1\.mlp\.gate\.weight that no tensor"):
+        compare_digests(_expected(sent), served, where="v1", checkpoint=set(state))
+    served_by_name = dict(served, **{"model.layers.1.mlp.gate.scale": ["float32", 2, 1.0, 1.0]})
+    with pytest.raises(WeightMismatchError, match=r"mlp\.gate\.scale"):  # the checkpoint has a tensor for it
+        compare_digests(_expected(state), served_by_name, where="v1", checkpoint={*state, "model.layers.1.mlp.gate.scale"})

@@ -1,0 +1,171 @@
+"""The one-GPU check's verdict: runs of cookbook/gpu-1xh200 and the GPU tests against committed baselines.
+
+    python3 bench/gpu_check.py RUN [RUN ...] [--tests-log LOG] [--commit ID] [--results FILE]
+
+`scripts/gpu_check.sh` runs the GPU tests and the 30-step recipe on the H200 and then this. Each run
+folder (config.toml, metrics.jsonl, weight_updates.jsonl, report.md; `exit_code` and
+`phase_seconds` files written beside them by the script) is checked:
+
+| check | passes when |
+|---|---|
+| completed | the run reached its `max_steps` with exit status 0 (no out-of-memory or other failure) |
+| reward_rising | reward mean of the last 10 steps above the first 10 |
+| mismatch_kl | median mismatch KL within 2x of the baseline run's (cookbook/gpu-1xh200/results/async-30-steps) |
+| weights_verified | every weight update's line checked every server (`weights/verified` 1 from step 0 on) |
+| update_latency | median push (`weight_push_s` of the steps after a push) within 1.5x of the baseline run's |
+| trainer_peak_flat | `mem/trainer_peak_gib` of steps 2.. at most 1.1x its median (the peak does not grow) |
+
+and the tests log: pytest's summary line with no failed or errored test. The table goes to stdout,
+everything to `--results` (default `bench/results/gpu_check.json`): date, commit, device, per run
+its figures and checks, the tests' counts, and `passed` (all checks of all runs and the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE_RUN = ROOT / "cookbook" / "gpu-1xh200" / "results" / "async-30-steps"
+KL_FACTOR, LATENCY_FACTOR, PEAK_FACTOR, WINDOW = 2.0, 1.5, 1.1, 10
+
+
+def _metrics(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _updates(run: Path) -> list[dict]:
+    path = run / "weight_updates.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _median(values: list[float]) -> float | None:
+    values = [value for value in values if value is not None and value == value]
+    return statistics.median(values) if values else None
+
+
+def _max_steps(run: Path) -> int | None:
+    config = run / "config.toml"
+    if not config.is_file():
+        return None
+    import tomllib
+
+    return int(tomllib.loads(config.read_text())["orchestrator"]["max_steps"])
+
+
+def summarise(run: Path) -> dict:
+    """A run folder's figures (None where the run has none)."""
+    steps = _metrics(run)
+    rewards = [step["reward"] for step in steps if step.get("reward") is not None]
+    pushes = [step["weight_push_s"] for step in steps[1:] if step.get("weight_push_s")]
+    peaks = [step["mem/trainer_peak_gib"] for step in steps if "mem/trainer_peak_gib" in step]
+    updates = _updates(run)
+    exit_file = run / "exit_code"
+    return {
+        "run": str(run),
+        "steps": len(steps),
+        "max_steps": _max_steps(run),
+        "exit_code": int(exit_file.read_text().strip()) if exit_file.is_file() else None,
+        "reward_first": statistics.fmean(rewards[:WINDOW]) if len(rewards) >= 2 * WINDOW else None,
+        "reward_last": statistics.fmean(rewards[-WINDOW:]) if len(rewards) >= 2 * WINDOW else None,
+        "mismatch_kl_median": _median([step.get("mismatch_kl") for step in steps]),
+        "mismatch_kl_mean": statistics.fmean([s["mismatch_kl"] for s in steps]) if steps else None,
+        "mismatch_kl_on_policy_median": _median([step.get("train/mismatch_kl_on_policy") for step in steps]),
+        "on_policy_fraction_mean": (statistics.fmean(values) if (values := [
+            step["train/on_policy_fraction"] for step in steps if "train/on_policy_fraction" in step]) else None),
+        "weight_push_s_median": _median(pushes),
+        "updates": len(updates),
+        "updates_checked": sum(1 for update in updates if update.get("checks")),
+        "check_error_max": max((check["max_error"] for update in updates for check in (update.get("checks") or {})
+                                .values()), default=None),
+        "verified_steps": sum(1 for step in steps if step.get("weights/verified") == 1.0),
+        "trainer_peak_gib": peaks,
+        "trainer_process_gib_max": max((s["mem/trainer_process_gib"] for s in steps if "mem/trainer_process_gib" in s),
+                                       default=None),
+        "inference_gib_max": max((s["mem/inference_gib"] for s in steps if "mem/inference_gib" in s), default=None),
+        "step_time_s_median": _median([step.get("step_time_s") for step in steps[1:]]),
+        "phase_s": float((run / "phase_seconds").read_text()) if (run / "phase_seconds").is_file() else None,
+    }
+
+
+def checks(figures: dict, baseline: dict) -> dict[str, dict]:
+    """Each check: its value, what it is compared with, and whether it passed."""
+    def check(value, limit, passed: bool) -> dict:
+        return {"value": value, "limit": limit, "pass": bool(passed)}
+
+    out = {"completed": check(figures["steps"], figures["max_steps"], figures["exit_code"] == 0
+                              and figures["max_steps"] is not None and figures["steps"] == figures["max_steps"])}
+    first, last = figures["reward_first"], figures["reward_last"]
+    out["reward_rising"] = check(last, first, first is not None and last is not None and last > first)
+    kl, base_kl = figures["mismatch_kl_median"], baseline["mismatch_kl_median"]
+    out["mismatch_kl"] = check(kl, KL_FACTOR * base_kl, kl is not None and kl <= KL_FACTOR * base_kl)
+    out["weights_verified"] = check(figures["verified_steps"], figures["steps"],
+                                    figures["steps"] > 0 and figures["verified_steps"] == figures["steps"]
+                                    and figures["updates_checked"] == figures["updates"] > 0)
+    push, base_push = figures["weight_push_s_median"], baseline["weight_push_s_median"]
+    out["update_latency"] = check(push, LATENCY_FACTOR * base_push,
+                                  push is not None and push <= LATENCY_FACTOR * base_push)
+    peaks = figures["trainer_peak_gib"][2:]
+    ratio = max(peaks) / statistics.median(peaks) if peaks else None
+    out["trainer_peak_flat"] = check(ratio, PEAK_FACTOR, ratio is not None and ratio <= PEAK_FACTOR)
+    return out
+
+
+_SUMMARY = re.compile(r"=+ (.*?) in [\d.]+s")
+
+
+def tests_summary(log: Path) -> dict:
+    """pytest's counts from its last summary line; `pass` when it ran and nothing failed or errored."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = _SUMMARY.findall(text)
+    counts = {kind: int(number) for number, kind in re.findall(r"(\d+) (\w+)", found[-1])} if found else {}
+    return {"log": str(log), "counts": counts,
+            "pass": bool(found) and counts.get("passed", 0) > 0 and not counts.get("failed") and not counts.get("error")
+            and not counts.get("errors")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--tests-log", type=Path)
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--device", default="")
+    parser.add_argument("--baseline", type=Path, default=BASELINE_RUN)
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
+    args = parser.parse_args(argv)
+    baseline = summarise(args.baseline)
+    runs = []
+    for run in args.runs:
+        figures = summarise(run)
+        runs.append({"figures": figures, "checks": checks(figures, baseline)})
+    tests = tests_summary(args.tests_log) if args.tests_log else None
+    passed = all(c["pass"] for run in runs for c in run["checks"].values()) and (tests is None or tests["pass"])
+    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": args.commit, "device": args.device,
+              "baseline": {key: baseline[key] for key in ("run", "mismatch_kl_median", "weight_push_s_median")},
+              "runs": runs, "tests": tests, "passed": passed}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    names = list(runs[0]["checks"]) if runs else []
+    print("| run | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for run in runs:
+        cells = [f"{'ok' if c['pass'] else 'FAIL'} ({_short(c['value'])})" for c in run["checks"].values()]
+        print(f"| {Path(run['figures']['run']).name} | " + " | ".join(cells) + " |")
+    if tests is not None:
+        print(f"tests: {'ok' if tests['pass'] else 'FAIL'} {tests['counts']}")
+    print(f"gpu check: {'passed' if passed else 'FAILED'} -> {args.results}")
+    return 0 if passed else 1
+
+
+def _short(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The one-GPU check (issue 34): the GPU tests and the committed one-H200 recipe, judged against baselines.
+# On a lent H200, after the bundle is carried (../shared/gpu/make-gpu-bundle.sh; the last call also carries
+# .gpu-extra/ from scripts/gpu_extra.sh and .gpu-bundle/assemble.sh):
+#   source .gpu-bundle/assemble.sh && OUT=$OUT GPU_CHECK_COMMIT=<commit> bash scripts/gpu_check.sh [PHASE ...]
+# Phases, in the order given (default: extra sft tests train compare), each under its own timeout:
+#   extra    the wheels the image and the bundle lack (.gpu-extra/) into /tmp/site, once per machine
+#   sft      the recipe's SFT warm start (cookbook/gpu-1xh200/sft.toml), only when runs/gpu-1xh200/glm-air-5b-sft
+#            is missing (it stays on a warm machine between calls)
+#   tests    python3 -m pytest tests/gpu (all of it; tests needing two GPUs skip on one) -> tests.log
+#   train    agentrl train --config cookbook/gpu-1xh200/train.toml as committed, 30 steps, into the next
+#            /tmp/gpu_check/runs/run-N, with the GPU's per-process memory sampled every 5 s (gpu_memory.csv);
+#            its checkpoint is deleted after (10 GB), the rest packed into $OUT/run-N.tgz
+#   compare  python3 bench/gpu_check.py over every run so far and tests.log -> $OUT/gpu_check.json (copy it to
+#            bench/results/gpu_check.json and commit it)
+# A machine given back loses /tmp: the runs of earlier calls are in their $OUT archives. One 600 s device call
+# holds about: extra + sft + train (480 s), tests (300 s), or train + compare (340 s).
+set -uo pipefail
+dest="${OUT:-/tmp/gpu_check_out}"
+work=/tmp/gpu_check
+mkdir -p "$dest" "$work/runs"
+export PYTHONUNBUFFERED=1 AGENTRL_CACHE=/tmp/agentrl-cache AGENTRL_NODE_DIR=/tmp/agentrl-node
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+source scripts/agentrl_shim.sh  # agentrl importable from this checkout
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=(extra sft tests train compare)
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$work/gpu.txt"
+cp "$work/gpu.txt" "$dest/"
+
+run_phase() {  # name timeout log command...
+  local name=$1 limit=$2 log=$3; shift 3
+  local started=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  timeout --kill-after=15 "$limit" "$@" > "$log" 2>&1
+  local code=$?
+  echo "$name: exit $code in $((SECONDS - started))s" | tee -a "$work/phases.txt"
+  tail -12 "$log"
+  return $code
+}
+
+sample_memory() {  # file: every 5 s, the time and each GPU process's memory (MiB)
+  while true; do
+    echo "# $(date +%s)"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null
+    sleep 5
+  done >> "$1"
+}
+
+for phase in "${phases[@]}"; do
+  case "$phase" in
+    extra)
+      if [ ! -f /tmp/site/.gpu-extra-ok ]; then
+        run_phase extra "${EXTRA_TIMEOUT:-60}" "$work/extra.log" python3 -m pip install -q --no-index --no-deps \
+          --no-compile --no-cache-dir --target /tmp/site .gpu-extra/*.whl && touch /tmp/site/.gpu-extra-ok
+      fi ;;
+    sft)
+      if [ -f runs/gpu-1xh200/glm-air-5b-sft/agentrl_sft.json ]; then
+        echo "sft: warm start already here"
+      else
+        run_phase sft "${SFT_TIMEOUT:-300}" "$work/sft.log" python3 -m agentrl.cli sft \
+          --config cookbook/gpu-1xh200/sft.toml
+      fi ;;
+    tests)
+      # shellcheck disable=SC2086
+      run_phase tests "${TESTS_TIMEOUT:-330}" "$work/tests.log" python3 -m pytest tests/gpu -q -s -rs \
+        -p no:cacheprovider --timeout 300 ${TESTS_ARGS:-}
+      cp "$work/tests.log" "$dest/" ;;
+    train)
+      n=1
+      while [ -e "$work/runs/run-$n" ]; do n=$((n + 1)); done
+      run="$work/runs/run-$n"
+      mkdir -p "$run"
+      sample_memory "$run/gpu_memory.csv" &
+      sampler=$!
+      started=$SECONDS
+      run_phase "train-$n" "${TRAIN_TIMEOUT:-480}" "$run/train.log" python3 -m agentrl.cli train \
+        --config cookbook/gpu-1xh200/train.toml -o "$run/folder"
+      echo $? > "$run/exit_code"
+      echo $((SECONDS - started)) > "$run/phase_seconds"
+      kill "$sampler" 2>/dev/null
+      # The run folder's files beside the script's own; its checkpoint (10 GB of weights) is not kept.
+      rm -rf "$run/folder/checkpoints" "$run/folder/weights"
+      cp -r "$run/folder/." "$run/" 2>/dev/null && rm -rf "$run/folder"
+      tar czf "$dest/run-$n.tgz" -C "$work/runs" "run-$n" ;;
+    compare)
+      # shellcheck disable=SC2046
+      python3 bench/gpu_check.py $(ls -d "$work"/runs/run-* | sort -V) --tests-log "$work/tests.log" \
+        --commit "${GPU_CHECK_COMMIT:-unknown}" --device "$(head -1 "$work/gpu.txt")" \
+        --results "$dest/gpu_check.json" | tee "$work/compare.txt" ;;
+    *) echo "unknown phase $phase" ;;
+  esac
+done
+cp "$work/phases.txt" "$dest/" 2>/dev/null
+true

@@ -1,0 +1,70 @@
+"""bench/gpu_check.py's verdicts on run folders made here (the H200's runs are judged the same way)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu_check  # noqa: E402
+
+
+def _run(folder: Path, *, steps: int = 30, kl: float = 3e-4, push: float = 0.6, peaks=None, verified: bool = True,
+         rewards=None, exit_code: int | None = 0) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(f"[orchestrator]\nmax_steps = {steps}\n")
+    rewards = rewards or [0.80 + 0.002 * step for step in range(steps)]
+    peaks = peaks or [90.0] * steps
+    lines = []
+    for step in range(steps):
+        line = {"step": step, "reward": rewards[step], "mismatch_kl": kl, "weight_push_s": push,
+                "mem/trainer_peak_gib": peaks[step], "step_time_s": 3.0}
+        if verified:
+            line["weights/verified"] = 1.0
+        lines.append(json.dumps(line))
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "weight_updates.jsonl").write_text("\n".join(json.dumps(
+        {"version": step + 1, "checks": {"http://x": {"max_error": 0.01}} if verified else {}})
+        for step in range(steps)) + "\n")
+    if exit_code is not None:
+        (folder / "exit_code").write_text(f"{exit_code}\n")
+    return folder
+
+
+def _verdicts(run: Path) -> dict[str, bool]:
+    baseline = gpu_check.summarise(gpu_check.BASELINE_RUN)
+    return {name: check["pass"] for name, check in gpu_check.checks(gpu_check.summarise(run), baseline).items()}
+
+
+def test_a_healthy_run_passes_every_check(tmp_path):
+    assert all(_verdicts(_run(tmp_path / "ok")).values())
+
+
+@pytest.mark.parametrize("kwargs, failed", [
+    ({"exit_code": 1, "steps": 30}, "completed"),
+    ({"rewards": [0.9 - 0.002 * step for step in range(30)]}, "reward_rising"),
+    ({"kl": 5e-3}, "mismatch_kl"),
+    ({"verified": False}, "weights_verified"),
+    ({"push": 2.0}, "update_latency"),
+    ({"peaks": [80.0 + step for step in range(30)]}, "trainer_peak_flat"),
+])
+def test_each_regression_fails_its_check_alone(tmp_path, kwargs, failed):
+    verdicts = _verdicts(_run(tmp_path / "run", **kwargs))
+    assert [name for name, passed in verdicts.items() if not passed] == [failed]
+
+
+def test_the_command_writes_the_json_and_exits_non_zero_on_a_failed_test(tmp_path):
+    log = tmp_path / "tests.log"
+    log.write_text("..F\n===== 1 failed, 5 passed, 2 skipped in 250.12s =====\n")
+    results = tmp_path / "gpu_check.json"
+    code = gpu_check.main([str(_run(tmp_path / "run-1")), "--tests-log", str(log), "--commit", "abc123",
+                           "--results", str(results)])
+    written = json.loads(results.read_text())
+    assert code == 1 and written["commit"] == "abc123" and written["passed"] is False
+    assert written["tests"]["counts"] == {"failed": 1, "passed": 5, "skipped": 2}
+    assert all(check["pass"] for check in written["runs"][0]["checks"].values())
