@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
 
 
-def _run(folder: Path, *, steps: int = 30, kl: float = 3e-4, push: float = 0.6, peaks=None, verified: bool = True,
+def _run(folder: Path, *, steps: int = 30, kl: float = 1.5e-4, push: float = 0.6, peaks=None, verified: bool = True,
          rewards=None, exit_code: int | None = 0) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.toml").write_text(f"[orchestrator]\nmax_steps = {steps}\n")
@@ -22,8 +22,9 @@ def _run(folder: Path, *, steps: int = 30, kl: float = 3e-4, push: float = 0.6, 
     peaks = peaks or [90.0] * steps
     lines = []
     for step in range(steps):
-        line = {"step": step, "reward": rewards[step], "mismatch_kl": kl, "weight_push_s": push,
-                "mem/trainer_peak_gib": peaks[step], "step_time_s": 3.0}
+        line = {"step": step, "reward": rewards[step], "mismatch_kl": 5e-3, "weight_push_s": push,
+                "train/mismatch_kl_on_policy": kl, "mem/trainer_peak_gib": peaks[step], "step_time_s": 3.0,
+                "staleness": {"1": 8}}
         if verified:
             line["weights/verified"] = 1.0
         lines.append(json.dumps(line))
@@ -38,7 +39,8 @@ def _run(folder: Path, *, steps: int = 30, kl: float = 3e-4, push: float = 0.6, 
 
 def _verdicts(run: Path) -> dict[str, bool]:
     baseline = gpu_check.summarise(gpu_check.BASELINE_RUN)
-    return {name: check["pass"] for name, check in gpu_check.checks(gpu_check.summarise(run), baseline).items()}
+    sync = gpu_check.summarise(gpu_check.SYNC_BASELINE_RUN)
+    return {name: check["pass"] for name, check in gpu_check.checks(gpu_check.summarise(run), baseline, sync).items()}
 
 
 def test_a_healthy_run_passes_every_check(tmp_path):
@@ -48,7 +50,7 @@ def test_a_healthy_run_passes_every_check(tmp_path):
 @pytest.mark.parametrize("kwargs, failed", [
     ({"exit_code": 1, "steps": 30}, "completed"),
     ({"rewards": [0.9 - 0.002 * step for step in range(30)]}, "reward_rising"),
-    ({"kl": 5e-3}, "mismatch_kl"),
+    ({"kl": 5e-4}, "mismatch_kl"),  # the on-policy samples' KL: every step's stale KL is 5e-3 and not judged
     ({"verified": False}, "weights_verified"),
     ({"push": 2.0}, "update_latency"),
     ({"peaks": [80.0 + step for step in range(30)]}, "trainer_peak_flat"),
@@ -56,6 +58,14 @@ def test_a_healthy_run_passes_every_check(tmp_path):
 def test_each_regression_fails_its_check_alone(tmp_path, kwargs, failed):
     verdicts = _verdicts(_run(tmp_path / "run", **kwargs))
     assert [name for name, passed in verdicts.items() if not passed] == [failed]
+
+
+def test_the_baselines_figures():
+    sync = gpu_check.summarise(gpu_check.SYNC_BASELINE_RUN)
+    run = gpu_check.summarise(gpu_check.BASELINE_RUN)
+    assert sync["mismatch_kl_on_policy_median"] == pytest.approx(1.21e-4, rel=0.01)  # every group on-policy
+    assert run["mismatch_kl_median"] == pytest.approx(2.31e-4, rel=0.01)
+    assert run["stale_group_fraction"] == pytest.approx(171 / 240) and run["dropped_stale"] == 29
 
 
 def test_the_command_writes_the_json_and_exits_non_zero_on_a_failed_test(tmp_path):
