@@ -283,14 +283,15 @@ class IpcWeightPublisher(_DirectWeightPublisher):
     chunks of at most `chunk_bytes` of wire tensors (`_wire_tensor`), one `/update_weights` each,
     with the CUDA IPC handles pickled (torch's `reduce_tensor`, keyed by the GPU's UUID); the
     server copies the tensors into its own weights before it answers, so the next chunk may reuse
-    the memory. `packed` (the default) copies a chunk's tensors into one buffer (vLLM's
-    `packed_ipc_producer`, the buffer made at least as large as the largest tensor) and sends that
-    one handle and each tensor's size; unpacked sends one handle per tensor, and both ends then pay
-    for an IPC handle, event and ref-counter per tensor. On the H200 that is about 40 us a tensor:
+    the memory. `packed` (the default) copies a chunk's tensors into one buffer (made and shared once
+    for all updates, `ipc_buffer.PackedIpcBuffer`, at least as large as the largest tensor) and sends
+    that one handle and each tensor's size; unpacked sends one handle per tensor, and both ends then
+    pay for an IPC handle, event and ref-counter per tensor (and the server's process keeps every
+    shared copy allocated in the trainer: unpacked is for measurements, not for long runs). On the H200 that is about 40 us a tensor:
     glm-air-deep's 17,925 tensors update in 6.1 s packed against 6.8 s unpacked, the rest being
     vLLM's loading of checkpoint-format (per-expert) names (`bench/gpu_loop.py`). The server's
     version picks where `packed` goes (`vllm_compat.ipc_init_info` / `ipc_update_info`: 0.24 per
-    update, 0.32 at init). Either way an update holds about one chunk of extra GPU memory.
+    update, 0.32 at init). Packed, the trainer holds one chunk of extra GPU memory for the run.
     """
 
     _needs_cuda = ("needs the server's GPU in this process; use FilesystemWeightPublisher when trainer and"
@@ -302,6 +303,7 @@ class IpcWeightPublisher(_DirectWeightPublisher):
         super().__init__(urls, dtype=dtype, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify)
         self.packed = packed
         self.chunk_bytes = chunk_bytes
+        self._buffer = None  # the packed IPC buffer (`ipc_buffer.PackedIpcBuffer`), made at the first update
 
     async def _init_engine(self, control: ServerControl) -> None:
         info = self.init_info(await self._server_version(control))
@@ -359,19 +361,22 @@ class IpcWeightPublisher(_DirectWeightPublisher):
         return {"names": names, "dtype_names": dtype_names, "shapes": shapes, "handles": handles}, keep
 
     def _packed_chunks(self, weights: Mapping[str, Any]):
-        """Packed: the update fields of each buffer-full (one handle, the sizes), from vLLM's producer.
+        """Packed: the update fields of each buffer-full (one handle, the sizes).
 
-        The producer reuses one buffer: the next chunk is copied in only when the caller asks for it,
-        after the server answered the previous one."""
+        One buffer for the publisher's lifetime (`ipc_buffer.PackedIpcBuffer`: made and shared once; a new
+        buffer per update, as vLLM's `packed_ipc_producer` makes, stays allocated in the trainer for good).
+        The next chunk is copied in only when the caller asks for it, after the server answered."""
         import torch
-        from vllm.distributed.weight_transfer.packed_tensor import packed_ipc_producer
 
+        from agentrl.inference.ipc_buffer import PackedIpcBuffer
+
+        if self._buffer is None:
+            self._buffer = PackedIpcBuffer(device=torch.device("cuda", self._device))
         uuid = str(torch.cuda.get_device_properties(self._device).uuid)
         wire = ((name, self._wire_tensor(tensor)) for name, tensor in weights.items())
-        for chunk in packed_ipc_producer(iterator=wire, gpu_uuid=uuid, post_iter_func=lambda item: item[1],
-                                         buffer_size_bytes=self.buffer_bytes(weights)):
+        for chunk in self._buffer.fill(wire, size=self.buffer_bytes(weights)):
             yield {"names": chunk.names, "dtype_names": chunk.dtype_names, "shapes": chunk.shapes,
-                   "handles": chunk.ipc_handle, "tensor_sizes": chunk.tensor_sizes}
+                   "handles": {uuid: self._buffer.handle()}, "tensor_sizes": chunk.tensor_sizes}
 
     async def _post_chunk(self, control: ServerControl, version: str | None,
                           fields: Mapping[str, Any]) -> None:

@@ -3,9 +3,11 @@
 Two processes hold one GPU, and their peaks come at different times:
 
 - while the trainer steps, vLLM holds its share (`inference.gpu_memory_utilization` of the card:
-  weights, activations, KV cache, CUDA graphs, plus the context and libraries it does not count)
-  and the trainer its whole working set: the planner's tensor estimate (`trainer.layout`) times
-  what the process takes beyond its tensors (allocator caching, CUDA context, libraries);
+  weights, activations, KV cache, CUDA graphs and its own context) and the trainer its whole working
+  set: the planner's tensor estimate (`trainer.layout`), plus, in one process under bf16 autocast, the
+  bf16 copy of the largest layer's weights and its bf16 gradient while that layer is recomputed and
+  backpropagated, plus the packed IPC buffer it keeps for the run, times what its allocator holds
+  beyond its tensors, plus its CUDA context;
 - while the weights go over (after each step), the trainer has given its cached blocks back
   (`Trainer.release_cached_memory`) and holds its weights, Adam moments and one packed IPC chunk,
   while vLLM loads checkpoint-format tensors layer by layer: it keeps a layer's incoming tensors
@@ -30,14 +32,16 @@ __all__ = ["MARGIN_GIB", "SharedGpuPlan", "shared_gpu_plan"]
 
 GIB = float(2**30)
 
-TRAINER_PROCESS_FACTOR = 1.2
-"""The trainer process's GPU memory over the planner's tensor estimate: 89.9 GiB (nvidia-smi) against 74.8 GiB
-planned for glm-air-5b at row_tokens 2048 on the H200, 2026-12-03 (allocator caching and fragmentation, the
-CUDA context, cuBLAS workspaces, the autocast copies of a layer's weights and their gradient)."""
+ALLOCATOR_FACTOR = 1.05
+"""The trainer's reserved memory over its tensors at the peak: 86.8 GiB reserved for 82.4 GiB allocated at step 1
+(glm-air-5b, row_tokens 2048, the H200, 2026-12-03)."""
 
-PROCESS_OVERHEAD_GIB = 1.2
-"""What a process holds beyond its tensors' budget (CUDA context, libraries): vLLM's process took 43.1 GiB at
-gpu_memory_utilization 0.30 of the H200 before the first weight update, 2026-12-03."""
+PROCESS_OVERHEAD_GIB = 0.8
+"""A process's CUDA context and libraries beyond its allocator: 87.6 GiB (NVML) for the trainer's 86.8 reserved."""
+
+SERVER_OVERHEAD_GIB = 0.1
+"""vLLM's process beyond its `gpu_memory_utilization` share (which counts its context): 42.0 GiB at 0.30 of the
+H200's 139.8 GiB, 2026-12-03."""
 
 IPC_CHUNK_GIB = 1.0
 """The packed CUDA IPC buffer the trainer fills per chunk (`IpcWeightPublisher.chunk_bytes`)."""
@@ -58,7 +62,8 @@ class SharedGpuPlan(BaseModel):
     server_update_gib: float
     """vLLM's extra during a checkpoint-format update: twice the largest layer in the served dtype."""
     trainer_step_gib: float
-    """The trainer process at its step's peak: the planner's estimate times `TRAINER_PROCESS_FACTOR`."""
+    """The trainer process at its step's peak: the planner's estimate, the autocast copies of the largest layer,
+    the IPC buffer, times `ALLOCATOR_FACTOR`, plus its context."""
     trainer_update_gib: float
     """The trainer during the update: weights and Adam moments, an IPC chunk, its context."""
 
@@ -81,7 +86,8 @@ class SharedGpuPlan(BaseModel):
         """The `--dry-run` lines."""
         return [
             f"# shared GPU ({self.gpu_gib:.1f} GiB): at the trainer's step {self.step_gib:.1f} GiB = trainer "
-            f"{self.trainer_step_gib:.1f} (estimate x {TRAINER_PROCESS_FACTOR}) + vLLM {self.server_gib:.1f}",
+            f"{self.trainer_step_gib:.1f} (estimate + a layer's autocast copies + IPC buffer, allocator, context) + "
+            f"vLLM {self.server_gib:.1f}",
             f"# during a weight update {self.update_gib:.1f} GiB = trainer {self.trainer_update_gib:.1f} (weights, "
             f"Adam, IPC chunk) + vLLM {self.server_gib:.1f} + its layer-by-layer load {self.server_update_gib:.1f}",
             f"# {'fits' if self.fits() else 'does NOT fit'}: {self.gpu_gib - self.peak_gib:.1f} GiB left at the "
@@ -94,8 +100,8 @@ class SharedGpuPlan(BaseModel):
             return None
         share = config.inference.gpu_memory_utilization
         spare = self.gpu_gib - MARGIN_GIB - (self.peak_gib - self.server_gib)
-        hint = (f"lower inference.gpu_memory_utilization to at most {max(spare - PROCESS_OVERHEAD_GIB, 0) / self.gpu_gib:.2f}"
-                if spare > PROCESS_OVERHEAD_GIB else "the trainer alone does not fit")
+        hint = (f"lower inference.gpu_memory_utilization to at most {max(spare - SERVER_OVERHEAD_GIB, 0) / self.gpu_gib:.2f}"
+                if spare > SERVER_OVERHEAD_GIB else "the trainer alone does not fit")
         return (f"trainer and vLLM sharing one {self.gpu_gib:.0f} GiB GPU need {self.peak_gib:.1f} GiB at the "
                 f"{'step' if self.step_gib >= self.update_gib else 'weight update'} (+{MARGIN_GIB:.0f} kept free; "
                 f"inference.gpu_memory_utilization={share}, trainer.row_tokens={config.trainer.row_tokens}): {hint}, "
@@ -117,10 +123,14 @@ def shared_gpu_plan(config: Any, layout: Any, *, gpu_gib: float | None = None) -
                + args.expert_params_per_layer()] if args.moe_layers else [args.attention_params()])
     world = config.trainer_world()
     weights_and_adam = 12.0 * args.param_counts()["total"] / world
+    compute_bytes = 2 if config.trainer_compute_dtype() in ("bfloat16", "float16") else 0
+    autocast_copies = 2 * compute_bytes * max(layers) if world == 1 else 0.0  # weights and their gradient
+    chunk = IPC_CHUNK_GIB if config.weight_transfer() == "ipc" else 0.0
     return SharedGpuPlan(
         gpu_gib=card,
-        server_gib=(config.inference.gpu_memory_utilization or 0.9) * card + PROCESS_OVERHEAD_GIB,
+        server_gib=(config.inference.gpu_memory_utilization or 0.9) * card + SERVER_OVERHEAD_GIB,
         server_update_gib=2 * served_bytes * max(layers) / GIB,
-        trainer_step_gib=layout.estimated_bytes * TRAINER_PROCESS_FACTOR / GIB,
-        trainer_update_gib=weights_and_adam / GIB + IPC_CHUNK_GIB + PROCESS_OVERHEAD_GIB,
+        trainer_step_gib=((layout.estimated_bytes + autocast_copies) / GIB + chunk) * ALLOCATOR_FACTOR
+        + PROCESS_OVERHEAD_GIB,
+        trainer_update_gib=weights_and_adam / GIB + chunk + PROCESS_OVERHEAD_GIB,
     )

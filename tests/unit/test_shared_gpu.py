@@ -26,7 +26,7 @@ def test_the_one_gpu_recipe_fits_at_both_moments_and_the_dry_run_says_so():
     config = recipe()
     plan = shared_gpu_plan(config, trainer_plan(config), gpu_gib=139.8)
     # vLLM's share plus what its process holds beyond it; the trainer's estimate scaled to its process
-    assert plan.server_gib == pytest.approx(0.30 * 139.8 + 1.2)
+    assert plan.server_gib == pytest.approx(0.30 * 139.8 + 0.1)  # measured: 42.0 GiB on the H200
     assert 80 < plan.trainer_step_gib < 100 and 50 < plan.trainer_update_gib < 65
     # twice the largest layer (128 experts of 3 x 4096 x 1408, attention, shared expert) in bf16
     assert 8 < plan.server_update_gib < 9.5
