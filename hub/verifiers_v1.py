@@ -265,7 +265,7 @@ class VerifiersTasksetEnv(ToolEnv):
             await invoke(vf_task.finalize, {"trace": trace, "runtime": None})
             await score(None)
         else:
-            from agentrl.sandbox.grading import grade_in_fresh_sandbox
+            from agentrl.sandbox.grading import WorkdirRejected, grade_in_fresh_sandbox
 
             await live.sandbox.kill_processes()
             async with asyncio.timeout(data.timeout.finalize):
@@ -274,7 +274,11 @@ class VerifiersTasksetEnv(ToolEnv):
             async def grade(fresh: Any) -> None:
                 await score(sandbox_runtime_class()(fresh))
 
-            await grade_in_fresh_sandbox(live.sandbox, grade)
+            try:
+                await grade_in_fresh_sandbox(live.sandbox, grade)
+            except WorkdirRejected as error:  # the episode's files broke the carry: its own doing, scored 0
+                rollout.state["workdir_rejected"] = str(error)
+                trace.rewards.clear()
         rollout.state["verifiers_rewards"] = {
             name: None if value is None else {"score": value.score, "weight": value.weight}
             for name, value in trace.rewards.items()
@@ -283,6 +287,8 @@ class VerifiersTasksetEnv(ToolEnv):
 
     async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
         """Each rollout's verifiers scores (computed at the end of its episode, as verifiers does)."""
+        from agentrl.sandbox.grading import WORKDIR_REJECTED_METRIC
+
         for rollout in rollouts:
             rewards = rollout.state.get("verifiers_rewards") or {}
             for name, value in rewards.items():
@@ -292,6 +298,8 @@ class VerifiersTasksetEnv(ToolEnv):
             rollout.reward = sum(
                 value["score"] * value["weight"] for value in rewards.values() if value is not None
             )
+            if "workdir_rejected" in rollout.state:
+                rollout.reward, rollout.metrics[WORKDIR_REJECTED_METRIC] = 0.0, 1.0
             if rollout.error is not None:
                 rollout.reward, rollout.metrics["rollout_error"] = 0.0, 1.0
         return rollouts

@@ -15,7 +15,13 @@ written by hand.
   hard link can never be written through).
 - Modes keep the owner's read/write/execute bits and the group/other read/execute bits;
   set-uid, set-gid and sticky bits are dropped. Ownership is never taken from the archive.
-- The member count and the total size are capped; a compressed stream is refused.
+- The member count, the folder depth and the total size are capped; a compressed stream is
+  refused. Going past a cap raises `WorkdirRejected` (the content's fault, not the host's: a
+  grader scores such an episode 0 instead of failing it).
+
+`pack_folder` makes the tar `upload` sends, and `remove_tree` removes a host folder; both walk
+without recursion (a 2,000-deep chain of folders is just a long loop) under the same caps,
+and neither follows a link.
 
 `resolve_path` is the one rule for paths given to `read_file`, `write_file`, `upload` and
 `download`: relative paths are relative to the working directory and may not leave it by
@@ -34,13 +40,18 @@ from pathlib import Path
 
 from agentrl.errors import SandboxError
 
-__all__ = ["ExtractResult", "extract_archive", "resolve_path"]
+__all__ = ["ExtractResult", "WorkdirRejected", "extract_archive", "pack_folder", "remove_tree", "resolve_path"]
 
 MAX_MEMBERS = 200_000
+MAX_DEPTH = 256
 MAX_NAME_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 _KEEP_MODE = 0o755
 _CHUNK = 1 << 20
+
+
+class WorkdirRejected(SandboxError):
+    """Files that cannot cross the boundary because of what they are (too many, too deep, too large, malformed)."""
 
 
 def resolve_path(workdir: str, path: str, *, action: str) -> str:
@@ -75,6 +86,8 @@ def _member_parts(name: str) -> list[str] | None:
     if "\0" in name or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES or name.startswith("/"):
         return None
     parts = [part for part in name.split("/") if part not in ("", ".")]
+    if len(parts) > MAX_DEPTH:
+        raise WorkdirRejected(f"download: {name[:80]}... is more than {MAX_DEPTH} folders deep")
     for part in parts:
         if part == ".." or len(part.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES:
             return None
@@ -117,15 +130,15 @@ def extract_archive(archive: bytes, dest: str | Path, *, max_bytes: int, max_mem
                 try:
                     member = tar.next()
                 except tarfile.TarError as error:
-                    raise SandboxError(f"download: the sandbox sent a malformed archive ({error})") from None
+                    raise WorkdirRejected(f"download: the sandbox sent a malformed archive ({error})") from None
                 if member is None:
                     break
                 count += 1
                 if count > max_members:
-                    raise SandboxError(f"download: the archive has more than {max_members} members")
+                    raise WorkdirRejected(f"download: the archive has more than {max_members} members")
                 _extract_member(tar, member, root_fd, result, max_bytes=max_bytes)
     except tarfile.ReadError as error:
-        raise SandboxError(f"download: the sandbox sent something that is not an uncompressed tar ({error})") from None
+        raise WorkdirRejected(f"download: the sandbox sent something that is not an uncompressed tar ({error})") from None
     finally:
         os.close(root_fd)
     return result
@@ -159,7 +172,7 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int,
             result.folders += 1
             return
         if result.bytes + member.size > max_bytes:
-            raise SandboxError(f"download: the archive holds more than max_file_bytes={max_bytes} bytes")
+            raise WorkdirRejected(f"download: the archive holds more than max_file_bytes={max_bytes} bytes")
         try:
             _remove_entry(parent, parts[-1])
         except IsADirectoryError:
@@ -176,7 +189,7 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int,
                 while view:
                     view = view[os.write(fd, view):]
             if written != member.size:
-                raise SandboxError(f"download: {member.name} is cut short in the archive")
+                raise WorkdirRejected(f"download: {member.name} is cut short in the archive")
             os.fchmod(fd, (member.mode & _KEEP_MODE) | 0o600)
             mtime = max(0.0, float(member.mtime))
             os.utime(fd, (mtime, mtime))
@@ -187,3 +200,84 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int,
     finally:
         for fd in fds:
             os.close(fd)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def pack_folder(local_dir: str | Path, *, max_members: int = MAX_MEMBERS, max_depth: int = MAX_DEPTH) -> bytes:
+    """An uncompressed tar of `local_dir`'s contents (regular files and folders; links are not followed or
+    packed), walked through folder fds without recursion (paths longer than PATH_MAX work); more than
+    `max_members` entries or `max_depth` folders raise WorkdirRejected."""
+    buffer = io.BytesIO()
+    count = 0
+    root_fd = os.open(local_dir, _DIR_FLAGS)
+    open_fds = [root_fd]
+    try:
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            stack = [(root_fd, name, name, 1) for name in sorted(os.listdir(root_fd), reverse=True)]
+            while stack:
+                parent, name, arcname, depth = stack.pop()
+                info = os.lstat(name, dir_fd=parent)
+                if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+                    continue
+                count += 1
+                if count > max_members:
+                    raise WorkdirRejected(f"upload: {local_dir} holds more than {max_members} files and folders")
+                if depth > max_depth:
+                    raise WorkdirRejected(f"upload: {arcname[:80]}... is more than {max_depth} folders deep")
+                member = tarfile.TarInfo(arcname)
+                member.mode, member.mtime = info.st_mode & 0o7777, int(info.st_mtime)
+                if stat.S_ISDIR(info.st_mode):
+                    member.type = tarfile.DIRTYPE
+                    tar.addfile(member)
+                    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                    open_fds.append(fd)
+                    stack += [(fd, child, f"{arcname}/{child}", depth + 1)
+                              for child in sorted(os.listdir(fd), reverse=True)]
+                else:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                    with os.fdopen(fd, "rb") as handle:
+                        member.size = os.fstat(handle.fileno()).st_size
+                        tar.addfile(member, handle)
+    finally:
+        for fd in open_fds:
+            os.close(fd)
+    return buffer.getvalue()
+
+
+def remove_tree(path: str | Path) -> None:
+    """Remove a host folder and everything in it: without recursion, one folder fd open at a time (any depth,
+    paths longer than PATH_MAX); links are removed, never followed."""
+    root = Path(path)
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            os.unlink(root)
+            return
+    except FileNotFoundError:
+        return
+    fd = os.open(root, _DIR_FLAGS)
+    names: list[str] = []  # the folders from the root down to fd's
+    try:
+        while True:
+            child = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        child = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if child is not None:
+                inner = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd, names = inner, [*names, child]
+                continue
+            if not names:
+                break
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(root)

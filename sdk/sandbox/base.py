@@ -9,10 +9,9 @@ read or write its own files; a backend with a native file API may override them.
 
 from __future__ import annotations
 
-import io
+import asyncio
 import os
 import shlex
-import tarfile
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -22,7 +21,7 @@ from typing import Literal
 
 from agentrl.config import BaseConfig
 from agentrl.errors import SandboxError
-from agentrl.sandbox.archive import extract_archive, resolve_path
+from agentrl.sandbox.archive import extract_archive, pack_folder, resolve_path
 from pydantic import Field
 
 __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner",
@@ -323,13 +322,10 @@ class Sandbox(ABC):
         local_dir = Path(local_dir)
         if not local_dir.is_dir():
             raise SandboxError(f"upload: {local_dir} is not a folder")
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            for entry in sorted(local_dir.iterdir()):
-                tar.add(entry, arcname=entry.name)
+        archive = await asyncio.to_thread(pack_folder, local_dir)
         target = self._abs(remote_dir, "upload")
         script = f"mkdir -p -- {shlex.quote(target)} && tar -x --no-same-owner -C {shlex.quote(target)} -f -"
-        raw = await self.exec_bytes(["/bin/sh", "-c", script], stdin=buffer.getvalue())
+        raw = await self.exec_bytes(["/bin/sh", "-c", script], stdin=archive)
         if raw.exit_code != 0:
             raise SandboxError(f"upload to {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
 

@@ -15,19 +15,31 @@ command and prints "passed" on its output. `grade_in_fresh_sandbox(sandbox, grad
 
 Only the grader runs in the fresh sandbox, so only the grader writes reward files.
 Changes outside `paths` (an installed package, a file under /etc) do not travel.
+
+Files that cannot be carried because of what they are (too many, too deep, too large, or a
+sandbox that cannot hand them over) raise `WorkdirRejected`: the episode's own doing, which
+environments score 0 (a crash would take the rollout out of training: no gradient for the
+policy that caused it). The host staging folder is removed without recursion in every case.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from agentrl.sandbox.archive import WorkdirRejected, remove_tree
 from agentrl.sandbox.base import Sandbox, SandboxConfig, SandboxError
 
-__all__ = ["grade_in_fresh_sandbox"]
+__all__ = ["TAMPER_METRIC", "WORKDIR_REJECTED_METRIC", "WorkdirRejected", "grade_in_fresh_sandbox"]
+
+TAMPER_METRIC = "grader/tamper_suspected"
+"""The metric every built-in grader sets to 1.0 when its evidence disagreed (the reward is then 0)."""
+WORKDIR_REJECTED_METRIC = "grader/workdir_rejected"
+"""1.0 when the episode's files could not be carried to the grader (too many, too deep, too large): reward 0."""
 
 T = TypeVar("T")
 
@@ -38,7 +50,12 @@ async def _replace_folder(sandbox: Sandbox, local: Path, remote: str) -> None:
                                   f"find {shlex.quote(remote)} -mindepth 1 -delete"], timeout=120)
     if emptied.exit_code != 0:
         raise SandboxError(f"grading: could not empty {remote} in the fresh sandbox: {emptied.stderr.strip()[:200]}")
-    await sandbox.upload(local, remote)
+    try:
+        await sandbox.upload(local, remote)
+    except WorkdirRejected:
+        raise
+    except SandboxError as error:  # e.g. the files fill the fresh sandbox's disk
+        raise WorkdirRejected(f"grading: {error}") from None
 
 
 async def grade_in_fresh_sandbox(
@@ -53,12 +70,18 @@ async def grade_in_fresh_sandbox(
     from agentrl.sandbox import create_sandbox
 
     remotes = [sandbox._abs(path, "grade_in_fresh_sandbox") for path in (paths or [sandbox.config.workdir])]
-    with tempfile.TemporaryDirectory(prefix="agentrl-grade-") as staging:
-        locals_ = [Path(staging) / str(index) for index in range(len(remotes))]
+    staging = Path(tempfile.mkdtemp(prefix="agentrl-grade-"))
+    try:
+        locals_ = [staging / str(index) for index in range(len(remotes))]
         try:
             await sandbox.kill_processes()
             for local, remote in zip(locals_, remotes, strict=True):
-                await sandbox.download(remote, local)
+                try:
+                    await sandbox.download(remote, local)
+                except WorkdirRejected:
+                    raise
+                except SandboxError as error:  # the agent's sandbox could not hand its files over
+                    raise WorkdirRejected(f"grading: {error}") from None
         finally:
             if not keep_open:
                 await sandbox.close()
@@ -66,3 +89,5 @@ async def grade_in_fresh_sandbox(
             for local, remote in zip(locals_, remotes, strict=True):
                 await _replace_folder(fresh, local, remote)
             return await grade(fresh)
+    finally:
+        await asyncio.to_thread(remove_tree, staging)
