@@ -25,12 +25,13 @@ from typing import Any
 from agentrl.environment import rows_to_dataset
 from agentrl.errors import AgentrlError
 from agentrl.rubric import Rubric
+from agentrl.sandbox.grading import TAMPER_METRIC
 from agentrl.sandbox_env import SandboxEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
+from swe_bench import CONDA_ACTIVATE, uses_eval_script
 from swe_grade import GradeResult, grade, grading_spec
 from swe_oracle import oracle_policy_for
-from swe_bench import CONDA_ACTIVATE, uses_eval_script
 from swe_sandbox import sandbox_config
 from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
@@ -258,7 +259,10 @@ class SweEnv(SandboxEnv):
             rollout.state["grade"] = result.metrics()
             if result.error:
                 rollout.state["grade_error"] = result.error
-        return await self.rubric.score_group(rollouts)
+        scored = await self.rubric.score_group(rollouts)
+        for rollout in scored:
+            rollout.metrics[TAMPER_METRIC] = _grade_of(rollout.state).get("tamper_suspected", 0.0)
+        return scored
 
 
 def oracle_policy(*, data_dir: str | Path | None = None, data_path: str | Path | None = None,

@@ -4,8 +4,10 @@
 start state (swe_task.prepare_repository), applies the diff with `git apply`, puts back any
 test file or conftest.py the diff touched (the tests decide the reward, so the diff may not
 change them), applies the row's test_patch (as SWE-bench does), runs the files holding
-FAIL_TO_PASS and PASS_TO_PASS with a timeout, and reads every test's outcome from the
-pytest report plugin. Rows that carry an `eval_script` (swebench 5) or whose tests are not
+FAIL_TO_PASS and PASS_TO_PASS with a timeout as a grader that does not trust the code it
+tests (swe_sandbox.run_checked_pytest: the repository after the standard library, a canary
+test, the outcomes cross-checked between channels; a disagreement scores 0 and sets
+`tamper_suspected`). Rows that carry an `eval_script` (swebench 5) or whose tests are not
 pytest node ids (Django's, sympy's) are graded as SWE-bench grades them instead: the eval
 script runs in the fresh sandbox and swebench's log parser reads its output
 (swe_bench_grade.py); rows without a `bug_patch` get the diff applied as swebench's harness
@@ -26,7 +28,7 @@ from typing import Any
 from agentrl.errors import AgentrlError
 from swe_bench import is_swebench_test_path, test_patch_files, uses_eval_script
 from swe_bench_grade import apply_like_swebench, eval_report, run_eval_script, swebench_test_spec
-from swe_sandbox import open_sandbox, run_pytest
+from swe_sandbox import open_sandbox, run_checked_pytest
 from swe_task import PYTEST_TEST_COMMAND, REPO_DIR, SweInstance, prepare_repository
 
 __all__ = ["GradeResult", "grade", "grade_in_sandbox"]
@@ -52,6 +54,9 @@ class GradeResult:
     """1.0 when the test run hit its timeout."""
     test_files_reverted: float = 0.0
     """How many test files or conftest.py files the diff touched (they are put back before the run)."""
+    tamper_suspected: float = 0.0
+    """1.0 when the run's channels disagreed (report file, streamed outcomes, exit status, summary, canary,
+    separate collection; swe_verdict.py): the reward is 0."""
     grade_s: float = 0.0
     """Wall-clock seconds the grading took."""
     error: str = ""
@@ -155,14 +160,16 @@ async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout
         if applied.exit_code != 0:
             result.error = "test_patch does not apply: " + " ".join(applied.stderr.split())[:300]
             return result
-    run = await run_pytest(sandbox, instance.test_files, timeout_s=timeout_s,
-                           test_command=instance.test_command or PYTEST_TEST_COMMAND)
+    run = await run_checked_pytest(sandbox, instance.test_files, timeout_s=timeout_s,
+                                   test_command=instance.test_command or PYTEST_TEST_COMMAND)
     result.timed_out = float(run.timed_out)
     result.fail_to_pass = _share(instance.FAIL_TO_PASS, run.outcomes)
     result.pass_to_pass = _share(instance.PASS_TO_PASS, run.outcomes)
-    if run.timed_out:
-        result.error = f"tests timed out after {timeout_s:.0f}s"
-    solved = not run.timed_out and result.fail_to_pass == 1.0 and result.pass_to_pass == 1.0
+    result.error = run.error
+    if run.problems:
+        result.tamper_suspected = 1.0
+        result.error = "the test run's channels disagree (tampering suspected): " + "; ".join(run.problems)[:600]
+    solved = not result.error and result.fail_to_pass == 1.0 and result.pass_to_pass == 1.0
     result.reward = 1.0 if solved else 0.0
     return result
 
