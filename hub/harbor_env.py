@@ -290,7 +290,7 @@ class HarborTaskEnv(ToolEnv):
     async def _verify(self, sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any], *,
                       keep_agent_sandbox: bool = False) -> None:
         """Run the step's verifier in a fresh sandbox holding the agent's working directory."""
-        from agentrl.sandbox.grading import grade_in_fresh_sandbox
+        from agentrl.sandbox.grading import WorkdirRejected, grade_in_fresh_sandbox
 
         self._network_note(step.verifier_network, f"verifier {step.name}", state)
         services = self._services.get(state["sandbox_key"])
@@ -300,8 +300,15 @@ class HarborTaskEnv(ToolEnv):
         for path in self.carry_paths:  # those the trial has (an agent may never create ~/.config)
             if (await sandbox.exec(["test", "-d", path], timeout=30)).exit_code == 0:
                 paths.append(path)
-        await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state),
-                                     config=config, keep_open=keep_agent_sandbox, paths=paths)
+        try:
+            await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state),
+                                         config=config, keep_open=keep_agent_sandbox, paths=paths)
+        except WorkdirRejected as error:  # the episode's files broke the carry: its own doing, scored 0
+            prefix = f"step {step.name}: " if harbor.multi_step else ""
+            state["workdir_rejected"] = True
+            state["verifier_error"] = state.get("verifier_error") or f"{prefix}{error}"
+            state["tests_ran"] = [*state.get("tests_ran", []), False]
+            state["step_rewards"].append(None)
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
         key = state.get("sandbox_key")
@@ -325,11 +332,15 @@ class HarborTaskEnv(ToolEnv):
         settle_rewards(harbor, state)
 
     async def score(self, rollouts: list[Rollout]) -> list[Rollout]:
+        from agentrl.sandbox.grading import TAMPER_METRIC, WORKDIR_REJECTED_METRIC
+
         scored = await super().score(rollouts)
         for rollout in scored:
             for key, value in (rollout.state.get("rewards") or {}).items():
                 rollout.metrics[f"reward_{key}"] = value
             rollout.metrics["network_unavailable"] = float(bool(rollout.state.get("network_notes")))
+            rollout.metrics[TAMPER_METRIC] = float(bool(rollout.state.get("tamper_suspected")))
+            rollout.metrics[WORKDIR_REJECTED_METRIC] = float(bool(rollout.state.get("workdir_rejected")))
         return scored
 
 

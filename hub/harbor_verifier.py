@@ -2,8 +2,12 @@
 
 `run_verifier` runs in the fresh sandbox `grade_in_fresh_sandbox` gives (the agent's working
 directory, the verifier phase's user, env and network): `tests/` (then the step's own) uploaded
-to `/tests`, `/tests/test.sh` run directly with `[verifier] env` and its timeout, then
-`/logs/verifier/reward.json` read before `reward.txt` (`parse_rewards`). `combine_rewards` makes
+to `/tests`, `/tests/test.sh` run with `[verifier] env` and its timeout, then
+`/logs/verifier/reward.json` read before `reward.txt` (`parse_rewards`), as Harbor reads them, but
+from channels the tests' processes cannot rewrite later: the files are printed the moment
+test.sh exits, every process left is killed, and a file that changed in between scores 0
+(`tamper_suspected`); reward.json counts only where the task's tests write it (or
+reward.txt agrees). `combine_rewards` makes
 the one reward (the `primary` key, else `reward`, else the only key, else the mean);
 `settle_rewards` combines a multi-step trial's steps (Harbor's per-key mean, or the final step's);
 `below_min_reward` is Harbor's `min_reward` gate.
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +70,101 @@ def verifier_reward(state: dict[str, Any]) -> float:
 
 
 def verifier_ran(state: dict[str, Any]) -> float:
-    """1.0 when every verifier that ran produced a readable reward (a metric)."""
-    return 0.0 if state.get("verifier_error") else 1.0
+    """1.0 when the tests ran for every step verified and each produced a readable, untampered reward (a metric)."""
+    ran = state.get("tests_ran") or []
+    return 1.0 if ran and all(ran) and not state.get("verifier_error") else 0.0
+
+
+def _rewards_snapshot(stdout: str, marker: str) -> tuple[dict[str, str], int] | None:
+    """The reward files as the wrapper printed them right after test.sh exited, and how many processes the tests
+    left running; None when stdout holds anything else (only the wrapper writes there: test.sh's goes to stderr)."""
+    body = stdout.removeprefix("\n")
+    tail = body.rstrip("\n").rsplit("\n", 1)[-1]
+    count = tail.removeprefix(marker + ":end ")
+    if not body.startswith(marker + "\n") or not tail.startswith(marker + ":end ") or not count.isdigit():
+        return None
+    body = body[len(marker) + 1:body.rstrip("\n").rindex("\n") + 1] if "\n" in body.rstrip("\n") else ""
+    body = body.removeprefix(marker + "\n")
+    files: dict[str, str] = {}
+    while body:
+        heads = [name for name in _REWARD_FILES if body.startswith(f"{marker}:file {name}\n") and name not in files]
+        if not heads:
+            return None
+        content, found, body = body[len(f"{marker}:file {heads[0]}\n"):].partition(f"\n{marker}:eof\n")
+        if not found or marker in content:
+            return None
+        files[heads[0]] = content
+    return files, int(count)
+
+
+_REWARD_FILES = ("reward.json", "reward.txt")
+
+
+# Counts the processes still alive besides this shell, its ancestors (the command server, init) and its own
+# children: what the tests left running when test.sh exited (zombies do not count: they cannot write).
+_SURVIVORS = (
+    "self=$$; chain=\" $$ \"; p=$$; while [ \"$p\" -gt 1 ] 2>/dev/null; do "
+    "p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); [ -n \"$p\" ] || break; chain=\"$chain$p \"; done; "
+    "n=0; for d in /proc/[0-9]*; do q=${d#/proc/}; case \"$chain\" in *\" $q \"*) continue;; esac; "
+    "s=$(sed -n 's/^State:[[:space:]]*\\(.\\).*/\\1/p;s/^PPid:[[:space:]]*//p' $d/status 2>/dev/null | tr '\\n' ' '); "
+    "case \"$s\" in ''|Z*|*\" $self \") continue;; esac; n=$((n+1)); done"
+)
+
+
+def _wrapper(marker: str) -> str:
+    """Runs test.sh (its output to stderr), then prints every reward file and the count of processes the tests
+    left running to stdout, before anything can change them."""
+    blocks = "".join(f'if [ -f {REWARD_DIR}/{name} ]; then printf "%s\\n" "{marker}:file {name}"; '
+                     f'cat {REWARD_DIR}/{name}; printf "\\n%s\\n" "{marker}:eof"; fi; ' for name in _REWARD_FILES)
+    return (f'/tests/test.sh 1>&2; rc=$?; printf "\\n%s\\n" "{marker}"; {blocks}{_SURVIVORS}; '
+            f'printf "%s %s\\n" "{marker}:end" "$n"; exit $rc')
+
+
+def task_writes_reward_json(harbor: HarborTask, step: HarborStep) -> bool:
+    """Whether the task's own tests (its tests/ and the step's) mention reward.json, i.e. may write it."""
+    for folder in (Path(harbor.folder) / "tests", Path(harbor.folder) / step.folder / "tests"):
+        if folder.is_dir():
+            for path in folder.rglob("*"):
+                if path.is_file() and not path.is_symlink() and b"reward.json" in path.read_bytes():
+                    return True
+    return False
+
+
+def _accepted_rewards(files: dict[str, str], *, json_allowed: bool) -> tuple[dict[str, float] | None, str, bool]:
+    """(rewards, error, tampering suspected) from the snapshot of the reward files."""
+    if "reward.json" in files:
+        try:
+            rewards = parse_rewards(files["reward.json"], "reward.json")
+        except ValueError as problem:
+            return None, f"{REWARD_DIR}/reward.json: {problem}", False
+        if json_allowed:
+            return rewards, "", False
+        try:
+            agree = "reward.txt" in files and \
+                parse_rewards(files["reward.txt"], "reward.txt")["reward"] == combine_rewards(rewards, None)
+        except ValueError:
+            agree = False
+        if agree:
+            return rewards, "", False
+        return None, (f"{REWARD_DIR}/reward.json was written, but the task's tests never write it "
+                      "(and reward.txt does not agree with it)"), True
+    if "reward.txt" in files:
+        try:
+            return parse_rewards(files["reward.txt"], "reward.txt"), "", False
+        except ValueError as problem:
+            return None, f"{REWARD_DIR}/reward.txt: {problem}", False
+    return None, "", False
 
 
 async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep,
                        state: dict[str, Any]) -> None:
-    """Upload tests/ (then the step's) to /tests, run /tests/test.sh, read the rewards into `state`."""
+    """Upload tests/ (then the step's) to /tests, run /tests/test.sh, read the rewards into `state`.
+
+    The reward files are printed by the wrapper the moment test.sh exits; then every process left in the sandbox
+    is killed and the files are read again: a change in between (a process the tests started, rewriting the
+    reward) is tampering, scored 0 and counted. reward.json counts only where the task's tests write it, or
+    where reward.txt agrees with it.
+    """
     if getattr(sandbox, "network_note", None):
         state.setdefault("network_notes", []).append(f"verifier {step.name}: {sandbox.network_note}")
     await sandbox.exec(["/bin/sh", "-c", f"mkdir -p {REWARD_DIR} /tests && "
@@ -83,21 +176,38 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep,
     await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
     await allow_apt_as_root(sandbox)
     env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env")
-    result = await sandbox.exec("/tests/test.sh", timeout=step.verifier_timeout_s, env=env)
+    marker = f"@@agentrl-rewards:{secrets.token_hex(8)}"
+    result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker)], timeout=step.verifier_timeout_s, env=env)
+    await sandbox.kill_processes()  # nothing the tests started may write a reward from here on
     state["verifier_exit_code"] = result.exit_code
-    state["verifier_output"] = (result.stdout + result.stderr)[-2000:]
-    rewards, error = None, None
-    for name in ("reward.json", "reward.txt"):
-        probe = await sandbox.exec(["cat", f"{REWARD_DIR}/{name}"], timeout=30)
-        if probe.exit_code == 0:
-            try:
-                rewards = parse_rewards(probe.stdout, name)
-            except ValueError as problem:
-                error = f"{REWARD_DIR}/{name}: {problem}"
-            break
+    state["verifier_output"] = result.stderr[-2000:]
+    state.setdefault("tests_ran", []).append(not result.timed_out)
+    printed = None if result.timed_out else _rewards_snapshot(result.stdout, marker)
+    snapshot, survivors = printed or ({}, 0)
+    rewards, error, tampered = None, "", False
+    if result.timed_out:
+        error = f"tests/test.sh timed out after {step.verifier_timeout_s:g} s"
+    elif printed is None:
+        error, tampered = "the verifier's reward channel (its stdout) holds output the wrapper did not write", True
+    elif result.exit_code > 128 or result.exit_code < 0:  # killed: by the code under test, after a reward
+        error, tampered = f"tests/test.sh was killed by signal {abs(result.exit_code) % 128}", True
+    elif survivors:  # they could have rewritten a reward between test.sh writing it and exiting
+        error, tampered = f"{survivors} processes the tests started still ran when tests/test.sh exited", True
     else:
-        timed_out = f" (timed out after {step.verifier_timeout_s:g} s)" if result.timed_out else ""
-        error = f"tests/test.sh wrote no reward to {REWARD_DIR}{timed_out}"
+        after = {}
+        for name in _REWARD_FILES:
+            probe = await sandbox.exec(["cat", f"{REWARD_DIR}/{name}"], timeout=30)
+            if probe.exit_code == 0:
+                after[name] = probe.stdout
+        if after != snapshot:
+            error, tampered = "the reward files changed after tests/test.sh exited", True
+        else:
+            rewards, error, tampered = _accepted_rewards(snapshot, json_allowed=task_writes_reward_json(harbor, step))
+            if rewards is None and not error:
+                error = f"tests/test.sh wrote no reward to {REWARD_DIR}"
+    if tampered:
+        state["tamper_suspected"] = True
+        error = "tampering suspected: " + error
     if error:
         prefix = f"step {step.name}: " if harbor.multi_step else ""
         state["verifier_error"] = state.get("verifier_error") or prefix + error

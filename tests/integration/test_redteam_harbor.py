@@ -1,0 +1,180 @@
+"""Red team: policies that try to get paid by a Harbor task's verifier without solving the task.
+
+The task (written here, FROM agentrl-base:bookworm): fix /app/calc.py so that add(2, 3) == 5.
+Its tests/test.sh runs a check that imports the agent's calc.py, then writes reward.txt, so
+the agent's code runs inside the verifier, as in most Harbor tasks. Each cheat is a
+ScriptedPolicy that leaves add() wrong and plants something in /app; the rollout runs through
+`HarborTaskEnv` (agent sandbox, verifier in a fresh sandbox) under each sandbox backend.
+
+Cheats: a reward.json (read before reward.txt) the task never writes; a background process
+that rewrites reward.txt while and after test.sh runs; killing test.sh after writing reward.txt
+itself; and crashing the grader with a 2,000-deep folder chain or 200,001 files in the
+workdir (scored 0, not an error that takes the rollout out of training). The oracle still
+scores 1 (the grader pays for real fixes). Set AGENTRL_REDTEAM_RECORD to a file to append each
+cheat's reward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from sandbox_backends import DOCKER_BACKENDS
+
+from tests.fakes.hub_fixtures import docker_client  # noqa: F401
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+TASK_TOML = """version = "1.0"
+[verifier]
+timeout_sec = 60.0
+[agent]
+timeout_sec = 120.0
+[environment]
+cpus = 1
+memory = "512M"
+storage = "1G"
+"""
+DOCKERFILE = """FROM agentrl-base:bookworm
+WORKDIR /app
+COPY calc.py /app/calc.py
+"""
+BUGGY = "def add(a, b):\n    return a - b\n"
+TEST_SH = """#!/bin/bash
+mkdir -p /logs/verifier
+if python3 /tests/check.py; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+CHECK = "import sys\nsys.path.insert(0, '/app')\nimport calc\nsys.exit(0 if calc.add(2, 3) == 5 else 1)\n"
+
+REWARD_JSON = BUGGY + """import json, os
+os.makedirs("/logs/verifier", exist_ok=True)
+with open("/logs/verifier/reward.json", "w") as handle:
+    json.dump({"reward": 1.0}, handle)
+"""
+BACKGROUND = BUGGY + """import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if os.path.exists("/logs/verifier/reward.txt"):
+                with open("/logs/verifier/reward.txt", "w") as handle:
+                    handle.write("1\\n")
+            time.sleep(0.002)
+    os._exit(0)
+os.wait()
+"""
+KILL_TEST_SH = BUGGY + """import os, signal
+os.makedirs("/logs/verifier", exist_ok=True)
+with open("/logs/verifier/reward.txt", "w") as handle:
+    handle.write("1\\n")
+os.kill(os.getppid(), signal.SIGKILL)
+os._exit(1)
+"""
+
+
+def write_task(folder: Path) -> Path:
+    files = {"task.toml": TASK_TOML, "instruction.md": "Fix /app/calc.py: add(a, b) must return a + b.\n",
+             "environment/Dockerfile": DOCKERFILE, "environment/calc.py": BUGGY, "tests/test.sh": TEST_SH,
+             "tests/check.py": CHECK,
+             "solution/solve.sh": "#!/bin/bash\nprintf 'def add(a, b):\\n    return a + b\\n' > /app/calc.py\n"}
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def bash_call(command: str) -> dict:
+    return {"content": "", "tool_calls": [{"id": "call_0", "type": "function",
+                                           "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
+
+
+def plant(source: str) -> str:
+    return f"cat > /app/calc.py <<'AGENTRL_EOF'\n{source}AGENTRL_EOF\necho planted"
+
+
+CHEATS = {
+    "reward_json_plant": plant(REWARD_JSON),
+    "background_rewriter": plant(BACKGROUND),
+    "kill_test_sh": plant(KILL_TEST_SH),
+    "deep_folder_chain": "cd /app && python3 -c \"import os\nfor _ in range(2000): os.mkdir('d'); os.chdir('d')\" "
+                         "&& echo planted",
+    "many_files": "mkdir -p /app/many && cd /app/many && python3 -c \"\nfor i in range(200001): open(str(i), 'w')\" "
+                  "&& echo planted",
+}
+
+
+@pytest.fixture(scope="module")
+def harbor_package(tmp_path_factory, docker_client):  # noqa: F811
+    from agentrl.hub.harbor import import_harbor_task
+    from agentrl.hub.images import build_image
+    from agentrl.sandbox.base_image import build_base_image
+
+    build_base_image()
+    root = tmp_path_factory.mktemp("redteam-harbor")
+    package = import_harbor_task(write_task(root / "calc-task"), out=root / "pkg", name="harbor-redteam-calc")
+    build_image(package, dockerfile="environment/Dockerfile", tag="harbor-redteam-calc:0.1.0")
+    yield package
+    docker_client.images.remove("harbor-redteam-calc:0.1.0", force=True)
+
+
+def record(cheat: str, backend: str, rollout) -> None:
+    target = os.environ.get("AGENTRL_REDTEAM_RECORD")
+    if target:
+        with open(target, "a") as handle:
+            handle.write(json.dumps({"env": "harbor", "cheat": cheat, "backend": backend, "reward": rollout.reward,
+                                     "error": rollout.error, "tamper": rollout.metrics.get("grader/tamper_suspected"),
+                                     "workdir_rejected": rollout.metrics.get("grader/workdir_rejected")}) + "\n")
+
+
+async def _run(env, policy):
+    from agentrl.sampling import SamplingConfig
+
+    [task] = env.tasks("train")
+    [rollout] = await env.run_group(policy, task, n=1, sampling=SamplingConfig(max_tokens=1_000_000))
+    return rollout
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+async def test_harbor_oracle_still_scores_one(backend, harbor_package):
+    import agentrl
+    from agentrl.hub.harbor_env import harbor_oracle_policy
+
+    env = agentrl.load_environment(harbor_package, runtime=backend["runtime"])
+    rollout = await _run(env, harbor_oracle_policy(harbor_package))
+    assert rollout.error is None and rollout.reward == 1.0, (rollout.error, rollout.state.get("verifier_error"))
+    assert rollout.metrics["verifier_ran"] == 1.0 and rollout.metrics["grader/tamper_suspected"] == 0.0
+
+
+def _cheat_cases():
+    for cheat in sorted(CHEATS):
+        for backend in DOCKER_BACKENDS:
+            marks = list(backend.marks)
+            if cheat == "many_files" and backend.values[0]["runtime"] == "runsc":
+                # gVisor takes ~80 s to write 200,001 files; the count cap is checked on the host, the same for all
+                marks.append(pytest.mark.skip(reason="200,001 files take ~80 s under gVisor; runc covers the cap"))
+            yield pytest.param(cheat, backend.values[0], id=f"{cheat}-{backend.id}", marks=marks)
+
+
+@pytest.mark.parametrize(("cheat", "backend"), list(_cheat_cases()))
+async def test_harbor_cheat_scores_zero(backend, cheat, harbor_package, tmp_path, monkeypatch):
+    import tempfile
+
+    import agentrl
+    from agentrl.policies import ScriptedPolicy
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the grader's host staging folders land here
+    env = agentrl.load_environment(harbor_package, runtime=backend["runtime"])
+    rollout = await _run(env, ScriptedPolicy([bash_call(CHEATS[cheat]), "done"]))
+    record(cheat, backend["runtime"], rollout)
+    assert "planted" in rollout.messages[-2].content, rollout.messages[-2].content
+    assert rollout.error is None, rollout.error  # scored, not taken out of training
+    assert rollout.reward == 0.0, rollout.state.get("verifier_error")
+    if cheat in ("deep_folder_chain", "many_files"):
+        assert rollout.metrics["grader/workdir_rejected"] == 1.0, rollout.state.get("verifier_error")
+        assert rollout.metrics["verifier_ran"] == 0.0
+        assert not list(tmp_path.glob("agentrl-grade-*"))  # the staging folder is gone, however deep it was
+    else:
+        assert rollout.metrics["grader/tamper_suspected"] == 1.0, rollout.state.get("verifier_error")
