@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.hub.harbor_config import HarborTask, check_carry_paths, read_harbor_task
+from agentrl.hub.harbor_config import HarborTask, check_allow_env, check_carry_paths, read_harbor_task
+from agentrl.hub.tree_copy import copy_tree, package_folder
 
 __all__ = ["read_harbor_task", "import_harbor_task", "find_harbor_tasks", "build_harbor_images",
            "ENTRY_MODULE"]
@@ -116,23 +116,54 @@ def _row(task: HarborTask, *, env_name: str, folder: str, image: str, dockerfile
             "task": env_name, "example_id": task.task_name}
 
 
+def _write_package(staging: Path, tasks: list[HarborTask], rows: list[dict], manifest, *, single: bool, path: Path,
+                   env_name: str) -> None:
+    """The package's files in the staging folder: each task's files (links checked), manifest, entry, rows, README."""
+    from agentrl.config import dump_config
+
+    first = tasks[0]
+    for task, row in zip(tasks, rows, strict=True):
+        destination = staging / row["info"]["harbor_dir"]
+        destination.mkdir(parents=True, exist_ok=True)
+        copy_tree(Path(task.folder), destination, only=_COPIED)
+    origin = (f"the Harbor task {first.task_name!r}" if single
+              else f"{len(tasks)} Harbor tasks of {Path(path).name}")
+    (staging / "environment.toml").write_text(f"# Imported from {origin} by `agentrl env import harbor`.\n"
+                                             + dump_config(manifest))
+    (staging / f"{ENTRY_MODULE}.py").write_text(_ENTRY)
+    (staging / "data").mkdir(exist_ok=True)
+    (staging / "data" / "tasks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    listing = "\n".join(f"- `{task.task_name}` ({row['info']['harbor_dir']}, image `{row['info']['image']}`)"
+                        for task, row in zip(tasks, rows, strict=True))
+    (staging / "README.md").write_text(
+        f"# {env_name}\n\nImported from {origin}.\n\n{listing}\n\n"
+        "The agent works in each task's container through a `bash` tool; the reward is what the task's "
+        "`tests/test.sh` writes to `/logs/verifier/reward.json` (or `reward.txt`) when run in a fresh "
+        "sandbox after the episode. `agentrl env import harbor --build` (or `build_harbor_images`) builds "
+        "every task's image.\n"
+    )
+
+
 def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name: str | None = None,
                        writable_root: str = "never", carry_paths: list[str] | None = None,
-                       log: Callable[[str], None] | None = None) -> Path:
+                       allow_env: list[str] | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Write the agentrl package for a Harbor task, dataset folder or registry list; returns its folder.
 
     `writable_root` ('never', 'verifier' or 'always'): the phases whose sandbox gets a writable root
     filesystem (for a test.sh that installs its tools); `carry_paths`: folders besides the working
     directory that the verifier gets from the agent's sandbox (Harbor's verifier sees the whole
-    container); `log` gets one line per field run without (default: a warning).
+    container); `allow_env`: host variables the tasks' `${VAR}` env templates may take (none by default: a
+    template takes its default, or is refused when it has none); the task's files are copied without
+    following links (links out of the task and loops refused) into a folder that appears whole or not at
+    all (hub/tree_copy.py); `log` gets one line per field run without (default: a warning).
     """
-    from agentrl.config import dump_config
     from agentrl.hub.manifest import DatasetSpec, Manifest, RewardSpec, SandboxLimits, SandboxSpec
 
     if writable_root not in ("never", "verifier", "always"):
         raise ConfigError(f"writable_root = {writable_root!r}; use 'never', 'verifier' or 'always'")
     say = log or (lambda line: warnings.warn(line, RuntimeWarning, stacklevel=3))
     carry = check_carry_paths(list(carry_paths or []))
+    allowed = check_allow_env(list(allow_env or []))
     folders = find_harbor_tasks(path)
     tasks = [read_harbor_task(folder) for folder in folders]
     for task in tasks:
@@ -141,7 +172,7 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
     single = len(tasks) == 1 and Path(path).is_dir() and (Path(path) / "task.toml").is_file()
     env_name = name or _env_name(tasks[0].task_name if single else Path(path).stem)
     target = Path(out) if out is not None else Path(env_name)
-    if target.exists() and any(target.iterdir()):
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise AgentrlError(f"{target}: folder exists and is not empty; pick another --out")
     rows, seen = [], set()
     for task in tasks:
@@ -173,46 +204,21 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
                 limits=SandboxLimits(cpus=first.cpus, memory_mb=first.memory_mb, disk_mb=first.storage_mb,
                                      timeout_s=600.0),
             ),
-            env_args={"writable_root": writable_root, "carry_paths": ",".join(carry)},
+            env_args={"writable_root": writable_root, "carry_paths": ",".join(carry), "allow_env": ",".join(allowed)},
         )
     except Exception as error:  # pydantic ValidationError: report the first problem on one line
         raise ConfigError(f"{Path(first.folder) / 'task.toml'}: cannot map to environment.toml: "
                           f"{str(error).splitlines()[0]}") from None
-    target.mkdir(parents=True, exist_ok=True)
-    for task, row in zip(tasks, rows, strict=True):
-        destination = target / row["info"]["harbor_dir"]
-        destination.mkdir(parents=True, exist_ok=True)
-        for item in _COPIED:
-            source = Path(task.folder) / item
-            if source.is_dir():
-                shutil.copytree(source, destination / item)
-            elif source.is_file():
-                shutil.copyfile(source, destination / item)
-    origin = (f"the Harbor task {first.task_name!r}" if single
-              else f"{len(tasks)} Harbor tasks of {Path(path).name}")
-    (target / "environment.toml").write_text(f"# Imported from {origin} by `agentrl env import harbor`.\n"
-                                             + dump_config(manifest))
-    (target / f"{ENTRY_MODULE}.py").write_text(_ENTRY)
-    (target / "data").mkdir(exist_ok=True)
-    (target / "data" / "tasks.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    listing = "\n".join(f"- `{task.task_name}` ({row['info']['harbor_dir']}, image `{row['info']['image']}`)"
-                        for task, row in zip(tasks, rows, strict=True))
-    (target / "README.md").write_text(
-        f"# {env_name}\n\nImported from {origin}.\n\n{listing}\n\n"
-        "The agent works in each task's container through a `bash` tool; the reward is what the task's "
-        "`tests/test.sh` writes to `/logs/verifier/reward.json` (or `reward.txt`) when run in a fresh "
-        "sandbox after the episode. `agentrl env import harbor --build` (or `build_harbor_images`) builds "
-        "every task's image.\n"
-    )
+    with package_folder(target) as staging:
+        _write_package(staging, tasks, rows, manifest, single=single, path=Path(path), env_name=env_name)
     return target
 
 
 def build_harbor_images(package_dir: str | Path) -> list[str]:
     """Build each row's image (and compose services') from its Dockerfile's folder; returns the tags."""
+    from agentrl.hub.harbor_compose import read_compose, service_image
     from agentrl.hub.images import build_image
     from agentrl.sandbox.docker_backend import docker_client, network_unavailable
-
-    from agentrl.hub.harbor_compose import read_compose, service_image
 
     package_dir = Path(package_dir)
     network = network_unavailable(docker_client(), "runc") is None  # Harbor builds with the network if any

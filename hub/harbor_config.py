@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -345,21 +346,39 @@ def read_harbor_task(path: str | Path) -> HarborTask:
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}")
 
 
-def resolve_env(values: dict[str, str], *, where: str) -> dict[str, str]:
-    """Harbor's env templates: `${VAR}` / `${VAR:-default}` from the host's environment; literals stay."""
+def resolve_env(values: dict[str, str], *, where: str, allowed: Collection[str] = ()) -> dict[str, str]:
+    """Harbor's env templates: `${VAR}` / `${VAR:-default}` from the host's environment, only for the variables in
+    `allowed` (the package's `allow_env`, `agentrl env import harbor --allow-env VAR`); others take their default,
+    and one without a default is a one-line error. Literals stay."""
     resolved = {}
     for key, value in values.items():
         match = _TEMPLATE.fullmatch(value)
         if not match:
             resolved[key] = value
-        elif match.group(1) in os.environ:
+        elif match.group(1) in allowed and match.group(1) in os.environ:
             resolved[key] = os.environ[match.group(1)]
         elif match.group(2) is not None:
             resolved[key] = match.group(2)
+        elif match.group(1) not in allowed:
+            raise ConfigError(f"{where}: {key} = {value!r} takes the host variable {match.group(1)}, which this "
+                              f"package does not let through; import it with --allow-env {match.group(1)} "
+                              "(or give the environment allow_env)")
         else:
             raise ConfigError(f"{where}: {key} = {value!r} needs the host environment variable "
                               f"{match.group(1)}; set it")
     return resolved
+
+
+def check_allow_env(names: Collection[str]) -> list[str]:
+    """Host variable names a package lets into templates; one-line error for a name that is not one."""
+    checked = []
+    for name in (n.strip() for n in names):
+        if not name:
+            continue
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ConfigError(f"allow_env {name!r}: not an environment variable name")
+        checked.append(name)
+    return checked
 
 
 def check_carry_paths(paths: list[str]) -> list[str]:

@@ -36,7 +36,7 @@ from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, SandboxError
 from agentrl.hub.harbor_config import (
-    HarborStep, HarborTask, NetworkPolicy, check_carry_paths, read_harbor_task, resolve_env,
+    HarborStep, HarborTask, NetworkPolicy, check_allow_env, check_carry_paths, read_harbor_task, resolve_env,
 )
 from agentrl.hub.harbor_verifier import (
     allow_apt_as_root, below_min_reward, run_verifier, settle_rewards, verifier_ran, verifier_reward,
@@ -60,7 +60,7 @@ class HarborTaskEnv(ToolEnv):
 
     def __init__(self, *, package_dir: str | Path, command_timeout_s: float = 600.0, runtime: str = "runc",
                  writable_root: str | None = None, carry_paths: str | list[str] | None = None,
-                 **kwargs: Any) -> None:
+                 allow_env: str | list[str] | None = None, **kwargs: Any) -> None:
         self.package_dir = Path(package_dir)
         self.manifest = load_manifest(self.package_dir)
         if self.manifest.sandbox is None:
@@ -77,6 +77,9 @@ class HarborTaskEnv(ToolEnv):
         carry = carry_paths if carry_paths is not None else str(self.manifest.env_args.get("carry_paths", ""))
         self.carry_paths = check_carry_paths(carry.split(",") if isinstance(carry, str) else carry)
         """Folders besides the working directory carried from the agent's sandbox to the verifier's."""
+        allowed = allow_env if allow_env is not None else str(self.manifest.env_args.get("allow_env", ""))
+        self.allow_env = check_allow_env(allowed.split(",") if isinstance(allowed, str) else allowed)
+        """Host variables the task's `${VAR}` env templates may take (others take their default)."""
         self._live: dict[str, Any] = {}  # sandbox_key -> the agent's sandbox
         self._services: dict[str, Any] = {}  # sandbox_key -> the trial's compose services
         self._rows: dict[str, Task] = {}  # sandbox_key -> the row it plays
@@ -136,7 +139,7 @@ class HarborTaskEnv(ToolEnv):
             image=self.image(task), workdir=harbor.workdir or "/app", runtime=self.runtime,
             user=step.agent_user if phase == "agent" else step.verifier_user,
             network=policy.mode == "public",
-            env=resolve_env(harbor.env, where=f"{harbor.folder}: [environment] env"),
+            env=resolve_env(harbor.env, where=f"{harbor.folder}: [environment] env", allowed=self.allow_env),
             cpus=harbor.cpus, memory_mb=harbor.memory_mb, pids_limit=limits.pids, disk_mb=harbor.storage_mb,
             disk_limit="none" if writable else "auto", exec_timeout_s=limits.timeout_s,
             docker_network=docker_network,
@@ -250,8 +253,8 @@ class HarborTaskEnv(ToolEnv):
             await sandbox.upload(solution, SOLUTION_DIR)
             await sandbox.exec(["chmod", "+x", ORACLE_COMMAND])
             state["command_env"] = {"DEBIAN_FRONTEND": "noninteractive",
-                                    **resolve_env(harbor.solution_env,
-                                                  where=f"{harbor.folder}: [solution] env")}
+                                    **resolve_env(harbor.solution_env, where=f"{harbor.folder}: [solution] env",
+                                                  allowed=self.allow_env)}
         if step.agent_timeout_s is not None:
             state["deadline"] = time.monotonic() + step.agent_timeout_s
         else:
@@ -301,7 +304,8 @@ class HarborTaskEnv(ToolEnv):
             if (await sandbox.exec(["test", "-d", path], timeout=30)).exit_code == 0:
                 paths.append(path)
         try:
-            await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state),
+            await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state,
+                                                                             allow_env=self.allow_env),
                                          config=config, keep_open=keep_agent_sandbox, paths=paths)
         except WorkdirRejected as error:  # the episode's files broke the carry: its own doing, scored 0
             prefix = f"step {step.name}: " if harbor.multi_step else ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +157,8 @@ def _accepted_rewards(files: dict[str, str], *, json_allowed: bool) -> tuple[dic
     return None, "", False
 
 
-async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep,
-                       state: dict[str, Any]) -> None:
+async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any], *,
+                       allow_env: Collection[str] = ()) -> None:
     """Upload tests/ (then the step's) to /tests, run /tests/test.sh, read the rewards into `state`.
 
     The reward files are printed by the wrapper the moment test.sh exits; then every process left in the sandbox
@@ -175,7 +176,7 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep,
             await sandbox.upload(source, "/tests")
     await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
     await allow_apt_as_root(sandbox)
-    env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env")
+    env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env", allowed=allow_env)
     marker = f"@@agentrl-rewards:{secrets.token_hex(8)}"
     result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker)], timeout=step.verifier_timeout_s, env=env)
     await sandbox.kill_processes()  # nothing the tests started may write a reward from here on

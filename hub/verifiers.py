@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import importlib
 import re
-import shutil
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.hub.tree_copy import copy_tree, package_folder
 
 __all__ = [
     "ENTRY_MODULE",
@@ -259,8 +259,6 @@ def import_verifiers_package(
     path: str | Path, *, out: str | Path | None = None, name: str | None = None
 ) -> Path:
     """Write an agentrl package (in `out`, default ./<name>) that runs the verifiers package in `path`."""
-    import tomli_w
-
     from agentrl.hub.manifest import load_manifest
 
     project = find_verifiers_project(path)
@@ -272,12 +270,17 @@ def import_verifiers_package(
     project.module_file()
     env_name = _env_name(name or project.name)
     target = Path(out) if out is not None else Path.cwd() / env_name
-    if target.exists() and any(target.iterdir()):
-        raise AgentrlError(f"{target}: already exists and is not empty; choose another --out")
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(
-        project.folder, target / COPY_DIR, ignore=lambda _dir, names: [n for n in names if n in _SKIPPED]
-    )
+    with package_folder(target) as staging:
+        _write_package(staging, project, env_name)
+        load_manifest(staging)  # what was written validates
+    return target
+
+
+def _write_package(target: Path, project: VerifiersProject, env_name: str) -> None:
+    """The package's files: the project copied (links checked, see hub/tree_copy.py), entry, manifest, README."""
+    import tomli_w
+
+    copy_tree(project.folder, target / COPY_DIR, ignore=lambda name: name in _SKIPPED)
     (target / f"{ENTRY_MODULE}.py").write_text(_ENTRY.format(copy_dir=COPY_DIR))
     version = project.version if re.match(r"^\d+\.\d+\.\d+", project.version) else "0.1.0"
     manifest = {
@@ -297,7 +300,5 @@ def import_verifiers_package(
         f"`{project.name}` {project.version}; its files are in `{COPY_DIR}/`, unchanged.\n"
     )
     (target / "README.md").write_text(
-        note + ("\n" + readme.read_text(errors="replace") if readme.is_file() else "")
+        note + ("\n" + readme.read_text(errors="replace") if readme.is_file() and not readme.is_symlink() else "")
     )
-    load_manifest(target)  # what was written validates
-    return target

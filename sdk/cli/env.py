@@ -255,12 +255,14 @@ def import_harbor(
     build: bool = typer.Option(False, help="Also build every task's image from its environment/Dockerfile."),
     carry: Optional[list[str]] = typer.Option(None, help="A folder besides the working directory that the "
                                                          "verifier gets from the agent's sandbox (repeatable)."),
+    allow_env: Optional[list[str]] = typer.Option(None, "--allow-env", help="A host environment variable the "
+                                                  "tasks' ${VAR} env templates may take (repeatable; none by default)."),
 ) -> None:
     """Turn Harbor tasks into an agentrl package whose reward runs each task's tests (one row per task)."""
     from agentrl.hub.harbor import build_harbor_images, import_harbor_task
 
     folder = import_harbor_task(path, out=out, name=name, writable_root=writable_root, carry_paths=carry,
-                                log=lambda line: _echo(f"warning: {line}"))
+                                allow_env=allow_env, log=lambda line: _echo(f"warning: {line}"))
     if build:
         for image in build_harbor_images(folder):
             _echo(f"built {image}")

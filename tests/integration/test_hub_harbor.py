@@ -289,9 +289,10 @@ def test_env_templates_resolve_from_the_host_or_name_the_missing_variable(monkey
     monkeypatch.setenv("AGENTRL_HARBOR_SET", "from-host")
     monkeypatch.delenv("AGENTRL_HARBOR_UNSET", raising=False)
     values = {"A": "${AGENTRL_HARBOR_SET}", "B": "${AGENTRL_HARBOR_UNSET:-fallback}", "C": "literal ${x}"}
-    assert resolve_env(values, where="task") == {"A": "from-host", "B": "fallback", "C": "literal ${x}"}
+    allowed = ["AGENTRL_HARBOR_SET", "AGENTRL_HARBOR_UNSET"]
+    assert resolve_env(values, where="task", allowed=allowed) == {"A": "from-host", "B": "fallback", "C": "literal ${x}"}
     with pytest.raises(ConfigError, match=r"B = '\$\{AGENTRL_HARBOR_UNSET\}' needs the host environment"):
-        resolve_env({"B": "${AGENTRL_HARBOR_UNSET}"}, where="task.toml: [verifier] env")
+        resolve_env({"B": "${AGENTRL_HARBOR_UNSET}"}, where="task.toml: [verifier] env", allowed=allowed)
 
 
 async def test_a_sandbox_asking_for_network_it_cannot_get_says_so_or_is_refused(docker_client, base_image):  # noqa: F811

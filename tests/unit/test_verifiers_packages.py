@@ -71,7 +71,7 @@ def test_import_writes_an_agentrl_package(tmp_path):
     assert manifest["entrypoint"] == "verifiers_entry:load_environment"
     copied = out / "verifiers_package" / "vf_v1_reverse" / "taskset.py"
     assert copied.read_text() == (FIXTURES / "v1_reverse" / "vf_v1_reverse" / "taskset.py").read_text()
-    with pytest.raises(AgentrlError, match="already exists and is not empty"):
+    with pytest.raises(AgentrlError, match="exists and is not empty"):
         import_verifiers_package(FIXTURES / "v1_reverse", out=out)
 
 
