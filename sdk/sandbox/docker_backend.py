@@ -55,6 +55,7 @@ from agentrl.sandbox.docker_exec import (
 from agentrl.sandbox.docker_image import image_user, numeric_user, workdir_seed
 from agentrl.sandbox.docker_server import ServerConnection, server_command
 from agentrl.sandbox.gvisor_compat import SHIM_TARGET, statx_shim
+from agentrl.sandbox.seccomp import profile_json
 from agentrl.sandbox.labels import sandbox_labels
 from agentrl.sandbox.sandboxd import USER_VARIABLE
 
@@ -117,7 +118,8 @@ class DockerSandbox(Sandbox):
             mem_limit=f"{cfg.memory_mb}m",
             memswap_limit=f"{cfg.memory_mb}m",
             pids_limit=2 * cfg.pids_limit + RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else cfg.pids_limit,
-            security_opt=["no-new-privileges"],
+            # runc: Docker's refusals plus ptrace and cross-process memory (seccomp.py); gVisor refuses those itself
+            security_opt=["no-new-privileges", *([f"seccomp={profile_json()}"] if cfg.runtime == "runc" else [])],
             cap_drop=["ALL"],
             cap_add=SERVER_CAPABILITIES,
             runtime=cfg.runtime,
