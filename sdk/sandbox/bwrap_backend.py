@@ -22,7 +22,11 @@ How each limit holds for the sandbox as a whole:
   the folders are on the host disk and RLIMIT_FSIZE caps each file instead.
 - user namespaces: `--disable-userns`, so nothing inside can make a nested user namespace
   (and be root in it); a bwrap older than 0.8.0 lacks it (refuse or warn).
-- CPU time: RLIMIT_CPU of the command's timeout times `cpus`; no core dumps.
+- cpus: the cgroup's CPU quota (cpu.max on v2, cpu.cfs_quota_us on v1) caps all the sandbox's
+  processes together at `cpus` cores; without a cpu controller `unenforceable_limits` refuses
+  or warns. CPU time: RLIMIT_CPU of the command's timeout times `cpus`; no core dumps.
+- Left behind: at the first bwrap start of a process, dead owners' workspaces (their
+  processes, tmpfs, cgroup and folder) and cgroups are removed, as Docker's orphans are.
 
 A timeout kills the outer bwrap, whose pid-namespace init takes every process of the
 command with it; `kill_processes` and `close` also kill whatever the cgroup still holds.
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.sandbox import cgroups
+from agentrl.sandbox.archive import remove_tree
 from agentrl.sandbox.base import (
     CappedBuffer,
     RawExecResult,
@@ -148,7 +153,30 @@ def remove_workspace(path: Path, *, cgroup_root: Path = cgroups.CGROUP_ROOT) -> 
     _unmount(path / DISK_DIR)
     for group in found:
         group.remove()
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path)
+
+
+_startup_gc_lock: asyncio.Lock | None = None
+_startup_gc_done = False
+
+
+async def _startup_gc() -> None:
+    """Once per process, at the first bwrap start: remove dead owners' workspaces (processes, tmpfs, cgroup,
+    folder) and cgroups, as the Docker backend removes dead owners' containers (best effort)."""
+    global _startup_gc_done, _startup_gc_lock
+    if _startup_gc_done:
+        return
+    _startup_gc_lock = _startup_gc_lock or asyncio.Lock()
+    async with _startup_gc_lock:
+        if _startup_gc_done:
+            return
+        _startup_gc_done = True
+        from agentrl.sandbox.gc import collect_garbage
+
+        try:
+            await asyncio.to_thread(collect_garbage, docker=False, bwrap=True)
+        except Exception:  # never block a sandbox on garbage collection
+            pass
 
 
 def remove_orphan_cgroups(*, cgroup_root: Path = cgroups.CGROUP_ROOT) -> list[str]:
@@ -182,6 +210,7 @@ class BwrapSandbox(Sandbox):
     async def _start(self) -> None:
         from agentrl.sandbox.base_image import rootfs_dir
 
+        await _startup_gc()
         cfg = self.config
         bwrap = shutil.which("bwrap")
         if bwrap is None:
@@ -211,9 +240,11 @@ class BwrapSandbox(Sandbox):
         try:
             self.cgroup = await asyncio.to_thread(
                 cgroups.create, _cgroup_name(self.id), memory_bytes=cfg.memory_mb * 1024 * 1024,
-                pids=cfg.pids_limit, root=self.cgroup_root)
+                pids=cfg.pids_limit, cpus=cfg.cpus, root=self.cgroup_root)
         except cgroups.CgroupUnavailable as error:
             limit_not_enforced(cfg, "memory_mb and pids_limit", str(error))
+        if self.cgroup is None or not self.cgroup.cpu_limited:
+            limit_not_enforced(cfg, "cpus", self.cgroup.cpu_unavailable if self.cgroup else "no cgroup")
         self.disk = self.root / DISK_DIR
         self.disk.mkdir(mode=0o755)
         failed = await asyncio.to_thread(_mount_tmpfs, self.disk, size_mb=cfg.disk_mb)
@@ -391,6 +422,9 @@ class BwrapSandbox(Sandbox):
             if self.disk is not None and os.path.ismount(self.disk):
                 problems.append(f"left {self.root} in place: its tmpfs is still mounted")
             else:
-                await asyncio.to_thread(shutil.rmtree, self.root, True)
+                try:
+                    await asyncio.to_thread(remove_tree, self.root)
+                except OSError as error:
+                    problems.append(f"removing {self.root}: {error}")
         if problems:
             raise SandboxError(f"closing bwrap sandbox {self.id}: {'; '.join(problems)}")

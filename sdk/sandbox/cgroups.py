@@ -9,10 +9,17 @@ v2 a cgroup holding processes cannot pass controllers to children, so there the 
 cgroup may sit beside ours, in our parent, when the parent already passes both on. It
 raises `CgroupUnavailable` with the reason when neither is there or writable.
 
+`create(..., cpus=N)` also caps CPU time at N cores (cpu.max on v2, cpu.cfs_quota_us in the
+v1 cpu hierarchy) where the cpu controller is there; `Cgroup.cpu_limited` says whether it
+was, and `cpu_unavailable` why not.
+
 `Cgroup.join(pid)` only opens and writes files, so a `preexec_fn` may call it between fork
-and exec; `kill_all()` ends every member (cgroup.kill on v2, else SIGKILL through pidfds
-until none remain, bounded); `remove()` deletes the cgroup. `find(prefix)` lists existing
-cgroups by name, for removing those of dead processes.
+and exec; `kill_all()` ends every member at once: the cgroup is frozen first (cgroup.freeze
+on v2, the v1 freezer hierarchy), so no member runs another instruction between the first
+SIGKILL and the last (a parent cannot see its child die and exit 0 first); then cgroup.kill
+on v2, else SIGKILL through pidfds, thawed, repeated until none remain (bounded). Without a
+freezer it falls back to signalling until none remain. `remove()` deletes the cgroup.
+`find(prefix)` lists existing cgroups by name, for removing those of dead processes.
 """
 
 from __future__ import annotations
@@ -30,7 +37,10 @@ __all__ = ["CGROUP_ROOT", "Cgroup", "CgroupUnavailable", "create", "find"]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 V1_HIERARCHIES = ("memory", "pids")
+V1_OPTIONAL = ("cpu", "freezer")  # joined where they are mounted: CPU limits and freezing before a kill
 CONTROLLERS = {"memory", "pids"}
+CPU_PERIOD_US = 100_000
+FREEZE_TIMEOUT_S = 2.0
 
 
 class CgroupUnavailable(SandboxError):
@@ -38,16 +48,21 @@ class CgroupUnavailable(SandboxError):
 
 
 class Cgroup:
-    """One cgroup: a single folder on cgroup v2, or a memory and a pids folder on cgroup v1."""
+    """One cgroup: a single folder on cgroup v2, or a memory and a pids folder on cgroup v1 (plus, where those
+    hierarchies are mounted, a cpu and a freezer folder: `extra_dirs`)."""
 
-    def __init__(self, *, version: int, dirs: tuple[Path, ...]) -> None:
+    def __init__(self, *, version: int, dirs: tuple[Path, ...], extra_dirs: tuple[Path, ...] = ()) -> None:
         self.version = version
         self.dirs = dirs
+        self.extra_dirs = extra_dirs
         self.name = dirs[0].name
-        self._procs_files = tuple(str(folder / "cgroup.procs") for folder in dirs)
+        self.cpu_limited = False
+        self.cpu_unavailable = ""
+        """Why `cpus` could not be limited (empty when it was, or was not asked for)."""
+        self._procs_files = tuple(str(folder / "cgroup.procs") for folder in dirs + extra_dirs)
 
     def __repr__(self) -> str:
-        return f"Cgroup(version={self.version}, dirs={[str(folder) for folder in self.dirs]})"
+        return f"Cgroup(version={self.version}, dirs={[str(folder) for folder in self.dirs + self.extra_dirs]})"
 
     def join(self, pid: int) -> None:
         """Move process `pid` into the cgroup (safe in a preexec_fn: no imports, no locks)."""
@@ -70,21 +85,50 @@ class Cgroup:
                 pass
         return found
 
+    def _freezer(self) -> tuple[Path, str, str] | None:
+        """(file, frozen value, thawed value) of this cgroup's freezer, None without one."""
+        if self.version == 2:
+            return (self.dirs[0] / "cgroup.freeze", "1", "0") if (self.dirs[0] / "cgroup.freeze").exists() else None
+        for folder in self.extra_dirs:
+            if (folder / "freezer.state").exists():
+                return folder / "freezer.state", "FROZEN", "THAWED"
+        return None
+
+    def _frozen(self) -> bool:
+        if self.version == 2:
+            return "frozen 1" in (self.dirs[0] / "cgroup.events").read_text()
+        freezer = self._freezer()
+        return freezer is not None and freezer[0].read_text().strip() == "FROZEN"
+
     def kill_all(self, *, timeout_s: float = 10.0) -> None:
-        """SIGKILL every member, again until none is left; SandboxError if some survive `timeout_s`."""
-        kill_file = self.dirs[0] / "cgroup.kill"
-        if self.version == 2 and kill_file.exists():
-            try:
-                kill_file.write_text("1")
-            except FileNotFoundError:
-                return
+        """SIGKILL every member at once (frozen first), again until none is left; SandboxError if some survive
+        `timeout_s`."""
         deadline = time.monotonic() + timeout_s
+        freezer = self._freezer()
         while pids := self.members():
             if time.monotonic() > deadline:
                 raise SandboxError(f"cgroup {self.dirs[0]}: {len(pids)} processes still alive {timeout_s:g} s "
                                    f"after SIGKILL (pids {sorted(pids)[:10]})")
-            self._signal_members(pids)
-            time.sleep(0.01)
+            try:
+                if freezer is not None:
+                    freezer[0].write_text(freezer[1])
+                    frozen_by = time.monotonic() + FREEZE_TIMEOUT_S
+                    while not self._frozen() and time.monotonic() < frozen_by:
+                        time.sleep(0.001)
+                kill_file = self.dirs[0] / "cgroup.kill"
+                if self.version == 2 and kill_file.exists():
+                    kill_file.write_text("1")
+                else:
+                    self._signal_members(self.members())
+            except FileNotFoundError:  # removed meanwhile
+                return
+            finally:
+                if freezer is not None:
+                    try:
+                        freezer[0].write_text(freezer[2])
+                    except FileNotFoundError:
+                        pass
+            time.sleep(0.005)
 
     def _signal_members(self, pids: set[int]) -> None:
         # A pid read from cgroup.procs may exit and be reused by a host process before the kill:
@@ -110,7 +154,7 @@ class Cgroup:
     def remove(self, *, timeout_s: float = 10.0) -> None:
         """Kill what is left and delete the cgroup's folders; SandboxError if one stays busy."""
         deadline = time.monotonic() + timeout_s
-        for folder in self.dirs:
+        for folder in self.dirs + self.extra_dirs:
             while True:
                 try:
                     folder.rmdir()
@@ -201,12 +245,30 @@ def _v2_parent(hierarchy: Path, own: str) -> Path:
                             f"({'; '.join(reasons)})")
 
 
-def create(name: str, *, memory_bytes: int, pids: int, root: Path = CGROUP_ROOT,
+def _v2_cpu(parent: Path, folder: Path, cpus: float) -> str:
+    """Limit `folder` to `cpus` cores (cpu.max); why not, or ''."""
+    if not (folder / "cpu.max").exists():
+        try:
+            if "cpu" not in (parent / "cgroup.controllers").read_text().split():
+                return f"{parent} has no cpu controller"
+            (parent / "cgroup.subtree_control").write_text("+cpu")
+        except OSError as error:
+            return f"enabling +cpu in {parent}: {error.strerror}"
+    try:
+        (folder / "cpu.max").write_text(f"{max(1000, int(cpus * CPU_PERIOD_US))} {CPU_PERIOD_US}")
+    except OSError as error:
+        return f"cannot write {folder / 'cpu.max'}: {error.strerror}"
+    return ""
+
+
+def create(name: str, *, memory_bytes: int, pids: int, cpus: float | None = None, root: Path = CGROUP_ROOT,
            proc_cgroup: Path = PROC_SELF_CGROUP) -> Cgroup:
     """A new cgroup `name` with these limits, under this process's cgroup (see the module docstring).
 
     `root` is where the cgroup file systems are mounted; `proc_cgroup` the file naming this
-    process's cgroups. Raises `CgroupUnavailable` (one line, with the reason) when it cannot.
+    process's cgroups. Raises `CgroupUnavailable` (one line, with the reason) when it cannot make one with the
+    memory and pids limits; a `cpus` limit it cannot set leaves `cpu_limited` False and says why in
+    `cpu_unavailable`.
     """
     try:
         own = _own_paths(proc_cgroup)
@@ -214,13 +276,17 @@ def create(name: str, *, memory_bytes: int, pids: int, root: Path = CGROUP_ROOT,
         raise CgroupUnavailable(f"cannot read {proc_cgroup}: {error.strerror}") from None
     hierarchy = _v2_hierarchy(root)
     if hierarchy is not None and "" in own:
-        folder = _make_child(_v2_parent(hierarchy, own[""]), name)
+        parent = _v2_parent(hierarchy, own[""])
+        folder = _make_child(parent, name)
         cgroup = Cgroup(version=2, dirs=(folder,))
         try:
             _write(folder / "memory.max", str(memory_bytes))
             if (folder / "memory.swap.max").exists():
                 _write(folder / "memory.swap.max", "0")
             _write(folder / "pids.max", str(pids))
+            if cpus is not None:
+                cgroup.cpu_unavailable = _v2_cpu(parent, folder, cpus)
+                cgroup.cpu_limited = not cgroup.cpu_unavailable
         except BaseException:
             cgroup.remove()
             raise
@@ -231,17 +297,28 @@ def create(name: str, *, memory_bytes: int, pids: int, root: Path = CGROUP_ROOT,
             f"no cgroup v2 with the memory and pids controllers nor cgroup v1 {' and '.join(missing)} "
             f"hierarchy under {root}")
     made: list[Path] = []
+    extras: list[Path] = []
     try:
         for hierarchy_name in V1_HIERARCHIES:
             made.append(_make_child(root / hierarchy_name / own[hierarchy_name].lstrip("/"), name))
-        cgroup = Cgroup(version=1, dirs=tuple(made))
+        for hierarchy_name in V1_OPTIONAL:
+            if hierarchy_name in own and (root / hierarchy_name / "cgroup.procs").is_file():
+                extras.append(_make_child(root / hierarchy_name / own[hierarchy_name].lstrip("/"), name))
+        cgroup = Cgroup(version=1, dirs=tuple(made), extra_dirs=tuple(extras))
         memory, pid_folder = made
         _write(memory / "memory.limit_in_bytes", str(memory_bytes))
         if (memory / "memory.memsw.limit_in_bytes").exists():  # memory + swap: no swap beyond the limit
             _write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes))
         _write(pid_folder / "pids.max", str(pids))
+        cpu = next((folder for folder in extras if (folder / "cpu.cfs_quota_us").exists()), None)
+        if cpus is not None and cpu is None:
+            cgroup.cpu_unavailable = f"no cgroup v1 cpu hierarchy with CFS quotas under {root}"
+        elif cpus is not None:
+            _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            _write(cpu / "cpu.cfs_quota_us", str(max(1000, int(cpus * CPU_PERIOD_US))))
+            cgroup.cpu_limited = True
     except BaseException:
-        for folder in made:
+        for folder in made + extras:
             try:
                 folder.rmdir()
             except OSError:
@@ -255,7 +332,8 @@ def find(prefix: str, *, root: Path = CGROUP_ROOT) -> list[Cgroup]:
     by_name: dict[str, tuple[int, list[Path]]] = {}
     hierarchies = [(2, hierarchy) for hierarchy in (root, root / "unified")
                    if (hierarchy / "cgroup.controllers").is_file()]
-    hierarchies += [(1, root / name) for name in V1_HIERARCHIES if (root / name / "cgroup.procs").is_file()]
+    hierarchies += [(1, root / name) for name in V1_HIERARCHIES + V1_OPTIONAL
+                    if (root / name / "cgroup.procs").is_file()]
     for version, hierarchy in hierarchies:
         for folder, subfolders, _ in os.walk(hierarchy):
             matched = [sub for sub in subfolders if sub.startswith(prefix)]
@@ -264,4 +342,9 @@ def find(prefix: str, *, root: Path = CGROUP_ROOT) -> list[Cgroup]:
                 if entry[0] == version:
                     entry[1].append(Path(folder) / sub)
             subfolders[:] = [sub for sub in subfolders if sub not in matched]
-    return [Cgroup(version=version, dirs=tuple(dirs)) for version, dirs in by_name.values()]
+    found = []
+    for version, dirs in by_name.values():
+        main = tuple(folder for folder in dirs if version == 2 or folder.parts[len(root.parts)] in V1_HIERARCHIES)
+        extra = tuple(folder for folder in dirs if folder not in main)
+        found.append(Cgroup(version=version, dirs=main or extra, extra_dirs=extra if main else ()))
+    return found

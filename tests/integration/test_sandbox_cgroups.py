@@ -167,6 +167,48 @@ def test_kill_all_ends_every_member_and_remove_leaves_nothing(make_cgroup):
     assert cgroups.find(name) == []
 
 
+WATCHER = "import os, sys; print('ready', flush=True); os.read(0, 1); os._exit(0)"
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_kill_all_leaves_no_member_time_to_see_a_sibling_die(make_cgroup, round_):
+    """A member that exits 0 the moment a sibling dies (its stdin is a pipe only the sibling holds), started after
+    60 other members so that a one-by-one kill reaches it late: the cgroup is frozen before any SIGKILL, so it
+    never runs again and dies of SIGKILL like every other member. (On main, with one-by-one kills, it exited 0
+    in about one round of three; five rounds.)"""
+    group = make_cgroup(pids=128)
+    read_end, write_end = os.pipe()
+    holder = subprocess.Popen(["sleep", "1000"], stdout=write_end, preexec_fn=lambda: group.join(os.getpid()),
+                              start_new_session=True)
+    make_cgroup.started.append(holder)
+    os.close(write_end)
+    sleepers = [start_in(group, make_cgroup, ["sleep", "1000"]) for _ in range(60)]
+    watcher = subprocess.Popen([sys.executable, "-c", WATCHER], stdin=read_end, stdout=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: group.join(os.getpid()), start_new_session=True)
+    make_cgroup.started.append(watcher)
+    os.close(read_end)
+    assert watcher.stdout.readline() == "ready\n"  # blocked in its read
+    wait_for_members(group, 62)
+    group.kill_all(timeout_s=10)
+    assert watcher.wait(timeout=10) == -signal.SIGKILL
+    assert {proc.wait(timeout=10) for proc in [holder, *sleepers]} == {-signal.SIGKILL}
+
+
+def test_cpus_caps_the_cgroup_cpu_time(make_cgroup):
+    group = cgroups.create(f"agentrl-test-{uuid.uuid4().hex[:8]}", memory_bytes=256 * MIB, pids=64, cpus=0.25)
+    try:
+        assert group.cpu_limited, group.cpu_unavailable
+        if group.version == 2:
+            assert (group.dirs[0] / "cpu.max").read_text().split() == ["25000", "100000"]
+        else:
+            [cpu] = [folder for folder in group.extra_dirs if (folder / "cpu.cfs_quota_us").exists()]
+            assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "25000"
+    finally:
+        group.kill_all()
+        group.remove()
+    assert not any(folder.exists() for folder in group.dirs + group.extra_dirs)
+
+
 def test_a_host_without_cgroups_is_named_in_one_line(tmp_path):
     with pytest.raises(cgroups.CgroupUnavailable) as caught:
         cgroups.create("agentrl-test-none", memory_bytes=64 * MIB, pids=16, root=tmp_path)
