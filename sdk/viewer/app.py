@@ -19,6 +19,8 @@ rollouts a 404.
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,39 @@ def _number(params: Any, name: str, kind: type, default: Any = None) -> Any:
         raise BadParameter(f"parameter {name}={value!r} is not {expected}") from None
 
 
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float as None (JSON has no NaN or Infinity), walked without recursion."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if not isinstance(value, (dict, list)):
+        return value
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        item = holder[key]
+        if isinstance(item, float) and not math.isfinite(item):
+            holder[key] = None
+        elif isinstance(item, dict):
+            copy = dict(item)
+            holder[key] = copy
+            stack += [(copy, name) for name in copy]
+        elif isinstance(item, list):
+            copy = list(item)
+            holder[key] = copy
+            stack += [(copy, index) for index in range(len(copy))]
+    return root[0]
+
+
+def json_response(content: Any, status_code: int = 200):
+    """A JSON answer whatever the files held: NaN / Infinity as null, text ASCII-escaped (a lone surrogate from a
+    `\\ud800` escape, or a folder name that is not UTF-8, becomes a JSON escape instead of a 500)."""
+    from starlette.responses import Response
+
+    body = json.dumps(json_safe(content), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    return Response(body, status_code=status_code, media_type="application/json")
+
+
 def create_app(paths: list[str | Path]):
     """The viewer app for these run / eval folders (or their parents)."""
     from starlette.applications import Starlette
@@ -58,7 +93,7 @@ def create_app(paths: list[str | Path]):
     from starlette.middleware.base import BaseHTTPMiddleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
     from starlette.requests import Request
-    from starlette.responses import FileResponse, JSONResponse
+    from starlette.responses import FileResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
@@ -68,11 +103,11 @@ def create_app(paths: list[str | Path]):
         return FileResponse(STATIC / "index.html")
 
     async def list_folders(request: Request):
-        return JSONResponse({"folders": [folder.describe() for folder in folders.scan()]})
+        return json_response({"folders": [folder.describe() for folder in folders.scan()]})
 
     async def folder_info(request: Request):
         folder = folders.get(request.path_params["folder"])
-        return JSONResponse({**folder.describe(), "summary": folder.summary(), "config": folder.run_config()})
+        return json_response({**folder.describe(), "summary": folder.summary(), "config": folder.run_config()})
 
     async def metrics(request: Request):
         folder = folders.get(request.path_params["folder"])
@@ -80,7 +115,7 @@ def create_app(paths: list[str | Path]):
         if since < 0:
             raise BadParameter(f"parameter since={since} must be >= 0")
         rows = folder.metrics(since=since)
-        return JSONResponse({"since": since, "rows": rows, "next": since + len(rows)})
+        return json_response({"since": since, "rows": rows, "next": since + len(rows)})
 
     async def rollouts(request: Request):
         folder = folders.get(request.path_params["folder"])
@@ -94,7 +129,7 @@ def create_app(paths: list[str | Path]):
                                          min_reward=_number(params, "min_reward", float),
                                          max_reward=_number(params, "max_reward", float))
         steps = sorted({s["step"] for s in folder.rollouts.summaries() if s["step"] is not None})
-        return JSONResponse({"total": folder.rollouts.count(), "matched": len(matched), "offset": offset,
+        return json_response({"total": folder.rollouts.count(), "matched": len(matched), "offset": offset,
                              "rows": matched[offset: offset + limit], "steps": steps})
 
     async def rollout(request: Request):
@@ -102,7 +137,7 @@ def create_app(paths: list[str | Path]):
         n = _number(request.path_params, "n", int)
         record = folder.rollouts.record(n)
         decode = decoder_for(folder.model())
-        return JSONResponse({"n": n, "folder": folder.id, "record": record,
+        return json_response({"n": n, "folder": folder.id, "record": record,
                              "tokens": token_rows(record, decode=decode), "decoded": decode is not None})
 
     async def compare(request: Request):
@@ -121,15 +156,15 @@ def create_app(paths: list[str | Path]):
                 continue
             tasks.append({"task_key": key, "prompt": left[0]["prompt"], "a": left, "b": right,
                           "a_reward": _mean(left), "b_reward": _mean(right)})
-        return JSONResponse({"a": sides[0].describe(), "b": sides[1].describe(), "tasks": tasks,
+        return json_response({"a": sides[0].describe(), "b": sides[1].describe(), "tasks": tasks,
                              "only_a": len(grouped[0]) - len(tasks),
                              "only_b": len(set(grouped[1]) - set(grouped[0]))})
 
     async def not_found(request: Request, error: Exception):
-        return JSONResponse({"error": str(error)}, status_code=404)
+        return json_response({"error": str(error)}, status_code=404)
 
     async def bad_request(request: Request, error: Exception):
-        return JSONResponse({"error": str(error)}, status_code=400)
+        return json_response({"error": str(error)}, status_code=400)
 
     class SecurityHeaders(BaseHTTPMiddleware):
         async def dispatch(self, request, call_next):

@@ -58,7 +58,17 @@ class Folder:
         """A run's step metrics from row `since` on ([] for an evaluation)."""
         if self.kind != "run":
             return []
-        return read_metrics(self.path / "metrics.jsonl")[since:]
+        try:
+            return read_metrics(self.path / "metrics.jsonl")[since:]
+        except ValueError:  # not UTF-8: the lines that still parse, with the bad bytes replaced
+            text = (self.path / "metrics.jsonl").read_bytes().decode("utf-8", errors="replace")
+            rows = []
+            for line in text.splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+            return rows[since:]
 
     def summary(self) -> dict[str, Any] | None:
         """An evaluation's summary.json (None while it runs, or for a run)."""
@@ -67,7 +77,7 @@ class Folder:
             return None
         try:
             return json.loads(path.read_text())
-        except (json.JSONDecodeError, OSError):
+        except (ValueError, OSError):  # ValueError: not JSON, or not UTF-8
             return None
 
     def run_config(self) -> dict[str, Any]:
@@ -76,7 +86,7 @@ class Folder:
             return {}
         try:
             return tomllib.loads((self.path / "config.toml").read_text())
-        except (tomllib.TOMLDecodeError, OSError):
+        except (ValueError, OSError):  # ValueError: not TOML, or not UTF-8
             return {}
 
     def model(self) -> str | None:

@@ -98,7 +98,7 @@ class RolloutIndex:
                 start, position = position, position + len(line)
                 try:
                     record = json.loads(line)
-                except json.JSONDecodeError:
+                except ValueError:  # not JSON, or not UTF-8
                     continue
                 if isinstance(record, dict):
                     summary = summarize_record(record)
