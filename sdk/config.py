@@ -276,14 +276,25 @@ def load_config(model: type[ConfigT], path: str | Path | None = None, *, overrid
     if path is not None:
         path = Path(path)
         source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        text = path.read_text()
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"{path}: malformed TOML: {error}") from None
+        data, text = read_toml(path)
     return config_from_dict(model, data, source=source, text=text, overrides=overrides)
+
+
+def read_toml(path: str | Path) -> tuple[dict[str, Any], str]:
+    """A TOML config file's table and text; one-line errors when it is missing, not UTF-8 or not TOML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read it ({error.strerror})") from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: malformed TOML: {error}") from None
 
 
 def _drop_none(value: Any) -> Any:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 import time
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 import httpx
 from agentrl.config import BaseConfig
-from agentrl.errors import AgentrlError
+from agentrl.errors import AgentrlError, ConfigError
 from agentrl.eval_summary import EvalSummary, pass_at_k, summarize
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Rollout
@@ -210,11 +211,14 @@ async def evaluate_async(
         raise AgentrlError(f"environment {env.name!r}: split {config.split!r} has no tasks")
     output = Path(config.output) if config.output else default_output_dir(env.name, config.model)
     results_file = output / "results.jsonl"
-    if results_file.exists() and results_file.stat().st_size > 0:
-        raise AgentrlError(f"{results_file} already exists; choose another --output so earlier results are kept")
+    check_output_dir(output)
     if server_startup_s is None:
         await _check_reachable(config.base_url)
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"output {output}: cannot create the folder ({error.strerror}); give a writable folder "
+                          "with -o") from None
 
     kind, client = await _make_client(config, config.base_url, started_here=server_startup_s is not None)
     if on_start is not None:
@@ -226,9 +230,13 @@ async def evaluate_async(
     async def run(index: int) -> None:
         group = await run_group(tasks[index])
         groups[index] = group
-        with open(results_file, "a") as handle:
-            for member, rollout in enumerate(group):
-                handle.write(json.dumps(result_record(index, member, rollout)) + "\n")
+        lines = "".join(json.dumps(result_record(index, member, rollout)) + "\n" for member, rollout in enumerate(group))
+        try:
+            with open(results_file, "a") as handle:
+                handle.write(lines)
+        except OSError as error:  # a full disk: stop; the groups written so far stay
+            raise AgentrlError(f"{results_file}: cannot write results ({error.strerror}); the evaluation stopped, "
+                               "the results written before are kept") from None
         if on_group is not None:
             on_group(group)
 
@@ -247,8 +255,28 @@ async def evaluate_async(
     )
     summary.server_startup_s = server_startup_s
     summary.output_dir = str(output)
-    (output / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n")
+    try:
+        (output / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n")
+    except OSError as error:
+        raise AgentrlError(f"{output / 'summary.json'}: cannot write the summary ({error.strerror}); "
+                           f"{results_file} holds every result") from None
     return summary
+
+
+def check_output_dir(output: Path) -> None:
+    """One-line errors, before any start-up, for an output that cannot be a results folder: a file, a path through
+    a file, an existing results.jsonl, or a place this process cannot write (nothing is created here)."""
+    results_file = output / "results.jsonl"
+    probe = output
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"output {output}: {probe} is a file, not a folder; give a folder with -o")
+    if results_file.exists() and results_file.stat().st_size > 0:
+        raise AgentrlError(f"{results_file} already exists; choose another --output so earlier results are kept")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"output {output}: {probe} is not writable (read-only, or not this user's); give a "
+                          "writable folder with -o")
 
 
 def evaluate(
@@ -311,6 +339,7 @@ def run_evaluation(
         )
     if environment is None:
         environment = load_environment(config.env, **config.env_args)  # unknown names fail before any server
+    check_output_dir(Path(config.output) if config.output else default_output_dir(environment.name, config.model))
     server = None
     if config.base_url is None:
         resolve_model(config.model)  # unknown models fail with the list of presets

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from agentrl.config import BaseConfig
+from pydantic import Field
 from agentrl.types import Message, Turn
 
 __all__ = ["SamplingConfig", "ChatClient"]
@@ -20,13 +21,13 @@ __all__ = ["SamplingConfig", "ChatClient"]
 class SamplingConfig(BaseConfig):
     """How completions are sampled."""
 
-    max_tokens: int = 128
-    """Most tokens generated per model call."""
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    top_k: int = -1
+    max_tokens: int = Field(default=128, ge=1)
+    """Most tokens generated per model call (at least 1)."""
+    temperature: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    """Softmax temperature; 0 means greedy (a finite number, not negative)."""
+    top_p: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = Field(default=-1, ge=-1)
     """Sample among the k most likely tokens (-1: all)."""
     seed: int | None = None
     """Per-request seed for reproducible sampling."""

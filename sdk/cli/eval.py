@@ -95,17 +95,9 @@ def register(app: typer.Typer) -> None:
         sampling = {"max_tokens": max_tokens, "temperature": temperature}
         data, text, source = {}, "", "<defaults>"
         if config is not None:
-            import tomllib
+            from agentrl.config import read_toml
 
-            from agentrl.errors import ConfigError
-
-            if not config.is_file():
-                raise ConfigError(f"{config}: config file not found")
-            text, source = config.read_text(), str(config)
-            try:
-                data = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as error:
-                raise ConfigError(f"{config}: malformed TOML: {error}") from None
+            (data, text), source = read_toml(config), str(config)
         data.update({key: value for key, value in flags.items() if value is not None})
         if any(value is not None for value in sampling.values()):
             table = data.setdefault("sampling", {})

@@ -39,12 +39,12 @@ def run(
         variables[key] = value
     config = config_from_dict(SandboxConfig, {
         "type": backend, "image": image, "runtime": runtime, "memory_mb": memory_mb, "cpus": cpus,
-        "network": network, "workdir": workdir, "env": variables,
+        "network": network, "workdir": workdir, "env": variables, "exec_timeout_s": timeout,
     }, source="agentrl sandbox run")
 
     async def go():
         async with create_sandbox(config) as sandbox:
-            return await sandbox.exec(argv if len(argv) > 1 else argv[0], timeout=timeout)
+            return await sandbox.exec(argv if len(argv) > 1 else argv[0])
 
     result = asyncio.run(go())
     sys.stdout.write(result.stdout)

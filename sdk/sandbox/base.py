@@ -28,7 +28,8 @@ __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxEr
            "limit_not_enforced", "network_not_available"]
 
 BASE_IMAGE = "agentrl-base:bookworm"
-QUICK_READ_BYTES = 4 * 1024 * 1024  # reads try this cap first (fast paths), then max_file_bytes
+QUICK_READ_BYTES = 4 * 1024 * 1024
+MAX_TIMEOUT_S = 7 * 86_400.0  # a week: any longer command timeout is a mistake (and 1e30 overflows the clocks)  # reads try this cap first (fast paths), then max_file_bytes
 
 
 def default_owner() -> str:
@@ -47,7 +48,7 @@ class SandboxConfig(BaseConfig):
     """Docker OCI runtime: 'runsc' (gVisor) is recommended for untrusted code; 'runc' is the default."""
     rootfs: str | None = None
     """bwrap only: root filesystem tree (default: the base image's debootstrap tree)."""
-    cpus: float = Field(default=1.0, gt=0)
+    cpus: float = Field(default=1.0, gt=0, le=4096, allow_inf_nan=False)
     """CPU limit in cores."""
     memory_mb: int = Field(default=1024, gt=0)
     """Memory limit in MiB (no swap beyond it); a process exceeding it is killed."""
@@ -73,7 +74,7 @@ class SandboxConfig(BaseConfig):
     """Working directory of commands (created when missing)."""
     user: str | None = "1000:1000"
     """User commands run as ('uid:gid' or a name); None keeps the image's user (often root)."""
-    exec_timeout_s: float = Field(default=60.0, gt=0)
+    exec_timeout_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S)
     """Default per-command timeout in seconds; the command and its children are killed at it."""
     max_output_bytes: int = Field(default=1_000_000, gt=0)
     """Per-stream cap on stdout/stderr kept from one command; the rest is read and dropped."""
@@ -83,7 +84,7 @@ class SandboxConfig(BaseConfig):
     """Shell a string command runs under."""
     owner: str | None = None
     """Run id put in the `agentrl.owner` label (default `$AGENTRL_RUN_ID` or pid-<pid>)."""
-    startup_timeout_s: float = Field(default=60.0, gt=0)
+    startup_timeout_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S)
     """How long creating a sandbox may take."""
     e2b_api_key: str | None = None
     """e2b only: API key (default `$E2B_API_KEY`)."""
@@ -251,6 +252,8 @@ class Sandbox(ABC):
         """Run a command (a shell string or an argv list) and return raw bytes output."""
         if self.closed:
             raise SandboxError(f"sandbox {self.id or '?'} is closed")
+        if timeout is not None and not 0 < timeout <= MAX_TIMEOUT_S:  # also NaN
+            raise SandboxError(f"exec timeout {timeout!r}: give seconds in (0, {MAX_TIMEOUT_S:g}]")
         started = time.monotonic()
         result = await self._run(
             self._argv(cmd),
