@@ -280,3 +280,17 @@ def home(folder: Path) -> Path:
         "solution/solve.sh": "#!/bin/bash\nmkdir -p /root/.config/harbor\n"
                              "echo 42 > /root/.config/harbor/answer\n",
     })
+
+
+def built_package(task_folder: Path, out: Path, *, name: str, docker_client):
+    """Import a Harbor task folder as package `name` and build its image `name:0.1.0` (on the base image); a
+    generator for module fixtures: yields the package folder, removes the image afterwards."""
+    from agentrl.hub.harbor import import_harbor_task
+    from agentrl.hub.images import build_image
+    from agentrl.sandbox.base_image import build_base_image
+
+    build_base_image()
+    package = import_harbor_task(task_folder, out=out, name=name)
+    build_image(package, dockerfile="environment/Dockerfile", tag=f"{name}:0.1.0")
+    yield package
+    docker_client.images.remove(f"{name}:0.1.0", force=True)

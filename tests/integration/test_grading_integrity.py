@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harbor_tasks import built_package
 from sandbox_backends import DOCKER_BACKENDS
 
 from tests.fakes.hub_fixtures import docker_client, remove_images  # noqa: F401
@@ -68,16 +69,8 @@ def bash_call(command: str) -> dict:
 
 @pytest.fixture(scope="module")
 def harbor_package(tmp_path_factory, docker_client):  # noqa: F811
-    from agentrl.hub.harbor import import_harbor_task
-    from agentrl.hub.images import build_image
-    from agentrl.sandbox.base_image import build_base_image
-
-    build_base_image()
     root = tmp_path_factory.mktemp("grading")
-    package = import_harbor_task(write_task(root / "exec-task"), out=root / "pkg", name="harbor-exec-task")
-    build_image(package, dockerfile="environment/Dockerfile", tag="harbor-exec-task:0.1.0")
-    yield package
-    docker_client.images.remove("harbor-exec-task:0.1.0", force=True)
+    yield from built_package(write_task(root / "exec-task"), root / "pkg", name="harbor-exec-task", docker_client=docker_client)
 
 
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)

@@ -21,22 +21,14 @@ import os
 from pathlib import Path
 
 import pytest
+from harbor_tasks import built_package
 from sandbox_backends import DOCKER_BACKENDS
+from test_grading_integrity import TASK_TOML, bash_call
 
 from tests.fakes.hub_fixtures import docker_client  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-TASK_TOML = """version = "1.0"
-[verifier]
-timeout_sec = 60.0
-[agent]
-timeout_sec = 120.0
-[environment]
-cpus = 1
-memory = "512M"
-storage = "1G"
-"""
 DOCKERFILE = """FROM agentrl-base:bookworm
 WORKDIR /app
 COPY calc.py /app/calc.py
@@ -86,11 +78,6 @@ def write_task(folder: Path) -> Path:
     return folder
 
 
-def bash_call(command: str) -> dict:
-    return {"content": "", "tool_calls": [{"id": "call_0", "type": "function",
-                                           "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
-
-
 def plant(source: str) -> str:
     return f"cat > /app/calc.py <<'AGENTRL_EOF'\n{source}AGENTRL_EOF\necho planted"
 
@@ -108,16 +95,8 @@ CHEATS = {
 
 @pytest.fixture(scope="module")
 def harbor_package(tmp_path_factory, docker_client):  # noqa: F811
-    from agentrl.hub.harbor import import_harbor_task
-    from agentrl.hub.images import build_image
-    from agentrl.sandbox.base_image import build_base_image
-
-    build_base_image()
     root = tmp_path_factory.mktemp("redteam-harbor")
-    package = import_harbor_task(write_task(root / "calc-task"), out=root / "pkg", name="harbor-redteam-calc")
-    build_image(package, dockerfile="environment/Dockerfile", tag="harbor-redteam-calc:0.1.0")
-    yield package
-    docker_client.images.remove("harbor-redteam-calc:0.1.0", force=True)
+    yield from built_package(write_task(root / "calc-task"), root / "pkg", name="harbor-redteam-calc", docker_client=docker_client)
 
 
 def record(cheat: str, backend: str, rollout) -> None:
