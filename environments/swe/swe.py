@@ -154,14 +154,15 @@ class SweEnv(SandboxEnv):
 
     def __init__(self, *, command_timeout_s: float = 60.0, max_total_command_s: float | None = 1800.0,
                  test_timeout_s: float = 180.0, max_parallel_sandboxes: int = 2, runtime: str = "runc",
-                 cpus: float = 1.0, memory_mb: int = 2048, compact_tools: bool = False, **kwargs: Any) -> None:
+                 cpus: float = 1.0, memory_mb: int = 2048, compact_tools: bool = False, sandbox_type: str = "docker",
+                 **kwargs: Any) -> None:
         rubric = Rubric(
             funcs=[solved, fail_to_pass, pass_to_pass, patch_applied, empty_patch, tests_timed_out,
                    test_files_reverted, submitted],
             weights=[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
         )
         config = sandbox_config("agentrl-swe/unset:0", cpus=cpus, memory_mb=memory_mb,
-                                default_timeout_s=command_timeout_s, runtime=runtime)
+                                default_timeout_s=command_timeout_s, runtime=runtime, sandbox_type=sandbox_type)
         config.env["BASH_ENV"] = AGENT_BASH_ENV  # every bash command of the agent runs in the images' conda env
         super().__init__(sandbox=config, rubric=rubric, max_command_timeout_s=command_timeout_s,
                          max_total_command_s=max_total_command_s, **kwargs)
@@ -247,7 +248,7 @@ class SweEnv(SandboxEnv):
         instance = self.instance(rollout.task)
         config = self._base_sandbox_config
         options = {"timeout_s": self.test_timeout_s, "cpus": config.cpus, "memory_mb": config.memory_mb,
-                   "runtime": config.runtime}
+                   "runtime": config.runtime, "sandbox_type": config.type}
         if self._gate is None:
             return await grade(instance, rollout.state.get("diff", ""), **options)
         async with self._gate:
@@ -285,7 +286,7 @@ def load_environment(*, data_path: str | None = None, data_dir: str | None = Non
                      command_timeout_s: float = 60.0, max_total_command_s: float | None = 1800.0,
                      test_timeout_s: float = 180.0, max_parallel_sandboxes: int = 2, runtime: str = "runc",
                      system_prompt: str | None = None, compact: bool = False,
-                     max_problem_chars: int | None = None) -> SweEnv:
+                     max_problem_chars: int | None = None, sandbox_type: str = "docker") -> SweEnv:
     """The swe environment: the committed splits, SWE-bench style rows from `data_path` (as 'test' and 'train'), or
     from `data_files` (split name -> jsonl). Rows without an image get SWE-bench's name under `image_namespace`
     (default `swebench`, $AGENTRL_SWEBENCH_NAMESPACE; '' for locally built `sweb.eval.x86_64.<id>:latest`).
@@ -294,6 +295,9 @@ def load_environment(*, data_path: str | None = None, data_dir: str | None = Non
     system prompt, only the bash and submit tools with short schemas, problem statements
     cut to COMPACT_PROBLEM_CHARS (or `max_problem_chars`), tool output cut to
     COMPACT_TOOL_OUTPUT_CHARS, and COMPACT_MAX_TURNS turns unless `max_turns` is given.
+
+    `sandbox_type='bwrap'` runs the task images under bubblewrap (their trees exported from the local Docker
+    engine) instead of Docker.
     """
     if max_turns is None:
         max_turns = COMPACT_MAX_TURNS if compact else 30
@@ -324,5 +328,6 @@ def load_environment(*, data_path: str | None = None, data_dir: str | None = Non
         max_completion_tokens=max_completion_tokens, max_seconds=max_seconds,
         command_timeout_s=command_timeout_s, max_total_command_s=max_total_command_s, test_timeout_s=test_timeout_s,
         max_parallel_sandboxes=max_parallel_sandboxes, runtime=runtime, compact_tools=compact,
+        sandbox_type=sandbox_type,
         **({"max_tool_output_chars": COMPACT_TOOL_OUTPUT_CHARS} if compact else {}),
     )

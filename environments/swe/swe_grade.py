@@ -175,7 +175,7 @@ async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout
 
 
 async def grade(instance: SweInstance, diff: str, *, timeout_s: float = 180.0, cpus: float = 1.0,
-                memory_mb: int = 1024, runtime: str = "runc") -> GradeResult:
+                memory_mb: int = 1024, runtime: str = "runc", sandbox_type: str = "docker") -> GradeResult:
     """Grade `diff` in a fresh sandbox started from the task's image.
 
     A row that cannot be graded at all (no test command for its runner, an unknown log parser, the swebench
@@ -184,7 +184,8 @@ async def grade(instance: SweInstance, diff: str, *, timeout_s: float = 180.0, c
     started = time.monotonic()
     spec = grading_spec(instance)
     try:
-        async with open_sandbox(instance.image_name, cpus=cpus, memory_mb=memory_mb, runtime=runtime) as sandbox:
+        async with open_sandbox(instance.image_name, cpus=cpus, memory_mb=memory_mb, runtime=runtime,
+                                sandbox_type=sandbox_type) as sandbox:
             await prepare_repository(sandbox, instance)
             result = await grade_in_sandbox(sandbox, instance, diff, timeout_s=timeout_s, spec=spec)
     except AgentrlError as exc:

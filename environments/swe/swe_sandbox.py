@@ -48,24 +48,28 @@ SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "HOME": "/
 
 
 def sandbox_config(image: str, *, cpus: float = 1.0, memory_mb: int = 1024, pids: int = 256,
-                   disk_mb: int = 2048, default_timeout_s: float = 120.0, runtime: str = "runc"):
-    """The `agentrl.sandbox.SandboxConfig` of a task sandbox: no network, repository at /testbed."""
+                   disk_mb: int = 2048, default_timeout_s: float = 120.0, runtime: str = "runc",
+                   sandbox_type: str = "docker"):
+    """The `agentrl.sandbox.SandboxConfig` of a task sandbox: no network, repository at /testbed (`sandbox_type`
+    'bwrap': the image's exported tree under bubblewrap)."""
     from agentrl.sandbox import SandboxConfig
 
     return SandboxConfig(
-        image=image, workdir="/testbed", cpus=cpus, memory_mb=memory_mb, pids_limit=pids, disk_mb=disk_mb,
+        type=sandbox_type, image=image, workdir="/testbed", cpus=cpus, memory_mb=memory_mb, pids_limit=pids,
+        disk_mb=disk_mb,
         exec_timeout_s=default_timeout_s, network=False, runtime=runtime, env=dict(SANDBOX_ENV),
     )
 
 
 @contextlib.asynccontextmanager
 async def open_sandbox(image: str, *, cpus: float = 1.0, memory_mb: int = 1024, pids: int = 256,
-                       default_timeout_s: float = 120.0, runtime: str = "runc") -> AsyncIterator[Any]:
+                       default_timeout_s: float = 120.0, runtime: str = "runc",
+                       sandbox_type: str = "docker") -> AsyncIterator[Any]:
     """Start a sandbox from `image` (no network) and destroy it on exit, also on errors."""
     from agentrl.sandbox import SandboxError, create_sandbox
 
     config = sandbox_config(image, cpus=cpus, memory_mb=memory_mb, pids=pids,
-                            default_timeout_s=default_timeout_s, runtime=runtime)
+                            default_timeout_s=default_timeout_s, runtime=runtime, sandbox_type=sandbox_type)
     sandbox = create_sandbox(config)
     try:
         await sandbox.start()

@@ -51,6 +51,7 @@ from pathlib import Path
 from agentrl.sandbox import cgroups
 from agentrl.sandbox.archive import remove_tree
 from agentrl.sandbox.base import (
+    BASE_IMAGE,
     CappedBuffer,
     RawExecResult,
     Sandbox,
@@ -133,6 +134,15 @@ def _unmount(path: Path) -> None:
     raise SandboxError(f"cannot unmount the bwrap sandbox tmpfs at {path}: {done.stderr.strip()}")
 
 
+def _seed_workdir(source: Path, work: Path, uid: int) -> None:
+    """Copy the image's workdir content into the sandbox's writable workdir, owned by the sandbox's host uid."""
+    for command in (["cp", "-a", "--no-preserve=ownership", f"{source}/.", str(work)],
+                    ["chown", "-R", "--no-dereference", f"{uid}:{uid}", str(work)]):
+        done = subprocess.run(command, capture_output=True, text=True, env=BWRAP_ENV, timeout=300)
+        if done.returncode != 0:
+            raise SandboxError(f"bwrap: seeding the workdir from the image: {done.stderr.strip()[-200:]}")
+
+
 def _cgroup_name(sandbox_id: str) -> str:
     """The sandbox's cgroup name: prefix, owning pid and its start time (for orphan checks), sandbox id."""
     pid = os.getpid()
@@ -206,6 +216,8 @@ class BwrapSandbox(Sandbox):
         self.disk_mounted = False
         self.disable_userns = False
         self._procs: set[asyncio.subprocess.Process] = set()
+        self.image_env: dict[str, str] = {}
+        """The image's ENV (another image than the base): set under the sandbox's own variables."""
 
     async def _start(self) -> None:
         from agentrl.sandbox.base_image import rootfs_dir
@@ -216,7 +228,13 @@ class BwrapSandbox(Sandbox):
         if bwrap is None:
             raise SandboxError("sandbox type 'bwrap': bubblewrap is not installed; run: apt-get install bubblewrap")
         self.bwrap = bwrap
-        rootfs = Path(cfg.rootfs) if cfg.rootfs else rootfs_dir()
+        if cfg.rootfs or cfg.image == BASE_IMAGE:
+            rootfs = Path(cfg.rootfs) if cfg.rootfs else rootfs_dir()
+        else:  # another local Docker image: its exported tree, ENV and workdir content
+            from agentrl.sandbox.image_rootfs import image_rootfs
+
+            exported = await asyncio.to_thread(image_rootfs, cfg.image)
+            rootfs, self.image_env = exported.path, exported.env
         if not (rootfs / "bin" / "sh").exists():
             raise SandboxError(
                 f"sandbox type 'bwrap': rootfs {rootfs} is missing or not a root filesystem; "
@@ -255,6 +273,9 @@ class BwrapSandbox(Sandbox):
         for name in WRITABLE_DIRS:
             (self.disk / name).mkdir()
             os.chown(self.disk / name, self.host_uid, self.host_uid)
+        seed = self.rootfs / cfg.workdir.lstrip("/")
+        if cfg.workdir.strip("/") and seed.is_dir() and not seed.is_symlink():  # the image's workdir content
+            await asyncio.to_thread(_seed_workdir, seed, self.disk / "work", self.host_uid)
 
     def _bwrap_argv(self, argv: list[str], *, cwd: str, env: dict[str, str]) -> list[str]:
         cfg = self.config
@@ -277,7 +298,7 @@ class BwrapSandbox(Sandbox):
             args.insert(1, "--unshare-net")
         base_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/home/agent",
                     "LANG": "C.UTF-8", "USER": "agent"}
-        for key, value in {**base_env, **env}.items():
+        for key, value in {**base_env, **self.image_env, **env}.items():
             args += ["--setenv", key, value]
         return [*args, "--", *argv]
 

@@ -31,7 +31,7 @@ from agentrl.sampling import SamplingConfig
 from swe_testlib import build_sample_images, sample_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "integration"))
-from sandbox_backends import DOCKER_BACKENDS
+from sandbox_backends import BACKENDS  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 SAMPLING = SamplingConfig(max_tokens=100_000)
@@ -149,15 +149,32 @@ def record(cheat: str, backend: str, rollout) -> None:
                                      "tamper": rollout.metrics.get("grader/tamper_suspected")}) + "\n")
 
 
-@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+def _env(sample_file, backend):
+    return agentrl.load_environment("swe", data_path=str(sample_file), max_turns=4,
+                                    runtime=backend.get("runtime", "runc"), sandbox_type=backend["type"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_swe_oracle_still_scores_one(sample_file, backend):
+    from agentrl.loader import import_package_attr
+
+    env = _env(sample_file, backend)
+    [task] = env.tasks("test")
+    oracle = import_package_attr(env.path, "swe:oracle_policy", package_name=env.name)(data_path=sample_file)
+    [rollout] = await env.run_group(oracle, task, n=1, sampling=SAMPLING)
+    assert rollout.error is None and rollout.reward == 1.0, rollout.state.get("grade_error")
+    assert rollout.metrics["grader/tamper_suspected"] == 0.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("cheat", CHEATS)
 async def test_swe_cheat_scores_zero(sample_file, backend, cheat):
-    env = agentrl.load_environment("swe", data_path=str(sample_file), max_turns=4, runtime=backend["runtime"])
+    env = _env(sample_file, backend)
     [task] = env.tasks("test")
     test_file = task.info["FAIL_TO_PASS"][0].split("::")[0]
     policy = cheat_policy(cheat, task.info["mutation"]["file"], test_file)
     [rollout] = await env.run_group(policy, task, n=1, sampling=SAMPLING)
-    record(cheat, backend["runtime"], rollout)
+    record(cheat, backend.get("runtime", "bwrap"), rollout)
     assert rollout.error is None, rollout.error
     assert "[exit code" not in rollout.messages[-3].content or "exit code 0" in rollout.messages[-3].content
     assert rollout.state["diff"].strip()  # the cheat is in the graded diff
