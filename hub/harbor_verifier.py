@@ -105,7 +105,8 @@ _REWARD_FILES = ("reward.json", "reward.txt")
 # children: what the tests left running when test.sh exited (zombies do not count: they cannot write).
 _SURVIVORS = (
     "self=$$; chain=\" $$ \"; p=$$; while [ \"$p\" -gt 1 ] 2>/dev/null; do "
-    "p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); [ -n \"$p\" ] || break; chain=\"$chain$p \"; done; "
+    "p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); [ -n \"$p\" ] || break; "
+    "chain=\"$chain$p \"; done; "
     "n=0; for d in /proc/[0-9]*; do q=${d#/proc/}; case \"$chain\" in *\" $q \"*) continue;; esac; "
     "s=$(sed -n 's/^State:[[:space:]]*\\(.\\).*/\\1/p;s/^PPid:[[:space:]]*//p' $d/status 2>/dev/null | tr '\\n' ' '); "
     "case \"$s\" in ''|Z*|*\" $self \") continue;; esac; n=$((n+1)); done"

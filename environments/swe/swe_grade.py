@@ -22,7 +22,6 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import asdict, dataclass
-
 from typing import Any
 
 from agentrl.errors import AgentrlError

@@ -71,7 +71,8 @@ _token = os.environ.pop("AGENTRL_SWE_TOKEN", "")
 def _set(nodeid, outcome):
     if _outcomes.get(nodeid) != outcome:
         _outcomes[nodeid] = outcome
-        os.write(_stream, ("\\n%s:%s %s\\n" % (''' + repr(STREAM_PREFIX) + ''', _token, json.dumps([nodeid, outcome]))).encode())
+        line = "\\n%s:%s %s\\n" % (''' + repr(STREAM_PREFIX) + ''', _token, json.dumps([nodeid, outcome]))
+        os.write(_stream, line.encode())
 def pytest_runtest_logreport(report):
     previous = _outcomes.get(report.nodeid)
     if report.failed:
@@ -88,7 +89,8 @@ def pytest_sessionfinish(session, exitstatus):
         json.dump(_outcomes, handle)
 '''
 
-_PYTEST_START = re.compile(r"^((?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*)(?:(\S*python[0-9.]*)\s+-m\s+pytest|pytest|py\.test)(?=\s|$)")
+_PYTEST_START = re.compile(r"^((?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*)"  # VAR=value assignments
+                           r"(?:(\S*python[0-9.]*)\s+-m\s+pytest|pytest|py\.test)(?=\s|$)")
 
 
 def safe_pytest_command(test_command: str) -> str | None:
