@@ -60,7 +60,7 @@ class HarborTaskEnv(ToolEnv):
 
     def __init__(self, *, package_dir: str | Path, command_timeout_s: float = 600.0, runtime: str = "runc",
                  writable_root: str | None = None, carry_paths: str | list[str] | None = None,
-                 allow_env: str | list[str] | None = None, **kwargs: Any) -> None:
+                 allow_env: str | list[str] | None = None, sandbox_type: str = "docker", **kwargs: Any) -> None:
         self.package_dir = Path(package_dir)
         self.manifest = load_manifest(self.package_dir)
         if self.manifest.sandbox is None:
@@ -70,6 +70,8 @@ class HarborTaskEnv(ToolEnv):
         """Most seconds one bash call may take (also bounded by the agent's remaining budget)."""
         self.runtime = runtime
         """Docker runtime ('runc', or 'runsc' for gVisor)."""
+        self.sandbox_type = sandbox_type
+        """Sandbox backend: 'docker', or 'bwrap' (the task image's tree under bubblewrap, commands as uid 1000)."""
         self.writable_root = writable_root or str(self.manifest.env_args.get("writable_root", "never"))
         """Phases whose sandbox gets a writable root: 'never', 'verifier' or 'always'."""
         if self.writable_root not in ("never", "verifier", "always"):
@@ -136,7 +138,7 @@ class HarborTaskEnv(ToolEnv):
         policy = step.agent_network if phase == "agent" else step.verifier_network
         writable = self.writable_root == "always" or self.writable_root == phase == "verifier"
         return SandboxConfig(
-            image=self.image(task), workdir=harbor.workdir or "/app", runtime=self.runtime,
+            type=self.sandbox_type, image=self.image(task), workdir=harbor.workdir or "/app", runtime=self.runtime,
             user=step.agent_user if phase == "agent" else step.verifier_user,
             network=policy.mode == "public",
             env=resolve_env(harbor.env, where=f"{harbor.folder}: [environment] env", allowed=self.allow_env),

@@ -15,7 +15,8 @@ How each limit holds for the sandbox as a whole:
   process that passes it is killed by the kernel's OOM killer. Without a writable cgroup
   (`unenforceable_limits` says whether to refuse or warn), RLIMIT_AS caps each process
   and RLIMIT_NPROC the sandbox's host uid instead.
-- disk_mb: work, tmp, home and shm are folders of one tmpfs of `disk_mb` MiB mounted on the
+- disk_mb: work, tmp, home, shm (and the other `writable_paths`, their mount points made in
+  the cached rootfs trees where missing) are folders of one tmpfs of `disk_mb` MiB mounted on the
   host in the sandbox's folder (executable; nosuid, nodev), so the cap is their total. Its
   pages are memory and are charged to the sandbox's cgroup, so files count toward
   memory_mb as well. /dev itself is remounted read-only. If the tmpfs cannot be mounted,
@@ -220,7 +221,7 @@ class BwrapSandbox(Sandbox):
         """The image's ENV (another image than the base): set under the sandbox's own variables."""
 
     async def _start(self) -> None:
-        from agentrl.sandbox.base_image import rootfs_dir
+        from agentrl.sandbox.base_image import cache_root, rootfs_dir
 
         await _startup_gc()
         cfg = self.config
@@ -273,9 +274,21 @@ class BwrapSandbox(Sandbox):
         for name in WRITABLE_DIRS:
             (self.disk / name).mkdir()
             os.chown(self.disk / name, self.host_uid, self.host_uid)
+        for index, path in enumerate(self._extra_writable()):
+            (self.disk / f"extra{index}").mkdir()
+            os.chown(self.disk / f"extra{index}", self.host_uid, self.host_uid)
+            point = self.rootfs / path.lstrip("/")
+            if not point.is_dir() and self.rootfs.is_relative_to(cache_root()):  # a mount point in our own tree
+                point.mkdir(parents=True, exist_ok=True)
         seed = self.rootfs / cfg.workdir.lstrip("/")
         if cfg.workdir.strip("/") and seed.is_dir() and not seed.is_symlink():  # the image's workdir content
             await asyncio.to_thread(_seed_workdir, seed, self.disk / "work", self.host_uid)
+
+    def _extra_writable(self) -> list[str]:
+        """`writable_paths` besides the workdir, /tmp and home: empty folders of the sandbox's tmpfs."""
+        fixed = {"/tmp", "/home/agent", self.config.workdir.rstrip("/") or "/"}
+        paths = [path.rstrip("/") for path in self.config.writable_paths]
+        return [path for path in dict.fromkeys(paths) if path and path not in fixed]
 
     def _bwrap_argv(self, argv: list[str], *, cwd: str, env: dict[str, str]) -> list[str]:
         cfg = self.config
@@ -290,8 +303,11 @@ class BwrapSandbox(Sandbox):
             "--bind", str(self.disk / "home"), "/home/agent",
             "--bind", str(self.disk / "shm"), "/dev/shm",
             "--remount-ro", "/dev",  # bwrap's /dev is a tmpfs of its own, writable and unlimited
-            "--chdir", cwd, "--clearenv",
         ]
+        for index, path in enumerate(self._extra_writable()):
+            if (self.rootfs / path.lstrip("/")).is_dir():
+                args += ["--bind", str(self.disk / f"extra{index}"), path]
+        args += ["--chdir", cwd, "--clearenv"]
         if self.disable_userns:
             args.insert(2, "--disable-userns")
         if not cfg.network:

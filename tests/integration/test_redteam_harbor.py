@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from harbor_tasks import built_package
-from sandbox_backends import DOCKER_BACKENDS
+from sandbox_backends import BACKENDS
 from test_grading_integrity import TASK_TOML, bash_call
 
 from tests.fakes.hub_fixtures import docker_client  # noqa: F401
@@ -116,12 +116,17 @@ async def _run(env, policy):
     return rollout
 
 
-@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
-async def test_harbor_oracle_still_scores_one(backend, harbor_package):
+def _env(package, backend):
     import agentrl
+
+    return agentrl.load_environment(package, runtime=backend.get("runtime", "runc"), sandbox_type=backend["type"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_harbor_oracle_still_scores_one(backend, harbor_package):
     from agentrl.hub.harbor_env import harbor_oracle_policy
 
-    env = agentrl.load_environment(harbor_package, runtime=backend["runtime"])
+    env = _env(harbor_package, backend)
     rollout = await _run(env, harbor_oracle_policy(harbor_package))
     assert rollout.error is None and rollout.reward == 1.0, (rollout.error, rollout.state.get("verifier_error"))
     assert rollout.metrics["verifier_ran"] == 1.0 and rollout.metrics["grader/tamper_suspected"] == 0.0
@@ -129,9 +134,9 @@ async def test_harbor_oracle_still_scores_one(backend, harbor_package):
 
 def _cheat_cases():
     for cheat in sorted(CHEATS):
-        for backend in DOCKER_BACKENDS:
+        for backend in BACKENDS:
             marks = list(backend.marks)
-            if cheat == "many_files" and backend.values[0]["runtime"] == "runsc":
+            if cheat == "many_files" and backend.values[0].get("runtime") == "runsc":
                 # gVisor takes ~80 s to write 200,001 files; the count cap is checked on the host, the same for all
                 marks.append(pytest.mark.skip(reason="200,001 files take ~80 s under gVisor; runc covers the cap"))
             yield pytest.param(cheat, backend.values[0], id=f"{cheat}-{backend.id}", marks=marks)
@@ -141,13 +146,12 @@ def _cheat_cases():
 async def test_harbor_cheat_scores_zero(backend, cheat, harbor_package, tmp_path, monkeypatch):
     import tempfile
 
-    import agentrl
     from agentrl.policies import ScriptedPolicy
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the grader's host staging folders land here
-    env = agentrl.load_environment(harbor_package, runtime=backend["runtime"])
+    env = _env(harbor_package, backend)
     rollout = await _run(env, ScriptedPolicy([bash_call(CHEATS[cheat]), "done"]))
-    record(cheat, backend["runtime"], rollout)
+    record(cheat, backend.get("runtime", "bwrap"), rollout)
     assert "planted" in rollout.messages[-2].content, rollout.messages[-2].content
     assert rollout.error is None, rollout.error  # scored, not taken out of training
     assert rollout.reward == 0.0, rollout.state.get("verifier_error")
