@@ -35,7 +35,6 @@ class ImageRootfs:
 def image_rootfs(image: str) -> ImageRootfs:
     """The image's file system as a folder (exported on first use, then reused while the image id is the same)."""
     import docker
-
     from agentrl.sandbox.base_image import cache_root
     from agentrl.sandbox.docker_engine import docker_client
 
