@@ -278,3 +278,42 @@ def test_on_policy_mismatch_kl_counts_only_samples_wholly_from_the_current_weigh
     wholly_new = [TrainingSample(**{**s.model_dump(), "policy_versions": [2] * len(s.token_ids)}) for s in samples]
     third = trainer.train_on_samples(wholly_new)
     assert third["on_policy_fraction"] == pytest.approx(1.0)
+
+
+def _live_tensor_bytes() -> int:
+    """Bytes of every distinct tensor storage Python can reach (parameters, Adam moments, anything kept)."""
+    import gc
+
+    gc.collect()
+    storages = {}
+    for item in gc.get_objects():
+        if isinstance(item, torch.Tensor) and not item.is_meta:
+            storage = item.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def test_repeated_steps_and_pushes_do_not_grow_what_the_trainer_keeps(tiny_glm_dir):
+    """The H200 loop's trainer side on the CPU: R3 steps with the live-routing diagnostics and per-token logprobs,
+    each followed by what a push does in the trainer's process (the HF views, the weight check's digest, the
+    packed IPC buffer filled). After the first step (which makes the Adam moments) nothing may accumulate."""
+    from agentrl.inference.ipc_buffer import PackedIpcBuffer
+    from agentrl.trainer.checkpoint import hf_state_views
+    from agentrl.weight_digest import tensor_digests
+
+    trainer = _trainer(tiny_glm_dir, router_replay=True, router_replay_diagnostics=True,
+                       parallel={"param_dtype": "bfloat16"})
+    buffer = PackedIpcBuffer(device="cpu")
+    samples = make_samples()
+    kept = []
+    for _ in range(5):
+        trainer.train_on_samples(samples, logprobs_of=[0, 2])
+        state = hf_state_views(trainer)
+        tensor_digests(state, wire=lambda t: torch.bfloat16 if t.dim() > 1 else torch.float32,
+                       served=("bfloat16", "float32"))
+        for _chunk in buffer.fill(((name, t.to(torch.bfloat16)) for name, t in state.items()), size=1 << 16):
+            pass
+        del state
+        kept.append(_live_tensor_bytes())
+    assert kept[1:] == [kept[1]] * 4, kept  # flat from the second step on
+    assert buffer.allocations == 1
