@@ -84,7 +84,7 @@ def summarise(run: Path) -> dict:
     updates = _updates(run)
     exit_file = run / "exit_code"
     return {
-        "run": str(run),
+        "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
         "steps": len(steps),
         "max_steps": _max_steps(run),
         "exit_code": int(exit_file.read_text().strip()) if exit_file.is_file() else None,
@@ -138,7 +138,8 @@ def checks(figures: dict, baseline: dict, sync_baseline: dict) -> dict[str, dict
     return out
 
 
-_SUMMARY = re.compile(r"=+ (.*?) in [\d.]+s")
+_SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|deselected|error|errors|warnings?)\b.*?) in [\d.]+s",
+                      re.MULTILINE)  # `-q` prints the counts bare, otherwise between rows of "="
 
 
 def tests_summary(log: Path) -> dict:

@@ -180,7 +180,8 @@ def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
 
 def _planted_corruptions(url, trainer, *, version):
     """One more trainer step (the norms move by more than a bf16 step), then two broken IPC publishers: one
-    leaves a norm out, one sends an expert in float16; {kind: the parameter each check named}."""
+    leaves a norm out, one sends an expert's bf16 bytes labelled float16; {kind: the parameter each check named}.
+    (A bf16 tensor cast to float16 and back loses nothing, and the check rightly passed it on the H200.)"""
     import re
 
     from trainer_helpers import make_samples
@@ -195,10 +196,10 @@ def _planted_corruptions(url, trainer, *, version):
         async def _send_tensors(self, control, weights):
             await super()._send_tensors(control, {name: t for name, t in weights.items() if name != skipped})
 
-    class HalfOne(IpcWeightPublisher):
+    class HalfOne(IpcWeightPublisher):  # bf16 bytes labelled float16: the server reads other values
         def _wire_tensor(self, tensor):
             wire = super()._wire_tensor(tensor)
-            return wire.half() if tensor.data_ptr() == self.victim.data_ptr() else wire
+            return wire.view(torch.float16) if tensor.data_ptr() == self.victim.data_ptr() else wire
 
     args = trainer.args
     trainer.train_on_samples(make_samples(vocab=args.vocab_size, moe_layers=len(args.moe_layers),

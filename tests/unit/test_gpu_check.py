@@ -60,6 +60,15 @@ def test_each_regression_fails_its_check_alone(tmp_path, kwargs, failed):
     assert [name for name, passed in verdicts.items() if not passed] == [failed]
 
 
+@pytest.mark.parametrize("line", ["===== 1 failed, 5 passed, 2 skipped in 250.12s =====",
+                                  "1 failed, 11 deselected, 15 warnings in 76.03s (0:01:16)"])
+def test_the_tests_summary_is_read_with_and_without_quiet(tmp_path, line):
+    log = tmp_path / "tests.log"
+    log.write_text(f"..F\nsome output\n{line}\n")
+    summary = gpu_check.tests_summary(log)
+    assert summary["counts"]["failed"] == 1 and summary["pass"] is False
+
+
 def test_the_baselines_figures():
     sync = gpu_check.summarise(gpu_check.SYNC_BASELINE_RUN)
     run = gpu_check.summarise(gpu_check.BASELINE_RUN)

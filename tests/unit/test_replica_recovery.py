@@ -130,7 +130,7 @@ class _Publisher:
         self.server.http.version = str(version)
         if self.kill == "after" and len(self.calls) == 1:
             self.server.kill()  # loaded, then killed before the actor asks what it serves
-        return type("Result", (), {"update_s": 0.01})()
+        return type("Result", (), {"update_s": 0.01, "checks": {}, "memory": {}})()
 
 
 def _actor(server: FakeServer, supervisor: ServerSupervisor, publisher: _Publisher, folder: Path) -> InferenceActor:
