@@ -70,15 +70,15 @@ class DeploymentConfig(BaseConfig):
     """Port of vllm-router (default: port + 100)."""
     router_policy: str = "consistent_hash"
     """vllm-router load-balancing policy; consistent_hash keeps a trajectory on one replica."""
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(default=None, ge=16)
     """Context length limit passed to vLLM (None: the model's own)."""
-    gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     """Share of GPU memory (on the CPU: of RAM) vLLM reserves; None: 0.9 on GPU, 0.2 on CPU."""
     dtype: str | None = None
     """Weight/activation dtype passed to vLLM (None: vLLM's "auto"; `agentrl train` uses the trainer's dtype)."""
     kv_cache_memory_bytes: int | None = None
     """KV-cache size per server in bytes (None: 256 MiB on the CPU, from gpu_memory_utilization on GPU)."""
-    max_num_seqs: int | None = None
+    max_num_seqs: int | None = Field(default=None, ge=1)
     """Most concurrent sequences per engine (None: vLLM's default)."""
     routed_experts: bool = True
     """Return the routed experts of every token (Router Replay)."""

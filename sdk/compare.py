@@ -53,6 +53,18 @@ class Comparison(BaseModel):
         """Mean reward of the checkpoint minus the baseline's."""
         return self.checkpoint.mean_reward - self.baseline.mean_reward
 
+    def task_delta(self, key: str = "reward"):
+        """The checkpoint's per-task `key` (mean reward, pass@k) minus the baseline's on the same tasks, with the
+        bootstrap interval of the mean difference (`agentrl.stats.Delta`); None when the two did not run the same
+        tasks."""
+        from agentrl.stats import paired_delta
+
+        ours = (getattr(self.checkpoint, "per_task", None) or {}).get(key)
+        theirs = (getattr(self.baseline, "per_task", None) or {}).get(key)
+        if not ours or not theirs or len(ours) != len(theirs):
+            return None
+        return paired_delta(theirs, ours)
+
 
 def comparison_table(comparison: Comparison):
     """A rich table with the checkpoint and the baseline side by side."""
@@ -63,13 +75,16 @@ def comparison_table(comparison: Comparison):
     table.add_column("metric")
     table.add_column(f"checkpoint\n{Path(ckpt.model).name}", justify="right")
     table.add_column(f"baseline\n{Path(base.model).name}", justify="right")
-    table.add_column("delta", justify="right")
-    rows = [("mean reward", ckpt.mean_reward, base.mean_reward), (f"avg@{ckpt.rollouts_per_task}", ckpt.avg_at_k,
-                                                                  base.avg_at_k)]
-    rows += [(f"pass@{k}", value, base.pass_at_k.get(k, float("nan"))) for k, value in ckpt.pass_at_k.items()]
-    rows += [(f"metric {name}", value, base.metrics.get(name, float("nan"))) for name, value in ckpt.metrics.items()]
-    for name, a, b in rows:
-        table.add_row(name, f"{a:.4f}", f"{b:.4f}", f"{a - b:+.4f}")
+    table.add_column("delta (checkpoint - baseline)", justify="right")
+    table.add_column("95% CI of the delta", justify="right")
+    rows = [("mean reward", ckpt.mean_reward, base.mean_reward, "reward"),
+            (f"avg@{ckpt.rollouts_per_task}", ckpt.avg_at_k, base.avg_at_k, "reward")]
+    rows += [(f"pass@{k}", value, base.pass_at_k.get(k, float("nan")), f"pass@{k}") for k, value in ckpt.pass_at_k.items()]
+    rows += [(f"metric {name}", value, base.metrics.get(name, float("nan")), None) for name, value in ckpt.metrics.items()]
+    for name, a, b, per_task in rows:
+        delta = comparison.task_delta(per_task) if per_task else None
+        interval = f"{delta.low:+.4f} to {delta.high:+.4f}" if delta is not None else ""
+        table.add_row(name, f"{a:.4f}", f"{b:.4f}", f"{a - b:+.4f}", interval)
     table.add_row("completion tokens", str(ckpt.completion_tokens), str(base.completion_tokens),
                   f"{ckpt.completion_tokens - base.completion_tokens:+d}")
     table.add_row("errors", str(ckpt.errors), str(base.errors), f"{ckpt.errors - base.errors:+d}")

@@ -152,6 +152,23 @@ def _resolve(
     return tuple(path), in_union, field
 
 
+def _suggestion(model: type[BaseModel], path: tuple[str | int, ...]) -> str:
+    """" (did you mean 'x'?)" for an unknown key close to a key of the same table ("" when none is)."""
+    import difflib
+
+    annotation: Any = model
+    for part in path[:-1]:
+        annotation = _unwrap(annotation)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)) or part not in annotation.model_fields:
+            return ""
+        annotation = annotation.model_fields[part].annotation
+    annotation = _unwrap(annotation)
+    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)) or not path:
+        return ""
+    close = difflib.get_close_matches(str(path[-1]), list(annotation.model_fields), n=1, cutoff=0.7)
+    return f" (did you mean {'.'.join(map(str, (*path[:-1], close[0])))!r}?)" if close else ""
+
+
 def _dotted(path: tuple[str | int, ...]) -> str:
     text = ""
     for part in path:
@@ -206,7 +223,7 @@ def _format_errors(
         path, first = entry["path"], entry["items"][0]
         dotted = _dotted(path) or "<root>"
         if entry["rank"] == _RANK_UNKNOWN:
-            problem = f"unknown key {dotted!r}"
+            problem = f"unknown key {dotted!r}{_suggestion(model, path)}"
         elif entry["rank"] == _RANK_MISSING:
             problem = f"missing required key {dotted!r}"
         else:
@@ -229,6 +246,8 @@ def _format_errors(
                 problem = f"{dotted}: {text}"
         keys = tuple(str(part) for part in path)
         set_by = next((keys[:depth] for depth in range(len(keys), 0, -1) if keys[:depth] in overridden), None)
+        if set_by is None and keys:  # a problem of a table that a --set below it made (an unknown table, a check
+            set_by = next((key for key in sorted(overridden) if key[:len(keys)] == keys), None)  # across fields)
         if set_by is not None:
             where = f"--set {'.'.join(set_by)}"
         else:

@@ -73,6 +73,9 @@ class EvalSummary(BaseModel):
     """Machine the evaluation ran on."""
     first_error: str | None = None
     """The first rollout error, to show what went wrong."""
+    per_task: dict[str, list[float]] = {}
+    """Per task in task order: its mean reward ("reward") and its pass@k ("pass@1", ...), for paired
+    comparisons of two evaluations of the same tasks (`agentrl.stats.paired_delta`)."""
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -104,11 +107,14 @@ def summarize(
     std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)) if rewards else 0.0
     per_task = [sum(r.reward for r in g) / len(g) for g in groups if g]
     passes: dict[str, float] = {}
+    per_task_passes: dict[str, list[float]] = {}
     for k in _k_values(config.rollouts_per_task):
         scores = [
             pass_at_k(len(g), sum(r.reward >= config.pass_threshold for r in g), k) for g in groups if len(g) >= k
         ]
         passes[str(k)] = sum(scores) / len(scores) if scores else 0.0
+        if len(scores) == len(per_task):
+            per_task_passes[f"pass@{k}"] = scores
     metric_names = sorted({name for r in rollouts for name in r.metrics})
     metrics = {
         name: sum(r.metrics.get(name, 0.0) for r in rollouts) / len(rollouts) for name in metric_names
@@ -126,5 +132,5 @@ def summarize(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, elapsed_s=elapsed_s,
         completion_tokens_per_s=completion_tokens / elapsed_s if elapsed_s > 0 else 0.0,
         client=client, base_url=base_url, sampling=config.sampling.model_dump(mode="json"),
-        first_error=errors[0] if errors else None,
+        first_error=errors[0] if errors else None, per_task={"reward": per_task, **per_task_passes},
     )

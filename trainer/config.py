@@ -19,11 +19,11 @@ class LossConfig(BaseConfig):
 
     mode: Literal["rl", "sft"] = "rl"
     """'rl': importance-weighted policy gradient; 'sft': cross-entropy on loss tokens."""
-    ratio_low: float = 0.125
+    ratio_low: float = Field(default=0.125, ge=0)
     """Tokens whose trainer/inference probability ratio is below this are masked out."""
     ratio_high: float = 8.0
     """Tokens whose trainer/inference probability ratio is above this are masked out."""
-    kl_coef: float = 0.0
+    kl_coef: float = Field(default=0.0, ge=0)
     """Weight of the KL(inference || trainer) penalty (k3 estimator); 0 turns it off."""
 
     @model_validator(mode="after")
@@ -51,7 +51,7 @@ class ParallelConfig(BaseConfig):
     serves in float16 too) and trains with a dynamic loss scale."""
     reduce_dtype: Literal["bfloat16", "float32"] = "float32"
     """Dtype gradients are reduced in across ranks."""
-    gpu_memory_gib: float = 80.0
+    gpu_memory_gib: float = Field(default=80.0, gt=0)
     """Per-GPU memory the planner may plan for (GiB)."""
 
     def compute_dtype(self, device_type: str) -> Literal["bfloat16", "float16", "float32"]:
@@ -64,16 +64,23 @@ class ParallelConfig(BaseConfig):
 class OptimizerConfig(BaseConfig):
     """AdamW settings."""
 
-    lr: float = 1e-6
+    lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
     """Learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """Adam betas."""
-    eps: float = 1e-8
+    """Adam betas, each in [0, 1)."""
+    eps: float = Field(default=1e-8, gt=0, allow_inf_nan=False)
     """Adam epsilon."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     """Clip the global gradient norm to this value (0 turns clipping off)."""
+
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimizerConfig":
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"betas={list(self.betas)}: each Adam beta must be in [0, 1)")
+        return self
 
 
 class TrainerConfig(BaseConfig):

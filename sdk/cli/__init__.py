@@ -24,8 +24,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _print_version(value: bool) -> None:
+    if value:
+        from agentrl import __version__
+
+        typer.echo(f"agentrl {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the agentrl version and exit."),
+) -> None:
     """Environment hub and asynchronous RL training for agent tasks on MoE models."""
 
 
@@ -40,7 +51,7 @@ def version() -> None:
 # Modules that define top-level commands through `register(app)`.
 COMMAND_MODULES = ["models", "serve", "eval", "train", "trainer_plan", "view"]
 # Modules that define a command group `app`, mounted under the given name.
-GROUP_MODULES = {"env": "env", "sandbox": "sandbox"}
+GROUP_MODULES = {"env": "env", "sandbox": "sandbox", "config": "config"}
 
 
 def _module(name: str):

@@ -73,6 +73,8 @@ def register(app: typer.Typer) -> None:
         max_tokens: int | None = typer.Option(None, help="Most tokens per model call (default: 128)."),
         temperature: float | None = typer.Option(None, help="Sampling temperature, 0 is greedy (default: 1.0)."),
         max_concurrent: int | None = typer.Option(None, help="Most rollouts in flight (default: 128)."),
+        seed: int | None = typer.Option(None, "--seed", help="Seed of the task draw and of sampling (default: 0; "
+                                        "a checkpoint and its base model get the same)."),
         output: Path | None = typer.Option(None, "--output", "-o",
                                               help="Results folder (default runs/eval-<env>-<model>-<time>/)."),
         config: Path | None = typer.Option(None, "--config", "-c", help="TOML file with EvalConfig keys."),
@@ -91,8 +93,8 @@ def register(app: typer.Typer) -> None:
         # Flags given on the command line win over the TOML file; --set wins over both.
         flags = {"env": env, "model": model, "n": n, "rollouts_per_task": rollouts, "split": split,
                  "base_url": base_url, "api_key": api_key, "client": client, "max_concurrent": max_concurrent,
-                 "output": str(output) if output else None}
-        sampling = {"max_tokens": max_tokens, "temperature": temperature}
+                 "output": str(output) if output else None, "seed": seed}
+        sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
         data, text, source = {}, "", "<defaults>"
         if config is not None:
             from agentrl.config import read_toml

@@ -19,16 +19,50 @@ def _run_name(env: str, model: str) -> str:
     return f"{slug(env)}-{slug(model)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
 
 
-def _step_line(metrics: dict) -> str:
+def _step_line(metrics: dict, *, total: int, eta_s: float | None) -> str:
+    """One step in at most 80 columns: step/total, reward, mismatch KL, R3 coverage, staleness, step time, bound
+    (T trainer / I inference), ETA."""
     staleness = ",".join(f"{k}:{v}" for k, v in (metrics.get("staleness") or {}).items())
     kl = metrics.get("mismatch_kl")
     replayed = metrics.get("r3/replayed_fraction")  # present while samples carry routed experts (R3)
-    return (f"step {metrics['step']:>3}  reward {metrics['reward']:.4f}  "
-            f"mismatch_kl {kl if kl is None else f'{kl:.2e}'}  "
-            + ("" if replayed is None else f"r3 {replayed:.3f}  ")
-            + f"staleness [{staleness}]  "
-            f"dropped {metrics.get('dropped_stale', 0)}  {metrics.get('tokens_per_s', 0):.0f} tok/s  "
-            f"step {metrics.get('step_time_s', 0):.1f}s ({metrics.get('bound')}-bound)")
+    eta = "" if eta_s is None else f" eta {int(eta_s) // 60}:{int(eta_s) % 60:02d}"
+    return (f"{metrics['step'] + 1:>4}/{total} reward {metrics['reward']:.4f} kl "
+            + ("n/a" if kl is None else f"{kl:.1e}")
+            + ("" if replayed is None else f" r3 {replayed:.2f}")
+            + f" stale {staleness or '-'} {metrics.get('step_time_s', 0):.1f}s "
+            + ("T" if metrics.get("bound") == "trainer" else "I") + eta)
+
+
+def _eval_line(metrics: dict) -> str | None:
+    """The held-out evaluation that finished at this step (`agentrl.rl.heldout`), or None."""
+    if "eval/mean_reward" not in metrics:
+        return None
+    avg = next((key for key in metrics if key.startswith("eval/avg@")), None)
+    passes = " ".join(f"{key.removeprefix('eval/')} {metrics[key]:.2f}" for key in sorted(metrics)
+                      if key.startswith("eval/pass@"))
+    return (f"  held-out after step {metrics['eval/step'] + 1}: {avg.removeprefix('eval/')} {metrics[avg]:.3f} "
+            f"[{metrics['eval/mean_reward_low']:.3f}-{metrics['eval/mean_reward_high']:.3f}] {passes} "
+            f"({metrics['eval/tasks']} tasks)")
+
+
+def _summary_lines(history: list[dict]) -> list[str]:
+    """The end of a run against its noise: first and last windows of the reward with the interval of their
+    difference, and the held-out evaluations' first and last."""
+    from agentrl.stats import window_delta
+
+    lines = []
+    delta = window_delta([row.get("reward", float("nan")) for row in history], 20)
+    if delta is not None:
+        lines.append(f"reward, mean of the first {delta.n} steps -> the last {delta.n}: {delta.text()}"
+                     + ("" if delta.significant else "; the interval includes 0: no change shown"))
+    evals = [row for row in history if "eval/mean_reward" in row]
+    if evals:
+        first, last = evals[0], evals[-1]
+        lines.append(f"held-out mean reward after step {first['eval/step'] + 1}: {first['eval/mean_reward']:.3f} (95% CI "
+                     f"{first['eval/mean_reward_low']:.3f}-{first['eval/mean_reward_high']:.3f}) -> after step "
+                     f"{last['eval/step'] + 1}: {last['eval/mean_reward']:.3f} (95% CI {last['eval/mean_reward_low']:.3f}"
+                     f"-{last['eval/mean_reward_high']:.3f})")
+    return lines
 
 
 def register(app: typer.Typer) -> None:
@@ -62,7 +96,7 @@ def register(app: typer.Typer) -> None:
         from agentrl.config import dump_config
         from agentrl.rl.config import load_run_config
 
-        console = Console()
+        console = Console(soft_wrap=True)  # piped output: whole lines, never wrapped at 80 columns
         extra = list(overrides)
         if ray_address:
             extra.append(f'launch.ray_address="{ray_address}"')
@@ -85,8 +119,9 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             from agentrl.rl.plan import plan_run
 
+            console.print(plan_run(resolved), markup=False, highlight=False)  # the plan first, then what it planned
+            console.print("\n## resolved config (agentrl train --config takes it as it is)", markup=False, highlight=False)
             console.print(dump_config(resolved), markup=False, highlight=False)
-            console.print(plan_run(resolved), markup=False, highlight=False)
             raise typer.Exit(0)
         from agentrl.rl.launch import run_training
         from agentrl.viewer.serve import view_command
@@ -101,8 +136,16 @@ def register(app: typer.Typer) -> None:
                 progress.console.print(message, markup=False, highlight=False)
                 progress.update(task, description=message)
 
+            step_times: list[float] = []
+
             def on_step(metrics: dict) -> None:
-                progress.console.print(_step_line(metrics), markup=False, highlight=False)
+                step_times.append(float(metrics.get("step_time_s") or 0.0))
+                recent = step_times[-10:]
+                eta = sum(recent) / len(recent) * (total - metrics["step"] - 1) if len(step_times) > 1 else None
+                progress.console.print(_step_line(metrics, total=total, eta_s=eta), markup=False, highlight=False)
+                held_out = _eval_line(metrics)
+                if held_out:
+                    progress.console.print(held_out, markup=False, highlight=False)
                 if metrics.get("rollout_errors"):
                     progress.console.print(f"  {int(metrics['rollout_errors'])} rollouts failed; first error: "
                                            f"{metrics.get('first_error')}", markup=False, highlight=False)
@@ -115,10 +158,9 @@ def register(app: typer.Typer) -> None:
             result = run_training(resolved, run_dir=run_dir, resume=resume is not None, on_step=on_step,
                                   on_status=on_status)
         history = result.history
-        if history:
-            console.print(f"reward: step {history[0]['step']} {history[0]['reward']:.4f} -> "
-                          f"step {history[-1]['step']} {history[-1]['reward']:.4f}")
-        console.print(f"run folder: {result.run_dir} (report.md, metrics.jsonl, rollouts.jsonl, plots/, checkpoints/)")
+        for line in _summary_lines(history):
+            console.print(line, markup=False, highlight=False)
+        console.print(f"run folder: {result.run_dir} (report.md, plots/, checkpoints/)", markup=False, highlight=False)
         console.print(f"view it: {view_command(result.run_dir)}", markup=False, highlight=False, soft_wrap=True)
 
     @app.command("sft")

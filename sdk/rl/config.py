@@ -29,6 +29,7 @@ from agentrl.config import BaseConfig, load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import DeploymentConfig
 from agentrl.project_files import project_path, resolve_project_path
+from agentrl.rl.heldout import HeldOutConfig
 from agentrl.rl.orchestrator import OrchestratorConfig
 from agentrl.rl.step_time import StepTimeInputs
 from agentrl.sampling import SamplingConfig
@@ -164,6 +165,8 @@ class RunConfig(BaseConfig):
     """Ray placement."""
     run: RunSection = Field(default_factory=RunSection)
     """Output and reporting."""
+    eval: HeldOutConfig = Field(default_factory=HeldOutConfig)
+    """Held-out evaluation during training (every `eval.every` steps and at the end; 0: off)."""
     plan: StepTimeInputs = Field(default_factory=StepTimeInputs)
     """Inputs of the step-time prediction `--dry-run` prints (measured rates, bandwidths, workload shape)."""
 
@@ -235,6 +238,9 @@ def load_run_config(
     elif path is not None:
         path = resolve_project_path(path)  # `--config cookbook/...` also outside a checkout
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)
+    if config.eval.every and config.eval.split == config.orchestrator.task_split:
+        raise ConfigError(f"eval.split={config.eval.split!r} is the split the run trains on (orchestrator.task_split);"
+                          " evaluate on a held-out split")
     _gpu_defaults(config)
     if config.model.init_checkpoint is None and config.env.name == "reverse-text":
         warm = _DEFAULTS_BY_MODEL.get(config.model.name)  # warm starts are per environment

@@ -76,7 +76,7 @@ MEASURED_DECODE = [
         weight_bytes=5.2e9 * 2,
         source="measured: CUDA vLLM 0.24 on one H200, 256 concurrent requests x 256 completion tokens, "
         "200-token "
-        "prompts, gpu_memory_utilization 0.5 (../shared/gpu/vllm-notes.md, docs/DESIGN.md)",
+        "prompts, gpu_memory_utilization 0.5 (docs/DESIGN.md)",
     ),
 ]
 

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from agentrl.errors import AgentrlError, require
 from agentrl.rl.config import RunConfig
+from agentrl.rl.heldout import HeldOutEval
 from agentrl.rl.loggers import make_loggers
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorState
 from agentrl.rl.plan import check_resources
@@ -171,6 +172,7 @@ def run_training(
     info = None
     if resume:
         folder.require_existing()
+        folder_lock = folder.lock()  # a second run into this folder is refused while this one runs
         remove_partials(checkpoint_root)
         info = latest_checkpoint(checkpoint_root)
         if info is not None:
@@ -186,6 +188,7 @@ def run_training(
     else:
         from agentrl.config import dump_config
 
+        folder_lock = folder.lock()
         folder.create(dump_config(config))
 
     deployment = build_plan(str(start_weights), config.inference)
@@ -249,7 +252,10 @@ def run_training(
         placement.update({f"inference-{index}": node for index, node in enumerate(inference.nodes)})
         placement.update({f"rollout-{index}": node for index, node in enumerate(ray.get(
             [worker.node.remote() for worker in workers]))})
-        status(f"placement: {placement}")
+        nodes = sorted(set(placement.values()))
+        status(f"placed {len(placement)} actors on {len(nodes)} node(s): "
+               + "; ".join(f"node {index}: {', '.join(name for name, node in placement.items() if node == node_id)}"
+                           for index, node_id in enumerate(nodes)) + " (node ids in placement.json)")
         _write_placement(folder.path / "placement.json", placement, run_id=run_id, urls=inference.urls,
                          pids=inference.server_pids())
 
@@ -270,13 +276,16 @@ def run_training(
             if on_step is not None:
                 on_step(metrics)
 
+        environment = _RemoteEnvironment(local_env, workers)
+        heldout = HeldOutEval(config.eval, environment=environment, client=None, sampling=config.sampling,
+                              train_split=config.orchestrator.task_split)
         orchestrator = Orchestrator(
-            config=config.orchestrator, environment=_RemoteEnvironment(local_env, workers), client=None,  # type: ignore[arg-type]
+            config=config.orchestrator, environment=environment, client=None,  # type: ignore[arg-type]
             trainer=trainer, weight_sync=WeightPush(trainer, inference, transport=config.weight_transfer(),
                                                     staging_dir=folder.path / "weights",
                                                     verify=config.inference.verify_weights),
             sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
-            on_groups=rollout_log,
+            on_groups=rollout_log, heldout=heldout if heldout.enabled else None,
         )
         status("training")
         asyncio.run(orchestrator.run())
@@ -320,3 +329,4 @@ def run_training(
         if started_ray:
             ray.shutdown()
         signals.close()
+        folder_lock.close()

@@ -10,7 +10,10 @@ inference policy with bounded concurrency while the trainer works, and for each 
    that are already running continue (in-flight weight update); the trainer goes on to the
    next step as soon as its weights are staged, while inference loads them;
 4. logs reward, mismatch KL, the staleness histogram, tokens/s, step time and whether the
-   step was trainer-bound or inference-bound, and checkpoints every `checkpoint_every`.
+   step was trainer-bound or inference-bound, and checkpoints every `checkpoint_every`;
+5. with a `heldout` evaluation (`[eval]`), starts one every `every` steps once the new weights are
+   pushed, beside the training rollouts, and adds its `eval/*` figures to the step it finishes in (the
+   last step waits for the final one; `agentrl.rl.heldout`).
 
 Failing runs fail: a step none of whose rollouts gave a usable sample is a failed step (its
 metrics are still delivered, with `failed_steps` counting the streak); after
@@ -109,6 +112,7 @@ class Orchestrator:
         checkpoint: Callable[[int, OrchestratorState], Awaitable[None]] | None = None,
         env_name: str | None = None,
         on_groups: GroupsRecorder | None = None,
+        heldout: Any = None,
     ) -> None:
         self.config = config
         self.environment = environment
@@ -120,6 +124,8 @@ class Orchestrator:
         self.on_step = on_step
         self.checkpoint = checkpoint
         self.on_groups = on_groups
+        self.heldout = heldout
+        """A `agentrl.rl.heldout.HeldOutEval`: evaluations on held-out tasks every `eval.every` steps and at the end."""
         self.env_name = env_name or getattr(environment, "name", None) or getattr(
             getattr(environment, "local_env", None), "name", None)
         """The environment's name, for `agentrl env check NAME` in failure hints."""
@@ -348,6 +354,13 @@ class Orchestrator:
                 # producer waits for the new version where the staleness bound asks for it
                 # (with max_off_policy_steps = 0, every group of the next step).
                 publishing = asyncio.create_task(finish_push(loading, step + 1, push_start))
+                last = self.state.step == self.config.max_steps
+                held_out: dict[str, Any] = {}
+                if self.heldout is not None and self.heldout.due(step, last=last):
+                    if last:  # the final evaluation sees the final weights, once they are served
+                        held_out.update(await self.heldout.finish())
+                        await publishing
+                    self.heldout.start(step)
                 now = time.monotonic()
                 step_s = now - last_step_end
                 last_step_end = now
@@ -376,6 +389,9 @@ class Orchestrator:
                 update_metrics = getattr(self.weight_sync, "metrics", None)  # the latest completed weight update
                 if update_metrics is not None:
                     metrics.update(update_metrics())
+                if self.heldout is not None:  # an evaluation that finished meanwhile; the last step waits for its own
+                    held_out.update(await self.heldout.finish() if last else self.heldout.take())
+                    metrics.update(held_out)
                 history.append(metrics)
                 if self.on_step is not None:
                     result = self.on_step(metrics)
@@ -397,6 +413,8 @@ class Orchestrator:
             self._stopping = True
             await self._wake_producer()
             producer.cancel()
+            if self.heldout is not None:
+                self.heldout.cancel()
             if guard is not None:
                 guard.cancel()
             await asyncio.gather(producer, *([guard] if guard is not None else []), return_exceptions=True)

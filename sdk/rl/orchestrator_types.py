@@ -78,6 +78,9 @@ class OrchestratorConfig(BaseConfig):
                     f"orchestrator.{name} = {getattr(self, name)!r} is out of range; "
                     f"use {'a value >= 0' if name in ('max_off_policy_steps', 'checkpoint_every') else 'a value >= 1'}"
                 )
+        if self.rollouts_per_group == 1:
+            raise ConfigError("orchestrator.rollouts_per_group = 1: a group's advantages are each reward minus the "
+                              "group's mean, so every advantage is 0 and nothing is learned; use at least 2")
 
 
 class PolicyTrainer(Protocol):

@@ -6,8 +6,9 @@
       rollouts.jsonl     a sample of each step's rollouts (agentrl.rl.rollout_log; `agentrl view` shows them)
       tensorboard/, wandb/   the step metrics for TensorBoard and W&B, with `run.loggers` (agentrl.rl.loggers)
       checkpoints/       step_N/ (see agentrl.rl.resume)
-      plots/             reward.png, mismatch_kl.png, staleness.png, throughput.png
-      report.md          summary table, reward first vs last, links to the plots
+      plots/             reward.png, mismatch_kl.png, staleness.png, throughput.png, heldout.png (with [eval])
+      report.md          summary table, reward first vs last windows with the interval of their difference,
+                         the held-out evaluations, links to the plots
 
 `metrics.jsonl` is written so a `kill -9` can at worst leave one partial last line, which
 `read_metrics` skips and `truncate_metrics` removes on resume.
@@ -25,7 +26,7 @@ from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["RunDir", "read_metrics", "write_plots", "write_report"]
 
-PLOTS = ("reward", "mismatch_kl", "staleness", "throughput")
+PLOTS = ("reward", "mismatch_kl", "staleness", "throughput", "heldout")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -65,6 +66,27 @@ class RunDir:
     @property
     def plots(self) -> Path:
         return self.path / "plots"
+
+    def lock(self):
+        """Hold this folder for this process while it runs (an open file with an exclusive `flock`, released when
+        it is closed or the process ends); a second run into the same folder gets one line naming the holder."""
+        import fcntl
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path / ".lock", "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "?"
+            handle.close()
+            raise AgentrlError(f"{self.path}: another agentrl train (pid {owner}) is writing this run folder; wait "
+                               "for it to end, or choose another folder with -o") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        return handle
 
     def create(self, config_toml: str) -> "RunDir":
         """Make the folder for a new run; refuse to overwrite an existing run."""
@@ -187,11 +209,55 @@ def write_plots(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     ax2.plot(steps2, step_time, color="tab:orange", linestyle="--", label="step time (s)")
     ax2.set_ylabel("step time (s)")
     save(fig, "throughput")
+
+    evals = [row for row in rows if isinstance(row.get("eval/mean_reward"), (int, float))]
+    if evals:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        steps = [int(row["eval/step"]) for row in evals]
+        means = [float(row["eval/mean_reward"]) for row in evals]
+        lows = [float(row.get("eval/mean_reward_low") or mean) for row, mean in zip(evals, means)]
+        highs = [float(row.get("eval/mean_reward_high") or mean) for row, mean in zip(evals, means)]
+        ax.plot(steps, means, marker="o", label="held-out mean reward")
+        ax.fill_between(steps, lows, highs, alpha=0.2, label="95% bootstrap interval")
+        for key in sorted({key for row in evals for key in row if key.startswith("eval/pass@")}):
+            points = [(int(row["eval/step"]), float(row[key])) for row in evals if isinstance(row.get(key), float)]
+            ax.plot(*zip(*points), marker=".", linestyle="--", label=key.removeprefix("eval/"))
+        ax.set_xlabel("step"), ax.set_ylabel("reward / pass rate"), ax.set_title("Held-out evaluation")
+        ax.legend(fontsize=8)
+        save(fig, "heldout")
     return written
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
+
+
+def _noise_lines(rows: list[dict[str, Any]], reward: list[float]) -> list[str]:
+    """The reward's first and last windows with the interval of their difference, and the held-out evaluations."""
+    from agentrl.stats import window_delta
+
+    lines = []
+    delta = window_delta(reward, 20)
+    if delta is not None:
+        verdict = "" if delta.significant else " The interval includes 0: this run shows no change of the reward."
+        lines += [f"Training reward, mean of the first {delta.n} steps against the last {delta.n} (95% bootstrap "
+                  f"interval of the difference): {delta.text()}.{verdict}", ""]
+    evals = [row for row in rows if isinstance(row.get("eval/mean_reward"), (int, float))]
+    if evals:
+        passes = sorted({key for row in evals for key in row if key.startswith("eval/pass@")})
+        avg = next((key for key in evals[0] if key.startswith("eval/avg@")), None)
+        lines += ["Held-out evaluations (the same tasks each time, never trained on):", "",
+                  "| after step | tasks | mean reward (95% CI) | " + " | ".join(k.removeprefix("eval/") for k in
+                                                                         [*([avg] if avg else []), *passes]) + " |",
+                  "|---" * (3 + len(passes) + bool(avg)) + "|"]
+        for row in evals:
+            cells = [f"{row[key]:.3f}" if isinstance(row.get(key), (int, float)) else "n/a"
+                     for key in [*([avg] if avg else []), *passes]]
+            lines.append(f"| {row['eval/step']} | {row.get('eval/tasks')} | {row['eval/mean_reward']:.3f} "
+                         f"({row.get('eval/mean_reward_low', float('nan')):.3f}-"
+                         f"{row.get('eval/mean_reward_high', float('nan')):.3f}) | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def write_report(
@@ -230,6 +296,7 @@ def write_report(
         "",
     ]
     lines = [line for line in lines if line != ""] + [""]
+    lines += _noise_lines(rows, reward)
     for plot in plots:
         relative = plot.relative_to(base) if base is not None else plot
         lines.append(f"![{plot.stem}]({relative})")

@@ -9,6 +9,7 @@ updates after every step. The config is the CPU default with fewer steps
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -37,6 +38,8 @@ def test_short_default_run_learns(tmp_path, ranks):
     returncode, output = run_train(["--config", str(CI_CONFIG), "-o", str(run_dir),
                                     "--set", f"launch.trainer_ranks={ranks}"], timeout=840)
     assert returncode == 0, output[-3000:]
+    for line in output.splitlines():  # piped, as in CI: for people and for pipes alike
+        assert len(line) <= 120 and "\x1b[" not in line and not re.search(r"\b[0-9a-f]{56}\b", line), line
     rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [row["step"] for row in rows]
     assert steps == list(range(len(rows))) and len(rows) == 24, steps
@@ -57,8 +60,14 @@ def test_short_default_run_learns(tmp_path, ranks):
         assert sum(int(v) for v in row["staleness"].values()) > 0
         assert all(int(level) <= 1 for level in row["staleness"])  # the ci config allows 1 step off-policy
         assert row["bound"] in ("trainer", "inference")
+    # Every weight update after the first step's is checked exact (the first completes during step 1).
+    assert all(row.get("weights/verified") == 1.0 for row in rows[1:]), [r.get("weights/verified") for r in rows]
+    evals = [row for row in rows if "eval/mean_reward" in row]  # [eval] every 12 steps and at the end
+    assert [row["eval/step"] for row in evals] == [11, 23] and evals[-1] is rows[-1], evals
+    assert all(row["eval/tasks"] == 16 and 0 <= row["eval/pass@1"] <= row["eval/pass@4"] <= 1 for row in evals)
     report = (run_dir / "report.md").read_text()
     assert "reward at the first step" in report
+    assert "against the last" in report and "95% bootstrap interval" in report and "Held-out evaluations" in report
     for name in ("reward", "mismatch_kl", "staleness", "throughput"):
         assert (run_dir / "plots" / f"{name}.png").stat().st_size > 1000
     final = run_dir / "checkpoints" / f"step_{len(rows)}"

@@ -62,7 +62,7 @@ def test_valid_file_and_defaults(tmp_path):
 
 def test_unknown_key_names_file_line_and_dotted_key(tmp_path):
     message = _error(tmp_path, 'name = "a"\n\n[trainer]\nsteps = 3\nstepz = 4\n')
-    assert message == f"{tmp_path / 'run.toml'}:5: unknown key 'trainer.stepz'"
+    assert message == f"{tmp_path / 'run.toml'}:5: unknown key 'trainer.stepz' (did you mean 'trainer.steps'?)"
 
 
 def test_unknown_top_level_table(tmp_path):
@@ -161,7 +161,7 @@ def test_every_error_is_reported_wrong_values_first_and_deeper_first(tmp_path):
         f"{path}:5: trainer.optimizer.lr = 'fast': must be a number",
         f"{path}:2: trainer.steps = 'many': must be an integer",
         f"{path}:7: limits.memory_mb = 8: must be at least 16 (MiB)",
-        f"{path}:3: unknown key 'trainer.stepz'",
+        f"{path}:3: unknown key 'trainer.stepz' (did you mean 'trainer.steps'?)",
         f"{path}: missing required key 'name'",
     ]
 

@@ -572,3 +572,54 @@ async def test_the_weight_watch_runs_for_the_whole_run_and_is_cancelled_at_its_e
     orch = _orchestrator(policy, PickTokenEnv(), max_steps=3, groups_per_step=2, rollouts_per_group=2)
     history = await asyncio.wait_for(orch.run(), timeout=30)
     assert len(history) == 3 and policy.watching.is_set() and policy.watch_cancelled
+
+
+class SplitEnv(PickTokenEnv):
+    """PickTokenEnv whose "test" split is its own task objects (example ids 100+), asked by the same prompts."""
+
+    def __init__(self) -> None:
+        super().__init__(tasks=4)
+        self.test_tasks = [Task(prompt=task.prompt, answer=task.answer, example_id=100 + i)
+                           for i, task in enumerate(self._tasks)]
+        self.evaluated: list[int] = []
+
+    def tasks(self, split="test", *, n=None, seed=0):
+        return (self.test_tasks if split == "test" else self._tasks)[:n] if n else list(
+            self.test_tasks if split == "test" else self._tasks)
+
+    async def run_group(self, client, task, *, n, sampling):
+        if task.example_id >= 100:
+            self.evaluated.append(task.example_id)
+        return await super().run_group(client, task, n=n, sampling=sampling)
+
+
+async def test_held_out_evaluations_run_beside_the_loop_and_the_last_sees_the_final_weights():
+    from agentrl.rl.heldout import HeldOutConfig, HeldOutEval
+
+    policy = TabularPolicy(tasks=4, delay_s=0.001)
+    env = SplitEnv()
+    heldout = HeldOutEval(HeldOutConfig(every=4, tasks=4, rollouts_per_task=8), environment=env, client=policy,
+                          sampling=SamplingConfig(), train_split="train")
+    orch = Orchestrator(config=OrchestratorConfig(max_steps=12, groups_per_step=4, rollouts_per_group=8,
+                                                  task_split="train", checkpoint_every=0),
+                        environment=env, client=policy, trainer=policy, weight_sync=policy,
+                        sampling=SamplingConfig(), heldout=heldout)
+    history = await orch.run()
+    evals = [row for row in history if "eval/mean_reward" in row]
+    assert [row["eval/step"] for row in evals] == [3, 7, 11]  # after steps 4, 8 and at the end
+    assert history[-1]["eval/step"] == 11 and history[-1]["eval/versions"] == [12]  # the final weights alone
+    assert set(env.evaluated) == {100, 101, 102, 103} and len(env.evaluated) == 3 * 4
+    assert evals[-1]["eval/mean_reward"] > evals[0]["eval/mean_reward"]  # it measures the policy as it learns
+    for row in evals:
+        assert row["eval/mean_reward_low"] <= row["eval/mean_reward"] <= row["eval/mean_reward_high"]
+        assert 0 <= row["eval/pass@1"] <= row["eval/pass@8"] <= 1 and row["eval/tasks"] == 4
+
+
+def test_held_out_evaluation_refuses_the_training_split_and_groups_of_one():
+    from agentrl.rl.heldout import HeldOutConfig, HeldOutEval
+
+    with pytest.raises(ConfigError, match="eval.split='train' is the split the run trains on"):
+        HeldOutEval(HeldOutConfig(every=2, split="train"), environment=SplitEnv(), client=None,
+                    sampling=SamplingConfig(), train_split="train")
+    with pytest.raises(ConfigError, match="rollouts_per_group = 1: .* every advantage is 0"):
+        OrchestratorConfig(rollouts_per_group=1)

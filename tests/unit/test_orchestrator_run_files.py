@@ -164,6 +164,22 @@ def test_report_and_plots(tmp_path):
         assert f"plots/{name}.png" in text
 
 
+def test_report_frames_the_reward_against_noise_and_tables_the_held_out_evaluations(tmp_path):
+    run = RunDir(tmp_path / "run").create("x = 1\n")
+    for step in range(40):
+        row = _row(step, 0.5 + 0.005 * step + 0.01 * ((step * 7) % 3))
+        if step in (19, 39):
+            row.update({"eval/step": step, "eval/tasks": 32, "eval/mean_reward": 0.4 + step / 200,
+                        "eval/mean_reward_low": 0.35 + step / 200, "eval/mean_reward_high": 0.45 + step / 200,
+                        "eval/avg@4": 0.4 + step / 200, "eval/pass@1": 0.3, "eval/pass@4": 0.6})
+        run.append_metrics(row)
+    text = run.finish(title="test run").read_text()
+    assert "Training reward, mean of the first 20 steps against the last 20 (95% bootstrap interval" in text
+    assert "no change of the reward" not in text  # a rise of 0.1 over steps of noise 0.01
+    assert "| 19 | 32 | 0.495 (0.445-0.545) | 0.495 | 0.300 | 0.600 |" in text
+    assert (run.plots / "heldout.png").read_bytes()[:4] == b"\x89PNG" and "plots/heldout.png" in text
+
+
 def test_checkpoint_commit_latest_prune_and_partials(tmp_path):
     root = tmp_path / "checkpoints"
     for step in (1, 2, 3):

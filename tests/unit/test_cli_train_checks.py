@@ -1,0 +1,57 @@
+"""`agentrl train`'s input checked before any start-up (issue 39): one line naming the --set or the field, exit 2,
+within seconds, no run folder made; `agentrl --version`; `agentrl config keys`.
+
+On the main before: `--set trainer.optimizer.lr=-1` failed after 105 s in a 67-line torch traceback, and
+`--set orchestator.max_steps=10` was reported as an unknown key of the recipe file."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+
+def _train(capsys, tmp_path, *sets: str) -> tuple[int, str, float]:
+    from agentrl.cli import main
+
+    started = time.monotonic()
+    code = main(["train", "-o", str(tmp_path / "run"), *[arg for value in sets for arg in ("--set", value)]])
+    captured = capsys.readouterr()
+    return code, (captured.err + captured.out).strip(), time.monotonic() - started
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("trainer.optimizer.lr=-1", "--set trainer.optimizer.lr: trainer.optimizer.lr = -1: must be greater than 0"),
+    ("trainer.optimizer.lr=nan", "trainer.optimizer.lr = nan: must be a finite number"),
+    ("trainer.optimizer.betas=[0.9,1.5]", "--set trainer.optimizer.betas: trainer.optimizer: betas=[0.9, 1.5]: "
+                                          "each Adam beta must be in [0, 1)"),
+    ("trainer.optimizer.eps=0", "trainer.optimizer.eps = 0: must be greater than 0"),
+    ("inference.gpu_memory_utilization=1.5", "inference.gpu_memory_utilization = 1.5: must be at most 1"),
+    ("inference.max_model_len=4", "inference.max_model_len = 4: must be at least 16"),
+    ("orchestator.max_steps=10", "--set orchestator.max_steps: unknown key 'orchestator' (did you mean "
+                                 "'orchestrator'?)"),
+    ("orchestrator.rollouts_per_group=1", "every advantage is 0 and nothing is learned"),
+    ("eval.every=2", None),  # valid (the last case checks the split): eval.split "test" is held out
+])
+def test_bad_values_are_one_line_before_start_up(capsys, tmp_path, value, said):
+    if said is None:
+        code, output, took = _train(capsys, tmp_path, value, "eval.split=train")
+        said = "eval.split='train' is the split the run trains on"
+    else:
+        code, output, took = _train(capsys, tmp_path, value)
+    assert took < 5, took
+    assert code == 2 and said in output and "Traceback" not in output, output
+    assert len([line for line in output.splitlines() if line.startswith("error")]) == 1, output
+    assert not (tmp_path / "run").exists()
+
+
+def test_version_and_config_keys(capsys):
+    from agentrl import __version__
+    from agentrl.cli import main
+
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"agentrl {__version__}"
+    assert main(["config", "keys", "trainer.optimizer"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "trainer.optimizer.lr  (float, default 1e-06)  Learning rate." and len(lines) == 5
+    assert main(["config", "keys", "nope"]) == 2
+    assert "no config key starts with 'nope'" in capsys.readouterr().err
