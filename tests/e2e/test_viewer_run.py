@@ -75,7 +75,7 @@ def test_viewer_over_a_real_run_and_eval(tmp_path):
         wait_for(driver, f"document.querySelectorAll('svg[data-chart=\"Reward\"] circle').length === {STEPS}",
                  timeout_s=15, what="the reward curve's update")  # polled, no reload
         assert at_load < STEPS, "the run had finished before the page loaded: nothing was seen updating"
-        assert count(driver, "svg.chart") == 6
+        assert count(driver, "svg.chart") == 7  # the held-out evaluation chart included
         for chart in ("Mismatch KL", "Tokens/s", "Staleness", "Step time split (s)", "Dropped groups"):
             assert _points(driver, chart) >= STEPS, chart
         wait_for(driver, "document.querySelectorAll('#rollout-list tbody tr').length === 18", timeout_s=15)

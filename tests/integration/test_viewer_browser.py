@@ -25,6 +25,7 @@ def viewer(tmp_path_factory):
     arithmetic_run(root / "run")
     arithmetic_eval(root / "eval-base", right_every=3)
     arithmetic_eval(root / "eval-tuned", right_every=1)
+    arithmetic_eval(root / "eval-tuned-baseline", right_every=3)  # as `agentrl eval --model RUN/.../step_N` names it
     with ViewerServer([root]) as server:
         yield server
 
@@ -48,7 +49,7 @@ def _ids(driver, viewer) -> dict[str, str]:
 def test_a_tool_using_rollout_with_its_diff_and_reward_parts(driver, viewer, tmp_path):
     run = _ids(driver, viewer)["run"]
     open_page(driver, viewer.url + f"#/f/{run}")
-    assert count(driver, "svg.chart") == 6
+    assert count(driver, "svg.chart") == 7  # the held-out evaluation chart included
     assert count(driver, "#rollout-list tbody tr") == 18
     assert driver.execute_script("return document.getElementById('f-next').disabled")  # one page of 18
     driver.find_element("css selector", "#rollout-list tbody tr[data-n='0'] a").click()
@@ -124,3 +125,46 @@ def test_two_evaluations_side_by_side(driver, viewer, tmp_path):
     assert all("reward" in s["text"] and "<answer>" in s["text"] for s in sides)
     assert "reward 1" in sides[1]["text"]
     driver.save_screenshot(str(tmp_path / "compare.png"))
+    open_page(driver, viewer.url + f"#/f/{ids['eval-tuned']}/r/0")  # an evaluation's rollout: no training fields
+    wait_for(driver, f"document.body.dataset.ready === '#/f/{ids['eval-tuned']}/r/0'")
+    assert count(driver, "button[data-mode='mismatch']") == 0 and count(driver, "button[data-mode='logprob']") == 1
+    assert "policy versions" not in driver.find_element("id", "reward").text
+
+
+def test_a_checkpoint_against_its_baseline_reads_checkpoint_minus_base_sorted_and_summed(driver, viewer, tmp_path):
+    ids = _ids(driver, viewer)
+    # opened with the checkpoint as A (the CLI's "side by side" order): the page turns it so the base is A
+    driver.get(viewer.url + f"#/compare/{ids['eval-tuned']}/{ids['eval-tuned-baseline']}")
+    wait_for(driver, f"document.body.dataset.ready === '#/compare/{ids['eval-tuned-baseline']}/{ids['eval-tuned']}'")
+    wait_for(driver, "document.querySelector('#compare-summary') !== null")
+    names = driver.execute_script("return [...document.querySelectorAll('main p strong')].map(s => s.nextSibling"
+                                  ".textContent)")
+    assert names[:2] == ["eval-tuned-baseline", "eval-tuned"]
+    rows = driver.execute_script("return [...document.querySelectorAll('#compare-tasks tbody tr')].map(tr => "
+                                 "({delta: tr.cells[3].textContent, cls: tr.cells[3].className}))")
+    assert rows and all(r["cls"] == "num up" for r in rows if r["delta"].startswith("+"))  # better is green
+    assert any(r["delta"].startswith("+") for r in rows)
+    summary = driver.execute_script("return document.querySelector('#compare-summary').textContent")
+    assert "mean over 4 tasks (B better on" in summary
+    driver.execute_script("document.querySelector('th[data-column=\"3\"]').click()")
+    deltas = driver.execute_script("return [...document.querySelectorAll('#compare-tasks tbody tr')]"
+                                   ".map(tr => parseFloat(tr.cells[3].textContent) || 0)")
+    assert deltas == sorted(deltas, reverse=True)  # a click on B - A sorts it, largest first
+    driver.execute_script("document.querySelector('#compare-tasks tbody tr').click()")
+    wait_for(driver, "document.querySelector('#compare-detail').getBoundingClientRect().top < window.innerHeight")
+    driver.save_screenshot(str(tmp_path / "compare-checkpoint.png"))
+
+
+def test_run_charts_have_round_ticks(driver, viewer):
+    ids = _ids(driver, viewer)
+    open_page(driver, viewer.url + f"#/f/{ids['run']}")
+    wait_for(driver, "document.querySelectorAll('svg.chart .tick-y').length > 0")
+    labels = driver.execute_script("return [...document.querySelectorAll('svg.chart .tick-y, svg.chart .tick-x')]"
+                                   ".map(t => t.textContent)")
+    for label in labels:
+        digits = label.split("e")[0].lstrip("-").split(".")
+        assert len(digits) == 1 or len(digits[1]) <= 4, labels  # no 1516.455
+        assert float(label) == float(label)
+    per_chart = driver.execute_script("return [...document.querySelectorAll('svg.chart')].map(svg => "
+                                      "[...svg.querySelectorAll('.tick-y')].map(t => t.textContent))")
+    assert all(len(set(ticks)) == len(ticks) for ticks in per_chart), per_chart  # no repeated label

@@ -12,6 +12,20 @@ function svgEl(name, attrs, text) {
   return el;
 }
 
+// Round tick steps (1, 2 or 5 times a power of ten) and labels with just the decimals the step needs.
+function niceStep(span, count) {
+  const raw = span / count, power = Math.pow(10, Math.floor(Math.log10(raw)));
+  const fraction = raw / power;
+  return (fraction <= 1 ? 1 : fraction <= 2 ? 2 : fraction <= 5 ? 5 : 10) * power;
+}
+
+function tickLabel(value, step) {
+  if (Math.abs(value) < step / 2) return "0";
+  const abs = Math.abs(value);
+  if (abs < 1e-3 || abs >= 1e5) return value.toExponential(Math.max(0, Math.round(Math.log10(abs) - Math.log10(step))));
+  return value.toFixed(Math.max(0, -Math.floor(Math.log10(step))));
+}
+
 function niceNumber(value) {
   if (!isFinite(value)) return "";
   const abs = Math.abs(value);
@@ -45,15 +59,16 @@ function drawChart(container, chart) {
   const axes = svgEl("g", {class: "axes"});
   axes.appendChild(svgEl("line", {x1: left, y1: height - bottom, x2: width - right, y2: height - bottom}));
   axes.appendChild(svgEl("line", {x1: left, y1: top, x2: left, y2: height - bottom}));
-  for (let i = 0; i <= 4; i++) {
-    const y = y0 + (y1 - y0) * i / 4;
+  const yStep = niceStep(y1 - y0, 4);
+  for (let y = Math.ceil(y0 / yStep - 1e-9) * yStep; y <= y1 + yStep * 1e-9; y += yStep) {
     axes.appendChild(svgEl("line", {x1: left, y1: py(y), x2: width - right, y2: py(y), class: "grid"}));
-    axes.appendChild(svgEl("text", {x: left - 4, y: py(y) + 3, "text-anchor": "end"}, niceNumber(y)));
+    axes.appendChild(svgEl("text", {x: left - 4, y: py(y) + 3, "text-anchor": "end", class: "tick-y"},
+                           tickLabel(y, yStep)));
   }
-  const xTicks = Math.min(5, Math.round(x1 - x0));
-  for (let i = 0; i <= xTicks; i++) {
-    const x = Math.round(x0 + (x1 - x0) * i / xTicks);
-    axes.appendChild(svgEl("text", {x: px(x), y: height - bottom + 14, "text-anchor": "middle"}, String(x)));
+  const xStep = Math.max(1, niceStep(x1 - x0, 5));  // steps are whole numbers
+  for (let x = Math.ceil(x0 / xStep) * xStep; x <= x1; x += xStep) {
+    axes.appendChild(svgEl("text", {x: px(x), y: height - bottom + 14, "text-anchor": "middle", class: "tick-x"},
+                           String(Math.round(x))));
   }
   axes.appendChild(svgEl("text", {x: width - right, y: height - 4, "text-anchor": "end"}, "step"));
   svg.appendChild(axes);

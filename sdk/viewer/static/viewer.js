@@ -85,6 +85,14 @@ async function showFolders() {
 const CHARTS = [
   {title: "Reward", series: rows => [{name: "mean ± std", points: pts(rows, "reward"),
     band: rows.filter(r => num(r.reward) && num(r.reward_std)).map(r => [r.step, r.reward - r.reward_std, r.reward + r.reward_std])}]},
+  {title: "Held-out evaluation", series: rows => {
+    const evals = rows.filter(r => num(r["eval/mean_reward"]));
+    return [{name: "held-out mean reward (95% CI)", points: evals.map(r => [r["eval/step"], r["eval/mean_reward"]]),
+             band: evals.filter(r => num(r["eval/mean_reward_low"]) && num(r["eval/mean_reward_high"]))
+               .map(r => [r["eval/step"], r["eval/mean_reward_low"], r["eval/mean_reward_high"]])},
+            ...[...new Set(evals.flatMap(r => Object.keys(r).filter(k => k.startsWith("eval/pass@"))))].sort()
+              .map(key => ({name: key.slice(5), points: evals.filter(r => num(r[key])).map(r => [r["eval/step"], r[key]])}))];
+  }},
   {title: "Mismatch KL", series: rows => [{name: "KL(inference || trainer)", points: pts(rows, "mismatch_kl")}]},
   {title: "Staleness", series: rows => {
     const levels = [...new Set(rows.flatMap(r => Object.keys(r.staleness || {})))].sort();
@@ -211,14 +219,14 @@ async function showRollout(id, n) {
     el("div", {class: "rollout"},
        el("section", {class: "transcript", id: "transcript"}, el("h2", {}, "Transcript"), transcript(record)),
        el("aside", {}, rewardPanel(record), stateBlock(record))),
-    el("h2", {}, "Tokens"), tokenView(data));
+    el("h2", {}, "Tokens"), tokenView(data, info.kind));
 }
 
 function rewardPanel(record) {
   const rows = [["reward", record.reward], ...Object.entries(record.metrics || {}).map(([k, v]) => [k, v])];
   if (record.advantage !== undefined) rows.push(["advantage", record.advantage]);
   const extra = [["task", `${record.task?.task ?? ""} ${record.task?.example_id ?? ""}`],
-                 ["policy versions", (record.policy_versions || []).join(", ")],
+                 ...((record.policy_versions || []).length ? [["policy versions", record.policy_versions.join(", ")]] : []),
                  ["truncated", record.truncated ? "yes" : "no"], ["elapsed", `${fmt(record.elapsed_s, 2)} s`]];
   return el("div", {class: "reward", id: "reward"},
     el("div", {class: "reward-value"}, "reward ", el("strong", {}, fmt(record.reward))),
@@ -282,7 +290,7 @@ const MODES = {
   mask: {label: "loss mask", color: t => t.loss ? "rgba(37, 99, 235, 0.35)" : null},
 };
 
-function tokenView(data) {
+function tokenView(data, kind) {
   const tokens = data.tokens || [];
   const box = el("section", {id: "tokens", class: "tokens"});
   if (!tokens.length) { box.append(el("p", {class: "muted"}, "no token data in this record")); return box; }
@@ -304,7 +312,8 @@ function tokenView(data) {
       "this record carries no trainer logprobs: the run's mismatch KL per step is on its curves" :
       mode === "logprob" ? "darker red: less likely under the inference policy; grey text: not trained on" : "";
   };
-  const buttons = Object.entries(MODES).map(([mode, {label}]) => {
+  // An evaluation has no trainer: no "trainer − inference" colouring (a run's rollouts get it, or a note why not)
+  const buttons = Object.entries(MODES).filter(([mode]) => mode !== "mismatch" || kind !== "eval").map(([mode, {label}]) => {
     const button = el("button", {"data-mode": mode, onclick: () => paint(mode)}, label);
     button.dataset.mode = mode;
     return button;
@@ -319,27 +328,60 @@ function tokenView(data) {
 
 // ---- two evaluations -----------------------------------------------------------------------------------
 async function showCompare(a, b) {
-  const data = await api(`/api/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`);
+  let data = await api(`/api/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`);
+  // `agentrl eval --model RUN/checkpoints/step_N` writes the base model's evaluation beside it as NAME-baseline:
+  // the base is the reference (A) and the delta reads "checkpoint minus base", green where the checkpoint is better.
+  if (data.b.name.endsWith("-baseline") && !data.a.name.endsWith("-baseline")) {
+    location.replace(`#/compare/${b}/${a}`);
+    return;
+  }
   setCrumbs([`compare ${data.a.name} / ${data.b.name}`, `#/compare/${a}/${b}`]);
   const detail = el("section", {id: "compare-detail"});
-  const rows = data.tasks.map(task => {
-    const delta = task.a_reward !== null && task.b_reward !== null ? task.b_reward - task.a_reward : null;
-    return el("tr", {class: "clickable", "data-task": task.task_key, onclick: () => showCompareTask(data, task, detail)},
+  const tasks = data.tasks.map(task => ({...task,
+    delta: task.a_reward !== null && task.b_reward !== null ? task.b_reward - task.a_reward : null}));
+  const paired = tasks.filter(task => task.delta !== null);
+  const mean = values => values.length ? values.reduce((x, y) => x + y, 0) / values.length : null;
+  const better = paired.filter(task => task.delta > 0).length, worse = paired.filter(task => task.delta < 0).length;
+  const deltaCell = delta => el("td", {class: delta > 0 ? "num up" : delta < 0 ? "num down" : "num"},
+                                delta === null ? "" : (delta > 0 ? "+" : "") + fmt(delta));
+  const columns = [["task", t => t.prompt], ["A reward", t => t.a_reward], ["B reward", t => t.b_reward],
+                   ["B − A", t => t.delta]];
+  let order = {column: 3, descending: false};
+  const body = el("tbody", {});
+  const fill = () => {
+    const [, key] = columns[order.column];
+    const sorted = tasks.slice().sort((x, y) => {
+      const [p, q] = [key(x), key(y)];
+      if (p === null || q === null) return p === null ? 1 : -1;
+      return (p < q ? -1 : p > q ? 1 : 0) * (order.descending ? -1 : 1);
+    });
+    body.replaceChildren(...sorted.map(task => el("tr", {class: "clickable", "data-task": task.task_key,
+        onclick: () => showCompareTask(data, task, detail, true)},
       el("td", {class: "text"}, task.prompt), el("td", {class: "num"}, fmt(task.a_reward)),
-      el("td", {class: "num"}, fmt(task.b_reward)), el("td", {class: delta > 0 ? "num up" : delta < 0 ? "num down" : "num"}, fmt(delta)));
-  });
+      el("td", {class: "num"}, fmt(task.b_reward)), deltaCell(task.delta))));
+  };
+  const header = columns.map(([label], index) => el("th", {class: "sortable", "data-column": String(index),
+    title: "sort by this column", onclick: () => {
+      order = {column: index, descending: order.column === index ? !order.descending : index !== 0};
+      fill();
+    }}, label));
+  const summary = el("tr", {class: "summary", id: "compare-summary"}, el("th", {},
+      `mean over ${paired.length} tasks (B better on ${better}, worse on ${worse})`),
+    el("td", {class: "num"}, fmt(mean(paired.map(t => t.a_reward)))),
+    el("td", {class: "num"}, fmt(mean(paired.map(t => t.b_reward)))), deltaCell(mean(paired.map(t => t.delta))));
+  fill();
   main.replaceChildren(
     el("h1", {}, "Two evaluations, task by task"),
     el("p", {}, el("strong", {}, "A: "), data.a.name, ` (${data.a.model || ""}, mean reward ${fmt(data.a.reward)})`, el("br"),
        el("strong", {}, "B: "), data.b.name, ` (${data.b.model || ""}, mean reward ${fmt(data.b.reward)})`),
-    el("p", {class: "muted"}, `${data.tasks.length} tasks in both; ${data.only_a} only in A, ${data.only_b} only in B. Click a task.`),
-    el("table", {class: "list", id: "compare-tasks"}, el("thead", {}, el("tr", {}, ["task", "A reward", "B reward", "B − A"].map(h => el("th", {}, h)))),
-       el("tbody", {}, rows)),
+    el("p", {class: "muted"}, `${data.tasks.length} tasks in both; ${data.only_a} only in A, ${data.only_b} only in B. ` +
+       "B − A is green where B scored higher. Click a column to sort, a task to open it."),
+    el("table", {class: "list", id: "compare-tasks"}, el("thead", {}, el("tr", {}, header), summary), body),
     detail);
-  if (data.tasks.length) await showCompareTask(data, data.tasks[0], detail);
+  if (data.tasks.length) await showCompareTask(data, data.tasks[0], detail, false);
 }
 
-async function showCompareTask(data, task, detail) {
+async function showCompareTask(data, task, detail, scroll) {
   const side = async (folder, summaries, label) => {
     const records = await Promise.all(summaries.map(s => api(`/api/folders/${folder.id}/rollouts/${s.n}`)));
     return el("div", {class: "side", "data-side": label}, el("h3", {}, `${label}: ${folder.name}`),
@@ -350,6 +392,7 @@ async function showCompareTask(data, task, detail) {
   };
   const [left, right] = await Promise.all([side(data.a, task.a, "A"), side(data.b, task.b, "B")]);
   detail.replaceChildren(el("h2", {}, "Task"), el("pre", {}, task.prompt), el("div", {class: "side-by-side"}, left, right));
+  if (scroll) detail.scrollIntoView({block: "start"});
 }
 
 // ---- routing -------------------------------------------------------------------------------------------
