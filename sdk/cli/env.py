@@ -124,8 +124,8 @@ def list_(
     tag: Optional[str] = typer.Option(None, help="Only packages with this tag."),
     installed: bool = typer.Option(False, help="List pulled (installed) packages instead."),
 ) -> None:
-    """List the packages of a hub (latest version of each), then, for the local hub, the environments
-    `agentrl.load_environment` finds by name here (built-in, $AGENTRL_ENV_PATH, pulled)."""
+    """List the environments `agentrl.load_environment` finds by name here (built-in, $AGENTRL_ENV_PATH, pulled;
+    for the local hub), then the packages published to the hub (latest version of each)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -137,15 +137,16 @@ def list_(
         return
     from agentrl.hub.publish import get_hub, list_packages
 
+    if hub in (None, "local"):  # what a user can train on now comes first
+        _list_loadable(search, tag)
     rows = list_packages(get_hub(hub), search=search, tag=tag)
-    table = Table("package", "version", "tags", "description")
+    if not rows:
+        _echo(f"no packages published to the {hub or 'local'} hub yet (agentrl env push FOLDER publishes one)")
+        return
+    table = Table("package", "version", "tags", "description", title=f"published to the {hub or 'local'} hub")
     for row in rows:
         table.add_row(row["ref"], row["version"], ", ".join(row["tags"]), row["description"])
     Console(width=160).print(table)
-    if not rows:
-        _echo("no packages found")
-    if hub in (None, "local"):
-        _list_loadable(search, tag)
 
 
 def _list_loadable(search: Optional[str], tag: Optional[str]) -> None:

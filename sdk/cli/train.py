@@ -5,6 +5,8 @@ Kept light at import: the run config, Ray, torch and the trainer load inside the
 
 from __future__ import annotations
 
+import time
+
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
@@ -132,8 +134,10 @@ def register(app: typer.Typer) -> None:
                       TextColumn("{task.description}"), console=console, transient=False) as progress:
             task = progress.add_task("starting", total=total)
 
-            def on_status(message: str) -> None:
-                progress.console.print(message, markup=False, highlight=False)
+            started = time.monotonic()
+
+            def on_status(message: str) -> None:  # the start-up's phases with the time since the start
+                progress.console.print(f"[{time.monotonic() - started:5.1f}s] {message}", markup=False, highlight=False)
                 progress.update(task, description=message)
 
             step_times: list[float] = []

@@ -85,7 +85,8 @@ def test_list_shows_the_environments_loadable_by_name(tmp_path):
 
     listed = _run("list", hub_root=tmp_path / "hub")
     assert listed.returncode == 0, listed.stderr
-    assert "no packages found" in listed.stdout and "loadable by name" in listed.stdout
+    assert "no packages published to the local hub yet" in listed.stdout and "loadable by name" in listed.stdout
+    assert listed.stdout.index("loadable by name") < listed.stdout.index("no packages published")  # loadable first
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
             for line in listed.stdout.splitlines() if line.startswith("│")}
     assert {"reverse-text", "arithmetic", "swe"} <= set(rows)
