@@ -19,10 +19,7 @@ set -uo pipefail
 dest="${OUT:-/tmp/gpu_check_out}"
 work=/tmp/gpu_check
 mkdir -p "$dest" "$work/runs"
-export PYTHONUNBUFFERED=1 AGENTRL_CACHE=/tmp/agentrl-cache AGENTRL_NODE_DIR=/tmp/agentrl-node
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
-source scripts/agentrl_shim.sh  # agentrl importable from this checkout
+source scripts/gpu_env.sh  # the GPU phases' environment, agentrl importable from this checkout
 phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra sft tests train compare)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$work/gpu.txt"

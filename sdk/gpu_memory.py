@@ -9,34 +9,47 @@ missing or cannot see the processes (a container may hide other processes' pids)
 
 from __future__ import annotations
 
+import contextlib
+
 __all__ = ["GIB", "device_processes", "device_total_bytes", "process_gpu_bytes"]
 
 GIB = float(2**30)
 
 
-def device_processes(index: int | None = None) -> dict[int, int] | None:
-    """{pid: bytes} of the compute processes on GPU `index` (every GPU when None), None without NVML."""
+@contextlib.contextmanager
+def _nvml():
+    """pynvml, initialised for the block (None without NVML); NVML errors inside the block give None results."""
     try:
         import pynvml
     except ImportError:
-        return None
+        yield None
+        return
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
-        return None
+        yield None
+        return
     try:
-        found: dict[int, int] = {}
-        indices = range(pynvml.nvmlDeviceGetCount()) if index is None else [index]
-        for number in indices:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(number)
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if process.usedGpuMemory is not None:
-                    found[process.pid] = found.get(process.pid, 0) + int(process.usedGpuMemory)
-        return found
-    except pynvml.NVMLError:
-        return None
+        yield pynvml
     finally:
         pynvml.nvmlShutdown()
+
+
+def device_processes(index: int | None = None) -> dict[int, int] | None:
+    """{pid: bytes} of the compute processes on GPU `index` (every GPU when None), None without NVML."""
+    with _nvml() as nvml:
+        if nvml is None:
+            return None
+        try:
+            found: dict[int, int] = {}
+            for number in range(nvml.nvmlDeviceGetCount()) if index is None else [index]:
+                handle = nvml.nvmlDeviceGetHandleByIndex(number)
+                for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if process.usedGpuMemory is not None:
+                        found[process.pid] = found.get(process.pid, 0) + int(process.usedGpuMemory)
+            return found
+        except nvml.NVMLError:
+            return None
 
 
 def process_gpu_bytes(pid: int) -> int | None:
@@ -47,17 +60,10 @@ def process_gpu_bytes(pid: int) -> int | None:
 
 def device_total_bytes(index: int = 0) -> int | None:
     """The memory of GPU `index` as the driver reports it, None without NVML or that GPU."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).total)
-    except pynvml.NVMLError:
-        return None
-    finally:
-        pynvml.nvmlShutdown()
+    with _nvml() as nvml:
+        if nvml is None:
+            return None
+        try:
+            return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(index)).total)
+        except nvml.NVMLError:
+            return None

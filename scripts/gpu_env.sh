@@ -1,0 +1,7 @@
+# Sourced by the one-GPU scripts (gpu_run.sh, gpu_check.sh) from the repository root: the environment every GPU
+# phase runs in (caches in /tmp, NVLink multicast off as the lent machines require, no flashinfer sampler, Ray
+# without auth or usage reports) and agentrl importable from this checkout.
+export PYTHONUNBUFFERED=1 AGENTRL_CACHE=/tmp/agentrl-cache AGENTRL_NODE_DIR=/tmp/agentrl-node
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+source scripts/agentrl_shim.sh  # agentrl importable from this checkout
