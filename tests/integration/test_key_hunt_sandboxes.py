@@ -12,8 +12,12 @@ the episodes no sandbox of the run is left (the pool's warm ones included).
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import agentrl
 import pytest
@@ -99,3 +103,25 @@ async def test_oracle_scores_one_nothing_and_cheats_zero(backend):
     left = [box for box in list_sandboxes(include_docker=backend["type"] == "docker",
                                           include_bwrap=backend["type"] == "bwrap") if box.owner == owner]
     assert not left, left
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bubblewrap and root")
+async def test_bwrap_over_a_rootfs_made_from_this_hosts_programs():
+    """Without Docker and without debootstrap's tree (the lent GPU machines): key_hunt_rootfs.py's small
+    root filesystem serves the episodes; the oracle scores 1 and the file-rewriting cheat 0."""
+    folder = Path(tempfile.mkdtemp(prefix="key-hunt-rootfs-"))  # under /tmp: every sandbox uid reaches it
+    try:
+        folder.chmod(0o755)
+        rootfs = folder / "rootfs"
+        env = _env({"type": "bwrap", "rootfs": str(rootfs)}, f"test-key-hunt-{uuid.uuid4().hex[:8]}")
+        make_rootfs = import_package_attr(env.path, "key_hunt_rootfs:make_rootfs", package_name=env.name)
+        make_rootfs(rootfs)
+        assert sum(f.stat().st_size for f in rootfs.rglob("*") if f.is_file()) < 64 * 2**20
+        oracle = import_package_attr(env.path, "key_hunt:oracle_policy", package_name=env.name)()
+        task = env.tasks("test", n=1, seed=11)[0]
+        (solved,) = await env.run_group(oracle, task, n=1, sampling=SAMPLING)
+        assert solved.error is None and solved.reward == 1.0 and solved.metrics["tool_calls"] == 3.0
+        (cheat,) = await env.run_group(_cheats(task)["rewrites the files"], task, n=1, sampling=SAMPLING)
+        assert cheat.error is None and cheat.reward == 0.0 and "key: 0000" in cheat.messages[-2].content
+    finally:
+        shutil.rmtree(folder)
