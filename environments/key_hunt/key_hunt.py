@@ -1,9 +1,9 @@
 """key-hunt: find a key hidden in a small file tree by following clues with shell commands (multi-turn).
 
 Each rollout gets a sandbox (Docker by default; bubblewrap or gVisor by `sandbox=`) whose
-working directory holds the task's files (`key_hunt_data`): the prompt names the first clue
-file, each clue says `next: PATH`, the last file of the chain says `key: NNNN`, and decoy
-files hold other keys. The model has two tools: `bash(command)` (run in the sandbox; output
+working directory holds the task's files (`key_hunt_data`): the chain starts at the file
+`start` (with `named_start`, at a path the prompt names), each clue says `next: PATH`, the last
+file of the chain says `key: NNNN`, and decoy files hold other keys. The model has two tools: `bash(command)` (run in the sandbox; output
 cut short) and `submit(answer)`. An episode that reads the chain and submits takes
 `clues + 2` tool calls (3 at the default difficulty).
 
@@ -12,8 +12,8 @@ Grading never reads the sandbox: the reward is 1.0 when the argument of the mode
 agent writes, leaves running or plants in its sandbox cannot change its reward.
 
 The prompt, tool schemas, outputs and budgets are short so that `tiny-moe` (character
-tokens, 2048 positions) can learn it: about 550 tokens of system prompt and tools, and
-about 120 per turn.
+tokens, 2048 positions) can learn it: about 520 tokens of system prompt and tools, and
+about 110 per turn.
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ from key_hunt_data import DATA_DIR, DEFAULT, Difficulty, read_rows, split_rows
 
 __all__ = ["KeyHuntEnv", "build_dataset", "load_environment", "oracle_policy", "sandbox_config"]
 
-SYSTEM_PROMPT = ("Find the key hidden in the files. Read a file with bash (cat PATH), follow each 'next:' clue, "
-                 "then call submit with the key.")
+SYSTEM_PROMPT = "Read files with bash (cat PATH), follow each 'next:' clue, then submit the key."
 TOOL_OUTPUT_CHARS = 200
 _NEXT = re.compile(r"^next: (\S+)$", re.MULTILINE)
 _KEY = re.compile(r"^key: (\d+)$", re.MULTILINE)
-_FIRST = re.compile(r"first clue is in (\S+?)\.?$")
+_FIRST = re.compile(r"(?:first clue is in|Begin with the file) (\S+?)\.?$")
 
 
 def sandbox_config(**overrides: Any) -> SandboxConfig:
@@ -159,15 +158,16 @@ def _rows(difficulty: Difficulty, data_dir: Path | None) -> dict[str, list[dict[
 
 
 def build_dataset(*, clues: int = DEFAULT.clues, depth: int = DEFAULT.depth, files: int = DEFAULT.files,
-                  distractors: int = DEFAULT.distractors, data_dir: str | None = None) -> dict[str, Any]:
+                  distractors: int = DEFAULT.distractors, named_start: bool = DEFAULT.named_start,
+                  data_dir: str | None = None) -> dict[str, Any]:
     """Train and test splits as `datasets.Dataset`s (the committed files at the default difficulty)."""
     from agentrl.environment import rows_to_dataset
 
-    difficulty = _difficulty(clues=clues, depth=depth, files=files, distractors=distractors)
+    difficulty = _difficulty(clues=clues, depth=depth, files=files, distractors=distractors, named_start=named_start)
     return {split: rows_to_dataset(rows) for split, rows in _rows(difficulty, Path(data_dir) if data_dir else None).items()}
 
 
-def _difficulty(**fields: int) -> Difficulty:
+def _difficulty(**fields: Any) -> Difficulty:
     try:
         return Difficulty(**fields)
     except ValueError as exc:
@@ -176,7 +176,7 @@ def _difficulty(**fields: int) -> Difficulty:
 
 
 def oracle_policy() -> ScriptedPolicy:
-    """Reads what the agent sees: cat the first clue named in the prompt, cat each `next:` path, submit the key."""
+    """Reads what the agent sees: cat the first file the prompt names, cat each `next:` path, submit the key."""
 
     def reply(messages: list[Message], tools: Any) -> dict[str, Any]:
         last = messages[-1]
@@ -197,16 +197,17 @@ def oracle_policy() -> ScriptedPolicy:
 
 
 def load_environment(*, clues: int = DEFAULT.clues, depth: int = DEFAULT.depth, files: int = DEFAULT.files,
-                     distractors: int = DEFAULT.distractors, sandbox: dict[str, Any] | None = None,
+                     distractors: int = DEFAULT.distractors, named_start: bool = DEFAULT.named_start,
+                     sandbox: dict[str, Any] | None = None,
                      pool_size: int = 0, max_turns: int | None = None, system_prompt: str = SYSTEM_PROMPT,
                      data_dir: str | None = None) -> KeyHuntEnv:
-    """The key-hunt environment at a difficulty (`clues`, `depth`, `files`, `distractors`).
+    """The key-hunt environment at a difficulty (`clues`, `depth`, `files`, `distractors`, `named_start`).
 
     `sandbox`: SandboxConfig fields over the defaults (`{"type": "bwrap"}`, `{"runtime": "runsc"}`, limits);
     `pool_size`: warm sandboxes kept started (`agentrl.sandbox.SandboxPool`; 0 starts one per rollout);
     `max_turns`: model calls per episode (default clues + 4: the solving path and two spare).
     """
-    difficulty = _difficulty(clues=clues, depth=depth, files=files, distractors=distractors)
+    difficulty = _difficulty(clues=clues, depth=depth, files=files, distractors=distractors, named_start=named_start)
     folder = Path(data_dir) if data_dir else None
     rows: dict[str, list[dict[str, Any]]] = {}
 

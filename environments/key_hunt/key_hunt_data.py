@@ -1,13 +1,15 @@
 """key-hunt's task rows: small file trees hiding a key at the end of a chain of clues, made deterministically.
 
-A task is a file tree (paths -> contents) and a chain through it: the prompt names the first
-clue file; each clue holds `next: PATH`, the path of the next file; the last file of the
+A task is a file tree (paths -> contents) and a chain through it: the chain starts at the file
+`start` in the working directory (or, with `named_start`, at a file anywhere in the tree that the
+prompt names); each clue holds `next: PATH`, the path of the next file; the last file of the
 chain holds `key: NNNN`. Decoy files hold other keys (`key: MMMM`), filler files hold
 `nothing here`. Only following the chain tells the right key from the decoys.
 
-Difficulty (`Difficulty`): `clues` (files to follow before the key file: an episode that reads
-the chain and submits takes `clues + 2` tool calls), `depth` (folders above each file),
-`files` (files in the tree) and `distractors` (decoy keys among them).
+Difficulty (`Difficulty`): `clues` (files to follow before the key file, `start` included: an
+episode that reads the chain and submits takes `clues + 2` tool calls), `depth` (folders above
+each file), `files` (files in the tree) , `distractors` (decoy keys among them) and
+`named_start` (the prompt names the first clue's path, which the model must copy).
 
     python3 environments/key_hunt/key_hunt_data.py          # rebuild data/train.jsonl and data/test.jsonl
     python3 environments/key_hunt/key_hunt_data.py --check  # exit 1 if the committed files differ
@@ -47,6 +49,7 @@ FILE_NAMES = [f"f{number}" for number in range(1, 10)]
 SPLIT_SEEDS = {"train": 0, "test": 1}
 SPLIT_SIZES = {"train": 1000, "test": 128}
 FILLER = "nothing here"
+START = "start"
 
 
 class Difficulty(BaseModel):
@@ -62,6 +65,8 @@ class Difficulty(BaseModel):
     """Files in the tree: the chain, the decoys and fillers."""
     distractors: int = Field(default=2, ge=0, le=20)
     """Decoy files holding a wrong key."""
+    named_start: bool = False
+    """The chain starts at a file anywhere in the tree that the prompt names (else at `start` in the workdir)."""
 
     @model_validator(mode="after")
     def _fits(self) -> Difficulty:
@@ -74,7 +79,7 @@ class Difficulty(BaseModel):
         return self
 
     def label(self) -> str:
-        return f"c{self.clues}-d{self.depth}-f{self.files}-x{self.distractors}"
+        return f"c{self.clues}-d{self.depth}-f{self.files}-x{self.distractors}" + ("-n" if self.named_start else "")
 
 
 DEFAULT = Difficulty()
@@ -86,7 +91,7 @@ def _path(rng: random.Random, depth: int) -> str:
 
 def make_task(rng: random.Random, difficulty: Difficulty) -> dict[str, Any]:
     """One task: {"files": {path: content}, "chain": [paths, first clue .. key file], "key": "NNNN"}."""
-    paths: list[str] = []
+    paths: list[str] = [] if difficulty.named_start else [START]
     while len(paths) < difficulty.files:
         path = _path(rng, difficulty.depth)
         if path not in paths:
@@ -105,7 +110,8 @@ def make_task(rng: random.Random, difficulty: Difficulty) -> dict[str, Any]:
 
 
 def prompt_text(first_clue: str) -> str:
-    return f"Find the key. The first clue is in {first_clue}."
+    return "Find the key. Begin with the file start." if first_clue == START else \
+        f"Find the key. The first clue is in {first_clue}."
 
 
 def make_rows(count: int, *, seed: int, difficulty: Difficulty = DEFAULT, split: str = "train",

@@ -105,6 +105,17 @@ async def test_oracle_scores_one_nothing_and_cheats_zero(backend):
     assert not left, left
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_oracle_solves_a_harder_difficulty_in_clues_plus_two_calls(backend):
+    env = _env(backend, f"test-key-hunt-{uuid.uuid4().hex[:8]}", clues=3, depth=2, files=12, distractors=4,
+               named_start=True)
+    oracle = import_package_attr(env.path, "key_hunt:oracle_policy", package_name=env.name)()
+    for task in env.tasks("test", n=2, seed=5):
+        (rollout,) = await env.run_group(oracle, task, n=1, sampling=SAMPLING)
+        assert rollout.error is None and rollout.reward == 1.0, rollout.error
+        assert rollout.metrics["tool_calls"] == 5.0 and rollout.metrics["chain_read"] == 1.0
+
+
 @pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bubblewrap and root")
 async def test_bwrap_over_a_rootfs_made_from_this_hosts_programs():
     """Without Docker and without debootstrap's tree (the lent GPU machines): key_hunt_rootfs.py's small

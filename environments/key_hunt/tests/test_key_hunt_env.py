@@ -46,25 +46,26 @@ def test_rows_follow_the_clues_to_the_key_and_splits_are_disjoint(env):
             info = agentrl.types.Task.from_row(row).info
             files = info["files"]
             chain, key = _follow(files, info["chain"][0])
-            assert chain == info["chain"] and key == row["answer"] and len(chain) == 2
-            assert f"first clue is in {chain[0]}." in row["prompt"][-1]["content"]
+            assert chain == info["chain"] and key == row["answer"] and len(chain) == 2 and chain[0] == "start"
+            assert row["prompt"][-1]["content"] == "Find the key. Begin with the file start."
             keys = [text for text in files.values() if text.startswith("key: ")]
             assert len(keys) == 3 and len(set(keys)) == 3  # the key and 2 decoys, all different
-            assert len(files) == 5 and all(path.count("/") == 1 for path in files)
+            assert len(files) == 5 and all(path.count("/") == 1 for path in files if path != "start")
             identities.setdefault(split, set()).add((*chain, key))
     assert not identities["train"] & identities["test"]
 
 
 def test_difficulty_arguments_shape_the_tasks(env):
-    hard = agentrl.load_environment("key-hunt", clues=3, depth=2, files=12, distractors=4)
+    hard = agentrl.load_environment("key-hunt", clues=3, depth=2, files=12, distractors=4, named_start=True)
     assert hard.max_turns == 7
-    again = agentrl.load_environment("key-hunt", clues=3, depth=2, files=12, distractors=4)
+    again = agentrl.load_environment("key-hunt", clues=3, depth=2, files=12, distractors=4, named_start=True)
     rows = hard.get_dataset("test").to_list()
     assert rows == again.get_dataset("test").to_list()  # deterministic
     for row in rows[:20]:
         info = agentrl.types.Task.from_row(row).info
         chain, key = _follow(info["files"], info["chain"][0])
         assert len(chain) == 4 and key == row["answer"]
+        assert f"The first clue is in {chain[0]}." in row["prompt"][-1]["content"]  # a path to copy
         assert len(info["files"]) == 12 and all(path.count("/") == 2 for path in info["files"])
         assert sum(text.startswith("key: ") for text in info["files"].values()) == 5
 
