@@ -10,7 +10,9 @@
 - `tool_calls_per_rollout`, `rollouts_without_tool_calls`: tool calls the model made (parsed ones);
 - `tool_call_parse_failures`: assistant messages holding a `<tool_call>` block that did not parse
   (`agentrl.chat.unparsed_tool_calls`: bad JSON, no name, cut by the token limit), over the step;
-  `tool_call_parse_failure_rate` per assistant message.
+  `tool_call_parse_failure_rate` per assistant message;
+- `metrics/<name>`: the mean of each of the rubric's reward functions and metrics over the step's
+  rollouts (e.g. key-hunt's `metrics/solved`, the solve rate, beside a shaped reward).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def rollout_step_metrics(rollouts: list[Rollout]) -> dict[str, Any]:
     calls = [sum(len(m.tool_calls or []) for m in r.messages if m.role == "assistant") for r in rollouts]
     assistant = [m for r in rollouts for m in r.messages if m.role == "assistant"]
     failures = sum(unparsed_tool_calls(m.content) for m in assistant)
+    names = sorted({name for r in rollouts for name in r.metrics})
+    metrics.update({f"metrics/{name}": _mean([float(r.metrics.get(name, 0.0)) for r in rollouts]) for name in names})
     metrics.update({
         "tool_calls_per_rollout": _mean([float(count) for count in calls]),
         "rollouts_without_tool_calls": sum(1 for count in calls if count == 0),

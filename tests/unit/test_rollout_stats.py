@@ -50,6 +50,10 @@ async def test_step_metrics_count_calls_failures_and_time():
     with_sandbox = [rollouts[0].model_copy(update={"state": {**rollouts[0].state, "sandbox_s": 3.0}}),
                     rollouts[1].model_copy(update={"state": {**rollouts[1].state, "sandbox_s": 1.0}})]
     assert rollout_step_metrics(with_sandbox)["rollout_sandbox_s"] == 2.0
+    scored = [rollouts[0].model_copy(update={"metrics": {"solved": 1.0, "tool_calls": 2.0}}),
+              rollouts[1].model_copy(update={"metrics": {"solved": 0.0, "tool_calls": 0.0}})]
+    figures = rollout_step_metrics(scored)
+    assert figures["metrics/solved"] == 0.5 and figures["metrics/tool_calls"] == 1.0
     assert rollout_step_metrics([]) == {}
     errored = rollout_step_metrics([Rollout(task=task, error="boom", elapsed_s=2.0)])
     assert errored["rollout_s"] == 2.0 and errored["rollouts_without_tool_calls"] == 1
