@@ -84,11 +84,36 @@ def chain_read(state: dict[str, Any], info: dict[str, Any]) -> float:
     return sum(1 for path in chain if re.search(rf"(^|[\s/]){re.escape(path)}($|\s)", commands)) / max(1, len(chain))
 
 
+_CAT_ONE = re.compile(r"^\s*cat\s+(?:\./)?(\S+)\s*$")
+
+
+def chain_followed(state: dict[str, Any], info: dict[str, Any]) -> float:
+    """How far along the chain the episode's `cat PATH` commands went, in order (a share of its files).
+
+    Judged on the host from the agent's own commands against the task row: only a command reading exactly
+    one file counts, so naming many paths at once earns nothing."""
+    chain = info.get("chain") or []
+    done = 0
+    for command in state.get("commands", []):
+        match = _CAT_ONE.match(command)
+        if match and done < len(chain) and match.group(1) == chain[done]:
+            done += 1
+    return done / max(1, len(chain))
+
+
+def progress(state: dict[str, Any], info: dict[str, Any], answer: str) -> float:
+    """Partial credit of an unsolved episode: `chain_followed` (0 when solved, so a solved episode's reward is
+    exactly 1 and every unsolved one's at most the weight of this term)."""
+    return 0.0 if solved(state, answer) else chain_followed(state, info)
+
+
 class KeyHuntEnv(SandboxEnv):
     """SandboxEnv with `bash` and `submit` only (short schemas and outputs), the task's files in the workdir."""
 
-    def __init__(self, *, max_tool_output_chars: int = TOOL_OUTPUT_CHARS, **kwargs: Any) -> None:
-        rubric = Rubric(funcs=[solved, submitted, tool_calls, chain_read], weights=[1.0, 0.0, 0.0, 0.0])
+    def __init__(self, *, max_tool_output_chars: int = TOOL_OUTPUT_CHARS, progress_weight: float = 0.0,
+                 **kwargs: Any) -> None:
+        rubric = Rubric(funcs=[solved, progress, submitted, tool_calls, chain_read, chain_followed],
+                        weights=[1.0, progress_weight, 0.0, 0.0, 0.0, 0.0])
         super().__init__(rubric=rubric, max_tool_output_chars=max_tool_output_chars, **kwargs)
         for name in ("read_file", "write_file", "str_replace"):
             self.tools.pop(name)
@@ -200,13 +225,19 @@ def load_environment(*, clues: int = DEFAULT.clues, depth: int = DEFAULT.depth, 
                      distractors: int = DEFAULT.distractors, named_start: bool = DEFAULT.named_start,
                      sandbox: dict[str, Any] | None = None,
                      pool_size: int = 0, max_turns: int | None = None, system_prompt: str = SYSTEM_PROMPT,
+                     progress_weight: float = 0.0,
                      data_dir: str | None = None) -> KeyHuntEnv:
     """The key-hunt environment at a difficulty (`clues`, `depth`, `files`, `distractors`, `named_start`).
 
     `sandbox`: SandboxConfig fields over the defaults (`{"type": "bwrap"}`, `{"runtime": "runsc"}`, limits);
     `pool_size`: warm sandboxes kept started (`agentrl.sandbox.SandboxPool`; 0 starts one per rollout);
-    `max_turns`: model calls per episode (default clues + 4: the solving path and two spare).
+    `max_turns`: model calls per episode (default clues + 4: the solving path and two spare);
+    `progress_weight`: partial credit for an unsolved episode, times how far along the chain its `cat PATH`
+    commands went (0: the reward is 1 for the key, else 0; any weight below 1 keeps "reward 1" = solved).
     """
+    if not 0.0 <= progress_weight < 1.0:
+        raise AgentrlError(f"key-hunt: progress_weight={progress_weight} must be in [0, 1): a solved episode "
+                           "must score more than any unsolved one")
     difficulty = _difficulty(clues=clues, depth=depth, files=files, distractors=distractors, named_start=named_start)
     folder = Path(data_dir) if data_dir else None
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -224,5 +255,5 @@ def load_environment(*, clues: int = DEFAULT.clues, depth: int = DEFAULT.depth, 
         name="key-hunt", splits={"train": split("train"), "test": split("test")}, system_prompt=system_prompt,
         sandbox=sandbox_config(**(sandbox or {})), pool_size=pool_size,
         max_turns=max_turns if max_turns is not None else difficulty.clues + 4,
-        max_command_timeout_s=10.0, max_total_command_s=60.0, max_seconds=300.0,
+        max_command_timeout_s=10.0, max_total_command_s=60.0, max_seconds=300.0, progress_weight=progress_weight,
     )

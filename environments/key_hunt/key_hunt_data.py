@@ -79,7 +79,7 @@ class Difficulty(BaseModel):
         return self
 
     def label(self) -> str:
-        return f"c{self.clues}-d{self.depth}-f{self.files}-x{self.distractors}" + ("-n" if self.named_start else "")
+        return f"c{self.clues}-d{self.depth}-f{self.files}-x{self.distractors}" + ("" if self.named_start else "-s")
 
 
 DEFAULT = Difficulty()

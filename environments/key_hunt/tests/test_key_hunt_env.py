@@ -106,3 +106,21 @@ def test_an_oracle_episode_fits_tiny_moe_with_room(env):
         longest = max(longest, len(renderer.encode(renderer.render_text(messages, tools=env.tool_schemas,
                                                                          add_generation_prompt=False))))
     assert longest < 1024, longest  # tiny-moe has 2048 positions
+
+
+def test_partial_credit_follows_single_file_reads_in_order(env):
+    progress = import_package_attr(env.path, "key_hunt:progress", package_name=env.name)
+    chain_followed = import_package_attr(env.path, "key_hunt:chain_followed", package_name=env.name)
+    info = {"chain": ["start", "c/f3"]}
+    cases = [(["cat start", "cat c/f3"], 1.0), (["cat start", "cat ./c/f3"], 1.0), (["cat start"], 0.5),
+             (["cat c/f3", "cat start"], 0.5), (["cat start c/f3"], 0.0), (["cat a/f1 b/f2 c/f3 start"], 0.0),
+             (["cat start; cat c/f3"], 0.0), ([], 0.0)]
+    for commands, expected in cases:
+        assert chain_followed({"commands": commands}, info) == expected, commands
+    state = {"commands": ["cat start", "cat c/f3"], "submission": "1234"}
+    assert progress(state, info, "1234") == 0.0  # solved: the reward is exactly 1
+    assert progress(state, info, "9999") == 1.0
+    with pytest.raises(AgentrlError, match="progress_weight"):
+        agentrl.load_environment("key-hunt", progress_weight=1.0)
+    shaped = agentrl.load_environment("key-hunt", progress_weight=0.3)
+    assert shaped.rubric.weights[:2] == [1.0, 0.3]
