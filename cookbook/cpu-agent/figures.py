@@ -73,7 +73,7 @@ def solve_rates(evaluation: Path) -> dict[str, dict[str, tuple[float, tuple[floa
     statistics = {"pass@1": lambda runs: _mean(runs), f"pass@{k}": lambda runs: float(max(runs[:k]))}
     figures = {}
     for name, of_task in statistics.items():
-        def rate(chosen, table):
+        def rate(chosen, table, of_task=of_task):
             return _mean(of_task(table[task]) for task in chosen)
         figures[name] = {
             "checkpoint": _bootstrap(tasks, lambda chosen: rate(chosen, checkpoint)),

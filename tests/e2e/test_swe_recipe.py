@@ -9,9 +9,7 @@ would fail every rollout, and `agentrl train` would stop at once naming the buil
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 from agentrl.rl.report import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_cli import ROOT
+from train_cli import ROOT, finish
 
 README = ROOT / "cookbook" / "swe-tiny-moe" / "README.md"
 
@@ -36,13 +34,7 @@ def readme_commands() -> list[str]:
 def _run(command: str, *, cwd: Path, timeout: float) -> tuple[int, str]:
     process = subprocess.Popen(command, shell=True, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    return process.returncode, output
+    return finish(process, timeout=timeout)
 
 
 @pytest.mark.e2e

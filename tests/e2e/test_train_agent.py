@@ -10,8 +10,8 @@ no step without calls.
 The run is 6 steps of 2 groups x 8 rollouts. "Does not fall": the mean solve rate of the last 3 steps is at
 least that of the first 3 less 0.15 (each mean is over 48 rollouts: its standard error is about 0.06 at the
 warm start's solve rate, so a fall of 0.15 is 2.5 of them; a collapse of the policy, e.g. a broken
-tool-call format, falls by far more). Learning itself is shown by the recipe's 15-minute run
-(`cookbook/cpu-agent/README.md`), not here.
+tool-call format, falls by far more). Whether the recipe learns is its full run's question
+(`cookbook/cpu-agent/README.md`: not yet), not this test's.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from agentrl.rl.report import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_cli import ROOT, run_train  # noqa: E402
+from train_cli import ROOT, run_train
 
 CI_CONFIG = ROOT / "cookbook" / "cpu-agent" / "ci.toml"
 
