@@ -14,7 +14,7 @@ from pathlib import Path
 from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["ImageRef", "parse_image", "build_image", "push_image", "pull_image_by_digest", "registry_has",
-           "ImageCheck", "check_package_images", "docker_client"]
+           "ImageCheck", "check_package_images", "docker_client", "row_images"]
 
 _MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json",
@@ -169,7 +169,8 @@ class ImageCheck:
     """Which registry (or 'local engine') was asked."""
 
 
-def _row_images(row: dict) -> list[str]:
+def row_images(row: dict) -> list[str]:
+    """The images a task row names (`image_name`, `image`, in the row or its info)."""
     import json
 
     names = [row.get("image_name"), row.get("image")]
@@ -199,7 +200,7 @@ def check_package_images(target: str | Path, *, registry: str | None = None) -> 
         wanted[image] = "manifest"
     for split, dataset in sorted(build_dataset(folder, manifest=manifest).items()):
         for row in dataset:
-            for name in _row_images(row):
+            for name in row_images(row):
                 wanted.setdefault(name, f"rows {split}")
     results = []
     for name, source in wanted.items():

@@ -69,6 +69,9 @@ class SandboxSpec(BaseConfig):
     """Image name (with tag or digest) the sandboxes start from."""
     dockerfile: str | None = None
     """Path, relative to the package, of the Dockerfile that builds `image`."""
+    build_script: str | None = None
+    """Path, relative to the package, of a Python script that builds `image` and every image the task rows name
+    (run as `python3 SCRIPT`); `agentrl train` names it when one of them is missing."""
     network: bool = False
     """Whether sandboxes may reach the network (off by default)."""
     workdir: str = "/workspace"

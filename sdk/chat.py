@@ -24,7 +24,7 @@ from typing import Any
 from agentrl.errors import AgentrlError, require
 from agentrl.types import FunctionCall, Message, ToolCall
 
-__all__ = ["ChatRenderer", "assistant_message", "parse_tool_calls"]
+__all__ = ["ChatRenderer", "assistant_message", "parse_tool_calls", "unparsed_tool_calls"]
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _SENTINEL = "\u2063AGENTRL\u2063"
@@ -65,6 +65,12 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
         ))
     kept.append(text[position:])
     return "".join(kept).strip(), calls
+
+
+def unparsed_tool_calls(content: str) -> int:
+    """`<tool_call>` blocks left in an assistant message's content: those `parse_tool_calls` could not read
+    (bad JSON, no name, no closing tag because the completion was cut); parsed ones are not in the content."""
+    return content.count("<tool_call>")
 
 
 def assistant_message(text: str, *, parse_tools: bool = True) -> Message:
@@ -154,6 +160,21 @@ class ChatRenderer:
                 raise AgentrlError("chat template drops assistant content; cannot extend turns")
             self._closing = text[index + len(_SENTINEL):]
         return self._closing
+
+    def assistant_text(
+        self, messages: list[Message] | list[dict[str, Any]], reply: Message | dict[str, Any], *,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The text the template writes for `reply` after `messages` and the generation prompt, without the
+        closing markup: content and tool calls as a model following the template generates them."""
+        dicts = self._dicts(messages)
+        head = self.render_text(dicts, tools=tools, add_generation_prompt=True)
+        full = self.render_text(dicts + self._dicts([reply]), tools=tools, add_generation_prompt=False)
+        closing = self.assistant_closing()
+        if not (full.startswith(head) and full.endswith(closing)):
+            raise AgentrlError("chat template renders an assistant reply other than after its generation prompt; "
+                               "cannot write the reply's text")
+        return full[len(head): len(full) - len(closing)]
 
     def new_text(
         self, messages: list[Message] | list[dict[str, Any]], *, last_assistant: int,

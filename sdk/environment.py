@@ -14,7 +14,7 @@ team's shared contracts):
 (`setup_state`, `env_response`, `is_completed`, `cleanup_state`; sync or async) what to
 do between model calls, under budgets of turns, total completion tokens and wall-clock
 time. Each model call receives the previous `Turn` so token clients extend its token ids
-instead of re-rendering. `SingleTurnEnv` is the one-call case; `ToolEnv` (tool_env.py)
+instead of re-rendering; `state["generation_s"]` sums the rollout's time waiting on the model. `SingleTurnEnv` is the one-call case; `ToolEnv` (tool_env.py)
 executes the assistant's tool calls.
 """
 
@@ -274,9 +274,13 @@ class MultiTurnEnv(Environment):
                     return
                 if remaining < sampling.max_tokens:
                     call_sampling = sampling.model_copy(update={"max_tokens": remaining})
-            message, turn = await client.chat(
-                messages, tools=self.tool_schemas, sampling=call_sampling, previous=turns[-1] if turns else None,
-            )
+            started = time.monotonic()
+            try:
+                message, turn = await client.chat(
+                    messages, tools=self.tool_schemas, sampling=call_sampling, previous=turns[-1] if turns else None,
+                )
+            finally:
+                state["generation_s"] = state.get("generation_s", 0.0) + time.monotonic() - started
             if message.role != "assistant":
                 message = message.model_copy(update={"role": "assistant"})
             messages.append(message)

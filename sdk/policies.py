@@ -27,7 +27,7 @@ from agentrl.errors import AgentrlError
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
 
-__all__ = ["END_TOKEN", "ROLE_TOKENS", "ScriptedPolicy", "render_tokens", "tool_call"]
+__all__ = ["END_TOKEN", "ROLE_TOKENS", "ScriptedPolicy", "as_message", "render_tokens", "tool_call"]
 
 ROLE_TOKENS = {"system": 256, "user": 257, "assistant": 258, "tool": 259}
 END_TOKEN = 260
@@ -60,7 +60,8 @@ def render_tokens(messages: Sequence[Message]) -> list[int]:
     return tokens
 
 
-def _to_message(reply: Any) -> Message:
+def as_message(reply: Any) -> Message:
+    """A script reply (Message, str, or dict with content and/or tool_calls) as the assistant Message."""
     if isinstance(reply, Message):
         message = reply
     elif isinstance(reply, str):
@@ -96,13 +97,13 @@ class ScriptedPolicy:
             reply = self.script(messages, tools)
             if inspect.isawaitable(reply):
                 reply = await reply
-            return _to_message(reply)
+            return as_message(reply)
         index = sum(1 for message in messages if message.role == "assistant")
         if index >= len(self.script):
             raise AgentrlError(
                 f"ScriptedPolicy {self.name!r}: the script has {len(self.script)} replies and this is call {index + 1}"
             )
-        return _to_message(self.script[index])
+        return as_message(self.script[index])
 
     async def chat(
         self,

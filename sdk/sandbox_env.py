@@ -14,10 +14,17 @@ Budgets: each command is killed at `min(timeout_s, max_command_timeout_s)`; the 
 command time of a rollout is capped by `max_total_command_s`; turns and wall time are
 MultiTurnEnv's `max_turns` and `max_seconds`. The submitted answer is in
 `state["submission"]` (the rubric can read it from the rollout's state).
+
+`pool_size=N` keeps N sandboxes of the config started ahead (a `SandboxPool` per event loop,
+made on first use), so a rollout's set-up does not wait for a start. `state["sandbox_s"]` is
+the rollout's wall time in sandbox work: getting and preparing its sandbox, its tool calls,
+destroying it (the RL loop reports it per step beside the generation time).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -29,7 +36,8 @@ from agentrl.types import Message, Task
 
 __all__ = ["SandboxEnv"]
 
-_SANDBOXES: dict[str, Sandbox] = {}  # state["sandbox_key"] -> live sandbox (kept out of the state dict)
+# state["sandbox_key"] -> (live sandbox, the pool it came from or None), kept out of the state dict
+_SANDBOXES: dict[str, tuple[Sandbox, SandboxPool | None]] = {}
 
 
 def _result_text(result) -> str:
@@ -49,6 +57,7 @@ class SandboxEnv(ToolEnv):
         *,
         sandbox: SandboxConfig | None = None,
         pool: SandboxPool | None = None,
+        pool_size: int = 0,
         max_command_timeout_s: float = 120.0,
         max_total_command_s: float | None = 1800.0,
         **kwargs: Any,
@@ -58,7 +67,12 @@ class SandboxEnv(ToolEnv):
         self.sandbox_config = sandbox or (pool.config if pool is not None else SandboxConfig())
         """How each rollout's sandbox is made."""
         self.pool = pool
-        """Warm pool to take sandboxes from (None: start one per rollout)."""
+        """Warm pool to take sandboxes from (None: start one per rollout, or a pool of `pool_size`)."""
+        if pool_size < 0:
+            raise ValueError(f"{type(self).__name__}: pool_size={pool_size} must be >= 0")
+        self.pool_size = pool_size
+        """Without `pool`: warm sandboxes kept started per event loop (0: start one per rollout)."""
+        self._pools: dict[asyncio.AbstractEventLoop, SandboxPool] = {}
         self.max_command_timeout_s = max_command_timeout_s
         """Upper bound on one command's timeout, whatever the model asks for."""
         self.max_total_command_s = max_total_command_s
@@ -71,39 +85,77 @@ class SandboxEnv(ToolEnv):
     async def setup_sandbox(self, sandbox: Sandbox, task: Task, state: dict[str, Any]) -> None:
         """Prepare a rollout's sandbox for its task (files, repository...); override as needed."""
 
+    def _pool(self) -> SandboxPool | None:
+        """The given pool, or this event loop's pool of `pool_size` (made on first use), or None."""
+        if self.pool is not None or not self.pool_size:
+            return self.pool
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None:
+            for old in [old for old in self._pools if old.is_closed()]:
+                del self._pools[old]  # a finished asyncio.run: its sandboxes went with its loop's shutdown
+            pool = self._pools[loop] = SandboxPool(self.sandbox_config, size=self.pool_size)
+        return pool
+
+    async def aclose(self) -> None:
+        """Destroy the warm sandboxes of this event loop's pool (a later rollout starts a new pool)."""
+        pool = self._pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
+
     async def setup_state(self, task: Task) -> dict[str, Any]:
-        state: dict[str, Any] = {"command_seconds": 0.0, "submitted": False}
-        if self.pool is not None:
-            sandbox = await self.pool.acquire()
+        state: dict[str, Any] = {"command_seconds": 0.0, "submitted": False, "sandbox_s": 0.0}
+        started = time.monotonic()
+        pool = self._pool()
+        if pool is not None:
+            sandbox = await pool.acquire()
+            state["sandbox_pool"] = True
         else:
             from agentrl.sandbox import create_sandbox
 
             sandbox = await create_sandbox(self.sandbox_config).start()
         state["sandbox_id"] = sandbox.id
         state["sandbox_key"] = uuid.uuid4().hex
-        _SANDBOXES[state["sandbox_key"]] = sandbox
+        _SANDBOXES[state["sandbox_key"]] = (sandbox, pool)
         try:
             await self.setup_sandbox(sandbox, task, state)
         except BaseException:
             await self.cleanup_state(state)
             raise
+        finally:
+            state["sandbox_s"] += time.monotonic() - started
         return state
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
-        sandbox = _SANDBOXES.pop(state.get("sandbox_key", ""), None)
+        sandbox, pool = _SANDBOXES.pop(state.get("sandbox_key", ""), (None, None))
         if sandbox is None:
             return
-        if self.pool is not None:
-            await self.pool.release(sandbox)
-        else:
-            await sandbox.close()
+        started = time.monotonic()
+        try:
+            if pool is not None:
+                await pool.release(sandbox)
+            else:
+                await sandbox.close()
+        finally:
+            state["sandbox_s"] = state.get("sandbox_s", 0.0) + time.monotonic() - started
+
+    async def call_tool(self, call, state: dict[str, Any]) -> str:
+        """Run one tool call; the time of tools that act in the sandbox counts into `state["sandbox_s"]`."""
+        tool = self.tools.get(call.function.name)
+        if tool is None or "sandbox" not in tool.hidden:
+            return await super().call_tool(call, state)
+        started = time.monotonic()
+        try:
+            return await super().call_tool(call, state)
+        finally:
+            state["sandbox_s"] = state.get("sandbox_s", 0.0) + time.monotonic() - started
 
     def sandbox_of(self, state: dict[str, Any]) -> Sandbox:
         """The live sandbox of a rollout (during the episode)."""
-        return _SANDBOXES[state["sandbox_key"]]
+        return _SANDBOXES[state["sandbox_key"]][0]
 
     def hidden_tool_args(self, tool: Tool, state: dict[str, Any]) -> dict[str, Any]:
-        return {"state": state, "sandbox": _SANDBOXES.get(state.get("sandbox_key", ""))}
+        return {"state": state, "sandbox": _SANDBOXES.get(state.get("sandbox_key", ""), (None, None))[0]}
 
     def is_completed(self, messages: list[Message], state: dict[str, Any]) -> bool:
         return bool(state.get("submitted")) or super().is_completed(messages, state)

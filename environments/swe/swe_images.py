@@ -128,11 +128,21 @@ def build_project_image(project: Project, *, base: str | None = None, client=Non
             labels={"agentrl.swe.project": project.name, "agentrl.swe.version": project.version})
 
 
-def build_images(names: list[str] | None = None, *, base: str | None = None) -> list[str]:
-    """Build the images of the named projects (all when None); return their names."""
+def build_images(names: list[str] | None = None, *, base: str | None = None,
+                 progress=None) -> list[str]:
+    """Build the images of the named projects (all when None); return their names. `progress(line)` hears of
+    each image before its build (and whether the cache has it)."""
     projects = [get_project(name) for name in names] if names else list(PROJECTS)
     client = _docker_client()
-    return [build_project_image(project, base=base, client=client) for project in projects]
+    built = []
+    for index, project in enumerate(projects, start=1):
+        if progress is not None:
+            cached = _is_current(client, project.image_name,
+                                 _content_hash(project, _base_image_id(client, base or base_image())))
+            progress(f"[{index}/{len(projects)}] {project.image_name}: "
+                     + ("cached" if cached else "building (pip download of the sdist, then docker build)"))
+        built.append(build_project_image(project, base=base, client=client))
+    return built
 
 
 def push_images(names: list[str], *, registry: str) -> list[tuple[str, str, str]]:
@@ -149,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--push", default=None, metavar="REGISTRY", help="also push the images to this registry")
     args = parser.parse_args(argv)
     try:
-        names = build_images(args.projects or None, base=args.base_image)
+        names = build_images(args.projects or None, base=args.base_image,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
         if args.push:
             for name, remote, digest in push_images(names, registry=args.push):
                 print(name, remote, digest)

@@ -61,6 +61,12 @@ class RolloutWorker:
         with trajectory_session(uuid.uuid4().hex):  # the group's rollouts share its prompt: one replica
             return await self.environment.run_group(self.client, task, n=n, sampling=sampling)
 
+    async def close(self) -> None:
+        """Release what the environment holds between rollouts (a sandboxed environment's warm pool)."""
+        closing = getattr(self.environment, "aclose", None)
+        if closing is not None:
+            await closing()
+
 
 def _renderer(tokenizer_dir: str | None, files: dict[str, bytes] | None) -> Any:
     """The chat renderer of `tokenizer_dir`: read there when this node sees it, else from the shipped `files`."""

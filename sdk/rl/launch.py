@@ -96,6 +96,16 @@ def _dead_actor(actors: list[Any], *, timeout_s: float = 10.0) -> BaseException 
     return None
 
 
+def _close_workers(workers: list[Any], *, timeout_s: float = 60.0) -> None:
+    """Let each rollout worker release its environment's held resources (warm sandboxes) before it is killed."""
+    import ray
+
+    try:
+        ray.get([worker.close.remote() for worker in workers], timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - a dead or stuck worker: its sandboxes are orphans for `agentrl sandbox gc`
+        pass
+
+
 def _init_ray(config: RunConfig) -> bool:
     """Connect to (or start) Ray; return True when this call started a local cluster."""
     ray = require("ray", "train")
@@ -319,6 +329,7 @@ def run_training(
             inference.stop()
         if trainer is not None:
             trainer.stop()
+        _close_workers(workers)
         for actor in [*workers, *(trainer.ranks if trainer else []), *(inference.actors if inference else [])]:
             try:
                 ray.kill(actor)

@@ -10,7 +10,9 @@ inference policy with bounded concurrency while the trainer works, and for each 
    that are already running continue (in-flight weight update); the trainer goes on to the
    next step as soon as its weights are staged, while inference loads them;
 4. logs reward, mismatch KL, the staleness histogram, tokens/s, step time and whether the
-   step was trainer-bound or inference-bound, and checkpoints every `checkpoint_every`;
+   step was trainer-bound or inference-bound, the rollouts' generation and sandbox time and
+   tool calls (parse failures included; `agentrl.rl.rollout_stats`), and checkpoints every
+   `checkpoint_every`;
 5. with a `heldout` evaluation (`[eval]`), starts one every `every` steps once the new weights are
    pushed, beside the training rollouts, and adds its `eval/*` figures to the step it finishes in (the
    last step waits for the final one; `agentrl.rl.heldout`).
@@ -58,6 +60,7 @@ from agentrl.rl.orchestrator_types import (
     StepCallback,
     WeightSync,
 )
+from agentrl.rl.rollout_stats import rollout_step_metrics
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.types import Rollout, Task, TrainingSample
 
@@ -265,7 +268,8 @@ class Orchestrator:
         mean = sum(rewards) / len(rewards) if rewards else 0.0
         std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
         metrics: dict[str, Any] = {"reward": mean, "reward_std": std, "completion_tokens": float(completion_tokens),
-                                   "samples": float(len(samples)), "rollout_errors": float(errors)}
+                                   "samples": float(len(samples)), "rollout_errors": float(errors),
+                                   **rollout_step_metrics([r for group in groups for r in group.rollouts])}
         if first_error is not None:
             metrics["first_error"] = first_error[:500]
         return samples, metrics

@@ -6,9 +6,10 @@
       rollouts.jsonl     a sample of each step's rollouts (agentrl.rl.rollout_log; `agentrl view` shows them)
       tensorboard/, wandb/   the step metrics for TensorBoard and W&B, with `run.loggers` (agentrl.rl.loggers)
       checkpoints/       step_N/ (see agentrl.rl.resume)
-      plots/             reward.png, mismatch_kl.png, staleness.png, throughput.png, heldout.png (with [eval])
+      plots/             reward.png, mismatch_kl.png, staleness.png, throughput.png, time_split.png,
+                         heldout.png (with [eval])
       report.md          summary table, reward first vs last windows with the interval of their difference,
-                         the held-out evaluations, links to the plots
+                         the step-time split, the held-out evaluations, links to the plots
 
 `metrics.jsonl` is written so a `kill -9` can at worst leave one partial last line, which
 `read_metrics` skips and `truncate_metrics` removes on resume.
@@ -26,7 +27,11 @@ from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["RunDir", "read_metrics", "write_plots", "write_report"]
 
-PLOTS = ("reward", "mismatch_kl", "staleness", "throughput", "heldout")
+PLOTS = ("reward", "mismatch_kl", "staleness", "throughput", "time_split", "heldout")
+#: (metric, label) of the step-time split: the step's own parts, then a rollout's (rollouts run concurrently)
+TIME_SPLIT = (("wait_s", "waiting for rollouts"), ("train_s", "training"), ("weight_stage_s", "weight staging"),
+              ("weight_push_s", "weight load into inference"), ("rollout_s", "one rollout"),
+              ("rollout_generation_s", "one rollout: generation"), ("rollout_sandbox_s", "one rollout: sandbox"))
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -210,6 +215,15 @@ def write_plots(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     ax2.set_ylabel("step time (s)")
     save(fig, "throughput")
 
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key, label in TIME_SPLIT:
+        steps, seconds = _series(rows, key)
+        if seconds:
+            ax.plot(steps, seconds, label=label, linestyle="--" if key.startswith("rollout") else "-")
+    ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.set_title("Step time split")
+    ax.legend(fontsize=7)
+    save(fig, "time_split")
+
     evals = [row for row in rows if isinstance(row.get("eval/mean_reward"), (int, float))]
     if evals:
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -260,6 +274,16 @@ def _noise_lines(rows: list[dict[str, Any]], reward: list[float]) -> list[str]:
     return lines
 
 
+def _tool_lines(rows: list[dict[str, Any]]) -> list[str]:
+    _, calls = _series(rows, "tool_calls_per_rollout")
+    if not calls or not any(calls):
+        return []
+    failures = sum(int(row.get("tool_call_parse_failures", 0)) for row in rows)
+    without = sum(int(row.get("rollouts_without_tool_calls", 0)) for row in rows)
+    return [f"| tool calls per rollout, mean | {_mean(calls):.2f} |",
+            f"| rollouts without a tool call / tool-call parse failures, all steps | {without} / {failures} |"]
+
+
 def write_report(
     rows: list[dict[str, Any]], path: Path, *, title: str, plots: list[Path] = (), base: Path | None = None
 ) -> Path:
@@ -293,6 +317,9 @@ def write_report(
         f"| completion tokens/s, mean | {_mean(tps):.1f} |",
         f"| step time, mean (s) | {_mean(step_time):.2f} |",
         f"| trainer-bound / inference-bound steps | {bounds.count('trainer')} / {bounds.count('inference')} |",
+        *[f"| {label} (s), mean | {_mean(values):.2f} |" for key, label in TIME_SPLIT
+          for values in [_series(rows, key)[1]] if values],
+        *_tool_lines(rows),
         "",
     ]
     lines = [line for line in lines if line != ""] + [""]

@@ -4,9 +4,11 @@ A tiny random policy cannot learn from RL alone (its reward has no variance to f
 so the embedded default starts from a short supervised run. Demonstrations come from the
 environment itself: each task's episode is played by a teacher that answers with the
 environment package's `oracle_policy()` (or, without one, the task's `answer`), through
-the environment's own `rollout`, so the prompt tokens are exactly those RL will see. The
-model's tokenizer and chat template render them (`TeacherClient`), the assistant tokens
-become the loss mask, and the trainer runs in its cross-entropy mode
+the environment's own `rollout` (its tools, sandboxes included, run for real; at most
+`max_concurrent_episodes` at once), so the prompt tokens are exactly those RL will see. The
+model's tokenizer and chat template render them (`TeacherClient`: a reply with tool calls is
+written as the template writes it, and parsed back as a model's completion is), the
+assistant tokens become the loss mask, and the trainer runs in its cross-entropy mode
 (`trainer.loss.mode = "sft"`). The result is exported as a Hugging Face folder that
 `model.init_checkpoint` (and vLLM) can load.
 """
@@ -60,12 +62,20 @@ class SFTConfig(BaseConfig):
     """Also export (overwriting `output`) every this many steps, so a long run leaves usable weights (0: only at the end)."""
     torch_threads: int = Field(default=1, ge=0)
     """CPU threads torch may use (0: torch's default; 1 avoids oversubscribing a small shared CPU)."""
+    max_concurrent_episodes: int = Field(default=16, ge=1)
+    """Demonstration episodes played at once (each holds its sandbox in sandboxed environments)."""
+
+
+Reply = Callable[[list[Message], "list[dict[str, Any]] | None"], "Message | str"]
 
 
 class TeacherClient:
-    """A ChatClient that answers with a teacher's text, tokenized by the model's own template."""
+    """A ChatClient that answers with a teacher's reply, tokenized by the model's own template.
 
-    def __init__(self, reply: Callable[[list[Message]], str], *, renderer: Any, tokens: Any = None) -> None:
+    A text reply is the completion as it is; a Message reply (with tool calls) becomes the text the
+    chat template writes for it, parsed back into content and tool calls as a model's completion is."""
+
+    def __init__(self, reply: Reply, *, renderer: Any, tokens: Any = None) -> None:
         from agentrl.client import TokenClient
 
         self.reply = reply
@@ -75,20 +85,25 @@ class TeacherClient:
 
     async def chat(self, messages: list[Message], *, tools: list[dict[str, Any]] | None = None,
                    sampling: SamplingConfig, previous: Turn | None = None) -> tuple[Message, Turn]:
+        from agentrl.chat import assistant_message
+
         prompt_ids = self._tokens.prompt_ids(messages, tools=tools, previous=previous)
-        text = self.reply(messages)
+        reply = self.reply(messages, tools)
+        text = reply if isinstance(reply, str) else self.renderer.assistant_text(messages, reply, tools=tools)
         ids = self.renderer.encode(text + self.renderer.assistant_closing().rstrip("\n"))
         completion = Completion(text=text, token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
-        return Message(role="assistant", content=text), Turn(prompt_token_ids=prompt_ids, completion=completion)
+        return assistant_message(text, parse_tools=bool(tools)), Turn(prompt_token_ids=prompt_ids,
+                                                                     completion=completion)
 
     async def aclose(self) -> None:
         await self._tokens.aclose()
 
 
-def _oracle(env_name: str) -> Callable[[list[Message]], str] | None:
-    """The environment package's oracle_policy(), as a text reply function, when it has one."""
+def _oracle(env_name: str) -> Reply | None:
+    """The environment package's oracle_policy(), as a reply function (text, or a Message with tool calls)."""
     from agentrl.hub.manifest import load_manifest
     from agentrl.loader import find_environment, import_package_attr
+    from agentrl.policies import as_message
 
     try:
         folder = find_environment(env_name)
@@ -102,25 +117,31 @@ def _oracle(env_name: str) -> Callable[[list[Message]], str] | None:
     if not callable(script):
         return None
 
-    def reply(messages: list[Message]) -> str:
-        answer = script(messages, None)
-        return answer if isinstance(answer, str) else getattr(answer, "content", str(answer))
+    def reply(messages: list[Message], tools: list[dict[str, Any]] | None) -> Message | str:
+        answer = script(messages, tools)
+        if isinstance(answer, str):
+            return answer
+        message = as_message(answer)
+        return message if message.tool_calls else message.content
 
     return reply
 
 
-def demonstrations(environment: Any, tasks: list[Task], *, renderer: Any,
-                   oracle: Callable[[list[Message]], str] | None) -> list[TrainingSample]:
-    """Play each task with the teacher through the environment's rollout; return the token samples."""
+def demonstrations(environment: Any, tasks: list[Task], *, renderer: Any, oracle: Reply | None,
+                   max_concurrent: int = 16) -> list[TrainingSample]:
+    """Play each task with the teacher through the environment's rollout (at most `max_concurrent` at once);
+    return the token samples."""
     sampling = SamplingConfig(max_tokens=4096)
 
     async def run() -> list[TrainingSample | None]:
-        shared = TeacherClient(lambda messages: "", renderer=renderer)
+        shared = TeacherClient(lambda messages, tools: "", renderer=renderer)
+        slots = asyncio.Semaphore(max_concurrent)
 
         async def one(task: Task) -> TrainingSample | None:
-            reply = oracle or (lambda messages, answer=task.answer: answer)
+            reply = oracle or (lambda messages, tools, answer=task.answer: answer)
             client = TeacherClient(reply, renderer=renderer, tokens=shared._tokens)
-            rollout = await environment.rollout(client, task, sampling=sampling)
+            async with slots:
+                rollout = await environment.rollout(client, task, sampling=sampling)
             if rollout.error or not rollout.turns:
                 return None
             return rollout.sample()
@@ -128,6 +149,9 @@ def demonstrations(environment: Any, tasks: list[Task], *, renderer: Any,
         try:
             return list(await asyncio.gather(*(one(task) for task in tasks)))
         finally:
+            closing = getattr(environment, "aclose", None)
+            if closing is not None:
+                await closing()  # a sandboxed environment's warm pool
             await shared.aclose()
 
     samples = [s for s in asyncio.run(run()) if s is not None]
@@ -153,7 +177,8 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[dict[str, float]], None] | 
     environment = load_environment(config.env, **config.env_args)
     renderer = ChatRenderer.from_pretrained(model_dir)
     tasks = environment.tasks(config.split, seed=config.seed)
-    samples = demonstrations(environment, tasks, renderer=renderer, oracle=_oracle(config.env))
+    samples = demonstrations(environment, tasks, renderer=renderer, oracle=_oracle(config.env),
+                             max_concurrent=config.max_concurrent_episodes)
     trainer_config = config.trainer.model_copy(update={"model": str(model_dir)})
     trainer = Trainer(trainer_config, model_dir=model_dir)
     rng = random.Random(config.seed)

@@ -153,12 +153,18 @@ def test_run_dir_metrics_survive_a_torn_line_and_truncate(tmp_path):
 def test_report_and_plots(tmp_path):
     run = RunDir(tmp_path / "run").create("x = 1\n")
     for step in range(6):
-        run.append_metrics(_row(step, 0.1 * step))
+        run.append_metrics({**_row(step, 0.1 * step), "wait_s": 1.0, "train_s": 0.5, "rollout_s": 2.0,
+                            "rollout_generation_s": 1.5, "rollout_sandbox_s": 0.25 * step,
+                            "tool_calls_per_rollout": 3.0, "rollouts_without_tool_calls": step % 2,
+                            "tool_call_parse_failures": 1})
     report = run.finish(title="test run")
     text = report.read_text()
     assert "| reward at the first step | 0.0000 |" in text
     assert "trainer-bound / inference-bound steps | 3 / 3" in text
-    for name in ("reward", "mismatch_kl", "staleness", "throughput"):
+    assert "| training (s), mean | 0.50 |" in text and "| one rollout: sandbox (s), mean | 0.62 |" in text
+    assert "| rollouts without a tool call / tool-call parse failures, all steps | 3 / 6 |" in text
+    assert "weight staging" not in text  # a part with no figures gets no line
+    for name in ("reward", "mismatch_kl", "staleness", "throughput", "time_split"):
         png = run.plots / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
         assert f"plots/{name}.png" in text

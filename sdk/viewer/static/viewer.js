@@ -103,6 +103,12 @@ const CHARTS = [
   {title: "Step time split (s)", series: rows => [["step", "step_time_s"], ["wait", "wait_s"],
     ["train", "train_s"], ["stage", "weight_stage_s"], ["push", "weight_push_s"]]
     .map(([name, key]) => ({name, points: pts(rows, key)}))},
+  {title: "Rollout time split (s, mean per rollout)", series: rows => [["rollout", "rollout_s"],
+    ["generation", "rollout_generation_s"], ["sandbox", "rollout_sandbox_s"]]
+    .map(([name, key]) => ({name, points: pts(rows, key)}))},
+  {title: "Tool calls", series: rows => [["calls per rollout", "tool_calls_per_rollout"],
+    ["rollouts without a call", "rollouts_without_tool_calls"], ["parse failures", "tool_call_parse_failures"]]
+    .map(([name, key]) => ({name, points: pts(rows, key)}))},
   {title: "Dropped groups", series: rows => [{name: "dropped (stale)", points: pts(rows, "dropped_stale")},
     {name: "rollout errors", points: pts(rows, "rollout_errors")}]},
 ];
