@@ -63,7 +63,7 @@ def measure_rates(args, *, seq: int, cuda: bool, gemm_size: int) -> dict[str, fl
     import torch
 
     from agentrl.trainer.models.attention import build_segments, segment_attention
-    from agentrl.trainer.models.glm4_moe import Experts
+    from agentrl.trainer.models.common import Experts
     from torchtitan.models.common.moe import GroupedExperts
 
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)

@@ -51,7 +51,7 @@ from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.loss import LossScale, compute_loss
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments, cp_token_index
-from agentrl.trainer.models.glm4_moe import build_model, init_weights
+from agentrl.trainer.models.build import build_model, init_weights
 from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_sharded
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout

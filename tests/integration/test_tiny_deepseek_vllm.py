@@ -47,7 +47,7 @@ def server(model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def trainer_model(model_dir):
     from agentrl.trainer.models.args import MoEModelArgs
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import load_hf_weights
 
     model = build_model(MoEModelArgs.from_hf_dir(model_dir))
@@ -114,7 +114,7 @@ def test_weight_update_reaches_prefill_and_decode(server, model_dir, tmp_path):
 
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.trainer.models.args import MoEModelArgs
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import hf_to_native
 
     generator = torch.Generator().manual_seed(11)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.glm4_moe import build_model, init_weights
+from agentrl.trainer.models.build import build_model, init_weights
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
 from trainer_helpers import tiny_glm_config
 
