@@ -129,16 +129,11 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
             args += ["--no-enable-prefix-caching"]
         else:
             args += ["--enable-return-routed-experts"]
-    transport = config.weight_transfer or ("nccl" if config.device == "gpu" else "filesystem")
     if config.device == "cpu":
         env[CPU_FIXES_ENV] = "1"
-    if transport in ("nccl", "ipc"):
-        if config.device == "cpu":
-            raise ConfigError(f"deployment.weight_transfer {transport!r} needs GPUs; use 'filesystem' or "
-                              "'object_store' on the CPU")
-        args += ["--weight-transfer-config", json.dumps({"backend": transport})]
-        if transport == "ipc":
-            env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the engine unpickles the trainer's CUDA IPC handles
+    transport_args, transport_env = config.transport().vllm_args(device=config.device)
+    args += transport_args
+    env.update(transport_env)
     if fp8:
         args += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
         env["VLLM_USE_DEEP_GEMM"] = "1"

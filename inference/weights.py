@@ -58,7 +58,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.errors import AgentrlError, require
+from agentrl.errors import AgentrlError, WeightUpdateError, require
 from agentrl.http_pool import shared_ssl_context
 from agentrl.inference.vllm_compat import reports_weight_versions
 from agentrl.inference.vllm_worker_ext import EXTENSION
@@ -76,10 +76,6 @@ __all__ = [
     "checkpoint_shapes",
     "check_weights_match",
 ]
-
-
-class WeightUpdateError(AgentrlError):
-    """A weight update could not be applied to a server."""
 
 
 class PublishResult(BaseModel):

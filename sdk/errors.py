@@ -33,6 +33,10 @@ class SandboxError(AgentrlError):
     """A sandbox could not be created or used (engine missing, image missing, limits refused, a refused path or archive)."""
 
 
+class WeightUpdateError(AgentrlError):
+    """A weight update could not be applied to a server."""
+
+
 class MissingExtraError(AgentrlError):
     """A heavy optional dependency is not installed."""
 

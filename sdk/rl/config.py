@@ -28,6 +28,7 @@ from typing import Any, Literal
 from agentrl.config import BaseConfig, load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.transfer import WeightTransport
 from agentrl.project_files import project_path, resolve_project_path
 from agentrl.rl.heldout import HeldOutConfig
 from agentrl.rl.orchestrator import OrchestratorConfig
@@ -194,9 +195,9 @@ class RunConfig(BaseConfig):
         """Trainer ranks: one per GPU, else `launch.trainer_ranks` CPU processes."""
         return self.launch.trainer_gpus or self.launch.trainer_ranks
 
-    def weight_transfer(self) -> str:
-        """`inference.weight_transfer`, else nccl with GPU inference and filesystem on the CPU."""
-        return self.inference.weight_transfer or ("nccl" if self.inference.device == "gpu" else "filesystem")
+    def weight_transfer(self) -> WeightTransport:
+        """The `inference.weight_transfer` transport, else nccl with GPU inference and filesystem on the CPU."""
+        return self.inference.transport()
 
     def trainer_compute_dtype(self) -> str:
         """The trainer's forward/backward dtype: `trainer.parallel.param_dtype`, unset bf16 on GPUs, fp32 on the CPU."""

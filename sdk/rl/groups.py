@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.inference.transfer import WeightTransport
 from agentrl.rl.shipping import Folder, write_folder
-from agentrl.rl.transport import DIRECT_TRANSPORTS
 from agentrl.types import TrainingSample
 
 __all__ = ["InferenceGroup", "TrainerGroup", "merge_token_logprobs"]
@@ -116,11 +116,11 @@ class TrainerGroup:
         await asyncio.gather(*refs)
         return refs[0]
 
-    async def push_direct(self, version: int, *, urls: list[str], backend: str,
+    async def push_direct(self, version: int, *, urls: list[str], transport: WeightTransport,
                           reconnect: list[str] = (), verify: bool = True) -> dict[str, Any]:
         """Every rank gathers, rank 0 sends `version` (nccl / ipc); rank 0's timings, checks and server memory."""
-        timings = await self._all("push_direct", version, urls=urls, backend=backend, reconnect=list(reconnect),
-                                  verify=verify)
+        timings = await self._all("push_direct", version, urls=urls, transport=transport,
+                                  reconnect=list(reconnect), verify=verify)
         return timings[0]
 
     async def resend_direct(self, urls: list[str]) -> dict[str, Any] | None:
@@ -217,7 +217,7 @@ class InferenceGroup:
                     served_name=config.model.name, deployment=serving,
                     startup_timeout_s=config.launch.startup_timeout_s, dtype=config.inference_dtype(),
                     nice=config.generation_nice(),
-                    weights_from_trainer=config.weight_transfer() in DIRECT_TRANSPORTS))
+                    weights_from_trainer=config.weight_transfer().direct))
             urls = ray.get([actor.start.remote() for actor in actors])
         router = None
         if deployment.router is not None and len(urls) > 1:

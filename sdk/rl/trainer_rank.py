@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.inference.transfer import WeightTransport
 from agentrl.rl.shipping import Folder, node_dir, prune_versions, read_folder, remove_node_dirs, sees, write_folder
 from agentrl.types import TrainingSample
 
@@ -132,19 +133,18 @@ class TrainerRank:
         shutil.rmtree(target, ignore_errors=True)
         return files
 
-    def push_direct(self, version: int, *, urls: list[str], backend: str,
+    def push_direct(self, version: int, *, urls: list[str], transport: WeightTransport,
                     reconnect: list[str] = (), verify: bool = True) -> dict[str, Any]:
         """Send the weights straight into the servers' weight-transfer engine (nccl or ipc; GPUs).
 
-        Every rank gathers the full tensors (collective); rank 0 sends them, first setting up the
-        engine of the servers in `reconnect` again (restarted since the last push). Returns the
-        timings (rank 0: the publisher's `update_s` and `total_s` too, each server's weight check and memory;
-        `push_s` includes the gather). `verify`: check every server's weights after the update.
+        Every rank gathers the full tensors (collective); rank 0 sends them through the publisher
+        `transport` builds here on the first push, first setting up the engine of the servers in
+        `reconnect` again (restarted since the last push). Returns the timings (rank 0: the
+        publisher's `update_s` and `total_s` too, each server's weight check and memory; `push_s`
+        includes the gather). `verify`: check every server's weights after the update.
         """
         if self.rank == 0 and self.direct_publisher is None:
-            from agentrl.rl.transport import direct_publisher
-
-            self.direct_publisher = direct_publisher(backend, urls, verify=verify)
+            self.direct_publisher = transport.publisher(urls, verify=verify)
         timings = self._send_direct(version, lambda state: self.direct_publisher.publish(
             state, version, reconnect=list(reconnect)))
         self.pushed_version, self.stepped_since_push = version, False

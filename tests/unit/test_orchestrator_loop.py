@@ -24,8 +24,8 @@ from agentrl.rl.orchestrator import (
     OrchestratorConfig,
     OrchestratorState,
     RunFailedError,
-    group_advantages,
 )
+from agentrl.rl.advantages import group_advantages
 from agentrl.types import Completion, Message, Rollout, Task, Turn
 
 VOCAB = 4
@@ -232,7 +232,7 @@ def test_task_order_is_seeded_and_covers_the_split():
 
 def test_group_advantages_mean_baseline():
     assert group_advantages([1.0, 0.0, 0.0, 1.0]) == [0.5, -0.5, -0.5, 0.5]
-    normalized = group_advantages([1.0, 0.0], normalize=True)
+    normalized = group_advantages([1.0, 0.0], std_normalize=True)
     assert normalized[0] == pytest.approx(1.0, abs=1e-4) and normalized[1] == pytest.approx(-1.0, abs=1e-4)
     assert group_advantages([0.3, 0.3]) == [0.0, 0.0]
 
