@@ -90,7 +90,8 @@ def time_request(client: httpx.Client, url: str, headers: dict | None = None) ->
 
 def bench_size(name: str, work: Path, *, updates: int, requests: int, console: Console) -> dict:
     from agentrl.inference.plans import cpu_server_options
-    from agentrl.inference.router import VLLMRouter, session_headers
+    from agentrl.inference.router import VLLMRouter
+    from agentrl.session import session_headers
     from agentrl.inference.server import VLLMServer
     from agentrl.inference.weights import FilesystemWeightPublisher
 

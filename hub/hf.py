@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
-from agentrl.hub.refs import PackageRef, resolve_version, sort_versions
+from agentrl.hub.refs import PackageRef, VersionConflictError, resolve_version, sort_versions
 
 __all__ = ["HFHub", "PACKAGE_TAG", "TAG_DELAY_ENV"]
 
@@ -145,8 +145,6 @@ class HFHub:
     def publish(self, staged: Path, ref: PackageRef, lock: PackageLock) -> bool:
         """Commit the staged package to `main` (mirroring it exactly), then tag the commit with the version."""
         from huggingface_hub import errors
-
-        from agentrl.hub.publish import VersionConflictError
 
         existing = self.lock_of(ref)
         if existing is not None:

@@ -21,23 +21,13 @@ from typing import Any, Protocol
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 from agentrl.hub.package import PackageLock, content_hash, stage_package, validate_package, verify_package
-from agentrl.hub.refs import PackageRef, default_owner, installed_root, parse_ref
+from agentrl.hub.refs import PackageRef, VersionConflictError, default_owner, installed_root, parse_ref
 
 __all__ = ["HubBackend", "VersionConflictError", "PushResult", "get_hub", "push_package", "pull_package",
            "list_packages", "STAGE_DELAY_ENV"]
 
 STAGE_DELAY_ENV = "AGENTRL_HUB_STAGE_DELAY_S"
 """Seconds to sleep after each staged file (fault-injection hook: lets tests kill a push midway)."""
-
-
-class VersionConflictError(AgentrlError):
-    """A version already exists on the hub with different content; versions are immutable."""
-
-    @classmethod
-    def for_ref(cls, ref: PackageRef, existing: str, new: str) -> "VersionConflictError":
-        return cls(f"{ref}: this version is already published with content hash {existing[:19]}..., "
-                   f"the package now hashes to {new[:19]}...; versions are immutable, bump `version` "
-                   "in environment.toml")
 
 
 class HubBackend(Protocol):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from agentrl.errors import AgentrlError, NotFoundError
 
-__all__ = ["PackageRef", "parse_ref", "sort_versions", "resolve_version", "hub_root", "installed_root", "default_owner",
-           "find_installed", "list_installed"]
+__all__ = ["PackageRef", "VersionConflictError", "parse_ref", "sort_versions", "resolve_version", "hub_root",
+           "installed_root", "default_owner", "find_installed", "list_installed"]
 
 _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-_.]{0,95}$")
 
@@ -122,3 +122,13 @@ def find_installed(text: str) -> Path:
         raise NotFoundError(f"environment {ref.repo_id} has no installed version {ref.version!r} "
                             f"(installed: {', '.join(versions)})")
     return folder / ref.version
+
+
+class VersionConflictError(AgentrlError):
+    """A version already exists on the hub with different content; versions are immutable."""
+
+    @classmethod
+    def for_ref(cls, ref: PackageRef, existing: str, new: str) -> "VersionConflictError":
+        return cls(f"{ref}: this version is already published with content hash {existing[:19]}..., "
+                   f"the package now hashes to {new[:19]}...; versions are immutable, bump `version` "
+                   "in environment.toml")

@@ -27,7 +27,7 @@ _EXPORTS = {
     "Environment": "agentrl.environment",
     "SingleTurnEnv": "agentrl.environment",
     "MultiTurnEnv": "agentrl.environment",
-    "ToolEnv": "agentrl.environment",
+    "ToolEnv": "agentrl.tool_env",
     "Rubric": "agentrl.rubric",
     "XMLParser": "agentrl.parsers",
     "ThinkParser": "agentrl.parsers",

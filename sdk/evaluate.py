@@ -31,14 +31,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from agentrl.compare import Comparison, run_baseline
 from agentrl.config import BaseConfig
-from agentrl.errors import AgentrlError, ConfigError
+from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.eval_summary import EvalSummary, pass_at_k, summarize
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Rollout
 from pydantic import Field
 
-__all__ = ["EvalConfig", "EvalSummary", "default_output_dir", "evaluate", "evaluate_async", "pass_at_k"]
+__all__ = ["EvalConfig", "EvalSummary", "compare_checkpoint", "default_output_dir", "evaluate", "evaluate_async",
+           "pass_at_k"]
 
 
 class EvalConfig(BaseConfig):
@@ -302,8 +304,6 @@ def evaluate(
     an `agentrl.compare.Comparison` of the two (see `agentrl.compare`).
     """
     if checkpoint is not None:
-        from agentrl.compare import compare_checkpoint
-
         return compare_checkpoint(env, checkpoint=checkpoint, baseline=baseline, n=n,
                                   rollouts_per_task=rollouts_per_task, sampling=sampling, output=output,
                                   progress=progress, **options)
@@ -318,6 +318,24 @@ def evaluate(
         sampling=sampling or SamplingConfig(), output=Path(output) if output else None, **options,
     )
     return run_evaluation(config, environment=environment, progress=progress, server_log=server_log)
+
+
+def compare_checkpoint(
+    env: Any = "reverse-text", *, checkpoint: str | Path, baseline: str | None = None, **options: Any
+) -> Comparison:
+    """Evaluate `checkpoint` and `baseline` (default: what its run started from) with the same settings."""
+    folder = Path(checkpoint).expanduser()
+    if not (folder / "config.json").is_file():
+        raise NotFoundError(f"checkpoint {checkpoint}: no config.json there; pass RUN/checkpoints/step_N")
+    baseline = baseline or run_baseline(folder)
+    if baseline is None:
+        raise NotFoundError(f"checkpoint {checkpoint}: not inside a run folder; pass baseline=... (a model or folder)")
+    output = options.pop("output", None)
+    results = {}
+    for role, model in (("checkpoint", str(folder)), ("baseline", baseline)):
+        role_output = Path(output) / role if output else None
+        results[role] = evaluate(env, model=model, output=role_output, **options)
+    return Comparison(checkpoint=results["checkpoint"], baseline=results["baseline"])
 
 
 def run_evaluation(

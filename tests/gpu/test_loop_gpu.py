@@ -86,7 +86,8 @@ def _trainer_routing(trainer, tokens):
 def test_native_routed_experts_agree_with_the_trainers_router(dtype, tmp_path):
     import httpx
 
-    from agentrl.inference.routed_experts import decode_routed_experts_array, routing_agreement
+    from agentrl.inference.routed_experts import routing_agreement
+    from agentrl.routed import decode_routed_experts_array
     from agentrl.models import ensure_model
 
     model_dir = ensure_model("tiny-moe")

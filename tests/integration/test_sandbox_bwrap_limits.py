@@ -78,7 +78,7 @@ asyncio.run(main())
 
 def test_the_next_process_first_bwrap_start_reaps_a_killed_owner_sandbox():
     from agentrl.sandbox import cgroups
-    from agentrl.sandbox.bwrap_backend import DISK_DIR, workspace_root
+    from agentrl.sandbox.bwrap_workspace import DISK_DIR, workspace_root
 
     owner = f"test-bwrap-reap-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([sys.executable, "-c", OWNER, owner], stdout=subprocess.PIPE, text=True)

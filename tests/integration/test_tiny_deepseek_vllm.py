@@ -86,7 +86,8 @@ def test_prompt_logprobs_equal_the_trainers(server, trainer_model, prompt):
 
 
 def test_decoded_logprobs_and_routed_experts_equal_the_trainers(server, trainer_model):
-    from agentrl.inference.routed_experts import decode_routed_experts_array, routing_agreement
+    from agentrl.inference.routed_experts import routing_agreement
+    from agentrl.routed import decode_routed_experts_array
 
     body = {"token_ids": SHORT, "sampling_params": {"max_tokens": 24, "temperature": 1.0, "seed": 5, "logprobs": 0,
                                                    "ignore_eos": True, "detokenize": False}}

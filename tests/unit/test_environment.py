@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from agentrl.environment import MultiTurnEnv, SingleTurnEnv, ToolEnv
+from agentrl.environment import MultiTurnEnv, SingleTurnEnv
+from agentrl.tool_env import ToolEnv
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.policies import ScriptedPolicy, render_tokens, tool_call
 from agentrl.rubric import Rubric

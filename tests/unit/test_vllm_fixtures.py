@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 import pytest
-from agentrl.inference.routed_experts import decode_routed_experts_array
+from agentrl.routed import decode_routed_experts_array
 from agentrl.inference.vllm_compat import reports_weight_versions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
