@@ -120,7 +120,7 @@ def main(
     from agentrl.client import TokenClient, _vllm_sampling_params
     from agentrl.evaluate import EvalConfig, evaluate_async
     from agentrl.inference.server import VLLMServer
-    from agentrl.loader import load_environment
+    from agentrl.hub.loader import load_environment
     from agentrl.sampling import SamplingConfig
 
     console = Console()

@@ -97,7 +97,7 @@ def content_hash(package_dir: Path) -> str:
 
 
 def _call_generator(package_dir: Path, spec: str, name: str) -> dict[str, Any]:
-    from agentrl.loader import import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
 
     function = import_package_attr(package_dir, spec, package_name=name)
     result = function()

@@ -203,7 +203,7 @@ async def evaluate_async(
     on_start: Callable[[int], None] | None = None, server_startup_s: float | None = None,
 ) -> EvalSummary:
     """Run an evaluation against `config.base_url` (a running server) and return its summary."""
-    from agentrl.loader import load_environment
+    from agentrl.hub.loader import load_environment
 
     if config.base_url is None:
         raise AgentrlError("evaluate_async needs base_url; agentrl.evaluate() starts a server when it is unset")
@@ -343,7 +343,7 @@ def run_evaluation(
     on_server: Callable[[Any], None] | None = None,
 ) -> EvalSummary:
     """Validate names, start a server when needed, run the evaluation, stop the server."""
-    from agentrl.loader import load_environment
+    from agentrl.hub.loader import load_environment
     from agentrl.models import resolve_model
 
     try:

@@ -156,7 +156,7 @@ def _list_loadable(search: Optional[str], tag: Optional[str]) -> None:
 
     from agentrl.errors import AgentrlError
     from agentrl.hub.manifest import load_manifest
-    from agentrl.loader import list_environments
+    from agentrl.hub.loader import list_environments
 
     table = Table("environment", "version", "source", "tags", "folder", title="loadable by name")
     table.columns[-1].overflow = "fold"  # a folder is never cut short

@@ -36,7 +36,7 @@ class RolloutWorker:
         from agentrl.cpu_priority import lower_priority
         from agentrl.session import attach_session_affinity
         from agentrl.inference.supervisor import EndpointWatch, SupervisedClient
-        from agentrl.loader import load_environment
+        from agentrl.hub.loader import load_environment
 
         # Every thread this worker has now; threads it starts later inherit the niceness.
         lower_priority(os.getpid(), nice=nice)

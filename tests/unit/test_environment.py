@@ -330,7 +330,7 @@ def test_sdk_environment_modules_import_light():
 
     code = (
         "import agentrl.environment, agentrl.tool_env, agentrl.rubric, agentrl.parsers, agentrl.tools, "
-        "agentrl.loader, agentrl.policies, sys\n"
+        "agentrl.hub.loader, agentrl.policies, sys\n"
         "print(','.join(m for m in ('torch', 'vllm', 'ray', 'transformers', 'datasets') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

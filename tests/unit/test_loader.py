@@ -9,7 +9,7 @@ import agentrl
 import pytest
 from agentrl.environment import SingleTurnEnv
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.loader import builtin_environments_dir, list_environments, load_environment
+from agentrl.hub.loader import builtin_environments_dir, list_environments, load_environment
 
 ENV_MODULE = '''
 from agentrl.environment import SingleTurnEnv

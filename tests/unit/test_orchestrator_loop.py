@@ -305,7 +305,7 @@ async def test_a_failed_weight_load_ends_the_run_with_its_error():
 
 def _long_prompt_env():
     """The real reverse-text environment with texts of ~2,750 characters: more than tiny-moe's 2,048 tokens."""
-    from agentrl.loader import load_environment
+    from agentrl.hub.loader import load_environment
 
     return load_environment("reverse-text", num_train=4, num_test=1, min_words=600, max_words=600, max_chars=10000)
 

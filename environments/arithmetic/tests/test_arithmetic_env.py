@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import agentrl
 import pytest
-from agentrl.loader import import_package_attr
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
 

@@ -35,7 +35,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 async def test_imported_rows_run_and_grade_as_swebench_grades_them(tmp_path):
     import agentrl
     from agentrl.hub.package import validate_package
-    from agentrl.loader import import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
     from agentrl.policies import ScriptedPolicy, tool_call
     from agentrl.sampling import SamplingConfig
 

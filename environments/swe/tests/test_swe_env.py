@@ -18,7 +18,7 @@ import json
 import agentrl
 import pytest
 from agentrl.errors import AgentrlError
-from agentrl.loader import import_package_attr
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
 from swe_testlib import build_sample_images, sample_rows

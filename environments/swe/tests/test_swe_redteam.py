@@ -156,7 +156,7 @@ def _env(sample_file, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_swe_oracle_still_scores_one(sample_file, backend):
-    from agentrl.loader import import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
 
     env = _env(sample_file, backend)
     [task] = env.tasks("test")
