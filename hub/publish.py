@@ -22,6 +22,7 @@ from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 from agentrl.hub.package import PackageLock, content_hash, stage_package, validate_package, verify_package
 from agentrl.hub.refs import PackageRef, VersionConflictError, default_owner, installed_root, parse_ref
+from agentrl.hub.images import build_image, push_image
 
 __all__ = ["HubBackend", "VersionConflictError", "PushResult", "get_hub", "push_package", "pull_package",
            "list_packages", "STAGE_DELAY_ENV"]
@@ -117,8 +118,6 @@ def _publish_image(package_dir: Path, manifest: Manifest, *, registry: str | Non
         if sandbox.dockerfile and not sandbox.digest:
             say(f"no --registry given: image {sandbox.image} is not built or pushed, and no digest is recorded")
         return sandbox.image, sandbox.digest
-    from agentrl.hub.images import build_image, push_image
-
     local_tag = f"{manifest.name}:{manifest.version}"
     say(f"building image {local_tag} from {sandbox.dockerfile}")
     build_image(package_dir, dockerfile=sandbox.dockerfile, tag=local_tag, network=sandbox.network)

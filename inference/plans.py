@@ -29,6 +29,7 @@ import sys
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentConfig, DeploymentPlan, ProcessSpec
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
+from agentrl.config import load_config
 
 __all__ = [
     "build_plan",
@@ -362,8 +363,6 @@ def plan_for_cli(
     HF repo id (the path each node will load). With `validate`, every command line is also
     checked with vLLM's and vllm-router's own parsers.
     """
-    from agentrl.config import load_config
-
     overrides = [override.removeprefix("inference.") for override in overrides or []]
     config = load_config(DeploymentConfig, deployment_file, overrides=overrides)
     target = model

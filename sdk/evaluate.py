@@ -38,6 +38,10 @@ from agentrl.eval_summary import EvalSummary, pass_at_k, summarize
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Rollout
 from pydantic import Field
+from agentrl.models import resolve_model
+from agentrl.openai_client import OpenAIClient
+from agentrl.environment import Environment
+from agentrl.hub.loader import load_environment
 
 __all__ = ["EvalConfig", "EvalSummary", "compare_checkpoint", "default_output_dir", "evaluate", "evaluate_async",
            "pass_at_k"]
@@ -112,8 +116,6 @@ async def _has_token_endpoint(base_url: str) -> bool:
 
 async def _make_client(config: EvalConfig, base_url: str, *, started_here: bool):
     from agentrl.client import TokenClient
-    from agentrl.models import resolve_model
-    from agentrl.openai_client import OpenAIClient
 
     kind = config.client
     spec = None
@@ -169,8 +171,6 @@ def _slot_scheduled_group(env: Any, client: Any, config: EvalConfig) -> Callable
     the rollouts scheduled one by one; an environment that overrides `run_group` keeps its
     own, with whole groups scheduled instead.
     """
-    from agentrl.environment import Environment
-
     rollout_slots = asyncio.Semaphore(config.max_concurrent)
     size = config.rollouts_per_task
     if type(env).run_group is not Environment.run_group:
@@ -203,8 +203,6 @@ async def evaluate_async(
     on_start: Callable[[int], None] | None = None, server_startup_s: float | None = None,
 ) -> EvalSummary:
     """Run an evaluation against `config.base_url` (a running server) and return its summary."""
-    from agentrl.hub.loader import load_environment
-
     if config.base_url is None:
         raise AgentrlError("evaluate_async needs base_url; agentrl.evaluate() starts a server when it is unset")
     env = environment if environment is not None else load_environment(config.env, **config.env_args)
@@ -343,9 +341,6 @@ def run_evaluation(
     on_server: Callable[[Any], None] | None = None,
 ) -> EvalSummary:
     """Validate names, start a server when needed, run the evaluation, stop the server."""
-    from agentrl.hub.loader import load_environment
-    from agentrl.models import resolve_model
-
     try:
         asyncio.get_running_loop()
     except RuntimeError:

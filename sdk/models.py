@@ -20,6 +20,7 @@ from typing import Any
 from agentrl.errors import NotFoundError
 from agentrl.tiny_moe import GLM_AIR_5B_CONFIG, GLM_AIR_DEEP_CONFIG, TINY_DEEPSEEK_CONFIG
 from pydantic import BaseModel, ConfigDict, model_validator
+from agentrl.tiny_moe import LOCAL_MODELS, ensure_local_model
 
 __all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
 
@@ -83,8 +84,6 @@ class ModelSpec(BaseModel):
         """The local model folder, created for tiny-moe, or a clear error when missing."""
         if self.path is not None:
             return self.path
-        from agentrl.tiny_moe import LOCAL_MODELS, ensure_local_model
-
         if self.name in LOCAL_MODELS and self.hf_repo is None:
             return ensure_local_model(self.name)
         found = _hf_cache_path(self.hf_repo) if self.hf_repo else None

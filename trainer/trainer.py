@@ -56,6 +56,11 @@ from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_s
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
 from agentrl.types import TrainingSample
+from agentrl.gpu_memory import GIB, process_gpu_bytes
+from agentrl.trainer.models.attention import query_tail
+from agentrl.trainer.checkpoint import save_checkpoint
+from agentrl.trainer.checkpoint import load_checkpoint
+from agentrl.trainer.checkpoint import export_hf
 
 __all__ = ["TOKEN_LOGPROB_DIGITS", "Trainer", "resolve_model_dir"]
 
@@ -305,8 +310,6 @@ class Trainer:
         `mem/trainer_process_gib` (the driver's count: context and libraries too, where NVML can see it)."""
         if self.device.type != "cuda":
             return {}
-        from agentrl.gpu_memory import GIB, process_gpu_bytes
-
         metrics = {"mem/trainer_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
                    "mem/trainer_reserved_gib": torch.cuda.memory_reserved(self.device) / GIB}
         used = process_gpu_bytes(os.getpid())
@@ -324,8 +327,6 @@ class Trainer:
         """The row under the trainer's own routing (no replay, no gradient): its summed mismatch KL, and of the
         (token, MoE layer) expert sets inference reported (replay_mask tokens), how many the trainer's routers
         chose alike, out of how many."""
-        from agentrl.trainer.models.attention import query_tail
-
         blocks = self.model.moe_blocks()
         needed_T = row.loss_mask[window].to(self.device)
         for block in blocks:
@@ -359,20 +360,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, path: str | Path) -> Path:
-        from agentrl.trainer.checkpoint import save_checkpoint
-
         return save_checkpoint(self, path)
 
     def load_checkpoint(self, path: str | Path) -> int:
-        from agentrl.trainer.checkpoint import load_checkpoint
-
         return load_checkpoint(self, path)
 
     def export_hf(self, out_dir: str | Path, *, dtype: torch.dtype | None = None, digest: bool = False) -> Path | None:
         """HF safetensors of the current weights (in the source checkpoint's dtype unless given); `digest`: their
         digest beside them, for the servers' weight check."""
-        from agentrl.trainer.checkpoint import export_hf
-
         if dtype is None and self.model_dir is not None:
             config = json.loads((self.model_dir / "config.json").read_text())
             name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"

@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from agentrl.hub.images import push_image
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -137,8 +138,6 @@ def build_images(names: list[str] | None = None, *, base: str | None = None) -> 
 
 def push_images(names: list[str], *, registry: str) -> list[tuple[str, str, str]]:
     """Push built images to `registry`; returns (local image, remote reference, digest) for each."""
-    from agentrl.hub.images import push_image
-
     return [(name, *push_image(name, registry=registry)) for name in names]
 
 

@@ -37,6 +37,7 @@ from agentrl.rl.step_time import StepTimeInputs
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
 from pydantic import Field
+from agentrl.models import ensure_model
 
 __all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfig", "load_run_config",
            "TINY_MOE_SFT", "CPU_DEFAULT_RECIPE", "TINY_NEMOTRON_SFT", "TINY_NEMOTRON_RECIPE"]
@@ -182,8 +183,6 @@ class RunConfig(BaseConfig):
                     "pass an exported checkpoint folder"
                 )
             return path
-        from agentrl.models import ensure_model
-
         return Path(ensure_model(self.model.name))
 
     def generation_nice(self) -> int:

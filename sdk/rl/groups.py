@@ -31,6 +31,10 @@ from typing import Any
 from agentrl.inference.transfer import WeightTransport
 from agentrl.rl.shipping import Folder, write_folder
 from agentrl.types import TrainingSample
+from agentrl.rl.trainer_rank import TrainerRank
+from agentrl.rl.shipping import mark_visible
+from agentrl.rl.shipping import read_folder
+from agentrl.rl.inference_actor import InferenceActor, InferenceNodeActor
 
 __all__ = ["InferenceGroup", "TrainerGroup", "merge_token_logprobs"]
 
@@ -76,8 +80,6 @@ class TrainerGroup:
     @classmethod
     def start(cls, reservation: Any, *, run_id: str, config: Any, model_dir: str, model_files: Any) -> "TrainerGroup":
         import ray
-
-        from agentrl.rl.trainer_rank import TrainerRank
 
         world = config.trainer_world()
         threads = config.launch.trainer_threads if not config.launch.trainer_gpus else None
@@ -130,8 +132,6 @@ class TrainerGroup:
     async def save_checkpoint(self, path: str, *, step: int, trainer_state: bool = True) -> None:
         """Every rank saves; ranks that see `path` (the driver's checkpoint folder) write into it, the
         other nodes' files come back from one rank each and are merged into it."""
-        from agentrl.rl.shipping import mark_visible
-
         token = mark_visible(path)
         parts = await asyncio.gather(*(rank.save.remote(step, dest=path, token=token, ship=index in self.shippers,
                                                         trainer_state=trainer_state)
@@ -145,8 +145,6 @@ class TrainerGroup:
     def load_checkpoint(self, path: Path, step: int) -> int:
         """Every rank restores `path`: read in place where the node sees it, else shipped to it."""
         import ray
-
-        from agentrl.rl.shipping import read_folder
 
         visible = ray.get([rank.sees_checkpoint.remote(str(path)) for rank in self.ranks])
         shared = ray.put(read_folder(path, max_bytes=1 << 62)) if not all(visible) else None
@@ -197,8 +195,6 @@ class InferenceGroup:
     def _start(cls, actors: list[Any], reservation: Any, spec: Any, *, run_id: str, config: Any, deployment: Any,
                model_dir: str, model_files: Any, log_dir: Path) -> "InferenceGroup":
         import ray
-
-        from agentrl.rl.inference_actor import InferenceActor, InferenceNodeActor
 
         if deployment.kind in ("wide_ep", "pd"):
             for slot, node in zip(spec.inference, spec.inference_nodes, strict=True):

@@ -18,6 +18,15 @@ from agentrl.inference.deployment import DeploymentConfig
 from agentrl.models import PRESETS
 from agentrl.rl.orchestrator import OrchestratorConfig
 from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.layout import plan_layout
+from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.models import resolve_model
+from agentrl.rl.step_time import predict_run
+from agentrl.inference.plans import build_plan
+from agentrl.project_files import resolve_project_path
+from agentrl.rl.decode_model import MEASURED_DECODE
+from agentrl.gpu_memory import GIB, device_total_bytes
+from agentrl.rl.shared_gpu import shared_gpu_plan
 
 if TYPE_CHECKING:
     from agentrl.rl.config import RunConfig
@@ -127,8 +136,6 @@ def inference_gpus_of(deployment: DeploymentConfig) -> int:
 
 def trainer_plan(config: RunConfig):
     """The trainer's parallel layout and memory estimate for this run (raises when nothing fits)."""
-    from agentrl.trainer.layout import plan_layout
-
     args = _model_args(config)
     world = config.trainer_world()
     parallel = config.trainer.parallel
@@ -140,8 +147,6 @@ def trainer_plan(config: RunConfig):
 
 def _model_args(config: RunConfig):
     """Model shape from the local folder, or from the preset's recorded config when the weights are not here."""
-    from agentrl.trainer.models.args import MoEModelArgs
-
     return MoEModelArgs.for_model(config.model.name)
 
 
@@ -149,9 +154,6 @@ def plan_split(config: RunConfig) -> None:
     """Split `launch.gpus` into whole trainer nodes and inference engines: of the splits whose trainer
     layout fits, the one with the shortest predicted step (`agentrl.rl.step_time`); sets `config.launch`
     and the inference deployment's size in place, or raises a one-line error when none fits."""
-    from agentrl.models import resolve_model
-    from agentrl.rl.step_time import predict_run
-
     total, per_node = config.launch.gpus, config.launch.gpus_per_node
     if total % per_node:
         raise AgentrlError(f"launch.gpus={total}: plan whole nodes, a multiple of launch.gpus_per_node "
@@ -204,11 +206,6 @@ def _use_split(config: RunConfig, *, trainer_gpus: int, inference_gpus: int, eng
 
 def plan_run(config: RunConfig) -> str:
     """The full plan as text: nodes, GPUs per role, trainer layout, vLLM commands, memory per GPU."""
-    from agentrl.inference.plans import build_plan
-    from agentrl.models import resolve_model
-
-    from agentrl.project_files import resolve_project_path
-
     spec = resolve_model(config.model.name)
     start = config.model.init_checkpoint
     model_ref = spec.hf_repo or (str(resolve_project_path(start)) if start else config.model.name)
@@ -278,9 +275,6 @@ def _nodes_line(config: RunConfig, *, gpus_inference: int, gpus_trainer: int) ->
 
 
 def _step_time_lines(config: RunConfig, layout) -> list[str]:
-    from agentrl.rl.decode_model import MEASURED_DECODE
-    from agentrl.rl.step_time import predict_run
-
     prediction = predict_run(config, layout)
     lines = prediction.lines()
     split = f"{config.launch.trainer_gpus} trainer + {config.launch.inference_gpus} inference GPUs"
@@ -307,9 +301,6 @@ def _step_time_lines(config: RunConfig, layout) -> list[str]:
 
 def _shared_gpu_problem(config: RunConfig) -> str | None:
     """Why a colocated run would not fit its GPU (`agentrl.rl.shared_gpu`), None when it fits or is not colocated."""
-    from agentrl.gpu_memory import GIB, device_total_bytes
-    from agentrl.rl.shared_gpu import shared_gpu_plan
-
     if not config.launch.colocate or config.inference.device != "gpu":
         return None
     try:
@@ -323,10 +314,8 @@ def _shared_gpu_problem(config: RunConfig) -> str | None:
 
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:
     """Raise a one-line `ResourceError` listing what is missing for this run."""
-    from agentrl.inference.plans import build_plan
     from agentrl.inference.server import detect_device
     from agentrl.inference.supervisor import visible_gpus
-    from agentrl.models import resolve_model
 
     spec = resolve_model(config.model.name)
     missing: list[str] = []

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = ["MARGIN_GIB", "SharedGpuPlan", "shared_gpu_plan"]
 
@@ -110,8 +111,6 @@ def shared_gpu_plan(config: Any, layout: Any, *, gpu_gib: float | None = None) -
     GPU in hand), else `[plan] gpu_memory_gib`."""
     if not (config.launch.colocate and config.inference.device == "gpu" and config.launch.trainer_gpus):
         return None
-    from agentrl.trainer.models.args import MoEModelArgs
-
     args = MoEModelArgs.for_model(config.model.name)
     card = gpu_gib if gpu_gib is not None else config.plan.gpu_memory_gib
     served_bytes = 1 if config.inference.uses_fp8() else (4 if config.inference_dtype() == "float32" else 2)

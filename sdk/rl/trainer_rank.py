@@ -26,6 +26,9 @@ from typing import Any
 from agentrl.inference.transfer import WeightTransport
 from agentrl.rl.shipping import Folder, node_dir, prune_versions, read_folder, remove_node_dirs, sees, write_folder
 from agentrl.types import TrainingSample
+from agentrl.rl.inference_actor import local_folder
+from agentrl.gpu_memory import GIB, device_processes
+from agentrl.rl.diagnostics import out_of_memory_error
 
 __all__ = ["TrainerRank"]
 
@@ -69,7 +72,6 @@ class TrainerRank:
         import torch
         import torch.distributed as dist
 
-        from agentrl.rl.inference_actor import local_folder
         from agentrl.trainer.trainer import Trainer
 
         if self.world > 1 and not dist.is_initialized():
@@ -102,9 +104,6 @@ class TrainerRank:
     def _out_of_memory(self, step: int) -> Exception:
         """The one-line error of a CUDA out-of-memory error in `step`, with this GPU's memory as it stands."""
         import torch
-
-        from agentrl.gpu_memory import GIB, device_processes
-        from agentrl.rl.diagnostics import out_of_memory_error
 
         device = self.trainer.device
         self.trainer.release_cached_memory()

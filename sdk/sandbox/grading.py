@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from agentrl.sandbox.archive import WorkdirRejected, remove_tree
 from agentrl.sandbox.base import Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox import create_sandbox
 
 __all__ = ["TAMPER_METRIC", "WORKDIR_REJECTED_METRIC", "WorkdirRejected", "grade_in_fresh_sandbox"]
 
@@ -67,8 +68,6 @@ async def grade_in_fresh_sandbox(
     `config` overrides the fresh sandbox's config (default: the agent sandbox's own); with `keep_open`
     the agent's sandbox stays usable (its processes are still killed before the copy).
     """
-    from agentrl.sandbox import create_sandbox
-
     remotes = [sandbox._abs(path, "grade_in_fresh_sandbox") for path in (paths or [sandbox.config.workdir])]
     staging = Path(tempfile.mkdtemp(prefix="agentrl-grade-"))
     try:
