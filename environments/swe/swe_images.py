@@ -13,9 +13,9 @@ and the digests are printed, one `image remote digest` line each.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import argparse
 import hashlib
-import os
 import shutil
 import sys
 import tempfile
@@ -39,7 +39,7 @@ CONTENT_LABEL = "agentrl.swe.content"
 
 def base_image() -> str:
     """The base image the project images start from ($AGENTRL_SWE_BASE_IMAGE or agentrl-base:bookworm)."""
-    return os.environ.get("AGENTRL_SWE_BASE_IMAGE") or DEFAULT_BASE_IMAGE
+    return env_vars.SWE_BASE_IMAGE.get() or DEFAULT_BASE_IMAGE
 
 
 def _docker_client():

@@ -18,10 +18,11 @@ never changes servers that did not ask for it:
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import os
 
-ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
-CPU_FIXES_ENV = "AGENTRL_CPU_FIXES"
+ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
+CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 
 
 def _enabled(name: str) -> bool:

@@ -7,6 +7,7 @@ prints results (rich tables), and stays light at import.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 from pathlib import Path
 from typing import Optional
 
@@ -27,9 +28,8 @@ def _echo(message: str) -> None:
 
 
 def _registry(value: Optional[str]) -> Optional[str]:
-    import os
 
-    return value or os.environ.get("AGENTRL_REGISTRY") or None
+    return value or env_vars.REGISTRY.get() or None
 
 
 @app.command()

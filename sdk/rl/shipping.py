@@ -22,7 +22,7 @@ everything crossing a process boundary is.
 
 from __future__ import annotations
 
-import os
+from agentrl import env_vars
 import shutil
 import tempfile
 import uuid
@@ -44,7 +44,7 @@ MAX_SHIPPED_BYTES = 8 * 1024**3
 
 def node_dir(*parts: str) -> Path:
     """This node's own working folder for agentrl (created), optionally a subfolder of it."""
-    root = Path(os.environ.get("AGENTRL_NODE_DIR") or Path(tempfile.gettempdir()) / "agentrl-node")
+    root = Path(env_vars.NODE_DIR.get() or Path(tempfile.gettempdir()) / "agentrl-node")
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path

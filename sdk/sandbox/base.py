@@ -9,6 +9,7 @@ read or write its own files; a backend with a native file API may override them.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import asyncio
 import os
 import shlex
@@ -34,7 +35,7 @@ MAX_TIMEOUT_S = 7 * 86_400.0  # a week: any longer command timeout is a mistake 
 
 def default_owner() -> str:
     """The run id sandboxes are labelled with: `$AGENTRL_RUN_ID`, else `pid-<pid>`."""
-    return os.environ.get("AGENTRL_RUN_ID") or f"pid-{os.getpid()}"
+    return env_vars.RUN_ID.get() or f"pid-{os.getpid()}"
 
 
 class SandboxConfig(BaseConfig):

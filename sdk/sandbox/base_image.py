@@ -10,6 +10,7 @@ rootfs tree stays on disk (`rootfs_dir()`) because the bubblewrap backend runs o
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import contextlib
 import fcntl
 import hashlib
@@ -75,7 +76,7 @@ def recipe_hash(recipe: dict | None = None) -> str:
 
 def cache_root() -> Path:
     """Where rootfs trees live: `$AGENTRL_SANDBOX_CACHE` or /var/cache/agentrl (as root)."""
-    env = os.environ.get("AGENTRL_SANDBOX_CACHE")
+    env = env_vars.SANDBOX_CACHE.get()
     if env:
         return Path(env)
     if os.geteuid() == 0:

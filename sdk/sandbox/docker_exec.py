@@ -11,6 +11,7 @@ init, gVisor past its pids limit) is reported as such.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import os
 import select
 import socket
@@ -24,7 +25,7 @@ from agentrl.sandbox.base import CappedBuffer, RawExecResult, SandboxError
 __all__ = ["EXEC_MARKER", "HARD_DEADLINE_GRACE_S", "exec_via_docker", "kill_all_via_docker", "kill_exec_processes"]
 
 HARD_DEADLINE_GRACE_S = 3.0
-EXEC_MARKER = "AGENTRL_EXEC_ID"
+EXEC_MARKER = env_vars.EXEC_ID.name
 # Kill every process that inherited one exec's marker variable (its escaped children too).
 _KILL_EXEC = (
     'for d in /proc/[0-9]*; do grep -qz "^{marker}={exec_id}$" "$d/environ" 2>/dev/null '
