@@ -13,12 +13,12 @@ The endpoint comes from `HF_ENDPOINT` (default https://huggingface.co) and the t
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import contextlib
 import shutil
 import tempfile
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
 from agentrl.hub.refs import PackageRef, VersionConflictError, resolve_version, sort_versions

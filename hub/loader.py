@@ -20,13 +20,13 @@ the caller's keyword arguments (which win) go to the entrypoint.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl import env_vars
 from agentrl.environment import Environment
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.hub.entrypoint import import_package_attr

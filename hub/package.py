@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
-from agentrl.hub.entrypoint import import_package_attr
 from agentrl.config import dump_config
+from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.hub.entrypoint import import_package_attr
+from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 
 __all__ = [
     "LOCK_NAME", "DATASET_DIR", "IGNORED_NAMES", "PackageLock", "HashMismatchError",

@@ -9,7 +9,6 @@ verifies every file's hash, and optionally pulls the image by its digest.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import os
 import shutil
 import tempfile
@@ -19,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.hub.images import build_image, push_image
 from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 from agentrl.hub.package import PackageLock, content_hash, stage_package, validate_package, verify_package
 from agentrl.hub.refs import PackageRef, VersionConflictError, default_owner, installed_root, parse_ref
-from agentrl.hub.images import build_image, push_image
 
 __all__ = ["HubBackend", "VersionConflictError", "PushResult", "get_hub", "push_package", "pull_package",
            "list_packages", "STAGE_DELAY_ENV"]

@@ -7,11 +7,11 @@ finds them (`find_installed`).
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["PackageRef", "VersionConflictError", "parse_ref", "sort_versions", "resolve_version", "hub_root",
@@ -128,7 +128,7 @@ class VersionConflictError(AgentrlError):
     """A version already exists on the hub with different content; versions are immutable."""
 
     @classmethod
-    def for_ref(cls, ref: PackageRef, existing: str, new: str) -> "VersionConflictError":
+    def for_ref(cls, ref: PackageRef, existing: str, new: str) -> VersionConflictError:
         return cls(f"{ref}: this version is already published with content hash {existing[:19]}..., "
                    f"the package now hashes to {new[:19]}...; versions are immutable, bump `version` "
                    "in environment.toml")

@@ -69,8 +69,8 @@ def oracle_policy(mode="edit"):
 
 
 def _swe_attr(name: str) -> Any:
-    from agentrl.hub.loader import builtin_environments_dir
     from agentrl.hub.entrypoint import import_package_attr
+    from agentrl.hub.loader import builtin_environments_dir
 
     return import_package_attr(builtin_environments_dir() / "swe", f"swe:{name}", package_name="swe")
 

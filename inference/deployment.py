@@ -12,10 +12,11 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.transfer import TransportName, WeightTransport, transport_for
-from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["DeploymentConfig", "ProcessSpec", "DeploymentPlan", "FP8_CAPABLE_GPUS", "VLLM_MODULE"]
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import require
+from agentrl.inference.ipc_buffer import PackedIpcBuffer
+from agentrl.inference.server import free_port
 from agentrl.inference.vllm_compat import (
     ipc_init_info,
     ipc_update_info,
@@ -36,8 +38,6 @@ from agentrl.inference.weights import (
     server_controls,
 )
 from agentrl.weight_digest import tensor_digests
-from agentrl.inference.server import free_port
-from agentrl.inference.ipc_buffer import PackedIpcBuffer
 
 __all__ = ["NcclWeightPublisher", "IpcWeightPublisher", "wire_bytes"]
 

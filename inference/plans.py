@@ -27,10 +27,10 @@ import json
 import sys
 
 from agentrl import env_vars
+from agentrl.config import load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentConfig, DeploymentPlan, ProcessSpec
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
-from agentrl.config import load_config
 
 __all__ = [
     "build_plan",

@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from agentrl.errors import AgentrlError
 
 __all__ = ["VLLMRouter", "RouterError", "router_command"]
@@ -96,7 +95,7 @@ class VLLMRouter:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "VLLMRouter":
+    def start(self) -> VLLMRouter:
         """Start the router and wait until it answers `/health` with its workers registered."""
         if self.process is not None:
             return self
@@ -158,7 +157,7 @@ class VLLMRouter:
             self._log_handle.close()
             self._log_handle = None
 
-    def __enter__(self) -> "VLLMRouter":
+    def __enter__(self) -> VLLMRouter:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from agentrl.weight_digest import float64_sums
+
 from agentrl.gpu_memory import process_gpu_bytes
+from agentrl.weight_digest import float64_sums
 
 __all__ = ["WorkerChecks", "EXTENSION"]
 

@@ -42,7 +42,7 @@ _EXPORTS = {
     "evaluate": "agentrl.evaluate",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS) + ["__version__"]  # noqa: PLE0605 - the names come from _EXPORTS, the one list
 
 
 def __getattr__(name: str) -> Any:

@@ -28,13 +28,13 @@ from typing import Any
 
 import httpx
 import msgspec
+
 from agentrl.chat import ChatRenderer, assistant_message
 from agentrl.coalesce import RequestCoalescer
 from agentrl.errors import ContextLengthError, InferenceError
 from agentrl.http_pool import ShardedAsyncClient
 from agentrl.openai_client import OpenAIClient
-from agentrl.routed import decode_routed_experts_array, split_routed_experts
-from agentrl.routed import RoutedExperts
+from agentrl.routed import RoutedExperts, decode_routed_experts_array, split_routed_experts
 from agentrl.sampling import SamplingConfig
 from agentrl.session import current_trajectory
 from agentrl.types import Completion, Message, Turn

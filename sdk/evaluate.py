@@ -31,17 +31,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from pydantic import Field
+
 from agentrl.compare import Comparison, run_baseline
 from agentrl.config import BaseConfig
+from agentrl.environment import Environment
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.eval_summary import EvalSummary, pass_at_k, summarize
-from agentrl.sampling import SamplingConfig
-from agentrl.types import Rollout
-from pydantic import Field
+from agentrl.hub.loader import load_environment
 from agentrl.models import resolve_model
 from agentrl.openai_client import OpenAIClient
-from agentrl.environment import Environment
-from agentrl.hub.loader import load_environment
+from agentrl.sampling import SamplingConfig
+from agentrl.types import Rollout
 
 __all__ = ["EvalConfig", "EvalSummary", "compare_checkpoint", "default_output_dir", "evaluate", "evaluate_async",
            "pass_at_k"]

@@ -14,13 +14,18 @@ import json
 import os
 import re
 from pathlib import Path
-
 from typing import Any
 
-from agentrl.errors import NotFoundError
-from agentrl.tiny_moe import GLM_AIR_5B_CONFIG, GLM_AIR_DEEP_CONFIG, TINY_DEEPSEEK_CONFIG
 from pydantic import BaseModel, ConfigDict, model_validator
-from agentrl.tiny_moe import LOCAL_MODELS, ensure_local_model
+
+from agentrl.errors import NotFoundError
+from agentrl.tiny_moe import (
+    GLM_AIR_5B_CONFIG,
+    GLM_AIR_DEEP_CONFIG,
+    LOCAL_MODELS,
+    TINY_DEEPSEEK_CONFIG,
+    ensure_local_model,
+)
 
 __all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
 

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import httpx
+
 from agentrl.errors import InferenceError
 from agentrl.http_pool import ShardedAsyncClient
 from agentrl.sampling import SamplingConfig

@@ -40,7 +40,6 @@ folder renamed into place, so concurrent callers never see a half-written model.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import fcntl
 import json
 import os
@@ -49,6 +48,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agentrl import env_vars
 from agentrl.errors import require
 
 __all__ = [

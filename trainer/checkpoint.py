@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.errors import AgentrlError, NotFoundError
-from agentrl.trainer.models.state_dict import native_to_hf
-from agentrl.trainer.models.state_dict import save_hf_weights
+from agentrl.trainer.models.state_dict import native_to_hf, save_hf_weights
 
 __all__ = ["save_checkpoint", "load_checkpoint", "full_state_dict", "hf_state_views", "export_hf"]
 

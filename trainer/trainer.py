@@ -47,20 +47,17 @@ import torch
 import torch.distributed as dist
 
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.gpu_memory import GIB, process_gpu_bytes
+from agentrl.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.loss import LossScale, compute_loss
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.attention import build_segments, cp_token_index
+from agentrl.trainer.models.attention import build_segments, cp_token_index, query_tail
 from agentrl.trainer.models.build import build_model, init_weights
 from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_sharded
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
 from agentrl.types import TrainingSample
-from agentrl.gpu_memory import GIB, process_gpu_bytes
-from agentrl.trainer.models.attention import query_tail
-from agentrl.trainer.checkpoint import save_checkpoint
-from agentrl.trainer.checkpoint import load_checkpoint
-from agentrl.trainer.checkpoint import export_hf
 
 __all__ = ["TOKEN_LOGPROB_DIGITS", "Trainer", "resolve_model_dir"]
 

@@ -29,12 +29,12 @@ from the rows `swe_generate.py` writes, and this module holds what SWE-bench dec
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import os
 import re
 import shlex
 from typing import Any
 
+from agentrl import env_vars
 from agentrl.errors import ConfigError
 
 __all__ = [

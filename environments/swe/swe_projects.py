@@ -9,13 +9,13 @@ is unpacked into `/testbed` as a git repository.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import hashlib
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["PROJECTS", "Project", "fetch_sdist", "get_project", "sdist_cache_dir"]

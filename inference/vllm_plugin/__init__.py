@@ -18,8 +18,9 @@ never changes servers that did not ask for it:
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import os
+
+from agentrl import env_vars
 
 ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 CPU_FIXES_ENV = env_vars.CPU_FIXES.name

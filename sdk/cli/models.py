@@ -24,9 +24,10 @@ def register(app: typer.Typer) -> None:
         Any command that takes --model accepts a preset name, a local HF model folder or an HF
         repo id already in the local Hugging Face cache. tiny-moe is created locally on first use.
         """
-        from agentrl.models import list_presets, resolve_model
         from rich.console import Console
         from rich.table import Table
+
+        from agentrl.models import list_presets, resolve_model
 
         specs = [resolve_model(name)] if name else [resolve_model(spec.name) for spec in list_presets()]
         table = Table(title="agentrl models", caption="GPUs: H200s for one inference replica / a full RL run")

@@ -25,10 +25,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from agentrl.config import BaseConfig, load_config
 from agentrl.errors import ConfigError
 from agentrl.inference.deployment import DeploymentConfig
 from agentrl.inference.transfer import WeightTransport
+from agentrl.models import ensure_model
 from agentrl.project_files import project_path, resolve_project_path
 from agentrl.rl.heldout import HeldOutConfig
 from agentrl.rl.orchestrator import OrchestratorConfig
@@ -36,8 +39,6 @@ from agentrl.rl.plan import apply_gpu_defaults
 from agentrl.rl.step_time import StepTimeInputs
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
-from pydantic import Field
-from agentrl.models import ensure_model
 
 __all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfig", "load_run_config",
            "TINY_MOE_SFT", "CPU_DEFAULT_RECIPE", "TINY_NEMOTRON_SFT", "TINY_NEMOTRON_RECIPE"]

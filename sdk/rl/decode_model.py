@@ -20,6 +20,7 @@ MoE configs (the measured server had none for the H200); wide-EP all-to-all in d
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = [

@@ -29,12 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.inference.transfer import WeightTransport
-from agentrl.rl.shipping import Folder, write_folder
-from agentrl.types import TrainingSample
-from agentrl.rl.trainer_rank import TrainerRank
-from agentrl.rl.shipping import mark_visible
-from agentrl.rl.shipping import read_folder
 from agentrl.rl.inference_actor import InferenceActor, InferenceNodeActor
+from agentrl.rl.shipping import Folder, mark_visible, read_folder, write_folder
+from agentrl.rl.trainer_rank import TrainerRank
+from agentrl.types import TrainingSample
 
 __all__ = ["InferenceGroup", "TrainerGroup", "merge_token_logprobs"]
 
@@ -78,7 +76,7 @@ class TrainerGroup:
         self.shippers = {rank for rank, node in enumerate(nodes) if nodes.index(node) == rank}
 
     @classmethod
-    def start(cls, reservation: Any, *, run_id: str, config: Any, model_dir: str, model_files: Any) -> "TrainerGroup":
+    def start(cls, reservation: Any, *, run_id: str, config: Any, model_dir: str, model_files: Any) -> TrainerGroup:
         import ray
 
         world = config.trainer_world()
@@ -181,7 +179,7 @@ class InferenceGroup:
 
     @classmethod
     def start(cls, reservation: Any, *, run_id: str, config: Any, deployment: Any, model_dir: str,
-              model_files: Any, log_dir: Path) -> "InferenceGroup":
+              model_files: Any, log_dir: Path) -> InferenceGroup:
         spec = reservation.spec
         actors: list[Any] = []
         try:
@@ -193,7 +191,7 @@ class InferenceGroup:
 
     @classmethod
     def _start(cls, actors: list[Any], reservation: Any, spec: Any, *, run_id: str, config: Any, deployment: Any,
-               model_dir: str, model_files: Any, log_dir: Path) -> "InferenceGroup":
+               model_dir: str, model_files: Any, log_dir: Path) -> InferenceGroup:
         import ray
 
         if deployment.kind in ("wide_ep", "pd"):

@@ -40,8 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.rl.shipping import Folder, node_dir, prune_versions, remove_node_dirs, write_folder
 from agentrl.errors import AgentrlError
+from agentrl.rl.shipping import Folder, node_dir, prune_versions, remove_node_dirs, write_folder
 
 __all__ = ["InferenceActor", "InferenceNodeActor", "local_folder", "replica_server"]
 

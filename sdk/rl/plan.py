@@ -14,19 +14,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentrl.errors import AgentrlError, ConfigError
+from agentrl.gpu_memory import GIB, device_total_bytes
 from agentrl.inference.deployment import DeploymentConfig
-from agentrl.models import PRESETS
+from agentrl.inference.plans import build_plan
+from agentrl.models import PRESETS, resolve_model
+from agentrl.project_files import resolve_project_path
+from agentrl.rl.decode_model import MEASURED_DECODE
 from agentrl.rl.orchestrator import OrchestratorConfig
+from agentrl.rl.shared_gpu import shared_gpu_plan
+from agentrl.rl.step_time import predict_run
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.layout import plan_layout
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.models import resolve_model
-from agentrl.rl.step_time import predict_run
-from agentrl.inference.plans import build_plan
-from agentrl.project_files import resolve_project_path
-from agentrl.rl.decode_model import MEASURED_DECODE
-from agentrl.gpu_memory import GIB, device_total_bytes
-from agentrl.rl.shared_gpu import shared_gpu_plan
 
 if TYPE_CHECKING:
     from agentrl.rl.config import RunConfig

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
 from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = ["MARGIN_GIB", "SharedGpuPlan", "shared_gpu_plan"]

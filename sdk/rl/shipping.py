@@ -22,12 +22,12 @@ everything crossing a process boundary is.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import shutil
 import tempfile
 import uuid
 from pathlib import Path, PurePosixPath
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError
 
 __all__ = ["MAX_SHIPPED_BYTES", "WEIGHT_SUFFIXES", "Folder", "folder_bytes", "mark_visible", "node_dir", "nodes_missing", "prune_versions", "read_folder",

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from agentrl.config import BaseConfig
-from agentrl.rl.decode_model import EngineShape
-from agentrl.rl.decode_model import predict_generation
+from agentrl.rl.decode_model import EngineShape, predict_generation
 from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = [

@@ -23,12 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.gpu_memory import GIB, device_processes
 from agentrl.inference.transfer import WeightTransport
+from agentrl.rl.diagnostics import out_of_memory_error
+from agentrl.rl.inference_actor import local_folder
 from agentrl.rl.shipping import Folder, node_dir, prune_versions, read_folder, remove_node_dirs, sees, write_folder
 from agentrl.types import TrainingSample
-from agentrl.rl.inference_actor import local_folder
-from agentrl.gpu_memory import GIB, device_processes
-from agentrl.rl.diagnostics import out_of_memory_error
 
 __all__ = ["TrainerRank"]
 

@@ -9,7 +9,6 @@ read or write its own files; a backend with a native file API may override them.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import asyncio
 import os
 import shlex
@@ -20,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
+from agentrl import env_vars
 from agentrl.config import BaseConfig
 from agentrl.errors import SandboxError
 from agentrl.sandbox.archive import extract_archive, pack_folder, resolve_path
-from pydantic import Field
 
 __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner",
            "limit_not_enforced", "network_not_available"]

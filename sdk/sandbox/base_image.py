@@ -10,7 +10,6 @@ rootfs tree stays on disk (`rootfs_dir()`) because the bubblewrap backend runs o
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import contextlib
 import fcntl
 import hashlib
@@ -22,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError
 from agentrl.sandbox.docker_engine import docker_client
 

@@ -11,7 +11,6 @@ init, gVisor past its pids limit) is reported as such.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import os
 import select
 import socket
@@ -20,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from agentrl import env_vars
 from agentrl.sandbox.base import CappedBuffer, RawExecResult, SandboxError
 
 __all__ = ["EXEC_MARKER", "HARD_DEADLINE_GRACE_S", "exec_via_docker", "kill_all_via_docker", "kill_exec_processes"]

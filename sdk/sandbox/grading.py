@@ -31,9 +31,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from agentrl.sandbox import create_sandbox
 from agentrl.sandbox.archive import WorkdirRejected, remove_tree
 from agentrl.sandbox.base import Sandbox, SandboxConfig, SandboxError
-from agentrl.sandbox import create_sandbox
 
 __all__ = ["TAMPER_METRIC", "WORKDIR_REJECTED_METRIC", "WorkdirRejected", "grade_in_fresh_sandbox"]
 

@@ -35,8 +35,8 @@ def test_exported_nemotron_serves_with_trainer_logprobs_and_routing(tmp_path):
     from trainer_helpers import make_samples
 
     from agentrl.inference.routed_experts import reference_routed_experts, routing_agreement
-    from agentrl.routed import decode_routed_experts_array
     from agentrl.models import ensure_model
+    from agentrl.routed import decode_routed_experts_array
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.models.attention import build_segments
     from agentrl.trainer.trainer import Trainer

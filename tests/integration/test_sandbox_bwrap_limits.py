@@ -17,8 +17,9 @@ import uuid
 import warnings
 
 import pytest
-from agentrl.sandbox import create_sandbox
 from sandbox_backends import bwrap_ok, config
+
+from agentrl.sandbox import create_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120),
               pytest.mark.skipif(not bwrap_ok(), reason="bubblewrap or base rootfs missing")]

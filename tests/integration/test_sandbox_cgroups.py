@@ -16,8 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from agentrl.sandbox import SandboxError, cgroups
 from sandbox_backends import bwrap_ok, config
+
+from agentrl.sandbox import SandboxError, cgroups
 
 pytestmark = [
     pytest.mark.integration,

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from agentrl.environment import MultiTurnEnv, SingleTurnEnv
-from agentrl.tool_env import ToolEnv
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.policies import ScriptedPolicy, render_tokens, tool_call
 from agentrl.rubric import Rubric
 from agentrl.sampling import SamplingConfig
+from agentrl.tool_env import ToolEnv
 from agentrl.types import Message, Rollout, Task
 
 SAMPLING = SamplingConfig(max_tokens=64)

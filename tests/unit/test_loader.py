@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.environment import SingleTurnEnv
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.loader import builtin_environments_dir, list_environments, load_environment

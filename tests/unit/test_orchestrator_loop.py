@@ -18,14 +18,14 @@ import re
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.sampling import SamplingConfig
+from agentrl.rl.advantages import group_advantages
 from agentrl.rl.orchestrator import (
     Orchestrator,
     OrchestratorConfig,
     OrchestratorState,
     RunFailedError,
 )
-from agentrl.rl.advantages import group_advantages
+from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, Message, Rollout, Task, Turn
 
 VOCAB = 4

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from agentrl.hub.loader import builtin_environments_dir
 from agentrl.project_files import PROJECT_DIRS, project_path, project_root, resolve_project_path
 from agentrl.rl.config import CPU_DEFAULT_RECIPE, TINY_MOE_SFT, load_run_config

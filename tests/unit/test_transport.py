@@ -14,13 +14,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from agentrl.errors import ConfigError
 from agentrl.inference.deployment import DeploymentConfig
 from agentrl.inference.plans import server_overrides
 from agentrl.inference.transfer import TRANSPORTS, Ipc, transport_for
 from agentrl.rl.config import load_run_config
 from agentrl.rl.transport import WeightPush
-
 
 TIMINGS = {"version": 3, "update_s": 0.5, "total_s": 0.7, "push_s": 0.9}
 

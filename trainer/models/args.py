@@ -88,12 +88,12 @@ class MoEModelArgs:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> "MoEModelArgs":
+    def from_hf_config(cls, config: dict[str, Any]) -> MoEModelArgs:
         """Build from a Hugging Face ``config.json`` dict, read by its family (`families.family_for_config`)."""
         return cls(**family_for_config(config).args_from_hf(config))
 
     @classmethod
-    def from_hf_dir(cls, model_dir: str | Path) -> "MoEModelArgs":
+    def from_hf_dir(cls, model_dir: str | Path) -> MoEModelArgs:
         """Read ``config.json`` in a Hugging Face model folder."""
         path = Path(model_dir) / "config.json"
         if not path.is_file():
@@ -105,7 +105,7 @@ class MoEModelArgs:
         return cls.from_hf_config(config)
 
     @classmethod
-    def for_model(cls, name_or_path: str | Path) -> "MoEModelArgs":
+    def for_model(cls, name_or_path: str | Path) -> MoEModelArgs:
         """A HF folder, a preset with a known config (shapes only), or a preset `agentrl.models` resolves."""
         path = Path(name_or_path).expanduser()
         if path.is_dir():

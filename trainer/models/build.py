@@ -33,7 +33,7 @@ def init_weights(model: nn.Module, *, std: float = 0.02, seed: int = 0) -> None:
     Works on plain and on sharded (FSDP DTensor) parameters; each rank draws its own shard.
     """
     with torch.no_grad():
-        for index, (name, param) in enumerate(model.named_parameters()):
+        for name, param in model.named_parameters():
             local = param.to_local() if isinstance(param, DTensor) else param
             if param.dim() >= 2:
                 rank_offset = torch.distributed.get_rank() if isinstance(param, DTensor) else 0

@@ -108,7 +108,7 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
             prefix = f"model.layers.{layer}."
             if rest.startswith("mlp.experts."):
                 proj = inverse_expert[rest.rsplit(".", 1)[1]]
-                split_experts(hf, tensor, lambda index: f"{prefix}mlp.experts.{index}.{proj}.weight",
+                split_experts(hf, tensor, lambda index, prefix=prefix, proj=proj: f"{prefix}mlp.experts.{index}.{proj}.weight",
                               contiguous=contiguous)
             elif rest == "mlp.router.gate.weight":
                 hf[prefix + "mlp.gate.weight"] = tensor

@@ -37,23 +37,23 @@ class CheckpointTensors(Protocol):
 
     def keys(self) -> list[str]: ...
 
-    def get(self, key: str) -> "torch.Tensor": ...
+    def get(self, key: str) -> torch.Tensor: ...
 
 
 class StateDictAdapter(Protocol):
     """HF names and layouts <-> the trainer's, for one family (lossless both ways)."""
 
-    def hf_to_native(self, hf: Mapping[str, "torch.Tensor"], args: "MoEModelArgs") -> dict[str, "torch.Tensor"]:
+    def hf_to_native(self, hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
         """The trainer's state dict from HF tensors; raises on a tensor the family does not have."""
         ...
 
-    def native_to_hf(self, native: Mapping[str, "torch.Tensor"], args: "MoEModelArgs", *,
-                     contiguous: bool = True) -> dict[str, "torch.Tensor"]:
+    def native_to_hf(self, native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
+                     contiguous: bool = True) -> dict[str, torch.Tensor]:
         """HF hub names of the trainer's tensors (per-expert tensors: copies, or views without `contiguous`)."""
         ...
 
-    def read_native(self, checkpoint: CheckpointTensors, name: str, args: "MoEModelArgs", *,
-                    expert_range: tuple[int, int] | None = None) -> "torch.Tensor":
+    def read_native(self, checkpoint: CheckpointTensors, name: str, args: MoEModelArgs, *,
+                    expert_range: tuple[int, int] | None = None) -> torch.Tensor:
         """The trainer tensor ``name`` read from ``checkpoint`` (stacked experts: only ``expert_range``)."""
         ...
 
@@ -98,22 +98,22 @@ def transformer_fields(config: dict[str, Any]) -> dict[str, Any]:
     hidden = int(config["hidden_size"])
     heads = int(config["num_attention_heads"])
     rope = config.get("rope_parameters") or {}
-    return dict(
-        vocab_size=int(config["vocab_size"]),
-        hidden_size=hidden,
-        intermediate_size=int(config.get("intermediate_size", 0)),
-        moe_intermediate_size=int(config["moe_intermediate_size"]),
-        num_hidden_layers=int(config["num_hidden_layers"]),
-        num_attention_heads=heads,
-        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        top_k=int(config["num_experts_per_tok"]),
-        norm_topk_prob=bool(config.get("norm_topk_prob", True)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", False)),
-    )
+    return {
+        "vocab_size": int(config["vocab_size"]),
+        "hidden_size": hidden,
+        "intermediate_size": int(config.get("intermediate_size", 0)),
+        "moe_intermediate_size": int(config["moe_intermediate_size"]),
+        "num_hidden_layers": int(config["num_hidden_layers"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(config.get("num_key_value_heads") or heads),
+        "head_dim": int(config.get("head_dim") or hidden // heads),
+        "rope_theta": float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "top_k": int(config["num_experts_per_tok"]),
+        "norm_topk_prob": bool(config.get("norm_topk_prob", True)),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "attention_bias": bool(config.get("attention_bias", False)),
+    }
 
 
 def partial_rotary_factor(config: dict[str, Any]) -> float:

@@ -51,7 +51,7 @@ class MambaSequences:
     """CP: the inverse of ``to_row``."""
 
     @classmethod
-    def for_row(cls, positions_T: torch.Tensor, *, cp_group: object | None = None) -> "MambaSequences":
+    def for_row(cls, positions_T: torch.Tensor, *, cp_group: object | None = None) -> MambaSequences:
         """From this rank's positions (restarting at 0 per document); under CP, gathers the row's."""
         if cp_group is None:
             return cls(doc_T=_documents(positions_T))

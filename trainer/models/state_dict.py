@@ -208,7 +208,7 @@ def save_hf_weights(
         for index, shard in enumerate(shards, start=1):
             name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(tmp / name), metadata={"format": "pt"})
-            weight_map.update({key: name for key in shard})
+            weight_map.update(dict.fromkeys(shard, name))
         total = sum(t.numel() * t.element_size() for t in hf.values())
         (tmp / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig

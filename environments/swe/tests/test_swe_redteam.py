@@ -24,11 +24,12 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
     if str(_folder) not in sys.path:  # the package's modules and the shared test helpers
         sys.path.insert(0, str(_folder))
 
-import agentrl
 import pytest
+from swe_testlib import build_sample_images, sample_rows
+
+import agentrl
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
-from swe_testlib import build_sample_images, sample_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "integration"))
 from sandbox_backends import BACKENDS  # noqa: E402

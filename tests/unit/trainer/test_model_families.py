@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_helpers import make_samples
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.common import MoEDecoder
 from agentrl.trainer.models.families import FAMILIES, family_for_config, qwen3_moe, register_family
 from agentrl.trainer.models.family import Family
-from trainer_helpers import make_samples
 
 TOY_CONFIG = {
     "model_type": "toy_qwen3_moe", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,

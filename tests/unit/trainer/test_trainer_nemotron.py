@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from trainer_helpers import make_hf_folder, tiny_nemotron_config
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
@@ -19,7 +20,6 @@ from agentrl.trainer.models.attention import build_segments
 from agentrl.trainer.models.build import build_model
 from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences, ssd_scan
 from agentrl.trainer.models.state_dict import hf_to_native, load_hf_weights, read_hf_state, save_hf_weights
-from trainer_helpers import make_hf_folder, tiny_nemotron_config
 
 ATOL = 1e-4
 LENGTHS = (5, 19, 1, 11)  # across Mamba chunks of 8 tokens, with a one-token document

@@ -19,16 +19,16 @@ def moe_routing_fields(config: dict[str, Any]) -> dict[str, Any]:
     """GLM-4.5's (and DeepSeek-V3's) MoE layout and router: sigmoid scores, correction bias, groups."""
     layers = int(config["num_hidden_layers"])
     first_dense = int(config.get("first_k_dense_replace", 0))
-    return dict(
-        num_experts=int(config["n_routed_experts"]),
-        num_shared_experts=int(config.get("n_shared_experts") or 0),
-        dense_layers=list(range(min(first_dense, layers))),
-        n_group=int(config.get("n_group") or 1),
-        topk_group=int(config.get("topk_group") or 1),
-        routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
-        score_func="sigmoid",
-        use_correction_bias=True,
-    )
+    return {
+        "num_experts": int(config["n_routed_experts"]),
+        "num_shared_experts": int(config.get("n_shared_experts") or 0),
+        "dense_layers": list(range(min(first_dense, layers))),
+        "n_group": int(config.get("n_group") or 1),
+        "topk_group": int(config.get("topk_group") or 1),
+        "routed_scaling_factor": float(config.get("routed_scaling_factor", 1.0)),
+        "score_func": "sigmoid",
+        "use_correction_bias": True,
+    }
 
 
 def args_from_hf(config: dict[str, Any]) -> dict[str, Any]:
