@@ -62,8 +62,8 @@ ASYNC_AHEAD = 2
 
 
 def run(name: str, *, steps: int, overrides: list[str], workdir: Path) -> dict:
-    from agentrl.rl.launch import run_training
     from agentrl.rl.config import load_run_config
+    from agentrl.rl.launch import run_training
 
     config = load_run_config(CONFIG if CONFIG.is_file() else None,
                              overrides=[f"orchestrator.max_steps={steps}", "orchestrator.checkpoint_every=0",

@@ -74,7 +74,7 @@ async def _agentrl(env, policy, tasks, group: int, sampling) -> float:
 
 def measure(name: str, *, tasks: int, group: int, repeat: int) -> dict:
     import agentrl
-    from agentrl.loader import import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
     from agentrl.sampling import SamplingConfig
 
     env = agentrl.load_environment(name, num_train=1, num_test=tasks)

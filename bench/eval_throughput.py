@@ -119,8 +119,8 @@ def main(
     """Compare agentrl.evaluate's completion tokens/s with raw concurrent requests to the same server."""
     from agentrl.client import TokenClient, _vllm_sampling_params
     from agentrl.evaluate import EvalConfig, evaluate_async
+    from agentrl.hub.loader import load_environment
     from agentrl.inference.server import VLLMServer
-    from agentrl.loader import load_environment
     from agentrl.sampling import SamplingConfig
 
     console = Console()

@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         if (report.get(name) or {}).get("live_routing_agreement") is not None:
             table.add_row(f"live routing agrees with inference's ({name})",
                           f"{report[name]['live_routing_agreement']:.4f} of (token, layer) sets", "", "")
-    for name, key, label in R3_FIGURES:
+    for _name, key, label in R3_FIGURES:
         if report.get(key) is not None:
             table.add_row(f"{key}{label} (pooled / step median)",
                           f"{report[key]:.2f}x / {report[f'{key}_step_median']:.2f}x", "", ">= 5")

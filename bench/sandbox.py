@@ -36,9 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentrl.sandbox import SandboxConfig, SandboxPool, create_sandbox
 from rich.console import Console
 from rich.table import Table
+
+from agentrl.sandbox import SandboxConfig, SandboxPool, create_sandbox
 
 RESULTS = ROOT / "bench" / "results" / "sandbox.json"
 IMAGE = "agentrl-base:bookworm"

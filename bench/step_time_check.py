@@ -61,10 +61,10 @@ def tiny_args(layers: int):
 def measure_rates(args, *, seq: int, cuda: bool, gemm_size: int) -> dict[str, float]:
     """TFLOP/s of this device for the model's terms, counted as `predict_trainer` counts them."""
     import torch
+    from torchtitan.models.common.moe import GroupedExperts
 
     from agentrl.trainer.models.attention import build_segments, segment_attention
-    from agentrl.trainer.models.glm4_moe import Experts
-    from torchtitan.models.common.moe import GroupedExperts
+    from agentrl.trainer.models.common import Experts
 
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     D, K, E, F = args.hidden_size, args.top_k, args.num_experts, args.moe_intermediate_size

@@ -41,8 +41,8 @@ RESULTS = ROOT / "bench" / "results" / "weight_update.json"
 # Larger variants of tiny-moe's architecture (same tokenizer): (hidden, moe_intermediate, layers, experts).
 SIZES = {
     "tiny": None,
-    "small": dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, num_hidden_layers=4, n_routed_experts=16),
-    "medium": dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=512, num_hidden_layers=6, n_routed_experts=16),
+    "small": {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 4, "n_routed_experts": 16},
+    "medium": {"hidden_size": 512, "intermediate_size": 1024, "moe_intermediate_size": 512, "num_hidden_layers": 6, "n_routed_experts": 16},
 }
 
 
@@ -90,9 +90,10 @@ def time_request(client: httpx.Client, url: str, headers: dict | None = None) ->
 
 def bench_size(name: str, work: Path, *, updates: int, requests: int, console: Console) -> dict:
     from agentrl.inference.plans import cpu_server_options
-    from agentrl.inference.router import VLLMRouter, session_headers
+    from agentrl.inference.router import VLLMRouter
     from agentrl.inference.server import VLLMServer
     from agentrl.inference.weights import FilesystemWeightPublisher
+    from agentrl.session import session_headers
 
     model_dir = make_model(name, work / f"model-{name}")
     params = sum(t.numel() for t in perturbed(model_dir, 0).values())

@@ -23,9 +23,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError, SandboxError
-from pydantic import Field
 
 __all__ = ["ComposeService", "ComposeServices", "read_compose", "service_image", "COMPOSE_FILES"]
 

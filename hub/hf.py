@@ -18,9 +18,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
-from agentrl.hub.refs import PackageRef, resolve_version, sort_versions
+from agentrl.hub.refs import PackageRef, VersionConflictError, resolve_version, sort_versions
 
 __all__ = ["HFHub", "PACKAGE_TAG", "TAG_DELAY_ENV"]
 
@@ -54,7 +55,7 @@ def _hub_errors(what: str):
                            "and the network") from None
 
 
-TAG_DELAY_ENV = "AGENTRL_HUB_TAG_DELAY_S"
+TAG_DELAY_ENV = env_vars.HUB_TAG_DELAY_S.name
 """Seconds to sleep between the commit and the version tag (fault-injection hook for kill tests)."""
 
 
@@ -145,8 +146,6 @@ class HFHub:
     def publish(self, staged: Path, ref: PackageRef, lock: PackageLock) -> bool:
         """Commit the staged package to `main` (mirroring it exactly), then tag the commit with the version."""
         from huggingface_hub import errors
-
-        from agentrl.hub.publish import VersionConflictError
 
         existing = self.lock_of(ref)
         if existing is not None:

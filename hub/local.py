@@ -23,15 +23,21 @@ from pathlib import Path
 
 from agentrl.errors import NotFoundError
 from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
-from agentrl.hub.refs import PackageRef, hub_root, resolve_version, sort_versions
+from agentrl.hub.refs import (
+    PackageRef,
+    VersionConflictError,
+    hub_root,
+    installed_root,
+    list_installed,
+    resolve_version,
+    sort_versions,
+)
 
 __all__ = ["LocalHub", "installed_environment_dirs"]
 
 
 def installed_environment_dirs() -> list[Path]:
     """The folder of the latest installed version of every pulled package (searched by the SDK loader)."""
-    from agentrl.hub.refs import installed_root, list_installed
-
     latest: dict[str, Path] = {}
     for ref in list_installed():  # oldest first, so the last one wins
         latest[ref.repo_id] = installed_root() / ref.owner / ref.name / ref.version
@@ -125,8 +131,6 @@ class LocalHub:
     def publish(self, staged: Path, ref: PackageRef, lock: PackageLock) -> bool:
         """Move a staged package into place as `ref`; False when that version already holds it."""
         from filelock import FileLock
-
-        from agentrl.hub.publish import VersionConflictError
 
         folder = self._package_dir(ref)
         folder.mkdir(parents=True, exist_ok=True)

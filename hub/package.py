@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.config import dump_config
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 
 __all__ = [
@@ -97,8 +99,6 @@ def content_hash(package_dir: Path) -> str:
 
 
 def _call_generator(package_dir: Path, spec: str, name: str) -> dict[str, Any]:
-    from agentrl.loader import import_package_attr
-
     function = import_package_attr(package_dir, spec, package_name=name)
     result = function()
     if not hasattr(result, "items"):
@@ -203,8 +203,6 @@ def stage_package(
     splits: dict[str, Any] | None = None, manifest: Manifest | None = None, on_file=None,
 ) -> PackageLock:
     """Write the published form of a package into `staging_dir` (which must be empty or absent)."""
-    from agentrl.config import dump_config
-
     package_dir, staging_dir = Path(package_dir), Path(staging_dir)
     if manifest is None or splits is None:
         manifest, splits = validate_package(package_dir)

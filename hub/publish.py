@@ -18,26 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.hub.images import build_image, push_image
 from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 from agentrl.hub.package import PackageLock, content_hash, stage_package, validate_package, verify_package
-from agentrl.hub.refs import PackageRef, default_owner, installed_root, parse_ref
+from agentrl.hub.refs import PackageRef, VersionConflictError, default_owner, installed_root, parse_ref
 
 __all__ = ["HubBackend", "VersionConflictError", "PushResult", "get_hub", "push_package", "pull_package",
            "list_packages", "STAGE_DELAY_ENV"]
 
-STAGE_DELAY_ENV = "AGENTRL_HUB_STAGE_DELAY_S"
+STAGE_DELAY_ENV = env_vars.HUB_STAGE_DELAY_S.name
 """Seconds to sleep after each staged file (fault-injection hook: lets tests kill a push midway)."""
-
-
-class VersionConflictError(AgentrlError):
-    """A version already exists on the hub with different content; versions are immutable."""
-
-    @classmethod
-    def for_ref(cls, ref: PackageRef, existing: str, new: str) -> "VersionConflictError":
-        return cls(f"{ref}: this version is already published with content hash {existing[:19]}..., "
-                   f"the package now hashes to {new[:19]}...; versions are immutable, bump `version` "
-                   "in environment.toml")
 
 
 class HubBackend(Protocol):
@@ -57,7 +49,7 @@ class HubBackend(Protocol):
 
 def get_hub(spec: str | None = None, *, private: bool = False) -> HubBackend:
     """`local` (default, `AGENTRL_HUB`), `hf` (Hugging Face Hub, `HF_ENDPOINT`/`HF_TOKEN`), or a local hub path."""
-    spec = spec or os.environ.get("AGENTRL_HUB_BACKEND") or "local"
+    spec = spec or env_vars.HUB_BACKEND.get()
     if spec == "local":
         from agentrl.hub.local import LocalHub
 
@@ -127,8 +119,6 @@ def _publish_image(package_dir: Path, manifest: Manifest, *, registry: str | Non
         if sandbox.dockerfile and not sandbox.digest:
             say(f"no --registry given: image {sandbox.image} is not built or pushed, and no digest is recorded")
         return sandbox.image, sandbox.digest
-    from agentrl.hub.images import build_image, push_image
-
     local_tag = f"{manifest.name}:{manifest.version}"
     say(f"building image {local_tag} from {sandbox.dockerfile}")
     build_image(package_dir, dockerfile=sandbox.dockerfile, tag=local_tag, network=sandbox.network)

@@ -7,15 +7,15 @@ finds them (`find_installed`).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
 
-__all__ = ["PackageRef", "parse_ref", "sort_versions", "resolve_version", "hub_root", "installed_root", "default_owner",
-           "find_installed", "list_installed"]
+__all__ = ["PackageRef", "VersionConflictError", "parse_ref", "sort_versions", "resolve_version", "hub_root",
+           "installed_root", "default_owner", "find_installed", "list_installed"]
 
 _PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9\-_.]{0,95}$")
 
@@ -38,7 +38,7 @@ class PackageRef:
 
 def default_owner() -> str:
     """Owner used when a push names none: `AGENTRL_HUB_OWNER`, else 'local'."""
-    return os.environ.get("AGENTRL_HUB_OWNER", "local")
+    return env_vars.HUB_OWNER.raw()
 
 
 def parse_ref(text: str, *, owner: str | None = None) -> PackageRef:
@@ -87,7 +87,7 @@ def resolve_version(ref: PackageRef, versions: list[str], *, hub: str, hub_detai
 
 def hub_root() -> Path:
     """The local hub directory: `AGENTRL_HUB`, else `~/.agentrl/hub`."""
-    return Path(os.environ.get("AGENTRL_HUB") or Path.home() / ".agentrl" / "hub").expanduser()
+    return Path(env_vars.HUB.get() or Path.home() / ".agentrl" / "hub").expanduser()
 
 
 def installed_root() -> Path:
@@ -122,3 +122,13 @@ def find_installed(text: str) -> Path:
         raise NotFoundError(f"environment {ref.repo_id} has no installed version {ref.version!r} "
                             f"(installed: {', '.join(versions)})")
     return folder / ref.version
+
+
+class VersionConflictError(AgentrlError):
+    """A version already exists on the hub with different content; versions are immutable."""
+
+    @classmethod
+    def for_ref(cls, ref: PackageRef, existing: str, new: str) -> VersionConflictError:
+        return cls(f"{ref}: this version is already published with content hash {existing[:19]}..., "
+                   f"the package now hashes to {new[:19]}...; versions are immutable, bump `version` "
+                   "in environment.toml")

@@ -60,7 +60,7 @@ class LocalRegistry:
         """`127.0.0.1:PORT`, the registry part of image names."""
         return f"127.0.0.1:{self.port}"
 
-    def start(self, *, timeout_s: float = 30.0) -> "LocalRegistry":
+    def start(self, *, timeout_s: float = 30.0) -> LocalRegistry:
         import httpx
 
         executable = shutil.which(self.binary)
@@ -97,7 +97,7 @@ class LocalRegistry:
                 self.process.wait()
         self.process = None
 
-    def __enter__(self) -> "LocalRegistry":
+    def __enter__(self) -> LocalRegistry:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

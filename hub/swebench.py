@@ -49,7 +49,8 @@ SPLITS = {splits!r}
 
 
 def _swe_attr(name):
-    from agentrl.loader import builtin_environments_dir, import_package_attr
+    from agentrl.hub.loader import builtin_environments_dir
+    from agentrl.hub.entrypoint import import_package_attr
 
     return import_package_attr(builtin_environments_dir() / "swe", f"swe:{{name}}", package_name="swe")
 
@@ -68,7 +69,8 @@ def oracle_policy(mode="edit"):
 
 
 def _swe_attr(name: str) -> Any:
-    from agentrl.loader import builtin_environments_dir, import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
+    from agentrl.hub.loader import builtin_environments_dir
 
     return import_package_attr(builtin_environments_dir() / "swe", f"swe:{name}", package_name="swe")
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError
-from pydantic import BaseModel, ConfigDict, Field
+from agentrl.inference.transfer import TransportName, WeightTransport, transport_for
 
 __all__ = ["DeploymentConfig", "ProcessSpec", "DeploymentPlan", "FP8_CAPABLE_GPUS", "VLLM_MODULE"]
 
@@ -82,7 +84,7 @@ class DeploymentConfig(BaseConfig):
     """Most concurrent sequences per engine (None: vLLM's default)."""
     routed_experts: bool = True
     """Return the routed experts of every token (Router Replay)."""
-    weight_transfer: Literal["filesystem", "object_store", "nccl", "ipc"] | None = None
+    weight_transfer: TransportName | None = None
     """How the trainer's weights reach the servers after each step. 'filesystem': staged safetensors in a
     folder the servers read (one machine or a shared disk); 'object_store': the trainer's node hands the staged
     files to Ray's object store and each server's node writes them locally (no shared filesystem); 'nccl':
@@ -103,6 +105,10 @@ class DeploymentConfig(BaseConfig):
     starts faster and keeps the graphs' memory for the KV cache). Ignored on the CPU."""
     extra_args: list[str] = []
     """Extra vLLM arguments appended to every server command."""
+
+    def transport(self) -> WeightTransport:
+        """The `weight_transfer` transport (`agentrl.inference.transfer`), or its default for `device`."""
+        return transport_for(self.weight_transfer, device=self.device)
 
     def uses_fp8(self) -> bool:
         """Whether the servers get FP8 weights and KV cache with DeepGEMM (`fp8`, or the GPU kind's default).

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import require
+from agentrl.inference.ipc_buffer import PackedIpcBuffer
+from agentrl.inference.server import free_port
 from agentrl.inference.vllm_compat import (
     ipc_init_info,
     ipc_update_info,
@@ -35,6 +37,7 @@ from agentrl.inference.weights import (
     check_weights_match,
     server_controls,
 )
+from agentrl.weight_digest import tensor_digests
 
 __all__ = ["NcclWeightPublisher", "IpcWeightPublisher", "wire_bytes"]
 
@@ -98,8 +101,6 @@ class _DirectWeightPublisher(WeightPublisher):
 
     def _expected_digest(self, weights: Mapping[str, Any], prepared: Any) -> Any:
         """The digest of the tensors as sent (`_wire_dtype`), as a server holding each in its dtype would."""
-        from agentrl.weight_digest import tensor_digests
-
         return tensor_digests(weights, wire=self._wire_dtype, served=tuple(dict.fromkeys((self.dtype, "float32"))))
 
     def _wire_dtype(self, tensor: Any):
@@ -217,8 +218,6 @@ class NcclWeightPublisher(_DirectWeightPublisher):
         return {"packed": self.packed, "buffer_bytes": self.buffer_bytes, "num_buffers": self.num_buffers}
 
     async def _init_engine(self, control: ServerControl) -> None:
-        from agentrl.inference.server import free_port
-
         # The first group of a server uses its own port; a restarted server's, a fresh one (the old died with it).
         fresh = control.url in self._groups
         port = free_port(self.master_address) if fresh else self.master_port + self.urls.index(control.url)
@@ -367,8 +366,6 @@ class IpcWeightPublisher(_DirectWeightPublisher):
         buffer per update, as vLLM's `packed_ipc_producer` makes, stays allocated in the trainer for good).
         The next chunk is copied in only when the caller asks for it, after the server answered."""
         import torch
-
-        from agentrl.inference.ipc_buffer import PackedIpcBuffer
 
         if self._buffer is None:
             self._buffer = PackedIpcBuffer(device=torch.device("cuda", self._device))

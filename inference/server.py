@@ -31,10 +31,12 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import httpx
+
 from agentrl.cpu_priority import nice_prefix, set_autogroup_nice
 from agentrl.errors import AgentrlError, MissingExtraError
 from agentrl.inference.vllm_compat import server_flags_need_scale_out

@@ -126,7 +126,7 @@ class ServerSupervisor:
         if self.on_event is not None:
             self.on_event(event)
 
-    def start(self) -> "ServerSupervisor":
+    def start(self) -> ServerSupervisor:
         """Start the server (blocking until healthy) and the watch thread."""
         self.server.start()
         self._record("started", self.server.url)
@@ -225,7 +225,7 @@ class ServerSupervisor:
         self._healthy.clear()
         self.server.stop()
 
-    def __enter__(self) -> "ServerSupervisor":
+    def __enter__(self) -> ServerSupervisor:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

@@ -23,6 +23,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from agentrl.gpu_memory import process_gpu_bytes
+from agentrl.weight_digest import float64_sums
+
 __all__ = ["WorkerChecks", "EXTENSION"]
 
 EXTENSION = f"{__name__}.WorkerChecks"
@@ -35,8 +38,6 @@ class WorkerChecks:
     def agentrl_weight_digest(self) -> dict[str, list[Any]]:
         """{parameter name: [dtype name, numel, sum, sum of squares]} of the served model, sums in float64."""
         import torch
-
-        from agentrl.weight_digest import float64_sums
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]  # unwrapped from CUDA graph runners
         params = [(name, param.detach()) for name, param in model.named_parameters(remove_duplicate=True)
@@ -56,8 +57,6 @@ class WorkerChecks:
         if str(release).lower() == "true":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-        from agentrl.gpu_memory import process_gpu_bytes
-
         free, total = torch.cuda.mem_get_info()
         return {
             "device": "cuda",

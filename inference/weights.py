@@ -58,7 +58,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.errors import AgentrlError, require
+from agentrl.errors import WeightUpdateError, require
 from agentrl.http_pool import shared_ssl_context
 from agentrl.inference.vllm_compat import reports_weight_versions
 from agentrl.inference.vllm_worker_ext import EXTENSION
@@ -76,10 +76,6 @@ __all__ = [
     "checkpoint_shapes",
     "check_weights_match",
 ]
-
-
-class WeightUpdateError(AgentrlError):
-    """A weight update could not be applied to a server."""
 
 
 class PublishResult(BaseModel):
@@ -406,7 +402,7 @@ class WeightPublisher(ABC):
                                     f"{', '.join(self.urls)}")
         return targets
 
-    def _reconnect(self, url: str) -> None:
+    def _reconnect(self, url: str) -> None:  # noqa: B027 - an optional hook: the folder publisher has nothing to set up
         """Set up the transfer engine of one restarted server again (nothing to set up for a folder)."""
 
     def restore(self, url: str) -> bool:

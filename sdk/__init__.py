@@ -27,12 +27,12 @@ _EXPORTS = {
     "Environment": "agentrl.environment",
     "SingleTurnEnv": "agentrl.environment",
     "MultiTurnEnv": "agentrl.environment",
-    "ToolEnv": "agentrl.environment",
+    "ToolEnv": "agentrl.tool_env",
     "Rubric": "agentrl.rubric",
     "XMLParser": "agentrl.parsers",
     "ThinkParser": "agentrl.parsers",
-    "load_environment": "agentrl.loader",
-    "list_environments": "agentrl.loader",
+    "load_environment": "agentrl.hub.loader",
+    "list_environments": "agentrl.hub.loader",
     "NotFoundError": "agentrl.errors",
     "SamplingConfig": "agentrl.sampling",
     "RubricGroup": "agentrl.rubric",
@@ -42,7 +42,7 @@ _EXPORTS = {
     "evaluate": "agentrl.evaluate",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = sorted(_EXPORTS) + ["__version__"]  # noqa: PLE0605 - the names come from _EXPORTS, the one list
 
 
 def __getattr__(name: str) -> Any:

@@ -28,50 +28,24 @@ from typing import Any
 
 import httpx
 import msgspec
+
 from agentrl.chat import ChatRenderer, assistant_message
 from agentrl.coalesce import RequestCoalescer
-from agentrl.errors import AgentrlError
+from agentrl.errors import ContextLengthError, InferenceError
 from agentrl.http_pool import ShardedAsyncClient
-from agentrl.inference.routed_experts import decode_routed_experts_array, split_routed_experts
-from agentrl.inference.router import current_trajectory
-from agentrl.routed import RoutedExperts
+from agentrl.openai_client import OpenAIClient
+from agentrl.routed import RoutedExperts, decode_routed_experts_array, split_routed_experts
 from agentrl.sampling import SamplingConfig
+from agentrl.session import current_trajectory
 from agentrl.types import Completion, Message, Turn
 
-__all__ = ["ContextLengthError", "InferenceError", "TokenClient", "decode_routed_experts",
+__all__ = ["ContextLengthError", "InferenceError", "OpenAIClient", "TokenClient", "decode_routed_experts",
            "expand_weight_versions"]
 
 
 _GREEDY_BELOW = 1e-5
 """vLLM samples greedily below this temperature (and then refuses n > 1)."""
 _JSON_CONTENT = {"content-type": "application/json"}
-
-
-class InferenceError(AgentrlError):
-    """The inference server refused or failed a request.
-
-    `retryable`: the server was unreachable or failed on its side (connection error, HTTP 5xx),
-    so the same request may succeed once it is back; a refusal (HTTP 4xx) is not retried.
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        """The HTTP status the server answered with (None when there was no answer)."""
-        self.retryable = (status is None or status >= 500) if retryable is None else retryable
-
-
-class ContextLengthError(AgentrlError):
-    """A prompt longer than the model's context: `prompt of 5,210 tokens exceeds tiny-moe's context of 2,048 tokens`.
-
-    Not an `InferenceError`: no server restart makes the request succeed, so the layers that
-    retry inference failures (`agentrl.inference.supervisor.SupervisedClient`) let it through.
-    """
-
-    def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int) -> None:
-        super().__init__(message)
-        self.prompt_tokens = prompt_tokens
-        self.context_tokens = context_tokens
 
 
 def expand_weight_versions(spans: list[dict[str, Any]] | None, length: int) -> list[int] | None:
@@ -377,10 +351,3 @@ class TokenClient:
     async def __aexit__(self, *exc_info) -> None:
         await self.aclose()
 
-
-def __getattr__(name: str) -> Any:
-    if name == "OpenAIClient":  # its own module, which imports this one (errors, sampling)
-        from agentrl.openai_client import OpenAIClient
-
-        return OpenAIClient
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Evaluate a training checkpoint against its base model, on the same tasks, in one table.
+"""A training checkpoint's evaluation beside its base model's: the baseline, the pair, the table.
 
     agentrl.evaluate("reverse-text", checkpoint="runs/x/checkpoints/step_40")          # baseline from the run
     agentrl.evaluate("reverse-text", checkpoint="runs/x/checkpoints/step_40", baseline="tiny-moe")
@@ -6,8 +6,9 @@
 
 A checkpoint folder written by `agentrl train` (`RUN/checkpoints/step_N`) is a Hugging
 Face folder vLLM serves directly. Its baseline defaults to the model the run started
-from (the run's `config.toml`: `model.init_checkpoint`, else `model.name`). Both are
-evaluated with the same tasks, seed and sampling, one vLLM server at a time.
+from (the run's `config.toml`: `model.init_checkpoint`, else `model.name`, `run_baseline`).
+`agentrl.evaluate.compare_checkpoint` evaluates both with the same tasks, seed and sampling,
+one vLLM server at a time, into a `Comparison`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentrl.errors import NotFoundError
 from agentrl.project_files import resolve_project_path
 
-__all__ = ["Comparison", "run_baseline", "compare_checkpoint", "comparison_table"]
+__all__ = ["Comparison", "run_baseline", "comparison_table"]
 
 def run_baseline(checkpoint: str | Path) -> str | None:
     """The model a run checkpoint started from, or None when the folder is not a run checkpoint."""
@@ -89,23 +89,3 @@ def comparison_table(comparison: Comparison):
                   f"{ckpt.completion_tokens - base.completion_tokens:+d}")
     table.add_row("errors", str(ckpt.errors), str(base.errors), f"{ckpt.errors - base.errors:+d}")
     return table
-
-
-def compare_checkpoint(
-    env: Any = "reverse-text", *, checkpoint: str | Path, baseline: str | None = None, **options: Any
-) -> Comparison:
-    """Evaluate `checkpoint` and `baseline` (default: what its run started from) with the same settings."""
-    from agentrl.evaluate import evaluate
-
-    folder = Path(checkpoint).expanduser()
-    if not (folder / "config.json").is_file():
-        raise NotFoundError(f"checkpoint {checkpoint}: no config.json there; pass RUN/checkpoints/step_N")
-    baseline = baseline or run_baseline(folder)
-    if baseline is None:
-        raise NotFoundError(f"checkpoint {checkpoint}: not inside a run folder; pass baseline=... (a model or folder)")
-    output = options.pop("output", None)
-    results = {}
-    for role, model in (("checkpoint", str(folder)), ("baseline", baseline)):
-        role_output = Path(output) / role if output else None
-        results[role] = evaluate(env, model=model, output=role_output, **options)
-    return Comparison(checkpoint=results["checkpoint"], baseline=results["baseline"])

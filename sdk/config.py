@@ -23,9 +23,10 @@ from types import UnionType
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import tomli_w
-from agentrl.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
+
+from agentrl.errors import ConfigError
 
 __all__ = ["BaseConfig", "load_config", "dump_config", "parse_override", "apply_overrides", "config_from_dict"]
 

@@ -37,7 +37,7 @@ from agentrl.types import Message, Rollout, Task, Turn
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
 
-__all__ = ["Environment", "MultiTurnEnv", "SingleTurnEnv", "ToolEnv", "rows_to_dataset"]
+__all__ = ["Environment", "MultiTurnEnv", "SingleTurnEnv", "rows_to_dataset"]
 
 _SPLIT_ALIASES = {"eval": "test", "validation": "test", "val": "test"}
 
@@ -310,11 +310,3 @@ class SingleTurnEnv(MultiTurnEnv):
 
     def is_completed(self, messages: list[Message], state: dict[str, Any]) -> bool:
         return bool(messages) and messages[-1].role == "assistant"
-
-
-def __getattr__(name: str):
-    if name == "ToolEnv":  # tool_env builds on this module: resolved on first use, so either imports first
-        from agentrl.tool_env import ToolEnv
-
-        return ToolEnv
-    raise AttributeError(f"module 'agentrl.environment' has no attribute {name!r}")

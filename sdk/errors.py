@@ -33,6 +33,37 @@ class SandboxError(AgentrlError):
     """A sandbox could not be created or used (engine missing, image missing, limits refused, a refused path or archive)."""
 
 
+class WeightUpdateError(AgentrlError):
+    """A weight update could not be applied to a server."""
+
+
+class InferenceError(AgentrlError):
+    """The inference server refused or failed a request.
+
+    `retryable`: the server was unreachable or failed on its side (connection error, HTTP 5xx),
+    so the same request may succeed once it is back; a refusal (HTTP 4xx) is not retried.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        """The HTTP status the server answered with (None when there was no answer)."""
+        self.retryable = (status is None or status >= 500) if retryable is None else retryable
+
+
+class ContextLengthError(AgentrlError):
+    """A prompt longer than the model's context: `prompt of 5,210 tokens exceeds tiny-moe's context of 2,048 tokens`.
+
+    Not an `InferenceError`: no server restart makes the request succeed, so the layers that
+    retry inference failures (`agentrl.inference.supervisor.SupervisedClient`) let it through.
+    """
+
+    def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
+
+
 class MissingExtraError(AgentrlError):
     """A heavy optional dependency is not installed."""
 

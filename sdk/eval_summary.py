@@ -13,8 +13,9 @@ import math
 import platform
 from typing import TYPE_CHECKING, Any
 
-from agentrl.types import Rollout
 from pydantic import BaseModel, Field
+
+from agentrl.types import Rollout
 
 if TYPE_CHECKING:
     from agentrl.evaluate import EvalConfig

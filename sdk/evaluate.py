@@ -31,14 +31,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from agentrl.config import BaseConfig
-from agentrl.errors import AgentrlError, ConfigError
-from agentrl.eval_summary import EvalSummary, pass_at_k, summarize
-from agentrl.sampling import SamplingConfig
-from agentrl.types import Rollout
 from pydantic import Field
 
-__all__ = ["EvalConfig", "EvalSummary", "default_output_dir", "evaluate", "evaluate_async", "pass_at_k"]
+from agentrl.compare import Comparison, run_baseline
+from agentrl.config import BaseConfig
+from agentrl.environment import Environment
+from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.eval_summary import EvalSummary, pass_at_k, summarize
+from agentrl.hub.loader import load_environment
+from agentrl.models import resolve_model
+from agentrl.openai_client import OpenAIClient
+from agentrl.sampling import SamplingConfig
+from agentrl.types import Rollout
+
+__all__ = ["EvalConfig", "EvalSummary", "compare_checkpoint", "default_output_dir", "evaluate", "evaluate_async",
+           "pass_at_k"]
 
 
 class EvalConfig(BaseConfig):
@@ -110,8 +117,6 @@ async def _has_token_endpoint(base_url: str) -> bool:
 
 async def _make_client(config: EvalConfig, base_url: str, *, started_here: bool):
     from agentrl.client import TokenClient
-    from agentrl.models import resolve_model
-    from agentrl.openai_client import OpenAIClient
 
     kind = config.client
     spec = None
@@ -167,8 +172,6 @@ def _slot_scheduled_group(env: Any, client: Any, config: EvalConfig) -> Callable
     the rollouts scheduled one by one; an environment that overrides `run_group` keeps its
     own, with whole groups scheduled instead.
     """
-    from agentrl.environment import Environment
-
     rollout_slots = asyncio.Semaphore(config.max_concurrent)
     size = config.rollouts_per_task
     if type(env).run_group is not Environment.run_group:
@@ -201,8 +204,6 @@ async def evaluate_async(
     on_start: Callable[[int], None] | None = None, server_startup_s: float | None = None,
 ) -> EvalSummary:
     """Run an evaluation against `config.base_url` (a running server) and return its summary."""
-    from agentrl.loader import load_environment
-
     if config.base_url is None:
         raise AgentrlError("evaluate_async needs base_url; agentrl.evaluate() starts a server when it is unset")
     env = environment if environment is not None else load_environment(config.env, **config.env_args)
@@ -302,8 +303,6 @@ def evaluate(
     an `agentrl.compare.Comparison` of the two (see `agentrl.compare`).
     """
     if checkpoint is not None:
-        from agentrl.compare import compare_checkpoint
-
         return compare_checkpoint(env, checkpoint=checkpoint, baseline=baseline, n=n,
                                   rollouts_per_task=rollouts_per_task, sampling=sampling, output=output,
                                   progress=progress, **options)
@@ -320,14 +319,29 @@ def evaluate(
     return run_evaluation(config, environment=environment, progress=progress, server_log=server_log)
 
 
+def compare_checkpoint(
+    env: Any = "reverse-text", *, checkpoint: str | Path, baseline: str | None = None, **options: Any
+) -> Comparison:
+    """Evaluate `checkpoint` and `baseline` (default: what its run started from) with the same settings."""
+    folder = Path(checkpoint).expanduser()
+    if not (folder / "config.json").is_file():
+        raise NotFoundError(f"checkpoint {checkpoint}: no config.json there; pass RUN/checkpoints/step_N")
+    baseline = baseline or run_baseline(folder)
+    if baseline is None:
+        raise NotFoundError(f"checkpoint {checkpoint}: not inside a run folder; pass baseline=... (a model or folder)")
+    output = options.pop("output", None)
+    results = {}
+    for role, model in (("checkpoint", str(folder)), ("baseline", baseline)):
+        role_output = Path(output) / role if output else None
+        results[role] = evaluate(env, model=model, output=role_output, **options)
+    return Comparison(checkpoint=results["checkpoint"], baseline=results["baseline"])
+
+
 def run_evaluation(
     config: EvalConfig, *, environment: Any = None, progress: bool = False, server_log: Path | None = None,
     on_server: Callable[[Any], None] | None = None,
 ) -> EvalSummary:
     """Validate names, start a server when needed, run the evaluation, stop the server."""
-    from agentrl.loader import load_environment
-    from agentrl.models import resolve_model
-
     try:
         asyncio.get_running_loop()
     except RuntimeError:

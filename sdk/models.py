@@ -14,12 +14,18 @@ import json
 import os
 import re
 from pathlib import Path
-
 from typing import Any
 
-from agentrl.errors import NotFoundError
-from agentrl.tiny_moe import GLM_AIR_5B_CONFIG, GLM_AIR_DEEP_CONFIG, TINY_DEEPSEEK_CONFIG
 from pydantic import BaseModel, ConfigDict, model_validator
+
+from agentrl.errors import NotFoundError
+from agentrl.tiny_moe import (
+    GLM_AIR_5B_CONFIG,
+    GLM_AIR_DEEP_CONFIG,
+    LOCAL_MODELS,
+    TINY_DEEPSEEK_CONFIG,
+    ensure_local_model,
+)
 
 __all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
 
@@ -35,6 +41,9 @@ class ModelSpec(BaseModel):
     """Hugging Face repo id of the weights (None for locally created models)."""
     architecture: str
     """HF architecture class, e.g. Glm4MoeForCausalLM."""
+    family: str | None = None
+    """The trainer's model family (a key of `agentrl.trainer.models.families.FAMILIES`, e.g. ``glm4_moe``);
+    for a folder, its config.json ``model_type``."""
     layers: int
     """Number of transformer layers."""
     hidden_size: int
@@ -80,8 +89,6 @@ class ModelSpec(BaseModel):
         """The local model folder, created for tiny-moe, or a clear error when missing."""
         if self.path is not None:
             return self.path
-        from agentrl.tiny_moe import LOCAL_MODELS, ensure_local_model
-
         if self.name in LOCAL_MODELS and self.hf_repo is None:
             return ensure_local_model(self.name)
         found = _hf_cache_path(self.hf_repo) if self.hf_repo else None
@@ -111,40 +118,46 @@ PRESETS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
         ModelSpec(
-            name="tiny-moe", architecture="Glm4MoeForCausalLM", layers=4, hidden_size=64, experts=8,
+            name="tiny-moe", family="glm4_moe",
+            architecture="Glm4MoeForCausalLM", layers=4, hidden_size=64, experts=8,
             experts_per_token=2, shared_experts=1, dense_layers=1, total_params=473_152,
             active_params=251_992, context=2048,
             description="miniature GLM-4.5 MoE created locally (char tokenizer); runs on a CPU",
         ),
         ModelSpec(
-            name="tiny-nemotron", architecture="NemotronHForCausalLM", layers=6, hidden_size=64, experts=8,
+            name="tiny-nemotron", family="nemotron_h",
+            architecture="NemotronHForCausalLM", layers=6, hidden_size=64, experts=8,
             experts_per_token=2, shared_experts=1, total_params=349_296, active_params=201_840, context=2048,
             description="miniature Nemotron-3 (Mamba-2 + attention + MoE with non-gated relu2 experts, "
                         "layers MEME*E) created locally (char tokenizer); runs on a CPU",
         ),
         ModelSpec(
-            name="tiny-deepseek", architecture="DeepseekV3ForCausalLM", total_params=1_138_880,
+            name="tiny-deepseek", family="deepseek_v3",
+            architecture="DeepseekV3ForCausalLM", total_params=1_138_880,
             active_params=909_504, context=2048,
             description="miniature DeepSeek-V3 (MLA, YaRN, group-limited routing) created locally (char tokenizer); "
                         "trains on a CPU",
             hf_config={"model_type": "deepseek_v3", **TINY_DEEPSEEK_CONFIG},
         ),
         ModelSpec(
-            name="glm-air-5b", architecture="Glm4MoeForCausalLM", total_params=4.93e9, active_params=0.77e9,
+            name="glm-air-5b", family="glm4_moe",
+            architecture="Glm4MoeForCausalLM", total_params=4.93e9, active_params=0.77e9,
             context=4096, inference_gpus=1, training_gpus=1,
             description="GLM-4.5-Air widths in 3 layers (1 dense + 2 MoE, 128 experts top-8), created locally with "
                         "the character tokenizer; one H200 (cookbook/gpu-1xh200)",
             hf_config={"model_type": "glm4_moe", **GLM_AIR_5B_CONFIG},
         ),
         ModelSpec(
-            name="glm-air-deep", architecture="Glm4MoeForCausalLM", total_params=3.752e9, active_params=0.567e9,
+            name="glm-air-deep", family="glm4_moe",
+            architecture="Glm4MoeForCausalLM", total_params=3.752e9, active_params=0.567e9,
             context=4096, inference_gpus=1, training_gpus=1,
             description="GLM-4.5-Air's depth (46 layers: 1 dense + 45 MoE, 128 experts top-8) at a quarter of its "
                         "width (hidden 1024), created locally with the character tokenizer; Router Replay on one H200",
             hf_config={"model_type": "glm4_moe", **GLM_AIR_DEEP_CONFIG},
         ),
         ModelSpec(
-            name="glm-4.5-air", hf_repo="zai-org/GLM-4.5-Air", architecture="Glm4MoeForCausalLM",
+            name="glm-4.5-air", family="glm4_moe",
+            hf_repo="zai-org/GLM-4.5-Air", architecture="Glm4MoeForCausalLM",
             total_params=106e9, active_params=12e9, context=131072, inference_gpus=2, training_gpus=16,
             description="GLM-4.5-Air, 106B total / 12B active (bf16 weights ~212 GB)",
             hf_config={
@@ -157,7 +170,8 @@ PRESETS: dict[str, ModelSpec] = {
             },
         ),
         ModelSpec(
-            name="qwen3-30b-a3b", hf_repo="Qwen/Qwen3-30B-A3B", architecture="Qwen3MoeForCausalLM",
+            name="qwen3-30b-a3b", family="qwen3_moe",
+            hf_repo="Qwen/Qwen3-30B-A3B", architecture="Qwen3MoeForCausalLM",
             total_params=30.5e9, active_params=3.3e9, context=32768, inference_gpus=1, training_gpus=8,
             description="Qwen3-30B-A3B, 30.5B total / 3.3B active (131k context with YaRN)",
             hf_config={
@@ -169,7 +183,7 @@ PRESETS: dict[str, ModelSpec] = {
             },
         ),
         ModelSpec(
-            name="nemotron-3-nano", hf_repo="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+            name="nemotron-3-nano", family="nemotron_h", hf_repo="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
             architecture="NemotronHForCausalLM", total_params=31.6e9, active_params=3.2e9, context=262144,
             inference_gpus=1, training_gpus=9,  # trainer: 8 (cp=2 at 131k tokens, `agentrl trainer-plan`)
             description="NVIDIA Nemotron-3 Nano 30B-A3B: hybrid Mamba-2 / attention MoE, 52 layers (23 Mamba-2, "
@@ -187,7 +201,8 @@ PRESETS: dict[str, ModelSpec] = {
             },
         ),
         ModelSpec(
-            name="nemotron-3-super", hf_repo="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+            name="nemotron-3-super", family="nemotron_h",
+            hf_repo="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
             architecture="NemotronHForCausalLM", total_params=120.7e9, active_params=12.2e9, context=262144,
             inference_gpus=2, training_gpus=26,  # trainer: 24 (cp=8 at 131k tokens, `agentrl trainer-plan`)
             description="NVIDIA Nemotron-3 Super 120B-A12B: 88 layers (40 Mamba-2, 40 latent MoE, 8 attention), "
@@ -207,7 +222,8 @@ PRESETS: dict[str, ModelSpec] = {
             },
         ),
         ModelSpec(
-            name="deepseek-v3", hf_repo="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
+            name="deepseek-v3", family="deepseek_v3",
+            hf_repo="deepseek-ai/DeepSeek-V3", architecture="DeepseekV3ForCausalLM",
             total_params=671e9, active_params=37e9, context=131072,
             inference_gpus=8, training_gpus=128,
             description="DeepSeek-V3, 671B total / 37B active (FP8 weights ~700 GB), multi-node",
@@ -226,7 +242,8 @@ PRESETS: dict[str, ModelSpec] = {
             },
         ),
         ModelSpec(
-            name="kimi-k2", hf_repo="moonshotai/Kimi-K2-Instruct", architecture="DeepseekV3ForCausalLM",
+            name="kimi-k2", family="deepseek_v3",
+            hf_repo="moonshotai/Kimi-K2-Instruct", architecture="DeepseekV3ForCausalLM",
             total_params=1.04e12, active_params=32e9, context=131072, inference_gpus=16, training_gpus=144,
             description="Kimi-K2, 1.04T total / 32B active (MLA, 384 experts top-8; FP8 weights ~1 TB), "
                         "multi-node",
@@ -283,6 +300,7 @@ def _spec_from_folder(path: Path, *, name: str, hf_repo: str | None = None) -> M
     text = config.get("text_config", config)
     return ModelSpec(
         name=name, hf_repo=hf_repo, path=path, architecture=(config.get("architectures") or ["unknown"])[0],
+        family=text.get("model_type"),
         context=int(text.get("max_position_embeddings", 0) or 0), description=f"local folder {path}",
         **architecture_facts(config),
     )

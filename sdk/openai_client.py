@@ -13,7 +13,8 @@ import os
 from typing import Any
 
 import httpx
-from agentrl.client import InferenceError
+
+from agentrl.errors import InferenceError
 from agentrl.http_pool import ShardedAsyncClient
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn

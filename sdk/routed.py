@@ -6,6 +6,12 @@ token whose experts inference did not report, e.g. the last sampled token, which
 never forwarded). It replaces nested `list[list[list[int]]]` so completions, rollouts and
 training samples validate, pickle (Ray) and pack without per-token Python work.
 
+vLLM sends them per request as base64 of a `.npy` array shaped (prompt + completion - 1, layers,
+top_k), uint8/uint16 (layers without experts, e.g. GLM's dense first layers, hold zeros):
+`decode_routed_experts_array` reads that string and `split_routed_experts` cuts its rows into
+prompt rows and completion rows aligned with the tokens (the last sampled token has no row: it
+was never forwarded; -1 there).
+
 `RoutedExpertsField` is the pydantic field type: it validates from a `RoutedExperts`, a
 numpy array or nested lists (also the older ragged form where an unknown token is
 `[[], [], ...]` or `[]`), and serializes to nested lists with unknown tokens as
@@ -14,13 +20,18 @@ numpy array or nested lists (also the older ragged form where an unknown token i
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
 from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 
-__all__ = ["EXPERT_DTYPE", "RoutedExperts", "RoutedExpertsField"]
+from agentrl.errors import AgentrlError
+
+__all__ = ["EXPERT_DTYPE", "RoutedExperts", "RoutedExpertsField", "decode_routed_experts_array",
+           "split_routed_experts"]
 
 EXPERT_DTYPE = np.int16
 """Expert ids fit int16 (vLLM sends uint8/uint16; models have at most a few hundred experts)."""
@@ -144,3 +155,41 @@ RoutedExpertsField = Annotated[
     WithJsonSchema({"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}}),
 ]
 """Pydantic field type for routed experts (see the module docstring)."""
+
+
+def decode_routed_experts_array(encoded: str | None) -> np.ndarray | None:
+    """vLLM's base64 `.npy` string -> array (tokens, layers, top_k); None stays None."""
+    if not encoded:
+        return None
+    try:
+        array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise AgentrlError(f"routed_experts: not a base64 .npy array ({error})") from None
+    if array.ndim != 3:
+        raise AgentrlError(f"routed_experts: expected 3 dimensions (tokens, layers, top_k), got shape {array.shape}")
+    return array
+
+
+def split_routed_experts(
+    rows: np.ndarray, *, prompt_len: int, completion_len: int, strict: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split vLLM's rows into prompt rows and completion rows (one per completion token), int16.
+
+    The last completion token was sampled but never forwarded, so it has no row; its row is
+    filled with -1 so both arrays line up with the tokens. `strict=False` accepts any row
+    count instead of raising: missing rows are -1; with more rows than tokens nobody knows
+    which row belongs to which token, so every row is -1 (Router Replay then routes those
+    tokens live rather than replaying another token's experts).
+    """
+    expected = prompt_len + completion_len - 1
+    if strict and len(rows) != expected:
+        raise AgentrlError(
+            f"routed_experts: {len(rows)} rows for {prompt_len} prompt + {completion_len} completion tokens"
+            f" (expected {expected})"
+        )
+    if len(rows) > expected:
+        rows = rows[:0]
+    out = np.full((prompt_len + completion_len, *rows.shape[1:]), -1, dtype=EXPERT_DTYPE)
+    count = min(len(rows), len(out))
+    out[:count] = rows[:count]
+    return out[:prompt_len], out[prompt_len:]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from agentrl.config import BaseConfig
 from pydantic import Field
+
+from agentrl.config import BaseConfig
 from agentrl.types import Message, Turn
 
 __all__ = ["SamplingConfig", "ChatClient"]

@@ -48,6 +48,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agentrl import env_vars
 from agentrl.errors import require
 
 __all__ = [
@@ -331,7 +332,7 @@ def create_tiny_moe(destination: Path, *, seed: int = 0) -> Path:
 
 def default_cache_dir() -> Path:
     """Where created models live: `$AGENTRL_CACHE/models` or `~/.cache/agentrl/models`."""
-    root = os.environ.get("AGENTRL_CACHE")
+    root = env_vars.CACHE.get()
     base = Path(root) if root else Path.home() / ".cache" / "agentrl"
     return base / "models"
 

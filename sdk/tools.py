@@ -25,8 +25,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, get_type_hints
 
-from agentrl.errors import AgentrlError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from agentrl.errors import AgentrlError
 
 __all__ = ["Tool", "ToolArgumentError", "parse_docstring", "tool_schema"]
 

@@ -89,7 +89,7 @@ class Task(_Model):
     """Row identifier, stable across epochs."""
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "Task":
+    def from_row(cls, row: dict[str, Any]) -> Task:
         """Build a Task from a dataset row, decoding a JSON-string `info` column."""
         info = row.get("info") or {}
         if isinstance(info, str):

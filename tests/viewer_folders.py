@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agentrl.eval_summary import summarize
 from agentrl.evaluate import EvalConfig
-from agentrl.loader import load_environment
+from agentrl.hub.loader import load_environment
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorConfig
 from agentrl.rl.report import RunDir

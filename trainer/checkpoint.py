@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.trainer.models.state_dict import native_to_hf, save_hf_weights
 
 __all__ = ["save_checkpoint", "load_checkpoint", "full_state_dict", "hf_state_views", "export_hf"]
 
@@ -157,8 +158,6 @@ def full_state_dict(trainer, *, on_device: bool = False) -> dict[str, torch.Tens
 def hf_state_views(trainer) -> dict[str, torch.Tensor]:
     """The full tensors under HF names where they are, as views of the parameters (not made
     contiguous): what a direct weight push sends, cast and copied chunk by chunk. Collective."""
-    from agentrl.trainer.models.state_dict import native_to_hf
-
     return native_to_hf(full_state_dict(trainer, on_device=True), trainer.args, contiguous=False)
 
 
@@ -166,8 +165,6 @@ def export_hf(trainer, out_dir: str | Path, *, dtype: torch.dtype | None = torch
               digest: bool = False) -> Path | None:
     """Write the current weights as a Hugging Face folder vLLM loads (rank 0 writes; collective); with `digest`
     the tensors' digest beside them (a server loading the folder is checked against it)."""
-    from agentrl.trainer.models.state_dict import save_hf_weights
-
     state = full_state_dict(trainer)
     written = None
     if _rank() == 0:

@@ -27,7 +27,7 @@ class LossConfig(BaseConfig):
     """Weight of the KL(inference || trainer) penalty (k3 estimator); 0 turns it off."""
 
     @model_validator(mode="after")
-    def _check_bounds(self) -> "LossConfig":
+    def _check_bounds(self) -> LossConfig:
         if not 0.0 <= self.ratio_low < 1.0 < self.ratio_high:
             raise ValueError(
                 f"loss.ratio_low={self.ratio_low} and loss.ratio_high={self.ratio_high}: "
@@ -77,7 +77,7 @@ class OptimizerConfig(BaseConfig):
 
 
     @model_validator(mode="after")
-    def _betas_in_range(self) -> "OptimizerConfig":
+    def _betas_in_range(self) -> OptimizerConfig:
         if not all(0 <= beta < 1 for beta in self.betas):
             raise ValueError(f"betas={list(self.betas)}: each Adam beta must be in [0, 1)")
         return self

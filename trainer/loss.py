@@ -24,7 +24,6 @@ and ranks before dividing by the global token count.
 
 from __future__ import annotations
 
-
 import torch
 
 from agentrl.trainer.config import LossConfig

@@ -73,7 +73,7 @@ class PackedRow:
         return int(self.tokens.numel())
 
     @classmethod
-    def padding(cls, row_tokens: int, *, moe_layers: int | None, top_k: int | None, pad_token_id: int = 0) -> "PackedRow":
+    def padding(cls, row_tokens: int, *, moe_layers: int | None, top_k: int | None, pad_token_id: int = 0) -> PackedRow:
         """A row of pure padding (to give every data-parallel rank the same number of rows)."""
         return _build_row([], row_tokens=row_tokens, moe_layers=moe_layers, top_k=top_k, pad_token_id=pad_token_id)
 

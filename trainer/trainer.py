@@ -47,11 +47,13 @@ import torch
 import torch.distributed as dist
 
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.gpu_memory import GIB, process_gpu_bytes
+from agentrl.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.loss import LossScale, compute_loss
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.attention import build_segments, cp_token_index
-from agentrl.trainer.models.glm4_moe import build_model, init_weights
+from agentrl.trainer.models.attention import build_segments, cp_token_index, query_tail
+from agentrl.trainer.models.build import build_model, init_weights
 from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_sharded
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
@@ -305,8 +307,6 @@ class Trainer:
         `mem/trainer_process_gib` (the driver's count: context and libraries too, where NVML can see it)."""
         if self.device.type != "cuda":
             return {}
-        from agentrl.gpu_memory import GIB, process_gpu_bytes
-
         metrics = {"mem/trainer_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
                    "mem/trainer_reserved_gib": torch.cuda.memory_reserved(self.device) / GIB}
         used = process_gpu_bytes(os.getpid())
@@ -324,8 +324,6 @@ class Trainer:
         """The row under the trainer's own routing (no replay, no gradient): its summed mismatch KL, and of the
         (token, MoE layer) expert sets inference reported (replay_mask tokens), how many the trainer's routers
         chose alike, out of how many."""
-        from agentrl.trainer.models.attention import query_tail
-
         blocks = self.model.moe_blocks()
         needed_T = row.loss_mask[window].to(self.device)
         for block in blocks:
@@ -359,20 +357,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, path: str | Path) -> Path:
-        from agentrl.trainer.checkpoint import save_checkpoint
-
         return save_checkpoint(self, path)
 
     def load_checkpoint(self, path: str | Path) -> int:
-        from agentrl.trainer.checkpoint import load_checkpoint
-
         return load_checkpoint(self, path)
 
     def export_hf(self, out_dir: str | Path, *, dtype: torch.dtype | None = None, digest: bool = False) -> Path | None:
         """HF safetensors of the current weights (in the source checkpoint's dtype unless given); `digest`: their
         digest beside them, for the servers' weight check."""
-        from agentrl.trainer.checkpoint import export_hf
-
         if dtype is None and self.model_dir is not None:
             config = json.loads((self.model_dir / "config.json").read_text())
             name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"

@@ -22,6 +22,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from swe_bench import CONDA_ACTIVATE, uses_eval_script
+from swe_grade import GradeResult, grade, grading_spec
+from swe_oracle import oracle_policy_for
+from swe_sandbox import sandbox_config
+from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
+
 from agentrl.environment import rows_to_dataset
 from agentrl.errors import AgentrlError
 from agentrl.rubric import Rubric
@@ -29,11 +35,6 @@ from agentrl.sandbox.grading import TAMPER_METRIC
 from agentrl.sandbox_env import SandboxEnv
 from agentrl.tools import Tool
 from agentrl.types import Message, Rollout, Task
-from swe_bench import CONDA_ACTIVATE, uses_eval_script
-from swe_grade import GradeResult, grade, grading_spec
-from swe_oracle import oracle_policy_for
-from swe_sandbox import sandbox_config
-from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
 __all__ = ["SweEnv", "build_dataset", "checked_instances", "load_environment", "oracle_policy", "task_row",
            "uses_eval_script"]

@@ -34,6 +34,7 @@ import re
 import shlex
 from typing import Any
 
+from agentrl import env_vars
 from agentrl.errors import ConfigError
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_NAMESPACE = "swebench"
-NAMESPACE_ENV = "AGENTRL_SWEBENCH_NAMESPACE"
+NAMESPACE_ENV = env_vars.SWEBENCH_NAMESPACE.name
 # Activates the images' conda env when there is one (SWE-bench's images: /opt/miniconda3, env `testbed`).
 CONDA_ACTIVATE = ("if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate; "
                   "conda activate testbed; fi")

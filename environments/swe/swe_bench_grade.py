@@ -28,9 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigError, require
 from swe_bench import build_eval_script
 from swe_task import REPO_DIR, SweInstance
+
+from agentrl.errors import ConfigError, require
 
 __all__ = ["apply_like_swebench", "eval_report", "log_parser_name", "run_eval_script", "swebench_test_spec"]
 

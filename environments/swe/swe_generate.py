@@ -30,11 +30,12 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agentrl.errors import AgentrlError
 from swe_mutate import MutationSite, apply_site, enumerate_sites, select_sites
 from swe_projects import PROJECTS, Project, fetch_sdist, get_project
 from swe_sandbox import open_sandbox, run_pytest
 from swe_task import COMMIT_ENV, GENERATED_TEST_COMMAND, REPO_DIR, commit_message
+
+from agentrl.errors import AgentrlError
 
 __all__ = ["candidate_sites", "generate", "generate_project", "problem_statement", "project_sources", "split_of"]
 

@@ -24,11 +24,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agentrl.errors import AgentrlError
 from swe_bench import is_swebench_test_path, test_patch_files, uses_eval_script
 from swe_bench_grade import apply_like_swebench, eval_report, run_eval_script, swebench_test_spec
 from swe_sandbox import open_sandbox, run_checked_pytest
 from swe_task import PYTEST_TEST_COMMAND, REPO_DIR, SweInstance, prepare_repository
+
+from agentrl.errors import AgentrlError
 
 __all__ = ["GradeResult", "grade", "grade_in_sandbox"]
 

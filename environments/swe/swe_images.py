@@ -13,13 +13,14 @@ and the digests are printed, one `image remote digest` line each.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 import argparse
 import hashlib
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from agentrl.hub.images import push_image
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,7 +39,7 @@ CONTENT_LABEL = "agentrl.swe.content"
 
 def base_image() -> str:
     """The base image the project images start from ($AGENTRL_SWE_BASE_IMAGE or agentrl-base:bookworm)."""
-    return os.environ.get("AGENTRL_SWE_BASE_IMAGE") or DEFAULT_BASE_IMAGE
+    return env_vars.SWE_BASE_IMAGE.get() or DEFAULT_BASE_IMAGE
 
 
 def _docker_client():
@@ -147,8 +148,6 @@ def build_images(names: list[str] | None = None, *, base: str | None = None,
 
 def push_images(names: list[str], *, registry: str) -> list[tuple[str, str, str]]:
     """Push built images to `registry`; returns (local image, remote reference, digest) for each."""
-    from agentrl.hub.images import push_image
-
     return [(name, *push_image(name, registry=registry)) for name in names]
 
 

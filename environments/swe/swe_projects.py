@@ -10,12 +10,12 @@ is unpacked into `/testbed` as a git repository.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["PROJECTS", "Project", "fetch_sdist", "get_project", "sdist_cache_dir"]
@@ -117,7 +117,7 @@ def get_project(name: str) -> Project:
 
 def sdist_cache_dir() -> Path:
     """Where downloaded sdists are kept: $AGENTRL_CACHE/swe/sdists or ~/.cache/agentrl/swe/sdists."""
-    root = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
+    root = Path(env_vars.CACHE.get() or Path.home() / ".cache" / "agentrl")
     path = root / "swe" / "sdists"
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.errors import AgentrlError
 from swe_bench import CONDA_ACTIVATE
 from swe_verdict import (
     LAUNCHER,
@@ -41,6 +40,8 @@ from swe_verdict import (
     stream_outcomes,
     summary_counts,
 )
+
+from agentrl.errors import AgentrlError
 
 __all__ = ["SANDBOX_ENV", "TestRun", "open_sandbox", "run_checked_pytest", "run_pytest", "sandbox_config"]
 

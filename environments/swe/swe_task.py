@@ -22,9 +22,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import AgentrlError, ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from swe_bench import is_pytest_id, swebench_image_name
+
+from agentrl.errors import AgentrlError, ConfigError
 
 __all__ = ["REPO_DIR", "SweInstance", "load_instances", "prepare_repository", "task_commit_script"]
 

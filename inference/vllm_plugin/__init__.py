@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import os
 
-ROUTED_EXPERTS_ENV = "AGENTRL_ROUTED_EXPERTS"
-CPU_FIXES_ENV = "AGENTRL_CPU_FIXES"
+from agentrl import env_vars
+
+ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
+CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 
 
 def _enabled(name: str) -> bool:

@@ -3,7 +3,7 @@ default and description, read from the config classes themselves (no torch, vllm
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -35,7 +35,7 @@ def config_keys(model: Any, prefix: str = "") -> list[tuple[str, str, str, str]]
 
 
 @app.command("keys")
-def keys_command(prefix: Optional[str] = typer.Argument(None, help="Only keys under this prefix, e.g. trainer.optimizer."),
+def keys_command(prefix: str | None = typer.Argument(None, help="Only keys under this prefix, e.g. trainer.optimizer."),
                  ) -> None:
     """Print every run-config key: type, default, description (one line each, for pipes and grep)."""
     from agentrl.rl.config import RunConfig

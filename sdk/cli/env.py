@@ -7,6 +7,7 @@ prints results (rich tables), and stays light at import.
 
 from __future__ import annotations
 
+from agentrl import env_vars
 from pathlib import Path
 from typing import Optional
 
@@ -27,9 +28,8 @@ def _echo(message: str) -> None:
 
 
 def _registry(value: Optional[str]) -> Optional[str]:
-    import os
 
-    return value or os.environ.get("AGENTRL_REGISTRY") or None
+    return value or env_vars.REGISTRY.get() or None
 
 
 @app.command()
@@ -156,7 +156,7 @@ def _list_loadable(search: Optional[str], tag: Optional[str]) -> None:
 
     from agentrl.errors import AgentrlError
     from agentrl.hub.manifest import load_manifest
-    from agentrl.loader import list_environments
+    from agentrl.hub.loader import list_environments
 
     table = Table("environment", "version", "source", "tags", "folder", title="loadable by name")
     table.columns[-1].overflow = "fold"  # a folder is never cut short

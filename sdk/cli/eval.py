@@ -86,9 +86,10 @@ def register(app: typer.Typer) -> None:
         Without --base-url a vLLM server for the model is started and stopped around the run.
         Prints mean reward, avg@k, pass@k, tokens and time.
         """
+        from rich.console import Console
+
         from agentrl.config import config_from_dict, dump_config
         from agentrl.evaluate import EvalConfig, run_evaluation
-        from rich.console import Console
 
         # Flags given on the command line win over the TOML file; --set wins over both.
         flags = {"env": env, "model": model, "n": n, "rollouts_per_task": rollouts, "split": split,

@@ -19,18 +19,19 @@ def register(app: typer.Typer) -> None:
     def models_command(
         name: str = typer.Argument(None, help="Show one preset, local folder or cached HF repo id instead of all."),
     ) -> None:
-        """List model presets (architecture, experts, parameters, context, GPUs needed, local weights).
+        """List model presets (trainer family, architecture, experts, parameters, context, GPUs needed, local weights).
 
         Any command that takes --model accepts a preset name, a local HF model folder or an HF
         repo id already in the local Hugging Face cache. tiny-moe is created locally on first use.
         """
-        from agentrl.models import list_presets, resolve_model
         from rich.console import Console
         from rich.table import Table
 
+        from agentrl.models import list_presets, resolve_model
+
         specs = [resolve_model(name)] if name else [resolve_model(spec.name) for spec in list_presets()]
         table = Table(title="agentrl models", caption="GPUs: H200s for one inference replica / a full RL run")
-        for column in ("name", "architecture", "layers x hidden", "experts", "params total/active", "context",
+        for column in ("name", "family", "architecture", "layers x hidden", "experts", "params total/active", "context",
                        "GPUs", "weights"):
             table.add_column(column)
         for spec in specs:
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
             else:
                 where = f"{spec.hf_repo} (not cached)"
             table.add_row(
-                spec.name, spec.architecture, f"{spec.layers} x {spec.hidden_size}", experts,
+                spec.name, spec.family or "-", spec.architecture, f"{spec.layers} x {spec.hidden_size}", experts,
                 f"{_params(spec.total_params)}/{_params(spec.active_params)}", str(spec.context), gpus, where,
             )
         Console().print(table)

@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 import typer
+
 from agentrl.errors import ConfigError
 
 app = typer.Typer(help="Sandboxes: run commands, build the base image, list and garbage-collect.", no_args_is_help=True)
@@ -77,9 +78,10 @@ def _backends(backend: str | None) -> dict[str, bool]:
 @app.command("ls")
 def ls(backend: str | None = typer.Option(None, "--type", help="Only this backend: docker or bwrap.")) -> None:
     """List agentrl sandboxes on this machine, with their owner and whether they are orphans."""
-    from agentrl.sandbox.gc import list_sandboxes
     from rich.console import Console
     from rich.table import Table
+
+    from agentrl.sandbox.gc import list_sandboxes
 
     kinds = _backends(backend)
     found = list_sandboxes(include_docker=kinds["docker"], include_bwrap=kinds["bwrap"])

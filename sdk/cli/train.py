@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
             console.print(dump_config(resolved), markup=False, highlight=False)
             raise typer.Exit(0)
         from agentrl.hub.sandbox_check import check_sandboxes
-        from agentrl.loader import load_environment
+        from agentrl.hub.loader import load_environment
 
         # sandbox images / rootfs missing: one line with the command that builds them, before any start-up
         check_sandboxes(load_environment(resolved.env.name, **resolved.env.args))

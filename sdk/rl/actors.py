@@ -34,9 +34,9 @@ class RolloutWorker:
         does not see it, else with `model`'s."""
         from agentrl.client import TokenClient
         from agentrl.cpu_priority import lower_priority
-        from agentrl.inference.router import attach_session_affinity
+        from agentrl.session import attach_session_affinity
         from agentrl.inference.supervisor import EndpointWatch, SupervisedClient
-        from agentrl.loader import load_environment
+        from agentrl.hub.loader import load_environment
 
         # Every thread this worker has now; threads it starts later inherit the niceness.
         lower_priority(os.getpid(), nice=nice)
@@ -56,7 +56,7 @@ class RolloutWorker:
         return self.client.retried
 
     async def run_group(self, task: Task, n: int, sampling: Any) -> list[Rollout]:
-        from agentrl.inference.router import trajectory_session
+        from agentrl.session import trajectory_session
 
         with trajectory_session(uuid.uuid4().hex):  # the group's rollouts share its prompt: one replica
             return await self.environment.run_group(self.client, task, n=n, sampling=sampling)

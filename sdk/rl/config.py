@@ -25,16 +25,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from agentrl.config import BaseConfig, load_config
-from agentrl.errors import AgentrlError, ConfigError
+from agentrl.errors import ConfigError
 from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.transfer import WeightTransport
+from agentrl.models import ensure_model
 from agentrl.project_files import project_path, resolve_project_path
 from agentrl.rl.heldout import HeldOutConfig
 from agentrl.rl.orchestrator import OrchestratorConfig
+from agentrl.rl.plan import apply_gpu_defaults
 from agentrl.rl.step_time import StepTimeInputs
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
-from pydantic import Field
 
 __all__ = ["EnvSection", "ModelSection", "LaunchConfig", "RunSection", "RunConfig", "load_run_config",
            "TINY_MOE_SFT", "CPU_DEFAULT_RECIPE", "TINY_NEMOTRON_SFT", "TINY_NEMOTRON_RECIPE"]
@@ -180,8 +184,6 @@ class RunConfig(BaseConfig):
                     "pass an exported checkpoint folder"
                 )
             return path
-        from agentrl.models import ensure_model
-
         return Path(ensure_model(self.model.name))
 
     def generation_nice(self) -> int:
@@ -194,9 +196,9 @@ class RunConfig(BaseConfig):
         """Trainer ranks: one per GPU, else `launch.trainer_ranks` CPU processes."""
         return self.launch.trainer_gpus or self.launch.trainer_ranks
 
-    def weight_transfer(self) -> str:
-        """`inference.weight_transfer`, else nccl with GPU inference and filesystem on the CPU."""
-        return self.inference.weight_transfer or ("nccl" if self.inference.device == "gpu" else "filesystem")
+    def weight_transfer(self) -> WeightTransport:
+        """The `inference.weight_transfer` transport, else nccl with GPU inference and filesystem on the CPU."""
+        return self.inference.transport()
 
     def trainer_compute_dtype(self) -> str:
         """The trainer's forward/backward dtype: `trainer.parallel.param_dtype`, unset bf16 on GPUs, fp32 on the CPU."""
@@ -241,106 +243,13 @@ def load_run_config(
     if config.eval.every and config.eval.split == config.orchestrator.task_split:
         raise ConfigError(f"eval.split={config.eval.split!r} is the split the run trains on (orchestrator.task_split);"
                           " evaluate on a held-out split")
-    _gpu_defaults(config)
+    apply_gpu_defaults(config)
     if config.model.init_checkpoint is None and config.env.name == "reverse-text":
         warm = _DEFAULTS_BY_MODEL.get(config.model.name)  # warm starts are per environment
         if warm is not None and (warm / "config.json").is_file():
             config.model.init_checkpoint = str(warm)
     config.trainer.model = config.model.name
     return config
-
-
-def _gpu_defaults(config: RunConfig) -> None:
-    """Model-dependent sizing: `model.max_seq_len` into the rows and vLLM's context, and for GPU-sized
-    presets a deployment, a trainer and a GPU split unless the config set [inference]/[launch]/[trainer].
-
-    One node of 8 GPUs serves (replicas of `inference_gpus`-way tensor parallel behind the
-    router; a wide-EP engine where a replica needs more than a node), the rest of the preset's
-    `training_gpus` train (expert parallel, CP planned). With `launch.gpus` the planner splits
-    that many GPUs (`agentrl.rl.plan.plan_split`).
-    """
-    from agentrl.models import PRESETS
-
-    fields = config.model_fields_set
-    rows_set = "trainer" in fields and "row_tokens" in config.trainer.model_fields_set
-    context_set = "inference" in fields and "max_model_len" in config.inference.model_fields_set
-    # [launch] counts as sized when it names a role's GPUs (the address, resources etc. are kept either way)
-    sized = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
-    launch_set = "launch" in fields and bool(sized)
-    spec = PRESETS.get(config.model.name)
-    gpu_preset = spec is not None and bool(spec.training_gpus)
-    if config.launch.gpus:
-        if not gpu_preset:
-            raise ConfigError(f"launch.gpus={config.launch.gpus}: the planner splits GPUs for GPU-sized "
-                              f"presets only; for {config.model.name!r} set launch.trainer_gpus and "
-                              "launch.inference_gpus")
-        both = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
-        launch = config.launch
-        # a run's config.toml holds the split beside launch.gpus (--resume): consistent, it is kept
-        if both and launch.trainer_gpus + launch.inference_gpus != launch.gpus:
-            raise ConfigError(f"launch.gpus={launch.gpus} and launch.{sorted(both)[0]} are both set and "
-                              f"trainer_gpus + inference_gpus = {launch.trainer_gpus + launch.inference_gpus}: "
-                              "set the cluster's GPUs (the planner splits them) or each role's")
-    gpus_per_node = config.launch.gpus_per_node
-    if gpu_preset and "inference" not in fields:
-        tp = max(1, spec.inference_gpus)
-        if tp > gpus_per_node:  # one engine spans nodes: data + expert parallel (wide EP)
-            config.inference = DeploymentConfig(
-                device="gpu", kind="wide_ep", nodes=-(-tp // gpus_per_node), gpus_per_node=gpus_per_node,
-                max_model_len=min(spec.context, 65536),
-            )
-        else:
-            inference_gpus = tp
-            if spec.training_gpus > gpus_per_node:
-                inference_gpus = min(gpus_per_node, spec.training_gpus // 2)
-            config.inference = DeploymentConfig(
-                device="gpu", kind="replicas" if inference_gpus // tp > 1 else "single",
-                replicas=max(1, inference_gpus // tp), tensor_parallel_size=tp, nodes=1,
-                gpus_per_node=min(gpus_per_node, inference_gpus), max_model_len=min(spec.context, 65536),
-            )
-    if gpu_preset and "trainer" not in fields:
-        config.trainer = TrainerConfig.model_validate(
-            {"row_tokens": 32768, "parallel": {"cp": "auto", "gpu_memory_gib": 141.0}, "optimizer": {"lr": 1e-6}}
-        )
-    if gpu_preset and config.launch.gpus and "orchestrator" not in fields:
-        # A cluster-sized run: prime-rl 0.6's batch of 256 rollouts, three steps' worth in flight.
-        config.orchestrator = OrchestratorConfig(groups_per_step=32, rollouts_per_group=8,
-                                                 max_off_policy_steps=2, max_concurrent_rollouts=768)
-    seq_len = config.model.max_seq_len
-    if seq_len:
-        if rows_set and config.trainer.row_tokens < seq_len:
-            raise ConfigError(f"model.max_seq_len={seq_len} is longer than trainer.row_tokens="
-                              f"{config.trainer.row_tokens}: a sample must fit one row; raise row_tokens "
-                              "or drop it")
-        if not rows_set:
-            config.trainer.row_tokens = seq_len
-        if not context_set:
-            config.inference.max_model_len = seq_len
-    if not gpu_preset or launch_set:
-        return
-    from agentrl.rl.plan import plan_split, trainer_plan
-
-    if config.launch.gpus:
-        plan_split(config)
-        return
-    planned = inference_gpus_of(config.inference)
-    trainer_gpus = max(gpus_per_node, spec.training_gpus - planned)
-    config.launch = config.launch.model_copy(update={"trainer_gpus": trainer_gpus, "inference_gpus": planned})
-    # Grow the trainer by whole nodes until its layout fits the GPUs' memory.
-    for nodes in range(1, 65):
-        config.launch.trainer_gpus = max(trainer_gpus, nodes * gpus_per_node)
-        try:
-            trainer_plan(config)
-            break
-        except AgentrlError:
-            continue
-
-
-def inference_gpus_of(deployment: DeploymentConfig) -> int:
-    """GPUs of a GPU deployment (replicas x tensor parallel, or its nodes for wide EP / P/D)."""
-    if deployment.kind in ("wide_ep", "pd"):
-        return deployment.nodes * deployment.gpus_per_node
-    return deployment.replicas * deployment.tensor_parallel_size
 
 
 def _toml_string(value: str) -> str:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentrl.trainer.models.args import MoEModelArgs
+
 __all__ = [
     "DecodeMeasurement",
     "EngineShape",
@@ -117,8 +119,6 @@ def decode_overhead_s(inputs, measurement: DecodeMeasurement = MEASURED_DECODE[0
     """Per-step overhead: the measured step time minus its roofline (or `inputs.decode_overhead_s`)."""
     if inputs.decode_overhead_s is not None:
         return inputs.decode_overhead_s
-    from agentrl.trainer.models.args import MoEModelArgs
-
     args = MoEModelArgs.from_hf_config(measurement.hf_config)
     step = measurement.batch / (measurement.tokens_per_s / measurement.gpus) / measurement.gpus
     roof = _roofline_s(

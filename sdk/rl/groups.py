@@ -28,8 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.rl.shipping import Folder, write_folder
-from agentrl.rl.transport import DIRECT_TRANSPORTS
+from agentrl.inference.transfer import WeightTransport
+from agentrl.rl.inference_actor import InferenceActor, InferenceNodeActor
+from agentrl.rl.shipping import Folder, mark_visible, read_folder, write_folder
+from agentrl.rl.trainer_rank import TrainerRank
 from agentrl.types import TrainingSample
 
 __all__ = ["InferenceGroup", "TrainerGroup", "merge_token_logprobs"]
@@ -74,10 +76,8 @@ class TrainerGroup:
         self.shippers = {rank for rank, node in enumerate(nodes) if nodes.index(node) == rank}
 
     @classmethod
-    def start(cls, reservation: Any, *, run_id: str, config: Any, model_dir: str, model_files: Any) -> "TrainerGroup":
+    def start(cls, reservation: Any, *, run_id: str, config: Any, model_dir: str, model_files: Any) -> TrainerGroup:
         import ray
-
-        from agentrl.rl.trainer_rank import TrainerRank
 
         world = config.trainer_world()
         threads = config.launch.trainer_threads if not config.launch.trainer_gpus else None
@@ -116,11 +116,11 @@ class TrainerGroup:
         await asyncio.gather(*refs)
         return refs[0]
 
-    async def push_direct(self, version: int, *, urls: list[str], backend: str,
+    async def push_direct(self, version: int, *, urls: list[str], transport: WeightTransport,
                           reconnect: list[str] = (), verify: bool = True) -> dict[str, Any]:
         """Every rank gathers, rank 0 sends `version` (nccl / ipc); rank 0's timings, checks and server memory."""
-        timings = await self._all("push_direct", version, urls=urls, backend=backend, reconnect=list(reconnect),
-                                  verify=verify)
+        timings = await self._all("push_direct", version, urls=urls, transport=transport,
+                                  reconnect=list(reconnect), verify=verify)
         return timings[0]
 
     async def resend_direct(self, urls: list[str]) -> dict[str, Any] | None:
@@ -130,8 +130,6 @@ class TrainerGroup:
     async def save_checkpoint(self, path: str, *, step: int, trainer_state: bool = True) -> None:
         """Every rank saves; ranks that see `path` (the driver's checkpoint folder) write into it, the
         other nodes' files come back from one rank each and are merged into it."""
-        from agentrl.rl.shipping import mark_visible
-
         token = mark_visible(path)
         parts = await asyncio.gather(*(rank.save.remote(step, dest=path, token=token, ship=index in self.shippers,
                                                         trainer_state=trainer_state)
@@ -145,8 +143,6 @@ class TrainerGroup:
     def load_checkpoint(self, path: Path, step: int) -> int:
         """Every rank restores `path`: read in place where the node sees it, else shipped to it."""
         import ray
-
-        from agentrl.rl.shipping import read_folder
 
         visible = ray.get([rank.sees_checkpoint.remote(str(path)) for rank in self.ranks])
         shared = ray.put(read_folder(path, max_bytes=1 << 62)) if not all(visible) else None
@@ -183,7 +179,7 @@ class InferenceGroup:
 
     @classmethod
     def start(cls, reservation: Any, *, run_id: str, config: Any, deployment: Any, model_dir: str,
-              model_files: Any, log_dir: Path) -> "InferenceGroup":
+              model_files: Any, log_dir: Path) -> InferenceGroup:
         spec = reservation.spec
         actors: list[Any] = []
         try:
@@ -195,10 +191,8 @@ class InferenceGroup:
 
     @classmethod
     def _start(cls, actors: list[Any], reservation: Any, spec: Any, *, run_id: str, config: Any, deployment: Any,
-               model_dir: str, model_files: Any, log_dir: Path) -> "InferenceGroup":
+               model_dir: str, model_files: Any, log_dir: Path) -> InferenceGroup:
         import ray
-
-        from agentrl.rl.inference_actor import InferenceActor, InferenceNodeActor
 
         if deployment.kind in ("wide_ep", "pd"):
             for slot, node in zip(spec.inference, spec.inference_nodes, strict=True):
@@ -217,7 +211,7 @@ class InferenceGroup:
                     served_name=config.model.name, deployment=serving,
                     startup_timeout_s=config.launch.startup_timeout_s, dtype=config.inference_dtype(),
                     nice=config.generation_nice(),
-                    weights_from_trainer=config.weight_transfer() in DIRECT_TRANSPORTS))
+                    weights_from_trainer=config.weight_transfer().direct))
             urls = ray.get([actor.start.remote() for actor in actors])
         router = None
         if deployment.router is not None and len(urls) > 1:

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import AgentrlError
 from agentrl.rl.shipping import Folder, node_dir, prune_versions, remove_node_dirs, write_folder
 
 __all__ = ["InferenceActor", "InferenceNodeActor", "local_folder", "replica_server"]
@@ -242,7 +243,6 @@ class InferenceActor:
         restarts it and restores the latest loaded version, then the load is retried (or, if
         it had gone through, the restarted server's version is reported).
         """
-        from agentrl.errors import AgentrlError
         from agentrl.inference.weights import WeightUpdateError
 
         if files is not None:
@@ -317,7 +317,6 @@ class InferenceNodeActor:
     """The processes of one node of a `wide_ep` or `pd` deployment plan (GPUs only)."""
 
     def __init__(self, *, run_id: str, node: int, processes: list[dict[str, Any]], startup_timeout_s: float) -> None:
-        from agentrl.errors import AgentrlError
         from agentrl.inference.server import detect_device
 
         if detect_device() == "cpu":
@@ -330,7 +329,6 @@ class InferenceNodeActor:
 
     def start(self) -> list[str]:
         """Start every process of the node; the URLs of its API servers once they answer /health."""
-        from agentrl.errors import AgentrlError
         from agentrl.inference.server import log_tail, wait_for_health
 
         urls = []

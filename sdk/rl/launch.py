@@ -167,7 +167,7 @@ def run_training(
     """Run (or resume) a training run in `run_dir`; see the module docstring."""
     ray = require("ray", "train")
     from agentrl.inference.plans import build_plan
-    from agentrl.loader import load_environment
+    from agentrl.hub.loader import load_environment
     from agentrl.rl.actors import RolloutWorker
     from agentrl.rl.groups import InferenceGroup, TrainerGroup
     from agentrl.rl.placement import placement_spec, reserve

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from agentrl.errors import ConfigError
+from agentrl.rl.advantages import group_advantages
 from agentrl.rl.diagnostics import ReplayCoverage, RunFailedError, describe_failure, failure_hint
 from agentrl.rl.orchestrator_types import (
     Environment,
@@ -75,17 +76,7 @@ __all__ = [
     "RunFailedError",
     "describe_failure",
     "failure_hint",
-    "group_advantages",
 ]
-
-
-def group_advantages(rewards: list[float], *, normalize: bool = False) -> list[float]:
-    """Group advantages via the trainer's definition (`agentrl.trainer.advantages`); [] for no rewards."""
-    from agentrl.trainer.advantages import group_advantages as trainer_group_advantages
-
-    if not rewards:
-        return []
-    return trainer_group_advantages(rewards, std_normalize=normalize)
 
 
 @dataclass
@@ -253,7 +244,8 @@ class Orchestrator:
             if first_error is None:
                 first_error = next((r.error for r in group.rollouts if r.error), None)
             rewards += [r.reward for r in group.rollouts]
-            advantages = group_advantages([r.reward for r in usable], normalize=self.config.normalize_advantages)
+            normalize = self.config.normalize_advantages
+            advantages = group_advantages([r.reward for r in usable], std_normalize=normalize) if usable else []
             trained = {id(rollout): advantage for rollout, advantage in zip(usable, advantages)}
             self._step_advantages.append([trained.get(id(r)) for r in group.rollouts])
             member_of = {id(r): member for member, r in enumerate(group.rollouts)}

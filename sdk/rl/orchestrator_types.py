@@ -17,8 +17,9 @@ table of `agentrl train`.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError
@@ -133,11 +134,11 @@ StepCallback = Callable[[dict[str, Any]], Awaitable[None] | None]
 class GroupsRecorder(Protocol):
     """Keeps some rollouts of each step (`agentrl.rl.rollout_log.RolloutLog`)."""
 
-    def pick(self, groups: list["ScoredGroup"]) -> list[tuple[int, int]]:
+    def pick(self, groups: list[ScoredGroup]) -> list[tuple[int, int]]:
         """(group, member) of the rollouts `record` will keep (their trainer logprobs are asked for)."""
         ...
 
-    def record(self, step: int, groups: list["ScoredGroup"], advantages: list[list[float | None]], *,
+    def record(self, step: int, groups: list[ScoredGroup], advantages: list[list[float | None]], *,
                trainer_logprobs: dict[tuple[int, int], list[float | None]] | None = None) -> Any:
         """After the step: `advantages[g][m]` is the advantage rollout m of group g was trained with (None
         when it was not trained on: an error, no turns); `trainer_logprobs[(g, m)]` per token of its sample."""
@@ -186,6 +187,6 @@ class OrchestratorState:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "OrchestratorState":
+    def from_dict(cls, data: dict[str, Any]) -> OrchestratorState:
         return cls(**{k: int(data[k]) for k in ("step", "dropped_stale_total", "rollout_errors_total",
                                                 "groups_started") if k in data})

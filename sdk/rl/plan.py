@@ -1,5 +1,8 @@
 """What a run needs, before anything starts: the trainer's layout, the inference plan, the GPUs.
 
+`apply_gpu_defaults(config)` sizes a GPU preset's run (deployment, trainer, GPU split) when the
+config leaves it open; `load_run_config` calls it on every config it loads.
+
 `plan_run(config)` renders the inference deployment plan and the trainer layout with its
 memory estimate (`agentrl train --dry-run`); `trainer_plan(config)` is the layout alone
 (raises when nothing fits); `check_resources(config)` stops a run with a one-line list of
@@ -8,10 +11,27 @@ what is missing (GPUs, CUDA vLLM, weights).
 
 from __future__ import annotations
 
-from agentrl.errors import AgentrlError
-from agentrl.rl.config import RunConfig
+from typing import TYPE_CHECKING
 
-__all__ = ["REPORTED_STEP_S", "ResourceError", "check_resources", "plan_run", "plan_split", "trainer_plan"]
+from agentrl.errors import AgentrlError, ConfigError
+from agentrl.gpu_memory import GIB, device_total_bytes
+from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.plans import build_plan
+from agentrl.models import PRESETS, resolve_model
+from agentrl.project_files import resolve_project_path
+from agentrl.rl.decode_model import MEASURED_DECODE
+from agentrl.rl.orchestrator import OrchestratorConfig
+from agentrl.rl.shared_gpu import shared_gpu_plan
+from agentrl.rl.step_time import predict_run
+from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.layout import plan_layout
+from agentrl.trainer.models.args import MoEModelArgs
+
+if TYPE_CHECKING:
+    from agentrl.rl.config import RunConfig
+
+__all__ = ["REPORTED_STEP_S", "ResourceError", "apply_gpu_defaults", "check_resources", "inference_gpus_of",
+           "plan_run", "plan_split", "trainer_plan"]
 
 #: Published step times to print beside a prediction: model -> (seconds, what was reported).
 REPORTED_STEP_S = {
@@ -24,10 +44,97 @@ class ResourceError(AgentrlError):
     """The machine (or Ray cluster) lacks what the run needs."""
 
 
+def apply_gpu_defaults(config: RunConfig) -> None:
+    """Model-dependent sizing: `model.max_seq_len` into the rows and vLLM's context, and for GPU-sized
+    presets a deployment, a trainer and a GPU split unless the config set [inference]/[launch]/[trainer].
+
+    One node of 8 GPUs serves (replicas of `inference_gpus`-way tensor parallel behind the
+    router; a wide-EP engine where a replica needs more than a node), the rest of the preset's
+    `training_gpus` train (expert parallel, CP planned). With `launch.gpus` the planner splits
+    that many GPUs (`plan_split`). `load_run_config` applies it to every config it loads.
+    """
+    fields = config.model_fields_set
+    rows_set = "trainer" in fields and "row_tokens" in config.trainer.model_fields_set
+    context_set = "inference" in fields and "max_model_len" in config.inference.model_fields_set
+    # [launch] counts as sized when it names a role's GPUs (the address, resources etc. are kept either way)
+    sized = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
+    launch_set = "launch" in fields and bool(sized)
+    spec = PRESETS.get(config.model.name)
+    gpu_preset = spec is not None and bool(spec.training_gpus)
+    if config.launch.gpus:
+        if not gpu_preset:
+            raise ConfigError(f"launch.gpus={config.launch.gpus}: the planner splits GPUs for GPU-sized "
+                              f"presets only; for {config.model.name!r} set launch.trainer_gpus and "
+                              "launch.inference_gpus")
+        both = {"trainer_gpus", "inference_gpus"} & config.launch.model_fields_set
+        launch = config.launch
+        # a run's config.toml holds the split beside launch.gpus (--resume): consistent, it is kept
+        if both and launch.trainer_gpus + launch.inference_gpus != launch.gpus:
+            raise ConfigError(f"launch.gpus={launch.gpus} and launch.{sorted(both)[0]} are both set and "
+                              f"trainer_gpus + inference_gpus = {launch.trainer_gpus + launch.inference_gpus}: "
+                              "set the cluster's GPUs (the planner splits them) or each role's")
+    gpus_per_node = config.launch.gpus_per_node
+    if gpu_preset and "inference" not in fields:
+        tp = max(1, spec.inference_gpus)
+        if tp > gpus_per_node:  # one engine spans nodes: data + expert parallel (wide EP)
+            config.inference = DeploymentConfig(
+                device="gpu", kind="wide_ep", nodes=-(-tp // gpus_per_node), gpus_per_node=gpus_per_node,
+                max_model_len=min(spec.context, 65536),
+            )
+        else:
+            inference_gpus = tp
+            if spec.training_gpus > gpus_per_node:
+                inference_gpus = min(gpus_per_node, spec.training_gpus // 2)
+            config.inference = DeploymentConfig(
+                device="gpu", kind="replicas" if inference_gpus // tp > 1 else "single",
+                replicas=max(1, inference_gpus // tp), tensor_parallel_size=tp, nodes=1,
+                gpus_per_node=min(gpus_per_node, inference_gpus), max_model_len=min(spec.context, 65536),
+            )
+    if gpu_preset and "trainer" not in fields:
+        config.trainer = TrainerConfig.model_validate(
+            {"row_tokens": 32768, "parallel": {"cp": "auto", "gpu_memory_gib": 141.0}, "optimizer": {"lr": 1e-6}}
+        )
+    if gpu_preset and config.launch.gpus and "orchestrator" not in fields:
+        # A cluster-sized run: prime-rl 0.6's batch of 256 rollouts, three steps' worth in flight.
+        config.orchestrator = OrchestratorConfig(groups_per_step=32, rollouts_per_group=8,
+                                                 max_off_policy_steps=2, max_concurrent_rollouts=768)
+    seq_len = config.model.max_seq_len
+    if seq_len:
+        if rows_set and config.trainer.row_tokens < seq_len:
+            raise ConfigError(f"model.max_seq_len={seq_len} is longer than trainer.row_tokens="
+                              f"{config.trainer.row_tokens}: a sample must fit one row; raise row_tokens "
+                              "or drop it")
+        if not rows_set:
+            config.trainer.row_tokens = seq_len
+        if not context_set:
+            config.inference.max_model_len = seq_len
+    if not gpu_preset or launch_set:
+        return
+    if config.launch.gpus:
+        plan_split(config)
+        return
+    planned = inference_gpus_of(config.inference)
+    trainer_gpus = max(gpus_per_node, spec.training_gpus - planned)
+    config.launch = config.launch.model_copy(update={"trainer_gpus": trainer_gpus, "inference_gpus": planned})
+    # Grow the trainer by whole nodes until its layout fits the GPUs' memory.
+    for nodes in range(1, 65):
+        config.launch.trainer_gpus = max(trainer_gpus, nodes * gpus_per_node)
+        try:
+            trainer_plan(config)
+            break
+        except AgentrlError:
+            continue
+
+
+def inference_gpus_of(deployment: DeploymentConfig) -> int:
+    """GPUs of a GPU deployment (replicas x tensor parallel, or its nodes for wide EP / P/D)."""
+    if deployment.kind in ("wide_ep", "pd"):
+        return deployment.nodes * deployment.gpus_per_node
+    return deployment.replicas * deployment.tensor_parallel_size
+
+
 def trainer_plan(config: RunConfig):
     """The trainer's parallel layout and memory estimate for this run (raises when nothing fits)."""
-    from agentrl.trainer.layout import plan_layout
-
     args = _model_args(config)
     world = config.trainer_world()
     parallel = config.trainer.parallel
@@ -39,8 +146,6 @@ def trainer_plan(config: RunConfig):
 
 def _model_args(config: RunConfig):
     """Model shape from the local folder, or from the preset's recorded config when the weights are not here."""
-    from agentrl.trainer.models.args import MoEModelArgs
-
     return MoEModelArgs.for_model(config.model.name)
 
 
@@ -48,9 +153,6 @@ def plan_split(config: RunConfig) -> None:
     """Split `launch.gpus` into whole trainer nodes and inference engines: of the splits whose trainer
     layout fits, the one with the shortest predicted step (`agentrl.rl.step_time`); sets `config.launch`
     and the inference deployment's size in place, or raises a one-line error when none fits."""
-    from agentrl.models import resolve_model
-    from agentrl.rl.step_time import predict_run
-
     total, per_node = config.launch.gpus, config.launch.gpus_per_node
     if total % per_node:
         raise AgentrlError(f"launch.gpus={total}: plan whole nodes, a multiple of launch.gpus_per_node "
@@ -103,11 +205,6 @@ def _use_split(config: RunConfig, *, trainer_gpus: int, inference_gpus: int, eng
 
 def plan_run(config: RunConfig) -> str:
     """The full plan as text: nodes, GPUs per role, trainer layout, vLLM commands, memory per GPU."""
-    from agentrl.inference.plans import build_plan
-    from agentrl.models import resolve_model
-
-    from agentrl.project_files import resolve_project_path
-
     spec = resolve_model(config.model.name)
     start = config.model.init_checkpoint
     model_ref = spec.hf_repo or (str(resolve_project_path(start)) if start else config.model.name)
@@ -177,9 +274,6 @@ def _nodes_line(config: RunConfig, *, gpus_inference: int, gpus_trainer: int) ->
 
 
 def _step_time_lines(config: RunConfig, layout) -> list[str]:
-    from agentrl.rl.decode_model import MEASURED_DECODE
-    from agentrl.rl.step_time import predict_run
-
     prediction = predict_run(config, layout)
     lines = prediction.lines()
     split = f"{config.launch.trainer_gpus} trainer + {config.launch.inference_gpus} inference GPUs"
@@ -206,9 +300,6 @@ def _step_time_lines(config: RunConfig, layout) -> list[str]:
 
 def _shared_gpu_problem(config: RunConfig) -> str | None:
     """Why a colocated run would not fit its GPU (`agentrl.rl.shared_gpu`), None when it fits or is not colocated."""
-    from agentrl.gpu_memory import GIB, device_total_bytes
-    from agentrl.rl.shared_gpu import shared_gpu_plan
-
     if not config.launch.colocate or config.inference.device != "gpu":
         return None
     try:
@@ -222,10 +313,8 @@ def _shared_gpu_problem(config: RunConfig) -> str | None:
 
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:
     """Raise a one-line `ResourceError` listing what is missing for this run."""
-    from agentrl.inference.plans import build_plan
     from agentrl.inference.server import detect_device
     from agentrl.inference.supervisor import visible_gpus
-    from agentrl.models import resolve_model
 
     spec = resolve_model(config.model.name)
     missing: list[str] = []

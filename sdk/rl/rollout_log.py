@@ -32,8 +32,9 @@ import json
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from agentrl.types import Rollout
 

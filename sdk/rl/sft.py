@@ -102,7 +102,8 @@ class TeacherClient:
 def _oracle(env_name: str) -> Reply | None:
     """The environment package's oracle_policy(), as a reply function (text, or a Message with tool calls)."""
     from agentrl.hub.manifest import load_manifest
-    from agentrl.loader import find_environment, import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
+    from agentrl.hub.loader import find_environment
     from agentrl.policies import as_message
 
     try:
@@ -165,7 +166,7 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[dict[str, float]], None] | 
     if config.trainer.loss.mode != "sft":
         raise AgentrlError("sft: trainer.loss.mode must be 'sft'")
     from agentrl.chat import ChatRenderer
-    from agentrl.loader import load_environment
+    from agentrl.hub.loader import load_environment
     from agentrl.models import ensure_model
     from agentrl.trainer.trainer import Trainer
 

@@ -28,6 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from agentrl.trainer.models.args import MoEModelArgs
+
 __all__ = ["MARGIN_GIB", "SharedGpuPlan", "shared_gpu_plan"]
 
 GIB = float(2**30)
@@ -42,9 +44,6 @@ PROCESS_OVERHEAD_GIB = 0.8
 SERVER_OVERHEAD_GIB = 0.1
 """vLLM's process beyond its `gpu_memory_utilization` share (which counts its context): 42.0 GiB at 0.30 of the
 H200's 139.8 GiB, 2026-12-03."""
-
-IPC_CHUNK_GIB = 1.0
-"""The packed CUDA IPC buffer the trainer fills per chunk (`IpcWeightPublisher.chunk_bytes`)."""
 
 MARGIN_GIB = 3.0
 """Left free on the card at the larger moment."""
@@ -113,8 +112,6 @@ def shared_gpu_plan(config: Any, layout: Any, *, gpu_gib: float | None = None) -
     GPU in hand), else `[plan] gpu_memory_gib`."""
     if not (config.launch.colocate and config.inference.device == "gpu" and config.launch.trainer_gpus):
         return None
-    from agentrl.trainer.models.args import MoEModelArgs
-
     args = MoEModelArgs.for_model(config.model.name)
     card = gpu_gib if gpu_gib is not None else config.plan.gpu_memory_gib
     served_bytes = 1 if config.inference.uses_fp8() else (4 if config.inference_dtype() == "float32" else 2)
@@ -125,7 +122,7 @@ def shared_gpu_plan(config: Any, layout: Any, *, gpu_gib: float | None = None) -
     weights_and_adam = 12.0 * args.param_counts()["total"] / world
     compute_bytes = 2 if config.trainer_compute_dtype() in ("bfloat16", "float16") else 0
     autocast_copies = 2 * compute_bytes * max(layers) if world == 1 else 0.0  # weights and their gradient
-    chunk = IPC_CHUNK_GIB if config.weight_transfer() == "ipc" else 0.0
+    chunk = config.weight_transfer().trainer_buffer_gib  # the IPC transport's packed buffer
     return SharedGpuPlan(
         gpu_gib=card,
         server_gib=(config.inference.gpu_memory_utilization or 0.9) * card + SERVER_OVERHEAD_GIB,

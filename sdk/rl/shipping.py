@@ -22,12 +22,12 @@ everything crossing a process boundary is.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import uuid
 from pathlib import Path, PurePosixPath
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError
 
 __all__ = ["MAX_SHIPPED_BYTES", "WEIGHT_SUFFIXES", "Folder", "folder_bytes", "mark_visible", "node_dir", "nodes_missing", "prune_versions", "read_folder",
@@ -44,7 +44,7 @@ MAX_SHIPPED_BYTES = 8 * 1024**3
 
 def node_dir(*parts: str) -> Path:
     """This node's own working folder for agentrl (created), optionally a subfolder of it."""
-    root = Path(os.environ.get("AGENTRL_NODE_DIR") or Path(tempfile.gettempdir()) / "agentrl-node")
+    root = Path(env_vars.NODE_DIR.get() or Path(tempfile.gettempdir()) / "agentrl-node")
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path

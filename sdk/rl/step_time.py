@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from agentrl.config import BaseConfig
+from agentrl.rl.decode_model import EngineShape, predict_generation
+from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = [
     "MEASURED_WEIGHT_SYNC",
@@ -256,8 +258,6 @@ def format_terms(terms: dict[str, float]) -> str:
 def engine_shape(deployment):
     """Engines, GPUs per engine and FP8 of an inference `DeploymentConfig` (P/D counted as engines of
     `nodes_per_instance` nodes, prefill and decode alike)."""
-    from agentrl.rl.decode_model import EngineShape
-
     fp8 = deployment.uses_fp8()
     if deployment.kind == "replicas":
         return EngineShape(
@@ -327,9 +327,6 @@ def run_workload(config) -> dict[str, float]:
 
 def predict_run(config, layout, args=None) -> RunPrediction:
     """The step-time prediction of a GPU `RunConfig` with its trainer `layout` (`plan.trainer_plan`)."""
-    from agentrl.rl.decode_model import predict_generation
-    from agentrl.trainer.models.args import MoEModelArgs
-
     args = args or MoEModelArgs.for_model(config.model.name)
     inputs = config.plan
     workload = run_workload(config)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from agentrl.errors import AgentrlError
 

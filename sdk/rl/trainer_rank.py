@@ -23,6 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.gpu_memory import GIB, device_processes
+from agentrl.inference.transfer import WeightTransport
+from agentrl.rl.diagnostics import out_of_memory_error
+from agentrl.rl.inference_actor import local_folder
 from agentrl.rl.shipping import Folder, node_dir, prune_versions, read_folder, remove_node_dirs, sees, write_folder
 from agentrl.types import TrainingSample
 
@@ -68,7 +72,6 @@ class TrainerRank:
         import torch
         import torch.distributed as dist
 
-        from agentrl.rl.inference_actor import local_folder
         from agentrl.trainer.trainer import Trainer
 
         if self.world > 1 and not dist.is_initialized():
@@ -102,9 +105,6 @@ class TrainerRank:
         """The one-line error of a CUDA out-of-memory error in `step`, with this GPU's memory as it stands."""
         import torch
 
-        from agentrl.gpu_memory import GIB, device_processes
-        from agentrl.rl.diagnostics import out_of_memory_error
-
         device = self.trainer.device
         self.trainer.release_cached_memory()
         processes = device_processes(device.index if device.index is not None else torch.cuda.current_device())
@@ -132,19 +132,18 @@ class TrainerRank:
         shutil.rmtree(target, ignore_errors=True)
         return files
 
-    def push_direct(self, version: int, *, urls: list[str], backend: str,
+    def push_direct(self, version: int, *, urls: list[str], transport: WeightTransport,
                     reconnect: list[str] = (), verify: bool = True) -> dict[str, Any]:
         """Send the weights straight into the servers' weight-transfer engine (nccl or ipc; GPUs).
 
-        Every rank gathers the full tensors (collective); rank 0 sends them, first setting up the
-        engine of the servers in `reconnect` again (restarted since the last push). Returns the
-        timings (rank 0: the publisher's `update_s` and `total_s` too, each server's weight check and memory;
-        `push_s` includes the gather). `verify`: check every server's weights after the update.
+        Every rank gathers the full tensors (collective); rank 0 sends them through the publisher
+        `transport` builds here on the first push, first setting up the engine of the servers in
+        `reconnect` again (restarted since the last push). Returns the timings (rank 0: the
+        publisher's `update_s` and `total_s` too, each server's weight check and memory; `push_s`
+        includes the gather). `verify`: check every server's weights after the update.
         """
         if self.rank == 0 and self.direct_publisher is None:
-            from agentrl.rl.transport import direct_publisher
-
-            self.direct_publisher = direct_publisher(backend, urls, verify=verify)
+            self.direct_publisher = transport.publisher(urls, verify=verify)
         timings = self._send_direct(version, lambda state: self.direct_publisher.publish(
             state, version, reconnect=list(reconnect)))
         self.pushed_version, self.stepped_since_push = version, False

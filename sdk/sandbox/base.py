@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pydantic import Field
+
+from agentrl import env_vars
 from agentrl.config import BaseConfig
 from agentrl.errors import SandboxError
 from agentrl.sandbox.archive import extract_archive, pack_folder, resolve_path
-from pydantic import Field
 
 __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner",
            "limit_not_enforced", "network_not_available"]
@@ -34,7 +36,7 @@ MAX_TIMEOUT_S = 7 * 86_400.0  # a week: any longer command timeout is a mistake 
 
 def default_owner() -> str:
     """The run id sandboxes are labelled with: `$AGENTRL_RUN_ID`, else `pid-<pid>`."""
-    return os.environ.get("AGENTRL_RUN_ID") or f"pid-{os.getpid()}"
+    return env_vars.RUN_ID.get() or f"pid-{os.getpid()}"
 
 
 class SandboxConfig(BaseConfig):

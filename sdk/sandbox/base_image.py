@@ -21,7 +21,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError
+from agentrl.sandbox.docker_engine import docker_client
 
 __all__ = [
     "BASE_IMAGE_TAG",
@@ -74,7 +76,7 @@ def recipe_hash(recipe: dict | None = None) -> str:
 
 def cache_root() -> Path:
     """Where rootfs trees live: `$AGENTRL_SANDBOX_CACHE` or /var/cache/agentrl (as root)."""
-    env = os.environ.get("AGENTRL_SANDBOX_CACHE")
+    env = env_vars.SANDBOX_CACHE.get()
     if env:
         return Path(env)
     if os.geteuid() == 0:
@@ -165,12 +167,6 @@ def build_rootfs(*, recipe: dict | None = None, force: bool = False) -> tuple[Pa
     return target, False
 
 
-def _docker_client():
-    from agentrl.sandbox.docker_backend import docker_client
-
-    return docker_client()
-
-
 def image_recipe(client, tag: str) -> str | None:
     """The recipe label of a local image, or None when the image does not exist."""
     import docker.errors
@@ -186,7 +182,7 @@ def build_base_image(*, tag: str = BASE_IMAGE_TAG, recipe: dict | None = None, f
     """Build (or find cached) the base image and its rootfs; instant when nothing changed."""
     recipe = recipe or BASE_RECIPE
     digest = recipe_hash(recipe)
-    client = _docker_client()
+    client = docker_client()
     with _build_lock():
         rootfs, rootfs_cached = build_rootfs(recipe=recipe, force=force)
         if not force and image_recipe(client, tag) == digest:

@@ -46,7 +46,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.sandbox import cgroups
@@ -60,47 +59,24 @@ from agentrl.sandbox.base import (
     SandboxError,
     limit_not_enforced,
 )
-from agentrl.sandbox.labels import process_start_time, sandbox_labels
+from agentrl.sandbox.base_image import cache_root, rootfs_dir
+from agentrl.sandbox.bwrap_workspace import (
+    BWRAP_ENV,
+    DISK_DIR,
+    LABELS_FILE,
+    cgroup_name,
+    unmount,
+    workspace_root,
+)
+from agentrl.sandbox.gc import collect_garbage
+from agentrl.sandbox.labels import sandbox_labels
 
-__all__ = ["BwrapSandbox", "list_workspaces", "remove_orphan_cgroups", "remove_workspace", "workspace_root"]
+__all__ = ["BwrapSandbox"]
 
 HOST_UID_BASE = 200_000
 HOST_UID_SPAN = 100_000
 INNER_UID = 1000
-LABELS_FILE = "labels.json"
-DISK_DIR = "disk"  # the sandbox's tmpfs (or, without one, a plain folder), inside its host folder
 WRITABLE_DIRS = ("work", "tmp", "home", "shm")
-CGROUP_PREFIX = "agentrl-bwrap."
-BWRAP_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-
-
-def workspace_root() -> Path:
-    """Host folder holding the bwrap sandboxes' writable trees."""
-    from agentrl.sandbox.base_image import cache_root
-
-    return cache_root() / "bwrap"
-
-
-@dataclass
-class Workspace:
-    """A bwrap sandbox's host folder and its labels."""
-
-    path: Path
-    labels: dict[str, str]
-
-
-def list_workspaces() -> list[Workspace]:
-    """All bwrap sandbox folders on this machine."""
-    root = workspace_root()
-    found = []
-    if root.is_dir():
-        for path in sorted(root.iterdir()):
-            try:
-                labels = json.loads((path / LABELS_FILE).read_text())
-            except (OSError, ValueError):
-                labels = {}
-            found.append(Workspace(path=path, labels=labels))
-    return found
 
 
 @functools.cache
@@ -123,18 +99,6 @@ def _mount_tmpfs(path: Path, *, size_mb: int) -> str | None:
     return None
 
 
-def _unmount(path: Path) -> None:
-    """Unmount `path` (detaching it lazily when busy); SandboxError if it stays mounted."""
-    if not os.path.ismount(path):
-        return
-    for flags in ([], ["--lazy"]):
-        done = subprocess.run(["umount", *flags, str(path)], capture_output=True, text=True, env=BWRAP_ENV,
-                              timeout=30)
-        if done.returncode == 0 or not os.path.ismount(path):
-            return
-    raise SandboxError(f"cannot unmount the bwrap sandbox tmpfs at {path}: {done.stderr.strip()}")
-
-
 def _seed_workdir(source: Path, work: Path, uid: int) -> None:
     """Copy the image's workdir content into the sandbox's writable workdir, owned by the sandbox's host uid."""
     for command in (["cp", "-a", "--no-preserve=ownership", f"{source}/.", str(work)],
@@ -142,29 +106,6 @@ def _seed_workdir(source: Path, work: Path, uid: int) -> None:
         done = subprocess.run(command, capture_output=True, text=True, env=BWRAP_ENV, timeout=300)
         if done.returncode != 0:
             raise SandboxError(f"bwrap: seeding the workdir from the image: {done.stderr.strip()[-200:]}")
-
-
-def _cgroup_name(sandbox_id: str) -> str:
-    """The sandbox's cgroup name: prefix, owning pid and its start time (for orphan checks), sandbox id."""
-    pid = os.getpid()
-    return f"{CGROUP_PREFIX}{pid}.{process_start_time(pid)}.{sandbox_id}"
-
-
-def _cgroup_owner_alive(name: str) -> bool:
-    pid, _, rest = name.removeprefix(CGROUP_PREFIX).partition(".")
-    started, _, _ = rest.partition(".")
-    return pid.isdigit() and bool(started) and process_start_time(int(pid)) == started
-
-
-def remove_workspace(path: Path, *, cgroup_root: Path = cgroups.CGROUP_ROOT) -> None:
-    """Remove a bwrap sandbox left behind: kill its cgroup's processes, unmount its tmpfs, delete both."""
-    found = [group for group in cgroups.find(CGROUP_PREFIX, root=cgroup_root) if group.name.endswith(f".{path.name}")]
-    for group in found:
-        group.kill_all()
-    _unmount(path / DISK_DIR)
-    for group in found:
-        group.remove()
-    remove_tree(path)
 
 
 _startup_gc_lock: asyncio.Lock | None = None
@@ -182,23 +123,10 @@ async def _startup_gc() -> None:
         if _startup_gc_done:
             return
         _startup_gc_done = True
-        from agentrl.sandbox.gc import collect_garbage
-
         try:
             await asyncio.to_thread(collect_garbage, docker=False, bwrap=True)
         except Exception:  # never block a sandbox on garbage collection
             pass
-
-
-def remove_orphan_cgroups(*, cgroup_root: Path = cgroups.CGROUP_ROOT) -> list[str]:
-    """Kill and remove the bwrap sandbox cgroups whose owning process is dead; returns their names."""
-    removed = []
-    for group in cgroups.find(CGROUP_PREFIX, root=cgroup_root):
-        if not _cgroup_owner_alive(group.name):
-            group.kill_all()
-            group.remove()
-            removed.append(group.name)
-    return removed
 
 
 class BwrapSandbox(Sandbox):
@@ -221,8 +149,6 @@ class BwrapSandbox(Sandbox):
         """The image's ENV (another image than the base): set under the sandbox's own variables."""
 
     async def _start(self) -> None:
-        from agentrl.sandbox.base_image import cache_root, rootfs_dir
-
         await _startup_gc()
         cfg = self.config
         bwrap = shutil.which("bwrap")
@@ -258,7 +184,7 @@ class BwrapSandbox(Sandbox):
             limit_not_enforced(cfg, "user namespaces", f"{bwrap} lacks --disable-userns; bubblewrap 0.8.0 has it")
         try:
             self.cgroup = await asyncio.to_thread(
-                cgroups.create, _cgroup_name(self.id), memory_bytes=cfg.memory_mb * 1024 * 1024,
+                cgroups.create, cgroup_name(self.id), memory_bytes=cfg.memory_mb * 1024 * 1024,
                 pids=cfg.pids_limit, cpus=cfg.cpus, root=self.cgroup_root)
         except cgroups.CgroupUnavailable as error:
             limit_not_enforced(cfg, "memory_mb and pids_limit", str(error))
@@ -447,7 +373,7 @@ class BwrapSandbox(Sandbox):
             problems.append(str(error))
         if self.disk is not None and self.disk_mounted:
             try:
-                await asyncio.to_thread(_unmount, self.disk)
+                await asyncio.to_thread(unmount, self.disk)
             except SandboxError as error:
                 problems.append(str(error))
         if self.cgroup is not None:

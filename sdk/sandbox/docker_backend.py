@@ -34,7 +34,12 @@ import time
 
 from agentrl.errors import NotFoundError, require
 from agentrl.sandbox.base import (
-    RawExecResult, Sandbox, SandboxConfig, SandboxError, limit_not_enforced, network_not_available,
+    RawExecResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    limit_not_enforced,
+    network_not_available,
 )
 from agentrl.sandbox.docker_engine import (
     docker_client,
@@ -55,9 +60,9 @@ from agentrl.sandbox.docker_exec import (
 from agentrl.sandbox.docker_image import image_user, numeric_user, workdir_seed
 from agentrl.sandbox.docker_server import ServerConnection, server_command
 from agentrl.sandbox.gvisor_compat import SHIM_TARGET, statx_shim
-from agentrl.sandbox.seccomp import profile_json
 from agentrl.sandbox.labels import sandbox_labels
 from agentrl.sandbox.sandboxd import USER_VARIABLE
+from agentrl.sandbox.seccomp import profile_json
 
 # docker_client, in_thread, network_unavailable and storage_opt_supported live in docker_engine;
 # they are re-exported here, where hub/ and the sandbox tools import them from.
@@ -110,20 +115,20 @@ class DockerSandbox(Sandbox):
     def _create_args(self) -> tuple[dict, dict]:
         """(create_container kwargs, host config kwargs) for this sandbox."""
         cfg = self.config
-        host: dict = dict(
-            init=True,
-            network_mode=cfg.docker_network or ("bridge" if cfg.network and not self.network_note
+        host: dict = {
+            "init": True,
+            "network_mode": cfg.docker_network or ("bridge" if cfg.network and not self.network_note
                                                  else "none"),
-            nano_cpus=int(cfg.cpus * 1e9),
-            mem_limit=f"{cfg.memory_mb}m",
-            memswap_limit=f"{cfg.memory_mb}m",
-            pids_limit=2 * cfg.pids_limit + RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else cfg.pids_limit,
+            "nano_cpus": int(cfg.cpus * 1e9),
+            "mem_limit": f"{cfg.memory_mb}m",
+            "memswap_limit": f"{cfg.memory_mb}m",
+            "pids_limit": 2 * cfg.pids_limit + RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else cfg.pids_limit,
             # runc: Docker's refusals plus ptrace and cross-process memory (seccomp.py); gVisor refuses those itself
-            security_opt=["no-new-privileges", *([f"seccomp={profile_json()}"] if cfg.runtime == "runc" else [])],
-            cap_drop=["ALL"],
-            cap_add=SERVER_CAPABILITIES,
-            runtime=cfg.runtime,
-        )
+            "security_opt": ["no-new-privileges", *([f"seccomp={profile_json()}"] if cfg.runtime == "runc" else [])],
+            "cap_drop": ["ALL"],
+            "cap_add": SERVER_CAPABILITIES,
+            "runtime": cfg.runtime,
+        }
         if self.disk_mode == "storage-opt":
             host["storage_opt"] = {"size": f"{cfg.disk_mb}M"}
         elif self.disk_mode == "tmpfs":
@@ -145,16 +150,16 @@ class DockerSandbox(Sandbox):
             if shim is not None:  # see gvisor_compat: makes ls/stat work under Debian's gVisor
                 host["binds"] = {str(shim): {"bind": SHIM_TARGET, "mode": "ro"}}
                 environment.setdefault("LD_PRELOAD", SHIM_TARGET)
-        create = dict(
-            image=cfg.image,
-            command=server_command(),
-            user="0:0",  # sandboxd; commands drop to command_user
-            stdin_open=True,
-            hostname="sandbox",
-            labels=sandbox_labels(owner=self.owner, backend="docker"),
-            working_dir=cfg.workdir,
-            environment=environment,
-        )
+        create = {
+            "image": cfg.image,
+            "command": server_command(),
+            "user": "0:0",  # sandboxd; commands drop to command_user
+            "stdin_open": True,
+            "hostname": "sandbox",
+            "labels": sandbox_labels(owner=self.owner, backend="docker"),
+            "working_dir": cfg.workdir,
+            "environment": environment,
+        }
         return create, host
 
     def _limits(self) -> str:

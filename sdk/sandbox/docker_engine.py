@@ -7,7 +7,8 @@ and cached: whether `--storage-opt size=` works (`storage_opt_supported`), wheth
 loads the OCI seccomp profile (`runsc_applies_seccomp`), and why a runtime's sandboxes get
 no network (`network_unavailable`). The containers this process created are tracked in
 `live_containers` and removed at interpreter exit when never closed; containers of dead
-processes are removed once, at the first sandbox start (`startup_gc`, see `agentrl.sandbox.gc`).
+processes are removed once, at the first sandbox start (`startup_gc`; `labelled_containers` and
+`remove_orphan_containers` serve `agentrl.sandbox.gc` too).
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from agentrl.errors import require
 from agentrl.sandbox.base import SandboxError
+from agentrl.sandbox.labels import MARKER, owner_alive
 
 __all__ = [
-    "docker_client", "in_thread", "live_containers", "mark_storage_opt_unsupported", "network_unavailable",
-    "runsc_applies_seccomp", "startup_gc", "storage_opt_supported",
+    "docker_client", "in_thread", "labelled_containers", "live_containers", "mark_storage_opt_unsupported",
+    "network_unavailable", "remove_container", "remove_orphan_containers", "runsc_applies_seccomp", "startup_gc",
+    "storage_opt_supported",
 ]
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=256, thread_name_prefix="agentrl-sandbox")
@@ -120,9 +123,41 @@ def startup_gc(client) -> None:
     if _startup_gc_done:
         return
     _startup_gc_done = True
-    from agentrl.sandbox.gc import remove_orphan_containers
-
     try:
         remove_orphan_containers(client)
     except Exception:  # best effort: never block a sandbox on garbage collection
         pass
+
+
+def labelled_containers(client) -> list:
+    """Every container with agentrl's sandbox label (running or not)."""
+    return client.containers.list(all=True, filters={"label": f"{MARKER}=1"})
+
+
+def remove_container(client, container_id: str) -> bool:
+    """Force-remove a container; False when it was already gone or another process is removing it."""
+    import docker.errors
+
+    try:
+        client.api.remove_container(container_id, force=True, v=True)
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as error:
+        if "already in progress" in str(error) or error.status_code == 409:
+            return False
+        raise
+    return True
+
+
+def remove_orphan_containers(client, *, owner: str | None = None, everything: bool = False) -> list[str]:
+    """Remove labelled containers whose owner died (or of `owner`, or all); returns their ids."""
+    removed = []
+    for container in labelled_containers(client):
+        labels = container.labels or {}
+        if everything or (owner is not None and labels.get("agentrl.owner") == owner) or (
+            owner is None and not owner_alive(labels)
+        ):
+            if not remove_container(client, container.id):
+                continue
+            removed.append(container.id[:12])
+    return removed

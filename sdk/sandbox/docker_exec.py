@@ -19,12 +19,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from agentrl import env_vars
 from agentrl.sandbox.base import CappedBuffer, RawExecResult, SandboxError
 
 __all__ = ["EXEC_MARKER", "HARD_DEADLINE_GRACE_S", "exec_via_docker", "kill_all_via_docker", "kill_exec_processes"]
 
 HARD_DEADLINE_GRACE_S = 3.0
-EXEC_MARKER = "AGENTRL_EXEC_ID"
+EXEC_MARKER = env_vars.EXEC_ID.name
 # Kill every process that inherited one exec's marker variable (its escaped children too).
 _KILL_EXEC = (
     'for d in /proc/[0-9]*; do grep -qz "^{marker}={exec_id}$" "$d/environ" 2>/dev/null '

@@ -70,9 +70,9 @@ class E2BSandbox(Sandbox):
         out, err = CappedBuffer(max_output), CappedBuffer(max_output)
         command = shlex.join(argv)
         user = None if self.config.user in (None, "1000:1000") else self.config.user
-        options = dict(envs=env or None, cwd=cwd, user=user, timeout=timeout,
-                       on_stdout=lambda text: out.write(text.encode()),
-                       on_stderr=lambda text: err.write(text.encode()))
+        options = {"envs": env or None, "cwd": cwd, "user": user, "timeout": timeout,
+                       "on_stdout": lambda text: out.write(text.encode()),
+                       "on_stderr": lambda text: err.write(text.encode())}
         timed_out = False
         try:
             if stdin is None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentrl.sandbox.labels import MARKER, owner_alive
+from agentrl.sandbox.bwrap_workspace import list_workspaces, remove_orphan_cgroups, remove_workspace, workspace_root
+from agentrl.sandbox.docker_engine import docker_client, labelled_containers, remove_container
+from agentrl.sandbox.labels import owner_alive
 
-__all__ = ["SandboxInfo", "collect_garbage", "list_sandboxes", "remove_orphan_containers"]
+__all__ = ["SandboxInfo", "collect_garbage", "list_sandboxes"]
 
 
 @dataclass
@@ -29,17 +31,11 @@ class SandboxInfo:
     orphan: bool
 
 
-def _docker_containers(client) -> list:
-    return client.containers.list(all=True, filters={"label": f"{MARKER}=1"})
-
-
 def list_sandboxes(*, include_docker: bool = True, include_bwrap: bool = True) -> list[SandboxInfo]:
     """All sandboxes on this machine (Docker containers with our label, bwrap workspaces)."""
     found: list[SandboxInfo] = []
     if include_docker:
-        from agentrl.sandbox.docker_backend import docker_client
-
-        for container in _docker_containers(docker_client()):
+        for container in labelled_containers(docker_client()):
             labels = container.labels or {}
             found.append(SandboxInfo(
                 backend="docker", id=container.id[:12], owner=labels.get("agentrl.owner", "?"),
@@ -47,8 +43,6 @@ def list_sandboxes(*, include_docker: bool = True, include_bwrap: bool = True) -
                 image=(container.attrs.get("Config") or {}).get("Image", "?"), orphan=not owner_alive(labels),
             ))
     if include_bwrap:
-        from agentrl.sandbox.bwrap_backend import list_workspaces
-
         for workspace in list_workspaces():
             found.append(SandboxInfo(
                 backend="bwrap", id=workspace.path.name, owner=workspace.labels.get("agentrl.owner", "?"),
@@ -56,35 +50,6 @@ def list_sandboxes(*, include_docker: bool = True, include_bwrap: bool = True) -
                 orphan=not owner_alive(workspace.labels),
             ))
     return found
-
-
-def _remove(client, container_id: str) -> bool:
-    """Force-remove a container; False when it was already gone or another process is removing it."""
-    import docker.errors
-
-    try:
-        client.api.remove_container(container_id, force=True, v=True)
-    except docker.errors.NotFound:
-        return False
-    except docker.errors.APIError as error:
-        if "already in progress" in str(error) or error.status_code == 409:
-            return False
-        raise
-    return True
-
-
-def remove_orphan_containers(client, *, owner: str | None = None, everything: bool = False) -> list[str]:
-    """Remove labelled containers whose owner died (or of `owner`, or all); returns their ids."""
-    removed = []
-    for container in _docker_containers(client):
-        labels = container.labels or {}
-        if everything or (owner is not None and labels.get("agentrl.owner") == owner) or (
-            owner is None and not owner_alive(labels)
-        ):
-            if not _remove(client, container.id):
-                continue
-            removed.append(container.id[:12])
-    return removed
 
 
 def collect_garbage(*, owner: str | None = None, everything: bool = False, docker: bool = True,
@@ -95,18 +60,12 @@ def collect_garbage(*, owner: str | None = None, everything: bool = False, docke
         if not (everything or (owner is not None and info.owner == owner) or (owner is None and info.orphan)):
             continue
         if info.backend == "docker":
-            from agentrl.sandbox.docker_backend import docker_client
-
-            if not _remove(docker_client(), info.id):
+            if not remove_container(docker_client(), info.id):
                 continue
         else:
-            from agentrl.sandbox.bwrap_backend import remove_workspace, workspace_root
-
             remove_workspace(workspace_root() / info.id)
         removed.append(info)
     if bwrap and owner is None:  # cgroups of dead owners left without a folder
-        from agentrl.sandbox.bwrap_backend import remove_orphan_cgroups
-
         removed += [SandboxInfo(backend="bwrap", id=name, owner="?", pid="?", status="cgroup", image="-", orphan=True)
                     for name in remove_orphan_cgroups()]
     return removed

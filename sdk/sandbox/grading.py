@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from agentrl.sandbox import create_sandbox
 from agentrl.sandbox.archive import WorkdirRejected, remove_tree
 from agentrl.sandbox.base import Sandbox, SandboxConfig, SandboxError
 
@@ -67,8 +68,6 @@ async def grade_in_fresh_sandbox(
     `config` overrides the fresh sandbox's config (default: the agent sandbox's own); with `keep_open`
     the agent's sandbox stays usable (its processes are still killed before the copy).
     """
-    from agentrl.sandbox import create_sandbox
-
     remotes = [sandbox._abs(path, "grade_in_fresh_sandbox") for path in (paths or [sandbox.config.workdir])]
     staging = Path(tempfile.mkdtemp(prefix="agentrl-grade-"))
     try:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from agentrl.sandbox.archive import remove_tree
 from agentrl.sandbox.base import SandboxError
+from agentrl.sandbox.base_image import cache_root
+from agentrl.sandbox.docker_engine import docker_client
 
 __all__ = ["ImageRootfs", "image_rootfs"]
 
@@ -35,9 +37,6 @@ class ImageRootfs:
 def image_rootfs(image: str) -> ImageRootfs:
     """The image's file system as a folder (exported on first use, then reused while the image id is the same)."""
     import docker
-    from agentrl.sandbox.base_image import cache_root
-    from agentrl.sandbox.docker_engine import docker_client
-
     client = docker_client()
     try:
         found = client.images.get(image)

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from agentrl.sandbox.base import Sandbox, SandboxConfig, SandboxError
+from agentrl.sandbox.factory import create_sandbox
 
 __all__ = ["SandboxPool"]
 
@@ -52,8 +53,6 @@ class SandboxPool:
         return self._ready.qsize()
 
     async def _new_sandbox(self) -> Sandbox:
-        from agentrl.sandbox import create_sandbox
-
         async with self._start_slots:
             return await create_sandbox(self.config).start()
 

@@ -72,7 +72,7 @@ class ViewerServer:
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         name="agentrl-viewer", daemon=True)
 
-    def start(self, *, timeout_s: float = 30.0) -> "ViewerServer":
+    def start(self, *, timeout_s: float = 30.0) -> ViewerServer:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -87,7 +87,7 @@ class ViewerServer:
             self._thread.join(timeout=10)
         self._socket.close()
 
-    def __enter__(self) -> "ViewerServer":
+    def __enter__(self) -> ViewerServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

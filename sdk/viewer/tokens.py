@@ -8,9 +8,9 @@ and each id decoded on its own, special tokens included. Where no tokenizer can 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["decoder_for", "model_folder"]
 

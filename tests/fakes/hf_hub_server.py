@@ -106,7 +106,7 @@ class FakeHubServer:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "FakeHubServer":
+    def start(self) -> FakeHubServer:
         handler = type("Handler", (_Handler,), {"hub": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
@@ -121,7 +121,7 @@ class FakeHubServer:
             self._thread.join(timeout=10)
             self._server = None
 
-    def __enter__(self) -> "FakeHubServer":
+    def __enter__(self) -> FakeHubServer:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -181,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
             if route_method == method and match:
                 try:
                     with self.hub.lock:
-                        getattr(self, f"_{name}")(**{k: v for k, v in match.groupdict().items()})
+                        getattr(self, f"_{name}")(**dict(match.groupdict().items()))
                 except _HubError as error:
                     self._send_json({"error": error.message}, status=error.status,
                                     headers={"X-Error-Code": error.code} if error.code else None,

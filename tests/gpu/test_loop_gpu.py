@@ -86,8 +86,9 @@ def _trainer_routing(trainer, tokens):
 def test_native_routed_experts_agree_with_the_trainers_router(dtype, tmp_path):
     import httpx
 
-    from agentrl.inference.routed_experts import decode_routed_experts_array, routing_agreement
+    from agentrl.inference.routed_experts import routing_agreement
     from agentrl.models import ensure_model
+    from agentrl.routed import decode_routed_experts_array
 
     model_dir = ensure_model("tiny-moe")
     trainer = _trainer(model_dir, dtype=dtype)
@@ -130,10 +131,11 @@ def _stepped_trainer(model_dir):
 
 def test_ipc_update_gives_the_trainers_logprobs(tmp_path):
     """Packed (one buffer per chunk, the default), then unpacked (a handle per tensor) after one more step."""
+    from trainer_helpers import make_samples
+
     from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.models import ensure_model
     from agentrl.trainer.checkpoint import hf_state_views
-    from trainer_helpers import make_samples
 
     model_dir = ensure_model("tiny-moe")
     with _server(model_dir, dtype="bfloat16", transport="ipc") as server:

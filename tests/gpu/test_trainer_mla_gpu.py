@@ -35,7 +35,7 @@ def deepseek_dir(tmp_path_factory):
 def _logits(model_dir, device: str, autocast_dtype=None):
     from agentrl.trainer.models.args import MoEModelArgs
     from agentrl.trainer.models.attention import build_segments
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import load_hf_weights
 
     model = build_model(MoEModelArgs.from_hf_dir(model_dir))
@@ -53,7 +53,7 @@ def _logits(model_dir, device: str, autocast_dtype=None):
 def test_mla_on_cuda_matches_the_cpu(deepseek_dir, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from agentrl.trainer.models.glm4_moe import Experts
+    from agentrl.trainer.models.common import Experts
 
     reference = _logits(deepseek_dir, "cpu")
     with monkeypatch.context() as patch:  # float32 experts (CUDA's grouped GEMM is bf16): attention is what is compared

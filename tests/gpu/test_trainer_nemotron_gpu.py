@@ -37,8 +37,9 @@ def _relative(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 def test_nongated_experts_grouped_gemm_matches_the_loop():
     _cuda()
-    from agentrl.trainer.models.nemotron_h import ReluSquaredExperts
     from torchtitan.models.common.moe import GroupedExperts
+
+    from agentrl.trainer.models.common import ReluSquaredExperts
 
     experts_count, dim, hidden = 8, 256, 512
     counts = torch.tensor([37, 0, 128, 5, 64, 1, 0, 91])
@@ -82,7 +83,7 @@ def nemotron_dir(tmp_path_factory):
 
 def _model(model_dir, device: str):
     from agentrl.trainer.models.args import MoEModelArgs
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import load_hf_weights
 
     model = build_model(MoEModelArgs.from_hf_dir(model_dir))

@@ -13,6 +13,7 @@ import subprocess
 import uuid
 
 import pytest
+
 from agentrl.sandbox import SandboxConfig
 
 

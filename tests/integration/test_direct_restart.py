@@ -101,6 +101,7 @@ def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_log
     from trainer_helpers import make_samples
 
     from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.transfer import Ipc
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.models import ensure_model
     from agentrl.rl.groups import InferenceGroup, TrainerGroup
@@ -128,7 +129,7 @@ def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_log
         rank.direct_publisher = FilesystemWeightPublisher([url], staging_dir=tmp_path / "staged")
         log = tmp_path / "weight_updates.jsonl"
         inference = InferenceGroup([LocalHandle(actor)], [url], nodes=["here"], updates_log=log)
-        push = WeightPush(TrainerGroup([LocalHandle(rank)], nodes=["here"]), inference, transport="ipc",
+        push = WeightPush(TrainerGroup([LocalHandle(rank)], nodes=["here"]), inference, transport=Ipc(),
                           staging_dir=tmp_path / "unused", watch_interval_s=0.5)
         args = rank.trainer.args
         samples = make_samples(vocab=args.vocab_size, moe_layers=len(args.moe_layers),

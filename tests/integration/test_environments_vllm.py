@@ -7,8 +7,9 @@ tokenizer and chat template, so `Rollout.sample()` succeeds, and rewards stay in
 
 from __future__ import annotations
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.environment import MultiTurnEnv
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Message

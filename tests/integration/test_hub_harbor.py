@@ -240,7 +240,7 @@ def test_a_dataset_folder_and_a_registry_list_become_one_package(tmp_path):
 async def test_imported_task_builds_publishes_and_rewards_by_its_test_script(
         tmp_path, base_image, remove_images):  # noqa: F811
     import agentrl
-    from agentrl.loader import import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 

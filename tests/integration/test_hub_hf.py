@@ -33,12 +33,12 @@ import pytest
 
 from agentrl.errors import NotFoundError
 from agentrl.hub.hf import TAG_DELAY_ENV, HFHub
+from agentrl.hub.loader import builtin_environments_dir
 from agentrl.hub.local import LocalHub
 from agentrl.hub.manifest import load_manifest
 from agentrl.hub.package import DATASET_DIR, HashMismatchError
 from agentrl.hub.publish import VersionConflictError, list_packages, pull_package, push_package
 from agentrl.hub.refs import PackageRef
-from agentrl.loader import builtin_environments_dir
 from tests.fakes.hf_hub_server import FakeHubServer
 from tests.fakes.hub_fixtures import docker_client, registry, remove_images, tiny_base_image  # noqa: F401
 from tests.fakes.toy_package import write_toy_package

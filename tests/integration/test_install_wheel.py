@@ -218,7 +218,7 @@ def _eval_in(venv: Path, outside: Path, tmp_path: Path, *, shared: bool) -> None
     env = _user_env(venv, tmp_path)
     shipped = site / "agentrl"
     probe = ("import json, agentrl, vllm, importlib.metadata as m\n"
-             "from agentrl.loader import find_environment\n"
+             "from agentrl.hub.loader import find_environment\n"
              "print(json.dumps({'agentrl': agentrl.__file__, 'vllm': vllm.__file__,\n"
              "                  'env': str(find_environment('reverse-text')),\n"
              "                  'dist': str(m.distribution('agentrl').locate_file(''))}))")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import agentrl
 import pytest
-from agentrl.loader import import_package_attr
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
 from agentrl.sandbox.gc import list_sandboxes

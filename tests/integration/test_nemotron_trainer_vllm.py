@@ -28,18 +28,15 @@ TOKENS = [3] + [(13 * index) % 97 + 9 for index in range(90)]  # past tiny-nemot
 
 
 def test_exported_nemotron_serves_with_trainer_logprobs_and_routing(tmp_path):
-    from agentrl.trainer.models.args import SUPPORTED_MODEL_TYPES
+    from agentrl.trainer.models.families import FAMILIES
 
-    if "nemotron_h" not in SUPPORTED_MODEL_TYPES:
+    if "nemotron_h" not in FAMILIES:
         pytest.skip("the trainer has no nemotron_h model here (issue 22 item 1)")
     from trainer_helpers import make_samples
 
-    from agentrl.inference.routed_experts import (
-        decode_routed_experts_array,
-        reference_routed_experts,
-        routing_agreement,
-    )
+    from agentrl.inference.routed_experts import reference_routed_experts, routing_agreement
     from agentrl.models import ensure_model
+    from agentrl.routed import decode_routed_experts_array
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.models.attention import build_segments
     from agentrl.trainer.trainer import Trainer
@@ -79,7 +76,7 @@ def test_warm_start_mamba_steps_clamp_like_vllm(tmp_path):
     from agentrl.rl.config import TINY_NEMOTRON_SFT
     from agentrl.trainer.models.args import MoEModelArgs
     from agentrl.trainer.models.attention import build_segments
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import load_hf_weights
 
     if not (TINY_NEMOTRON_SFT / "config.json").is_file():

@@ -24,11 +24,8 @@ import numpy as np
 import pytest
 
 from agentrl.inference.plans import cpu_server_options
-from agentrl.inference.routed_experts import (
-    decode_routed_experts_array,
-    reference_routed_experts,
-    routing_agreement,
-)
+from agentrl.inference.routed_experts import reference_routed_experts, routing_agreement
+from agentrl.routed import decode_routed_experts_array
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -48,7 +48,7 @@ def test_glm_air_recipe_places_on_three_8_gpu_nodes(gpu_cluster, tmp_path):
     from agentrl.rl.placement import placement_spec, reserve
 
     config = load_run_config(RECIPE, env="swe", model="glm-4.5-air")
-    assert (config.launch.trainer_gpus, config.launch.inference_gpus, config.weight_transfer()) == (16, 8, "nccl")
+    assert (config.launch.trainer_gpus, config.launch.inference_gpus, config.weight_transfer().name) == (16, 8, "nccl")
     deployment = build_plan("zai-org/GLM-4.5-Air", config.inference)
     spec = placement_spec(config, deployment)
     trainer_groups = [group for group in spec.groups if group.name.startswith("trainer")]

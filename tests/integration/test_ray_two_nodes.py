@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 
 import pytest
+from ray_cluster import ENV as CLUSTER_ENV
+from ray_cluster import free_ports, stop_nodes, wait_nodes, worker_port_range
 
 from agentrl.rl.report import read_metrics
 from agentrl.rl.resume import latest_checkpoint
-from ray_cluster import ENV as CLUSTER_ENV
-from ray_cluster import free_ports, stop_nodes, wait_nodes, worker_port_range
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"

@@ -15,15 +15,11 @@ import json
 import httpx
 import numpy as np
 import pytest
+from vllm_metrics import vllm_counter
 
 from agentrl.inference.plans import cpu_server_options
-from agentrl.inference.routed_experts import (
-    decode_routed_experts_array,
-    reference_routed_experts,
-    routing_agreement,
-    split_routed_experts,
-)
-from vllm_metrics import vllm_counter
+from agentrl.inference.routed_experts import reference_routed_experts, routing_agreement
+from agentrl.routed import decode_routed_experts_array, split_routed_experts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -13,17 +13,11 @@ import uuid
 
 import httpx
 import pytest
+from vllm_metrics import vllm_counter
 
 from agentrl.inference.plans import cpu_server_options
-from agentrl.inference.router import (
-    SESSION_HEADER,
-    RouterError,
-    VLLMRouter,
-    attach_session_affinity,
-    session_headers,
-    trajectory_session,
-)
-from vllm_metrics import vllm_counter
+from agentrl.inference.router import RouterError, VLLMRouter
+from agentrl.session import SESSION_HEADER, attach_session_affinity, session_headers, trajectory_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -15,10 +15,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from agentrl.sandbox import base, cgroups, create_sandbox
-from agentrl.sandbox.bwrap_backend import CGROUP_PREFIX, DISK_DIR, BwrapSandbox, remove_orphan_cgroups
-from agentrl.sandbox.gc import collect_garbage
 from sandbox_backends import bwrap_ok, config
+
+from agentrl.sandbox import base, cgroups, create_sandbox
+from agentrl.sandbox.bwrap_backend import BwrapSandbox
+from agentrl.sandbox.bwrap_workspace import CGROUP_PREFIX, DISK_DIR, remove_orphan_cgroups
+from agentrl.sandbox.gc import collect_garbage
 
 pytestmark = [
     pytest.mark.integration,

@@ -17,8 +17,9 @@ import uuid
 import warnings
 
 import pytest
-from agentrl.sandbox import create_sandbox
 from sandbox_backends import bwrap_ok, config
+
+from agentrl.sandbox import create_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120),
               pytest.mark.skipif(not bwrap_ok(), reason="bubblewrap or base rootfs missing")]
@@ -78,7 +79,7 @@ asyncio.run(main())
 
 def test_the_next_process_first_bwrap_start_reaps_a_killed_owner_sandbox():
     from agentrl.sandbox import cgroups
-    from agentrl.sandbox.bwrap_backend import DISK_DIR, workspace_root
+    from agentrl.sandbox.bwrap_workspace import DISK_DIR, workspace_root
 
     owner = f"test-bwrap-reap-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([sys.executable, "-c", OWNER, owner], stdout=subprocess.PIPE, text=True)

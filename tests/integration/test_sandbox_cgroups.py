@@ -16,8 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from agentrl.sandbox import SandboxError, cgroups
 from sandbox_backends import bwrap_ok, config
+
+from agentrl.sandbox import SandboxError, cgroups
 
 pytestmark = [
     pytest.mark.integration,
@@ -218,7 +219,8 @@ def test_a_host_without_cgroups_is_named_in_one_line(tmp_path):
 
 @pytest.mark.skipif(not bwrap_ok(), reason="bubblewrap or base rootfs missing")
 async def test_bwrap_refuses_without_a_cgroup_when_told_to(tmp_path):
-    from agentrl.sandbox.bwrap_backend import BwrapSandbox, list_workspaces
+    from agentrl.sandbox.bwrap_backend import BwrapSandbox
+    from agentrl.sandbox.bwrap_workspace import list_workspaces
 
     cfg = config({"type": "bwrap"}, unenforceable_limits="refuse")
     sandbox = BwrapSandbox(cfg, cgroup_root=tmp_path)

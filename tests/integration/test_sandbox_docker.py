@@ -8,6 +8,7 @@ import time
 import uuid
 
 import pytest
+
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.sandbox import SandboxConfig, SandboxError, SandboxPool, create_sandbox
 

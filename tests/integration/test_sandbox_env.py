@@ -7,6 +7,7 @@ import subprocess
 import uuid
 
 import pytest
+
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rubric import Rubric
 from agentrl.sampling import SamplingConfig

@@ -21,9 +21,9 @@ import time
 import uuid
 
 import pytest
-from agentrl.sandbox import SandboxError, create_sandbox
 from sandbox_backends import BACKENDS, DOCKER_BACKENDS, config
 
+from agentrl.sandbox import SandboxError, create_sandbox
 from tests.hostile_archives import crafted_archives, host_snapshot, links_or_specials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

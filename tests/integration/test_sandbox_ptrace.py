@@ -13,8 +13,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from agentrl.sandbox import create_sandbox
 from sandbox_backends import BACKENDS, config
+
+from agentrl.sandbox import create_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

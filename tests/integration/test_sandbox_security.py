@@ -14,8 +14,9 @@ import time
 import uuid
 
 import pytest
-from agentrl.sandbox import SandboxError, create_sandbox
 from sandbox_backends import BACKENDS, config, docker_ok
+
+from agentrl.sandbox import SandboxError, create_sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -16,6 +16,7 @@ import time
 
 import httpx
 import pytest
+
 from agentrl.evaluate import pass_at_k
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Message

@@ -7,12 +7,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.hub.images import check_package_images, registry_has
 from agentrl.hub.local import LocalHub
 from agentrl.hub.publish import pull_package, push_package
-
 from tests.fakes.hub_fixtures import docker_client, registry, remove_images  # noqa: F401
 
 SWE_DIR = Path(__file__).resolve().parents[2] / "environments" / "swe"

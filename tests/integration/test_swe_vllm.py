@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.sampling import SamplingConfig
 
 SWE_TESTS = Path(__file__).resolve().parents[2] / "environments" / "swe" / "tests"

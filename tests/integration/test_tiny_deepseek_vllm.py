@@ -47,7 +47,7 @@ def server(model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def trainer_model(model_dir):
     from agentrl.trainer.models.args import MoEModelArgs
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import load_hf_weights
 
     model = build_model(MoEModelArgs.from_hf_dir(model_dir))
@@ -86,7 +86,8 @@ def test_prompt_logprobs_equal_the_trainers(server, trainer_model, prompt):
 
 
 def test_decoded_logprobs_and_routed_experts_equal_the_trainers(server, trainer_model):
-    from agentrl.inference.routed_experts import decode_routed_experts_array, routing_agreement
+    from agentrl.inference.routed_experts import routing_agreement
+    from agentrl.routed import decode_routed_experts_array
 
     body = {"token_ids": SHORT, "sampling_params": {"max_tokens": 24, "temperature": 1.0, "seed": 5, "logprobs": 0,
                                                    "ignore_eos": True, "detokenize": False}}
@@ -114,7 +115,7 @@ def test_weight_update_reaches_prefill_and_decode(server, model_dir, tmp_path):
 
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.trainer.models.args import MoEModelArgs
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import hf_to_native
 
     generator = torch.Generator().manual_seed(11)

@@ -50,8 +50,8 @@ async def _rollout_samples(url: str, model: str) -> list:
 
 
 def test_rounding_like_vllm_cpu_lowers_the_mismatch_kl(served):
-    from agentrl.trainer.config import TrainerConfig
     from agentrl.rl.config import TINY_MOE_SFT
+    from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.trainer import Trainer
 
     server, dtype = served

@@ -17,10 +17,10 @@ import shutil
 
 import httpx
 import pytest
+from vllm_metrics import vllm_counter
 
 from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.weights import FilesystemWeightPublisher, WeightUpdateError
-from vllm_metrics import vllm_counter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

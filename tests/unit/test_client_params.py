@@ -41,6 +41,7 @@ def test_the_body_goes_out_as_json_and_a_body_that_is_not_json_is_one_line():
 
     import httpx
     import pytest
+
     from agentrl.client import InferenceError, TokenClient
 
     seen: list[httpx.Request] = []

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import Field
+
 from agentrl.config import BaseConfig, dump_config, load_config, parse_override
 from agentrl.errors import ConfigError
-from pydantic import Field
 
 
 class OptimizerConfig(BaseConfig):

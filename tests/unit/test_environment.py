@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from agentrl.environment import MultiTurnEnv, SingleTurnEnv, ToolEnv
+
+from agentrl.environment import MultiTurnEnv, SingleTurnEnv
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.policies import ScriptedPolicy, render_tokens, tool_call
 from agentrl.rubric import Rubric
 from agentrl.sampling import SamplingConfig
+from agentrl.tool_env import ToolEnv
 from agentrl.types import Message, Rollout, Task
 
 SAMPLING = SamplingConfig(max_tokens=64)
@@ -329,7 +331,7 @@ def test_sdk_environment_modules_import_light():
 
     code = (
         "import agentrl.environment, agentrl.tool_env, agentrl.rubric, agentrl.parsers, agentrl.tools, "
-        "agentrl.loader, agentrl.policies, sys\n"
+        "agentrl.hub.loader, agentrl.policies, sys\n"
         "print(','.join(m for m in ('torch', 'vllm', 'ray', 'transformers', 'datasets') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+
 from agentrl.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.errors import NotFoundError
+from agentrl.hub.entrypoint import import_package_attr
+from agentrl.hub.loader import builtin_environments_dir
 from agentrl.hub.local import LocalHub, installed_environment_dirs
 from agentrl.hub.package import DATASET_DIR, verify_package
 from agentrl.hub.publish import list_packages, pull_package, push_package
-from agentrl.errors import NotFoundError
-from agentrl.loader import builtin_environments_dir, import_package_attr
+
 
 def _builtins() -> list:
     """Every built-in package; those with a sandbox need Docker for their rollout (integration)."""

@@ -81,7 +81,7 @@ def test_list_installed_after_pull(tmp_path):
 
 def test_list_shows_the_environments_loadable_by_name(tmp_path):
     """`agentrl env list` on an empty local hub still lists the built-ins, with the folder each loads from."""
-    from agentrl.loader import builtin_environments_dir
+    from agentrl.hub.loader import builtin_environments_dir
 
     listed = _run("list", hub_root=tmp_path / "hub")
     assert listed.returncode == 0, listed.stderr

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from agentrl.errors import ConfigError
 
 TASK_TOML = """version = "1.0"

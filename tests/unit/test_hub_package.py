@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.hub.package import (
     LOCK_NAME,
@@ -15,7 +16,6 @@ from agentrl.hub.package import (
     verify_package,
 )
 from agentrl.hub.refs import parse_ref, sort_versions
-
 from tests.fakes.toy_package import write_toy_package
 
 

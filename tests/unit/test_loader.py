@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.environment import SingleTurnEnv
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.loader import builtin_environments_dir, list_environments, load_environment
+from agentrl.hub.loader import builtin_environments_dir, list_environments, load_environment
 
 ENV_MODULE = '''
 from agentrl.environment import SingleTurnEnv

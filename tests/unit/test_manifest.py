@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from agentrl.errors import ConfigError
+from agentrl.hub.loader import builtin_environments_dir
 from agentrl.hub.manifest import MANIFEST_NAME, SandboxLimits, load_manifest
-from agentrl.loader import builtin_environments_dir
 
 HEAD = 'name = "toy"\nversion = "0.1.0"\nentrypoint = "toy:load_environment"\n'  # lines 1-3
 SANDBOX = '[sandbox]\nimage = "agentrl/toy:0.1.0"\n'  # lines 4-5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from agentrl.errors import NotFoundError
 from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 

@@ -18,14 +18,14 @@ import re
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.sampling import SamplingConfig
+from agentrl.rl.advantages import group_advantages
 from agentrl.rl.orchestrator import (
     Orchestrator,
     OrchestratorConfig,
     OrchestratorState,
     RunFailedError,
-    group_advantages,
 )
+from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, Message, Rollout, Task, Turn
 
 VOCAB = 4
@@ -232,7 +232,7 @@ def test_task_order_is_seeded_and_covers_the_split():
 
 def test_group_advantages_mean_baseline():
     assert group_advantages([1.0, 0.0, 0.0, 1.0]) == [0.5, -0.5, -0.5, 0.5]
-    normalized = group_advantages([1.0, 0.0], normalize=True)
+    normalized = group_advantages([1.0, 0.0], std_normalize=True)
     assert normalized[0] == pytest.approx(1.0, abs=1e-4) and normalized[1] == pytest.approx(-1.0, abs=1e-4)
     assert group_advantages([0.3, 0.3]) == [0.0, 0.0]
 
@@ -305,7 +305,7 @@ async def test_a_failed_weight_load_ends_the_run_with_its_error():
 
 def _long_prompt_env():
     """The real reverse-text environment with texts of ~2,750 characters: more than tiny-moe's 2,048 tokens."""
-    from agentrl.loader import load_environment
+    from agentrl.hub.loader import load_environment
 
     return load_environment("reverse-text", num_train=4, num_test=1, min_words=600, max_words=600, max_chars=10000)
 

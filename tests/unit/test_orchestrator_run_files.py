@@ -238,7 +238,8 @@ def test_config_roundtrips_through_toml(tmp_path):
 
 
 def test_run_baseline_of_a_checkpoint(tmp_path):
-    from agentrl.compare import compare_checkpoint, run_baseline
+    from agentrl.compare import run_baseline
+    from agentrl.evaluate import compare_checkpoint
     from agentrl.config import dump_config
 
     run = tmp_path / "run"

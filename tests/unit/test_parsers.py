@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agentrl.errors import AgentrlError
 from agentrl.parsers import Parser, ThinkParser, XMLParser
 from agentrl.types import Message

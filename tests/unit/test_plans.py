@@ -103,12 +103,12 @@ def test_deliberately_wrong_flags_are_rejected():
 @pytest.mark.parametrize(
     ("config", "match"),
     [
-        (dict(kind="wide_ep", device="cpu"), "needs GPUs"),
-        (dict(kind="pd", nodes=3, prefill_decode_ratio="1:3"), "cannot be split"),
-        (dict(kind="pd", nodes=4, prefill_decode_ratio="one:three"), "prefill_decode_ratio"),
-        (dict(kind="single", gpu_kind="a100", fp8=True), "FP8"),
-        (dict(kind="single", device="cpu", weight_transfer="nccl"), "nccl"),
-        (dict(kind="replicas", replicas=9, nodes=1, gpus_per_node=8), "does not fit"),
+        ({"kind": "wide_ep", "device": "cpu"}, "needs GPUs"),
+        ({"kind": "pd", "nodes": 3, "prefill_decode_ratio": "1:3"}, "cannot be split"),
+        ({"kind": "pd", "nodes": 4, "prefill_decode_ratio": "one:three"}, "prefill_decode_ratio"),
+        ({"kind": "single", "gpu_kind": "a100", "fp8": True}, "FP8"),
+        ({"kind": "single", "device": "cpu", "weight_transfer": "nccl"}, "nccl"),
+        ({"kind": "replicas", "replicas": 9, "nodes": 1, "gpus_per_node": 8}, "does not fit"),
     ],
 )
 def test_impossible_deployments_give_one_line_errors(config, match):

@@ -11,7 +11,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from agentrl.loader import builtin_environments_dir
+
+from agentrl.hub.loader import builtin_environments_dir
 from agentrl.project_files import PROJECT_DIRS, project_path, project_root, resolve_project_path
 from agentrl.rl.config import CPU_DEFAULT_RECIPE, TINY_MOE_SFT, load_run_config
 
@@ -19,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SDK = ROOT / "sdk"
 
 _PROBE = (
-    "import json, agentrl, agentrl.project_files as p, agentrl.loader as l\n"
+    "import json, agentrl, agentrl.project_files as p\n"
     "print(json.dumps({'file': agentrl.__file__, 'root': str(p.project_root()),"
-    " 'envs': str(l.builtin_environments_dir())}))"
+    " 'envs': str(p.project_path('environments'))}))"
 )
 
 
@@ -59,7 +60,7 @@ def test_a_wheel_layout_finds_the_shipped_copies(tmp_path):
     """As pip lays out a wheel: site/agentrl/ holds the modules and, as package data, both folders."""
     package = tmp_path / "site" / "agentrl"
     package.mkdir(parents=True)
-    for module in ("__init__.py", "errors.py", "project_files.py", "loader.py"):
+    for module in ("__init__.py", "errors.py", "project_files.py"):
         (package / module).write_bytes((SDK / module).read_bytes())  # real files, as a wheel has
     for name in PROJECT_DIRS:
         (package / name).symlink_to(ROOT / name, target_is_directory=True)
@@ -72,7 +73,7 @@ def test_a_package_folder_of_links_finds_the_checkout(tmp_path):
     """scripts/gpu_run.sh imports agentrl through a folder of links to sdk/: they lead to the checkout."""
     package = tmp_path / "site" / "agentrl"
     package.mkdir(parents=True)
-    for module in ("__init__.py", "errors.py", "project_files.py", "loader.py"):
+    for module in ("__init__.py", "errors.py", "project_files.py"):
         (package / module).symlink_to(SDK / module)
     seen = _probe(package.parent)
     assert Path(seen["root"]) == ROOT and Path(seen["envs"]) == ROOT / "environments"

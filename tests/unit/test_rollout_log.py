@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from agentrl.loader import load_environment
+from agentrl.hub.loader import load_environment
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorConfig
 from agentrl.rl.rollout_log import MAX_STRING_CHARS, RolloutLog, pick_rollouts, rollout_record

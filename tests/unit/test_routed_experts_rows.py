@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from agentrl.inference.routed_experts import split_routed_experts
 from agentrl.inference.vllm_plugin.routed_experts import CpuRoutedExpertsSchedulerConnector
+from agentrl.routed import split_routed_experts
 
 
 def _rows(start: int, count: int) -> np.ndarray:

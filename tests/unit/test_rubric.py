@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from agentrl.errors import AgentrlError
 from agentrl.parsers import XMLParser
 from agentrl.rubric import Rubric, RubricGroup, group_reward

@@ -11,9 +11,9 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from agentrl.errors import SandboxError
 from agentrl.sandbox.archive import extract_archive, resolve_path
-
 from tests.hostile_archives import crafted_archives, host_snapshot, links_or_specials
 
 

@@ -12,6 +12,7 @@ import os
 import tarfile
 
 import pytest
+
 from agentrl.sandbox.archive import MAX_DEPTH, WorkdirRejected, extract_archive, pack_folder, remove_tree
 
 

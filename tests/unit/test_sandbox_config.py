@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from agentrl.config import config_from_dict
 from agentrl.errors import ConfigError
 from agentrl.sandbox import SandboxConfig, create_sandbox

@@ -13,6 +13,7 @@ import asyncio
 
 import httpx
 import pytest
+
 from agentrl.client import InferenceError
 from agentrl.inference.supervisor import SupervisedClient
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from agentrl.models import PRESETS, ensure_model, resolve_model
 
 pytest.importorskip("transformers")

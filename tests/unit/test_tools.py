@@ -6,9 +6,10 @@ import asyncio
 from typing import Literal
 
 import pytest
+from pydantic import BaseModel
+
 from agentrl.errors import AgentrlError
 from agentrl.tools import Tool, ToolArgumentError, parse_docstring, tool_schema
-from pydantic import BaseModel
 
 
 def search(query: str, limit: int = 5, *, exact: bool = False, mode: Literal["fast", "full"] = "fast",

@@ -14,12 +14,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from agentrl.errors import ConfigError
 from agentrl.inference.deployment import DeploymentConfig
 from agentrl.inference.plans import server_overrides
+from agentrl.inference.transfer import TRANSPORTS, Ipc, transport_for
 from agentrl.rl.config import load_run_config
 from agentrl.rl.transport import WeightPush
-
 
 TIMINGS = {"version": 3, "update_s": 0.5, "total_s": 0.7, "push_s": 0.9}
 
@@ -52,7 +53,7 @@ def _states(*restarts: int, held: tuple[bool, ...] = (False, False)) -> list[dic
 
 def _push(transport: str) -> tuple[list, object]:
     calls: list = []
-    push = WeightPush(Recorder("trainer", calls), Recorder("inference", calls), transport=transport,
+    push = WeightPush(Recorder("trainer", calls), Recorder("inference", calls), transport=TRANSPORTS[transport](),
                       staging_dir=Path("/run/weights"))
 
     async def go():
@@ -82,14 +83,15 @@ def test_direct_transports_send_from_the_trainer_to_every_server_url(transport):
     assert loading is None
     assert calls == [("inference", "weight_states", (), {}),
                      ("trainer", "push_direct", (3,), {"urls": ["http://127.0.0.1:1", "http://127.0.0.1:2"],
-                                                       "backend": transport, "reconnect": [], "verify": True}),
+                                                       "transport": TRANSPORTS[transport](), "reconnect": [],
+                                                       "verify": True}),
                      ("inference", "set_version", (3,), {"push": TIMINGS, "transport": transport,
                                                           "restarts": [0, 0]})]
 
 
 def _direct(calls: list, **answers) -> WeightPush:
     trainer = Recorder("trainer", calls, **answers.pop("trainer", {}))
-    return WeightPush(trainer, Recorder("inference", calls, **answers), transport="ipc",
+    return WeightPush(trainer, Recorder("inference", calls, **answers), transport=Ipc(),
                       staging_dir=Path("/run/weights"), watch_interval_s=0.01)
 
 
@@ -162,7 +164,7 @@ def test_a_resend_that_fails_stops_the_run_with_one_line_naming_the_server():
 
 def test_nothing_is_watched_with_the_filesystem_transports():
     calls: list = []
-    push = WeightPush(Recorder("trainer", calls), Recorder("inference", calls), transport="filesystem",
+    push = WeightPush(Recorder("trainer", calls), Recorder("inference", calls), transport=TRANSPORTS["filesystem"](),
                       staging_dir=Path("/run/weights"))
     asyncio.run(asyncio.wait_for(push.watch(), timeout=5))  # returns at once: the actors restore from folders
     assert calls == []
@@ -170,7 +172,7 @@ def test_nothing_is_watched_with_the_filesystem_transports():
 
 def test_unknown_transport_is_refused():
     with pytest.raises(ConfigError, match="weight_transfer='carrier-pigeon'"):
-        WeightPush(None, None, transport="carrier-pigeon", staging_dir=Path("/tmp"))
+        transport_for("carrier-pigeon", device="gpu")
 
 
 @pytest.mark.parametrize(("transport", "flag"), [("nccl", '{"backend": "nccl"}'), ("ipc", '{"backend": "ipc"}'),
@@ -190,9 +192,9 @@ def test_gpu_transports_on_the_cpu_are_one_line_errors(transport):
 
 
 def test_defaults_follow_the_inference_device():
-    assert load_run_config().weight_transfer() == "filesystem"
-    assert load_run_config(overrides=["inference.weight_transfer=object_store"]).weight_transfer() == "object_store"
-    assert load_run_config(env="swe", model="glm-4.5-air").weight_transfer() == "nccl"
+    assert load_run_config().weight_transfer().name == "filesystem"
+    assert load_run_config(overrides=["inference.weight_transfer=object_store"]).weight_transfer().name == "object_store"
+    assert load_run_config(env="swe", model="glm-4.5-air").weight_transfer().name == "nccl"
 
 
 def test_a_server_that_dies_during_a_push_is_waited_for_and_pushed_to_again_with_its_engine_set_up():

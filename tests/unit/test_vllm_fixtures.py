@@ -16,8 +16,9 @@ import math
 from pathlib import Path
 
 import pytest
-from agentrl.inference.routed_experts import decode_routed_experts_array
+
 from agentrl.inference.vllm_compat import reports_weight_versions
+from agentrl.routed import decode_routed_experts_array
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 VERSIONS = sorted(path.name for path in FIXTURES.glob("vllm-*") if (path / "generate_sampled.json").is_file())

@@ -1,1 +1,1 @@
-"""Model code for the trainer: GLM-4.5 / Qwen3-MoE decoder, router, attention, HF adapter."""
+"""The trainer's model code: the family table (`families`), the shared blocks (`common`), one decoder per kind."""

@@ -1,20 +1,10 @@
-"""Model hyper-parameters for the trainer's MoE decoders, read from a Hugging Face config.
+"""Model hyper-parameters for the trainer's MoE decoders, read from a Hugging Face config (torch-free).
 
-One dataclass, `MoEModelArgs`, describes the three supported architectures:
-
-* ``glm4_moe`` (GLM-4.5 / GLM-4.5-Air): sigmoid router with an expert-score correction
-  bias and group-limited top-k, shared experts, the first ``first_k_dense_replace`` layers
-  dense, GQA attention with partial RoPE and qkv bias (optional qk-norm).
-* ``qwen3_moe`` (Qwen3-MoE): softmax top-k router, no shared expert, no correction bias,
-  per-head qk RMSNorm, full RoPE.
-* ``nemotron_h`` (NVIDIA Nemotron-3): one mixer per layer after the config's layer pattern
-  (``layer_types``: Mamba-2, attention without RoPE, MoE or a squared-ReLU MLP); MoE layers
-  have non-gated squared-ReLU experts, one shared expert, the GLM-style sigmoid router and,
-  for Super, a latent projection around the routed experts (``moe_latent_size``).
-* ``deepseek_v3`` (DeepSeek-V3, and Kimi-K2, which is the same architecture): GLM-4.5's
-  router and MoE layout with Multi-head Latent Attention (`agentrl.trainer.models.mla`):
-  low-rank query and key-value compression, a decoupled RoPE head and YaRN scaling.
-  ``head_dim`` is then the query/key head width (nope + rope), ``rotary_dim`` the RoPE part.
+One dataclass, `MoEModelArgs`, holds the fields of every family in the family table
+(`agentrl.trainer.models.families`: GLM-4.5, Qwen3-MoE, Nemotron-3, DeepSeek-V3 / Kimi-K2); each
+family's module says which fields its ``config.json`` sets, and `from_hf_config` asks the table.
+The fields after ``tie_word_embeddings`` belong to one family each (hybrid layers and Mamba-2:
+nemotron_h; Multi-head Latent Attention: deepseek_v3) and keep their defaults elsewhere.
 
 It also counts parameters and training FLOPs per token, which the layout planner
 (`agentrl.trainer.parallel`) and the MFU benchmark use.
@@ -28,23 +18,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.trainer.models.families import family_for_config
+from agentrl.trainer.models.mla_config import mla_attention_params
 
-__all__ = ["MoEModelArgs", "SUPPORTED_MODEL_TYPES"]
-
-SUPPORTED_MODEL_TYPES = ("glm4_moe", "qwen3_moe", "nemotron_h", "deepseek_v3", "kimi_k2")
-MLA_MODEL_TYPES = ("deepseek_v3", "kimi_k2")
-"""config.json model types with DeepSeek-V3's architecture (Kimi-K2 publishes ``kimi_k2``)."""
-
-_LAYER_TYPES = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp", "linear_attention": "mamba",
-                "mamba": "mamba", "full_attention": "attention", "attention": "attention", "moe": "moe", "mlp": "mlp"}
-"""Layer kinds of a nemotron_h config: its ``hybrid_override_pattern`` characters and ``layers_block_type`` names."""
+__all__ = ["MoEModelArgs"]
 
 
 @dataclass(kw_only=True)
 class MoEModelArgs:
-    """Architecture of one MoE decoder (see the module docstring for the two variants)."""
+    """Architecture of one MoE decoder (see the module docstring for the families)."""
 
-    model_type: Literal["glm4_moe", "qwen3_moe", "nemotron_h", "deepseek_v3"] = "glm4_moe"
+    model_type: str = "glm4_moe"
+    """The model's family: a key of the family table (`agentrl.trainer.models.families.FAMILIES`)."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -103,141 +88,12 @@ class MoEModelArgs:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> "MoEModelArgs":
-        """Build from a Hugging Face ``config.json`` dict (glm4_moe, qwen3_moe, deepseek_v3 or kimi_k2)."""
-        model_type = config.get("model_type")
-        if "DeepseekV3ForCausalLM" in (config.get("architectures") or []):
-            model_type = "deepseek_v3"
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise AgentrlError(
-                f"config.json model_type {model_type!r} is not supported by the trainer; "
-                f"use one of {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        rope = config.get("rope_parameters") or {}
-        rope_theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
-        partial = float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)))
-        if model_type == "nemotron_h":
-            return cls._from_nemotron_h(config)
-        layers = int(config["num_hidden_layers"])
-        common = dict(
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(config.get("intermediate_size", 0)),
-            moe_intermediate_size=int(config["moe_intermediate_size"]),
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=head_dim,
-            rope_theta=rope_theta,
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            top_k=int(config["num_experts_per_tok"]),
-            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        )
-        if model_type in MLA_MODEL_TYPES:
-            from agentrl.trainer.models.mla_config import mla_fields
-
-            common.update(mla_fields(config))
-        if model_type in ("glm4_moe",) + MLA_MODEL_TYPES:
-            first_dense = int(config.get("first_k_dense_replace", 0))
-            if model_type == "glm4_moe":
-                common.update(rotary_dim=int(head_dim * partial), use_qk_norm=bool(config.get("use_qk_norm", False)))
-            return cls(
-                model_type="glm4_moe" if model_type == "glm4_moe" else "deepseek_v3",
-                attention_bias=bool(config.get("attention_bias", False)),
-                num_experts=int(config["n_routed_experts"]),
-                num_shared_experts=int(config.get("n_shared_experts") or 0),
-                dense_layers=list(range(min(first_dense, layers))),
-                n_group=int(config.get("n_group") or 1),
-                topk_group=int(config.get("topk_group") or 1),
-                routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
-                score_func="sigmoid",
-                use_correction_bias=True,
-                **common,
-            )
-        num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-        step = int(config.get("decoder_sparse_step") or 1)
-        mlp_only = set(config.get("mlp_only_layers") or [])
-        dense = [i for i in range(layers) if i in mlp_only or not (num_experts > 0 and (i + 1) % step == 0)]
-        return cls(
-            model_type="qwen3_moe",
-            rotary_dim=head_dim,
-            attention_bias=bool(config.get("attention_bias", False)),
-            use_qk_norm=True,
-            num_experts=num_experts,
-            num_shared_experts=0,
-            dense_layers=dense,
-            n_group=1,
-            topk_group=1,
-            routed_scaling_factor=1.0,
-            score_func="softmax",
-            use_correction_bias=False,
-            **common,
-        )
+    def from_hf_config(cls, config: dict[str, Any]) -> MoEModelArgs:
+        """Build from a Hugging Face ``config.json`` dict, read by its family (`families.family_for_config`)."""
+        return cls(**family_for_config(config).args_from_hf(config))
 
     @classmethod
-    def _from_nemotron_h(cls, config: dict[str, Any]) -> "MoEModelArgs":
-        pattern = config.get("layers_block_type") or config.get("layer_types") or config.get("hybrid_override_pattern")
-        if not pattern:
-            raise AgentrlError("config.json (nemotron_h): needs hybrid_override_pattern or layers_block_type")
-        unknown = sorted({str(kind) for kind in pattern if kind not in _LAYER_TYPES})
-        if unknown:
-            raise AgentrlError(f"config.json (nemotron_h): unknown layer kinds {unknown} in the layer pattern; "
-                               f"use {', '.join(sorted(_LAYER_TYPES))}")
-        layer_types = [_LAYER_TYPES[kind] for kind in pattern]
-        if config.get("mlp_hidden_act", "relu2") != "relu2":
-            raise AgentrlError(f"config.json (nemotron_h): mlp_hidden_act {config['mlp_hidden_act']!r} is not "
-                               "supported; the trainer has the squared-ReLU MLPs of Nemotron-3 (relu2)")
-        hidden = int(config["hidden_size"])
-        heads = int(config.get("num_attention_heads") or 1)
-        latent = config.get("moe_latent_size")
-        num_experts = int(config.get("n_routed_experts") or 0)
-        shared = int(config.get("moe_shared_expert_intermediate_size") or 0) if config.get("n_shared_experts", 1) else 0
-        return cls(
-            model_type="nemotron_h",
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(config.get("intermediate_size") or 0),
-            moe_intermediate_size=int(config.get("moe_intermediate_size") or 0),
-            num_hidden_layers=len(layer_types),
-            num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            rotary_dim=0,
-            rms_norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
-            attention_bias=False,  # NemotronH's projections have no bias (transformers ignores attention_bias)
-            num_experts=num_experts,
-            top_k=int(config.get("num_experts_per_tok") or 0),
-            num_shared_experts=1 if shared else 0,
-            dense_layers=[i for i, kind in enumerate(layer_types) if kind != "moe"],
-            n_group=int(config.get("n_group") or 1),
-            topk_group=int(config.get("topk_group") or 1),
-            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
-            routed_scaling_factor=float(config.get("routed_scaling_factor", 1.0)),
-            score_func="sigmoid",
-            use_correction_bias=True,
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            layer_types=layer_types,
-            expert_gated=False,
-            shared_expert_intermediate_size=shared,
-            moe_latent_size=int(latent) if latent else None,
-            mlp_bias=bool(config.get("mlp_bias", False)),
-            mamba_num_heads=int(config.get("mamba_num_heads", 128)),
-            mamba_head_dim=int(config.get("mamba_head_dim", 64)),
-            ssm_state_size=int(config.get("ssm_state_size", 128)),
-            mamba_n_groups=int(config.get("n_groups", config.get("mamba_n_groups", 8))),
-            conv_kernel=int(config.get("conv_kernel", config.get("mamba_d_conv", 4))),
-            mamba_chunk_size=int(config.get("chunk_size", config.get("mamba_chunk_size", 128))),
-            use_conv_bias=bool(config.get("use_conv_bias", config.get("mamba_conv_bias", True))),
-            mamba_proj_bias=bool(config.get("use_bias", False)),
-            dt_min=float((config.get("time_step_limit") or config.get("mamba_dt_limit") or (0.0,))[0]),
-        )
-
-    @classmethod
-    def from_hf_dir(cls, model_dir: str | Path) -> "MoEModelArgs":
+    def from_hf_dir(cls, model_dir: str | Path) -> MoEModelArgs:
         """Read ``config.json`` in a Hugging Face model folder."""
         path = Path(model_dir) / "config.json"
         if not path.is_file():
@@ -249,7 +105,7 @@ class MoEModelArgs:
         return cls.from_hf_config(config)
 
     @classmethod
-    def for_model(cls, name_or_path: str | Path) -> "MoEModelArgs":
+    def for_model(cls, name_or_path: str | Path) -> MoEModelArgs:
         """A HF folder, a preset with a known config (shapes only), or a preset `agentrl.models` resolves."""
         path = Path(name_or_path).expanduser()
         if path.is_dir():
@@ -267,8 +123,8 @@ class MoEModelArgs:
     # ------------------------------------------------------------------ structure
     @property
     def is_mla(self) -> bool:
-        """Multi-head Latent Attention (DeepSeek-V3 / Kimi-K2) rather than GQA."""
-        return self.model_type == "deepseek_v3"
+        """Multi-head Latent Attention (DeepSeek-V3 / Kimi-K2: a compressed key-value latent) rather than GQA."""
+        return self.kv_lora_rank > 0
 
     @property
     def value_head_dim(self) -> int:
@@ -310,8 +166,6 @@ class MoEModelArgs:
     # ------------------------------------------------------------------ counting
     def attention_params(self) -> int:
         if self.is_mla:
-            from agentrl.trainer.models.mla_config import mla_attention_params
-
             return mla_attention_params(self)
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim

@@ -54,7 +54,7 @@ class AttentionSegments:
     cp_group: object | None = None
     """The CP process group K/V are gathered over, or None without CP."""
 
-    def to(self, device: torch.device) -> "AttentionSegments":
+    def to(self, device: torch.device) -> AttentionSegments:
         return AttentionSegments(
             q_bounds=self.q_bounds,
             k_bounds=self.k_bounds,

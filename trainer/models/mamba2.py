@@ -31,6 +31,8 @@ from torch import nn
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.trainer.models.attention import cp_token_index
+from agentrl.trainer.parallel import all_to_all_rows
 
 __all__ = ["Mamba2Mixer", "MambaSequences", "causal_conv", "ssd_scan", "gated_rms_norm"]
 
@@ -49,13 +51,11 @@ class MambaSequences:
     """CP: the inverse of ``to_row``."""
 
     @classmethod
-    def for_row(cls, positions_T: torch.Tensor, *, cp_group: object | None = None) -> "MambaSequences":
+    def for_row(cls, positions_T: torch.Tensor, *, cp_group: object | None = None) -> MambaSequences:
         """From this rank's positions (restarting at 0 per document); under CP, gathers the row's."""
         if cp_group is None:
             return cls(doc_T=_documents(positions_T))
         import torch.distributed as dist
-
-        from agentrl.trainer.models.attention import cp_token_index
 
         cp = dist.get_world_size(cp_group)
         parts = [torch.empty_like(positions_T) for _ in range(cp)]
@@ -226,8 +226,6 @@ class Mamba2Mixer(nn.Module):
 
     def _scan_context_parallel(self, xbc_TC: torch.Tensor, dt_TH: torch.Tensor, seq: MambaSequences) -> torch.Tensor:
         import torch.distributed as dist
-
-        from agentrl.trainer.parallel import all_to_all_rows
 
         cp, rank = dist.get_world_size(seq.cp_group), dist.get_rank(seq.cp_group)
         if self.heads % cp or self.groups % cp:

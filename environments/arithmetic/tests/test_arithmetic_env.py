@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import agentrl
 import pytest
-from agentrl.loader import import_package_attr
+
+import agentrl
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
 

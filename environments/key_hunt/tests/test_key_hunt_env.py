@@ -8,7 +8,7 @@ import json
 import agentrl
 import pytest
 from agentrl.errors import AgentrlError
-from agentrl.loader import import_package_attr
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.types import Message, ToolCall
 
 

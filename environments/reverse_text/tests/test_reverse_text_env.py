@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import agentrl
-from agentrl.loader import import_package_attr
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy
 from agentrl.sampling import SamplingConfig
 

@@ -34,8 +34,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 async def test_imported_rows_run_and_grade_as_swebench_grades_them(tmp_path):
     import agentrl
+    from agentrl.hub.entrypoint import import_package_attr
     from agentrl.hub.package import validate_package
-    from agentrl.loader import import_package_attr
     from agentrl.policies import ScriptedPolicy, tool_call
     from agentrl.sampling import SamplingConfig
 
@@ -64,6 +64,7 @@ async def test_imported_rows_run_and_grade_as_swebench_grades_them(tmp_path):
 
 def test_saved_hf_dataset_folders_import_with_the_image_namespace(tmp_path):
     import datasets
+
     from agentrl.hub.package import validate_package
     from agentrl.hub.swebench import import_swebench_rows
 

@@ -15,14 +15,18 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
         sys.path.insert(0, str(_folder))
 
 import pytest
-from agentrl.errors import ConfigError, MissingExtraError
 from swe_bench import build_eval_script, is_pytest_id, swebench_image_name, uses_eval_script
 from swe_task import SweInstance
-from tests.integration.sandbox_backends import runsc_ok
-
 from swe_testlib import (
-    DJANGO_FAIL_TO_PASS, DJANGO_INSTANCE_ID, DJANGO_NAMESPACE, DJANGO_PASS_TO_PASS, django_row,
+    DJANGO_FAIL_TO_PASS,
+    DJANGO_INSTANCE_ID,
+    DJANGO_NAMESPACE,
+    DJANGO_PASS_TO_PASS,
+    django_row,
 )
+
+from agentrl.errors import ConfigError, MissingExtraError
+from tests.integration.sandbox_backends import runsc_ok
 
 try:
     import swebench  # noqa: F401

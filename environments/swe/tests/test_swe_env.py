@@ -15,13 +15,14 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
 
 import json
 
-import agentrl
 import pytest
+from swe_testlib import build_sample_images, sample_rows
+
+import agentrl
 from agentrl.errors import AgentrlError
-from agentrl.loader import import_package_attr
+from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
-from swe_testlib import build_sample_images, sample_rows
 
 pytestmark = pytest.mark.integration
 SAMPLING = SamplingConfig(max_tokens=100_000)

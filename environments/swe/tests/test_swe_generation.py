@@ -20,12 +20,13 @@ import subprocess
 from collections import Counter
 
 import pytest
-from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from swe_generate import candidate_sites, project_sources, split_of
 from swe_mutate import OPERATORS, apply_site, enumerate_sites, select_sites
 from swe_projects import PROJECTS, get_project
 from swe_task import SweInstance, load_instances
 from swe_testlib import DATA_DIR, committed_rows
+
+from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 
 SOURCE = '''
 def clamp(value, low=0, high=10):
@@ -112,7 +113,9 @@ def _git_diff(tmp_path, path: str, original: str, mutated: str) -> str:
     target = repo / path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(original)
-    run = lambda *args: subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+    def run(*args):
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
     run("init", "-q")
     run("add", "-A")
     target.write_text(mutated)

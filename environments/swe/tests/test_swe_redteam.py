@@ -24,11 +24,12 @@ for _folder in (Path(__file__).resolve().parent, Path(__file__).resolve().parent
     if str(_folder) not in sys.path:  # the package's modules and the shared test helpers
         sys.path.insert(0, str(_folder))
 
-import agentrl
 import pytest
+from swe_testlib import build_sample_images, sample_rows
+
+import agentrl
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
-from swe_testlib import build_sample_images, sample_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "integration"))
 from sandbox_backends import BACKENDS  # noqa: E402
@@ -156,7 +157,7 @@ def _env(sample_file, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_swe_oracle_still_scores_one(sample_file, backend):
-    from agentrl.loader import import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
 
     env = _env(sample_file, backend)
     [task] = env.tasks("test")

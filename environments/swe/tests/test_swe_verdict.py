@@ -14,8 +14,8 @@ CANARY = "tests/test_x.py::TestOrder::test_order_value_abc123"
 
 def honest(**changes) -> Evidence:
     outcomes = {"tests/test_x.py::test_a": "passed", "tests/test_x.py::test_b": "failed", CANARY: "failed"}
-    fields = dict(exit_code=1, report=dict(outcomes), streamed=dict(outcomes),
-                  summary={"failed": 2, "passed": 1}, collected=set(outcomes), canary=CANARY)
+    fields = {"exit_code": 1, "report": dict(outcomes), "streamed": dict(outcomes),
+                  "summary": {"failed": 2, "passed": 1}, "collected": set(outcomes), "canary": CANARY}
     return Evidence(**(fields | changes))
 
 

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import trainer_mfu_x8 as x8
-from agentrl.trainer.parallel import GIB, plan_layout
 from trainer_mfu import LOGPROB_CHUNK_TOKENS, air_args
+
+from agentrl.trainer.parallel import GIB, plan_layout
 
 
 def _estimate_gib(layers: int, *, world: int, seq: int, cp: int) -> float:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from trainer_helpers import assert_matches_single_process, launch_ranks, run_steps
 
 HERE = Path(__file__).parent

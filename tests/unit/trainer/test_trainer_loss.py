@@ -10,7 +10,7 @@ import torch
 
 from agentrl.config import config_from_dict
 from agentrl.errors import AgentrlError, ConfigError
-from agentrl.trainer.advantages import batch_advantages, group_advantages
+from agentrl.rl.advantages import batch_advantages, group_advantages
 from agentrl.trainer.loss import LossConfig, compute_loss
 from agentrl.trainer.packing import pack_samples
 from agentrl.types import TrainingSample

@@ -14,13 +14,13 @@ import json
 
 import pytest
 import torch
+from trainer_helpers import make_hf_folder, tiny_deepseek_config
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments
-from agentrl.trainer.models.glm4_moe import build_model
+from agentrl.trainer.models.build import build_model
 from agentrl.trainer.models.state_dict import load_hf_weights
-from trainer_helpers import make_hf_folder, tiny_deepseek_config
 
 ATOL = 1e-4
 LENGTHS = (70, 93, 37)  # 200 tokens; positions run past the YaRN original context (64)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from trainer_helpers import assert_matches_single_process, launch_ranks, run_steps
 
 HERE = Path(__file__).parent
@@ -46,7 +45,7 @@ def test_mla_layout_matches_single_process(layout, distributed_results, single_p
 
 def test_training_moved_the_latent_attention_weights(tiny_deepseek_dir, single_process):
     from agentrl.trainer.models.args import MoEModelArgs
-    from agentrl.trainer.models.glm4_moe import build_model
+    from agentrl.trainer.models.build import build_model
     from agentrl.trainer.models.state_dict import load_hf_weights
 
     initial = build_model(MoEModelArgs.from_hf_dir(tiny_deepseek_dir))

@@ -12,14 +12,14 @@ import json
 
 import pytest
 import torch
+from trainer_helpers import make_hf_folder, tiny_nemotron_config
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments
-from agentrl.trainer.models.glm4_moe import build_model
+from agentrl.trainer.models.build import build_model
 from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences, ssd_scan
 from agentrl.trainer.models.state_dict import hf_to_native, load_hf_weights, read_hf_state, save_hf_weights
-from trainer_helpers import make_hf_folder, tiny_nemotron_config
 
 ATOL = 1e-4
 LENGTHS = (5, 19, 1, 11)  # across Mamba chunks of 8 tokens, with a one-token document
@@ -118,7 +118,7 @@ def test_mamba_mixer_on_packed_documents_equals_each_alone_with_gradients(tiny_n
 def test_relu_squared_experts_grouped_gemm_path_equals_the_loop():
     from torchtitan.models.common.moe import GroupedExperts
 
-    from agentrl.trainer.models.nemotron_h import ReluSquaredExperts
+    from agentrl.trainer.models.common import ReluSquaredExperts
 
     experts = ReluSquaredExperts(GroupedExperts.Config(dim=64, hidden_dim=32, num_experts=4))
     assert not hasattr(experts, "w3_EFD")  # non-gated: up (w1) and down (w2) only

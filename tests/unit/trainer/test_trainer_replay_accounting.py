@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from trainer_helpers import make_samples
 
 from agentrl.routed import RoutedExperts
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.packing import REPLAY_SKIP_REASONS, pack_samples
 from agentrl.trainer.trainer import Trainer
 from agentrl.types import TrainingSample
-from trainer_helpers import make_samples
 
 
 def _sample(tokens, mask, experts=None):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainer_helpers import tiny_glm_config
 
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.glm4_moe import build_model, init_weights
+from agentrl.trainer.models.build import build_model, init_weights
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
-from trainer_helpers import tiny_glm_config
 
 DTYPES = [torch.float16, torch.bfloat16]
 

@@ -6,7 +6,7 @@ import torch
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments
-from agentrl.trainer.models.glm4_moe import build_model
+from agentrl.trainer.models.build import build_model
 from agentrl.trainer.models.router import build_router
 from agentrl.trainer.models.state_dict import load_hf_weights
 

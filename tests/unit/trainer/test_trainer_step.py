@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainer_helpers import make_samples
 
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.models.attention import build_segments
 from agentrl.trainer.packing import pack_samples
 from agentrl.trainer.trainer import Trainer
-from trainer_helpers import make_samples
 
 
 def _trainer(model_dir, **overrides) -> Trainer:

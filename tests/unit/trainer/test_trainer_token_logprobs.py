@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_helpers import launch_ranks, make_samples
 
 from agentrl.rl.groups import merge_token_logprobs
 from agentrl.rl.rollout_log import ROLLOUTS_FILE
-from agentrl.types import Rollout
-from tests.viewer_folders import LocalTrainer, trained_run
 from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.trainer import Trainer
-from trainer_helpers import launch_ranks, make_samples
+from agentrl.types import Rollout
+from tests.viewer_folders import LocalTrainer, trained_run
 
 
 def test_step_returns_the_logprobs_of_its_own_forward_for_the_asked_samples():

@@ -8,13 +8,13 @@ import torch
 def tiny_glm_config(**overrides):
     from transformers import Glm4MoeConfig
 
-    values = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
-        n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, partial_rotary_factor=0.5,
-        attention_bias=True, use_qk_norm=False, norm_topk_prob=True, routed_scaling_factor=1.5,
-        tie_word_embeddings=False,
-    )
+    values = {
+        "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "partial_rotary_factor": 0.5,
+        "attention_bias": True, "use_qk_norm": False, "norm_topk_prob": True, "routed_scaling_factor": 1.5,
+        "tie_word_embeddings": False,
+    }
     values.update(overrides)
     return Glm4MoeConfig(**values)
 
@@ -26,13 +26,13 @@ def tiny_nemotron_config(**overrides):
     """
     from transformers import NemotronHConfig
 
-    values = dict(
-        vocab_size=128, hidden_size=64, hybrid_override_pattern="ME*-ME", num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, intermediate_size=96, mamba_num_heads=8, mamba_head_dim=16,
-        ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8, n_routed_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, moe_latent_size=None, n_group=2,
-        topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
-    )
+    values = {
+        "vocab_size": 128, "hidden_size": 64, "hybrid_override_pattern": "ME*-ME", "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96, "mamba_num_heads": 8, "mamba_head_dim": 16,
+        "ssm_state_size": 16, "n_groups": 2, "conv_kernel": 4, "chunk_size": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "moe_shared_expert_intermediate_size": 48, "moe_latent_size": None, "n_group": 2,
+        "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "tie_word_embeddings": False,
+    }
     values.update(overrides)
     return NemotronHConfig(**values)
 
@@ -47,7 +47,7 @@ def make_hf_folder(path, config, *, seed: int = 0, max_shard_size: str | None = 
         for name, buffer in model.named_buffers():
             if "e_score_correction_bias" in name:
                 buffer.copy_(torch.randn_like(buffer) * 0.1)
-        for name, param in model.named_parameters():  # larger weights so routing and logits are not flat
+        for param in model.parameters():  # larger weights so routing and logits are not flat
             param.mul_(3.0) if param.dim() > 1 else None
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
@@ -149,15 +149,15 @@ def tiny_deepseek_config(**overrides):
     """A tiny DeepSeek-V3 (MLA, YaRN with mscale, group-limited routing) with the tiny GLM's MoE shapes."""
     from transformers import DeepseekV3Config
 
-    values = dict(
-        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
-        qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
-        first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
-        max_position_embeddings=256, num_nextn_predict_layers=0, tie_word_embeddings=False, rope_interleave=True,
-        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+    values = {
+        "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16, "v_head_dim": 24, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+        "max_position_embeddings": 256, "num_nextn_predict_layers": 0, "tie_word_embeddings": False, "rope_interleave": True,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
                          "mscale": 1.0, "mscale_all_dim": 1.0},
-    )
+    }
     values.update(overrides)
     return DeepseekV3Config(**values)

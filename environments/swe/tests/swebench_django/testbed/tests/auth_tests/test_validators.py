@@ -1,7 +1,10 @@
 import unittest
 
 from minidjango.validators import (
-    ASCIIUsernameValidator, MinimumLengthValidator, UnicodeUsernameValidator, ValidationError,
+    ASCIIUsernameValidator,
+    MinimumLengthValidator,
+    UnicodeUsernameValidator,
+    ValidationError,
 )
 
 

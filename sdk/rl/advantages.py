@@ -1,4 +1,4 @@
-"""Group advantages: each rollout's reward minus its group's mean, optionally over the std.
+"""Group advantages, the orchestrator's: each rollout's reward minus its group's mean, optionally over the std.
 
 A group is the set of rollouts sampled for one task. ``A_i = r_i - mean(r)``; with
 ``std_normalize`` it becomes ``(r_i - mean(r)) / (std(r) + eps)`` (population std). A

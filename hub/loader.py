@@ -13,46 +13,38 @@ schema in `agentrl.hub.manifest`). `load_environment` accepts
 - a verifiers package folder (a pyproject.toml depending on verifiers, no environment.toml):
   `agentrl.hub.verifiers.load_verifiers_package` runs it.
 
-The entrypoint module is imported from the package folder as a submodule of a private
-package (`_agentrl_env_<name>_<hash>`), so two packages with the same module name do not
-collide. Sibling modules may be imported relatively (`from . import data`) or by bare name
-at module level (`from swe_task import X`): the folder is on `sys.path` only while the
-package is imported, and the siblings loaded meanwhile are moved under the private package
-(a bare-name import inside a function, run later, would not find them). The manifest's `env_args` and the caller's
-keyword arguments (which win) go to the entrypoint.
+The entrypoint module is imported by `agentrl.hub.entrypoint.import_package_attr` (a private
+package per environment, so same-named modules do not collide). The manifest's `env_args` and
+the caller's keyword arguments (which win) go to the entrypoint.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib
-import importlib.util
 import os
 import re
-import sys
-import threading
-import types
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl import env_vars
+from agentrl.environment import Environment
 from agentrl.errors import AgentrlError, NotFoundError
+from agentrl.hub.entrypoint import import_package_attr
+from agentrl.hub.local import installed_environment_dirs
+from agentrl.hub.manifest import MANIFEST_NAME, load_manifest
+from agentrl.hub.refs import find_installed
+from agentrl.project_files import project_path
 
 __all__ = [
     "EnvironmentInfo",
     "builtin_environments_dir",
     "find_environment",
-    "import_package_attr",
     "list_environments",
     "load_environment",
 ]
 
-ENV_PATH_VARIABLE = "AGENTRL_ENV_PATH"
-_IMPORT_LOCK = threading.RLock()
+ENV_PATH_VARIABLE = env_vars.ENV_PATH.name
 _HUB_REF_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[A-Za-z0-9][\w.\-]*)?(@[\w.+\-]+)?$")
-MANIFEST_NAME = "environment.toml"
 
 
 @dataclass(frozen=True)
@@ -69,27 +61,19 @@ class EnvironmentInfo:
 def builtin_environments_dir() -> Path:
     """The built-in environment packages: `environments/` of the checkout, or the copy a wheel ships
     inside the package (`agentrl.project_files`)."""
-    from agentrl.project_files import project_path
-
     return project_path("environments")
 
 
 def _search_roots() -> list[tuple[Path, str]]:
     roots: list[tuple[Path, str]] = [(builtin_environments_dir(), "builtin")]
-    for entry in os.environ.get(ENV_PATH_VARIABLE, "").split(os.pathsep):
+    for entry in (env_vars.ENV_PATH.get() or "").split(os.pathsep):
         if entry.strip():
             roots.append((Path(entry).expanduser(), "env-path"))
     try:
-        hub_local = importlib.import_module("agentrl.hub.local")
-    except ImportError:
-        hub_local = None
-    installed = getattr(hub_local, "installed_environment_dirs", None)
-    if callable(installed):
-        try:
-            for folder in installed():
-                roots.append((Path(folder), "hub"))
-        except AgentrlError:
-            pass
+        for folder in installed_environment_dirs():
+            roots.append((Path(folder), "hub"))
+    except AgentrlError:
+        pass
     return roots
 
 
@@ -104,8 +88,6 @@ def _package_dirs(root: Path) -> list[Path]:
 
 def list_environments() -> list[EnvironmentInfo]:
     """Every environment package found: built-ins, `$AGENTRL_ENV_PATH`, the local hub."""
-    from agentrl.hub.manifest import load_manifest
-
     found: list[EnvironmentInfo] = []
     seen: set[str] = set()
     for root, source in _search_roots():
@@ -155,13 +137,6 @@ def find_environment(name_or_path: str | os.PathLike[str]) -> Path:
 def _find_installed(reference: str) -> Path:
     """An `owner/name[@version]` package pulled from the hub (via `agentrl.hub.refs`)."""
     try:
-        refs = importlib.import_module("agentrl.hub.refs")
-    except ImportError:
-        refs = None
-    find_installed = getattr(refs, "find_installed", None)
-    if not callable(find_installed):
-        raise NotFoundError(f"{reference!r}: no such folder, and this install has no hub to look it up in")
-    try:
         return Path(find_installed(reference))
     except AgentrlError as exc:
         available = ", ".join(sorted(info.name for info in list_environments())) or "none"
@@ -169,72 +144,8 @@ def _find_installed(reference: str) -> Path:
                             f"available environments: {available}") from None
 
 
-def _private_package(folder: Path, name: str) -> str:
-    digest = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:10]
-    package_name = f"_agentrl_env_{re.sub(r'[^0-9A-Za-z_]', '_', name)}_{digest}"
-    if package_name not in sys.modules:
-        package = types.ModuleType(package_name)
-        package.__path__ = [str(folder.resolve())]  # type: ignore[attr-defined]
-        package.__package__ = package_name
-        package.__file__ = None
-        sys.modules[package_name] = package
-    return package_name
-
-
-@contextlib.contextmanager
-def _siblings_importable(folder: Path, package: str) -> Iterator[None]:
-    """Let the package's modules import siblings by bare name (`from swe_task import X`) while
-    it is imported; afterwards take the folder off sys.path and move those sibling modules
-    to private names, so packages with same-named modules do not collide."""
-    entry = str(folder.resolve())
-    root = folder.resolve()
-    before = set(sys.modules)
-    with _IMPORT_LOCK:
-        sys.path.insert(0, entry)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(ValueError):
-                sys.path.remove(entry)
-            for name in set(sys.modules) - before:
-                if name == package or name.startswith(package + "."):
-                    continue
-                module = sys.modules.get(name)
-                file = getattr(module, "__file__", None)
-                if file and Path(file).resolve().is_relative_to(root):
-                    sys.modules.pop(name, None)
-                    sys.modules.setdefault(f"{package}.{name}", module)
-
-
-def import_package_attr(folder: str | os.PathLike[str], spec: str, *, package_name: str | None = None) -> Any:
-    """Import `module:attr` from an environment package folder (no sys.path changes)."""
-    folder = Path(folder)
-    if ":" not in spec:
-        raise AgentrlError(f"{folder / MANIFEST_NAME}: {spec!r} must look like 'module:function'")
-    module_name, attr = spec.split(":", 1)
-    package = _private_package(folder, package_name or folder.name)
-    module_file = folder.joinpath(*module_name.split(".")).with_suffix(".py")
-    module_pkg = folder.joinpath(*module_name.split(".")) / "__init__.py"
-    if not module_file.is_file() and not module_pkg.is_file():
-        raise NotFoundError(f"{folder / MANIFEST_NAME}: entrypoint module {module_name!r} not found ({module_file.name} is missing)")
-    try:
-        with _siblings_importable(folder, package):
-            module = importlib.import_module(f"{package}.{module_name}")
-    except AgentrlError:
-        raise
-    except Exception as exc:
-        raise AgentrlError(f"{module_file}: import failed: {type(exc).__name__}: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise NotFoundError(f"{module_file}: has no {attr!r} (named by {spec!r} in {MANIFEST_NAME})") from None
-
-
 def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
     """Load an environment package by name or path and return its Environment."""
-    from agentrl.environment import Environment
-    from agentrl.hub.manifest import load_manifest
-
     if os.fspath(name_or_path) and Path(name_or_path).expanduser().is_dir():
         from agentrl.hub.verifiers import find_verifiers_project, load_verifiers_package
 

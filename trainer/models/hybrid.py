@@ -1,4 +1,4 @@
-"""The trainer's NVIDIA Nemotron-3 model (``NemotronHForCausalLM``, model_type ``nemotron_h``).
+"""The hybrid decoder of NVIDIA Nemotron-3 (``NemotronHForCausalLM``, family `families.nemotron_h`).
 
 Every layer is ``x + mixer(rmsnorm(x))`` with one mixer chosen by the config's layer pattern
 (`MoEModelArgs.layer_types`, from ``hybrid_override_pattern`` or ``layers_block_type``):
@@ -6,13 +6,13 @@ Every layer is ``x + mixer(rmsnorm(x))`` with one mixer chosen by the config's l
 * ``M`` Mamba-2 (`mamba2.Mamba2Mixer`), restarting at each packed document;
 * ``*`` attention: GQA without positional embedding (Nemotron-H's attention has no RoPE) over
   packed documents and under context parallelism through `attention.segment_attention`;
-* ``E`` MoE: `glm4_moe.MoEBlock` with non-gated squared-ReLU experts on torchtitan's grouped
-  experts (`ReluSquaredExperts`), a squared-ReLU shared expert (`ReluSquaredMLP`), the sigmoid router with
-  the expert-score correction bias, group-limited top-k and routed scaling, and (Super) the
+* ``E`` MoE: `common.MoEBlock` with non-gated squared-ReLU experts on torchtitan's grouped
+  experts (`common.ReluSquaredExperts`), a squared-ReLU shared expert (`common.ReluSquaredMLP`), the
+  sigmoid router with the expert-score correction bias, group-limited top-k and routed scaling, and (Super) the
   latent projections around the routed experts; Router Replay as in the GLM model;
 * ``-`` a squared-ReLU MLP.
 
-The decoder takes the same inputs and gives the same outputs as `glm4_moe.MoEDecoder` (its
+The decoder takes the same inputs and gives the same outputs as `common.MoEDecoder` (its
 subclass here), so the trainer, FSDP2/EP/CP and checkpoints treat both alike; HF weights map
 through `nemotron_h_weights`.
 """
@@ -20,66 +20,19 @@ through `nemotron_h_weights`.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torchtitan.models.common.moe import GroupedExperts
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
-from agentrl.trainer.models.glm4_moe import Attention, Experts, MoEBlock, MoEDecoder
+from agentrl.trainer.models.common import Attention, MoEBlock, MoEDecoder, ReluSquaredMLP
 from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences
 from agentrl.trainer.models.rounding import RoundingRMSNorm
 
-__all__ = ["NemotronHDecoder", "NemotronHBlock", "NemotronAttention", "ReluSquaredExperts", "ReluSquaredMLP"]
-
-
-class ReluSquaredExperts(Experts):
-    """Non-gated experts ``down(relu(up x)^2)`` (Nemotron-3): torchtitan's layout without ``w3``.
-
-    ``w1_EFD`` is the up projection, ``w2_EDF`` the down projection; on CUDA the two grouped
-    GEMMs run through torchtitan's `_grouped_mm` in bf16, as its gated experts do.
-    """
-
-    gated = False
-
-    def __init__(self, config: GroupedExperts.Config) -> None:
-        super().__init__(config)
-        del self.w3_EFD
-
-    def _hidden(self, rows: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None) -> torch.Tensor:
-        return torch.square(F.relu(rows @ w1.t()))
-
-    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if not x_RD.is_cuda:
-            return super().forward(x_RD, num_tokens_per_expert_E)
-        return self.grouped_forward(x_RD, num_tokens_per_expert_E)
-
-    def grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-        """The CUDA path: two bf16 grouped GEMMs (torch's CPU `_grouped_mm` runs it too, for tests)."""
-        from torch.distributed.tensor import DTensor
-
-        w1, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF))
-        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
-        # bf16 again after the square: autocast runs pow in float32, and the grouped GEMM takes one dtype
-        hidden = torch.square(F.relu(self._grouped_mm(A=x_RD.bfloat16(), B_t=w1.bfloat16().transpose(-2, -1),
-                                                      offs=offsets_E))).bfloat16()
-        return self._grouped_mm(A=hidden, B_t=w2.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
-
-
-class ReluSquaredMLP(nn.Module):
-    """``down_proj(relu(up_proj x)^2)``: Nemotron-3's MLP layers and shared expert (HF names)."""
-
-    def __init__(self, dim: int, hidden: int, *, bias: bool = False) -> None:
-        super().__init__()
-        self.up_proj = nn.Linear(dim, hidden, bias=bias)
-        self.down_proj = nn.Linear(hidden, dim, bias=bias)
-
-    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.square(F.relu(self.up_proj(x_TD))))
+__all__ = ["NemotronHDecoder", "NemotronHBlock", "NemotronAttention"]
 
 
 class NemotronAttention(Attention):
-    """GQA over packed documents without RoPE: `glm4_moe.Attention`'s projections (HF q/k/v/o_proj, no bias)."""
+    """GQA over packed documents without RoPE: `common.Attention`'s projections (HF q/k/v/o_proj, no bias)."""
 
     def forward(self, x_TD: torch.Tensor, segments: AttentionSegments) -> torch.Tensor:  # type: ignore[override]
         q, k, v = self._project(x_TD, None)

