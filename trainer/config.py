@@ -64,8 +64,8 @@ class ParallelConfig(BaseConfig):
 class OptimizerConfig(BaseConfig):
     """AdamW settings."""
 
-    lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
-    """Learning rate."""
+    lr: float = Field(default=1e-6, ge=0, allow_inf_nan=False)
+    """Learning rate (0 keeps the weights: a trainer that only measures)."""
     weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)

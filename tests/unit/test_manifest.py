@@ -77,7 +77,7 @@ def test_every_problem_is_listed_most_specific_first(tmp_path):
         f"{path}:4: tags[1] = 7: must be a string",
         f"{path}:1: name = 'Bad Name': must be lowercase letters, digits, '-' or '_' (at most 64)",
         f"{path}:2: entrypoint = 'toy': must look like 'module:function'",
-        f"{path}:6: unknown key 'sandbox.imgae'",
+        f"{path}:6: unknown key 'sandbox.imgae' (did you mean 'sandbox.image'?)",
         f"{path}:3: unknown key 'colour'",
         f"{path}:5: missing required key 'sandbox.image'",
     ]
