@@ -137,6 +137,15 @@ class VerifiersTasksetEnv(ToolEnv):
         self._live: dict[str, _Live] = {}
 
     @classmethod
+    def from_package(
+        cls, taskset_class: type | None, env_class: type | None, *, name: str, options: dict[str, Any]
+    ) -> VerifiersTasksetEnv:
+        """The package's exported Taskset (and Env, when it exports one) as an agentrl Environment."""
+        if env_class is not None:
+            raise AgentrlError(f"verifiers package {name!r}: exports a vf.Env subclass, which agentrl does not run")
+        return cls.from_class(taskset_class, name=name, options=options)
+
+    @classmethod
     def from_class(cls, taskset_class: type, *, name: str, options: dict[str, Any]) -> VerifiersTasksetEnv:
         """Build the taskset from its config type (verifiers' own resolution) and the caller's options."""
         from verifiers.v1 import Taskset, TasksetConfig

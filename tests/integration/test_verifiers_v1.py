@@ -20,7 +20,7 @@ import pytest
 from sandbox_backends import BACKENDS
 
 verifiers = pytest.importorskip(
-    "verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')"
+    "verifiers", reason="verifiers is not installed (tests/integration/test_verifiers_venvs.py runs this in its venv)"
 )
 from packaging.version import Version  # noqa: E402
 
