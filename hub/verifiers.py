@@ -315,7 +315,7 @@ def load_in_process(project: VerifiersProject, kwargs: dict[str, Any]):
         from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
 
         env = VerifiersTasksetEnv.from_package(
-            taskset, env_class, name=_env_name(project.name), options=dict(kwargs)
+            taskset, env_class, module=project.module, name=_env_name(project.name), options=dict(kwargs)
         )
     elif callable(getattr(module, "load_environment", None)):
         from agentrl.hub.verifiers_legacy import VerifiersLegacyEnv

@@ -41,6 +41,8 @@ from typing import Any
 from agentrl.errors import AgentrlError
 from agentrl.hub.verifiers_legacy import from_vf_message
 from agentrl.hub.verifiers_v1_bridge import build_trace, fill_trace, sandbox_runtime_class
+from agentrl.hub.verifiers_v1_env import finalize_episode, has_finalize
+from agentrl.hub.verifiers_v1_hooks import HookedEpisode, has_boundary_hooks
 from agentrl.rubric import Rubric
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.tool_env import ToolEnv
@@ -81,6 +83,8 @@ class _Live:
     trace: Any
     sandbox: Any = None
     runtime: Any = None
+    hooks: Any = None
+    """The task's @vf.stop / @vf.intercept hooks in verifiers' RolloutSession (`verifiers_v1_hooks`), or None."""
 
 
 async def bash(command: str, sandbox: Any) -> str:
@@ -105,7 +109,10 @@ class VerifiersTasksetEnv(ToolEnv):
         sandbox: dict[str, Any] | None = None,
         max_turns: int = 10,
         max_tasks: int | None = None,
+        vf_env: Any = None,
     ) -> None:
+        self.vf_env = vf_env
+        """The package's exported vf.Env (`verifiers_v1_env.resolve_env`: its finalize runs), or None."""
         tasks = list(taskset.take(max_tasks) if max_tasks is not None else _bounded(taskset, name))
         if not tasks:
             raise AgentrlError(f"verifiers taskset {name!r}: load() yielded no tasks")
@@ -138,12 +145,21 @@ class VerifiersTasksetEnv(ToolEnv):
 
     @classmethod
     def from_package(
-        cls, taskset_class: type | None, env_class: type | None, *, name: str, options: dict[str, Any]
+        cls, taskset_class: type | None, env_class: type | None, *, module: str, name: str, options: dict[str, Any]
     ) -> VerifiersTasksetEnv:
-        """The package's exported Taskset (and Env, when it exports one) as an agentrl Environment."""
-        if env_class is not None:
-            raise AgentrlError(f"verifiers package {name!r}: exports a vf.Env subclass, which agentrl does not run")
-        return cls.from_class(taskset_class, name=name, options=options)
+        """The package's exported Taskset, or its exported Env over it (verifiers pairs them by the module),
+        as an agentrl Environment."""
+        if env_class is None:
+            return cls.from_class(taskset_class, name=name, options=options)
+        from agentrl.hub.verifiers_v1_env import resolve_env
+
+        adapter = {key: options.pop(key) for key in list(options) if key in _ADAPTER_OPTIONS}
+        vf_env, seat = resolve_env(env_class, module, name=name, options=options)
+        if seat.harness is not None:
+            adapter.setdefault("harness", seat.harness.id)
+        if seat.max_turns is not None:
+            adapter.setdefault("max_turns", seat.max_turns)
+        return cls(name=name, taskset=vf_env.taskset, vf_env=vf_env, **adapter)
 
     @classmethod
     def from_class(cls, taskset_class: type, *, name: str, options: dict[str, Any]) -> VerifiersTasksetEnv:
@@ -225,6 +241,9 @@ class VerifiersTasksetEnv(ToolEnv):
 
         vf_task = self.vf_tasks[position]
         live = _Live(vf_task=vf_task, trace=build_trace(vf_task))
+        if has_boundary_hooks(vf_task):
+            live.hooks = HookedEpisode(vf_task, live.trace, tools=self.tool_schemas)
+            live.hooks.prompt_len = len(task.prompt)
         try:
             if self.harness == "bash" or self._needs_runtime(vf_task):
                 from agentrl.sandbox import create_sandbox
@@ -242,11 +261,31 @@ class VerifiersTasksetEnv(ToolEnv):
         self._live[key] = live
         return {_LIVE_KEY: key}
 
+    async def before_model_call(self, messages: list[Any], state: dict[str, Any]) -> str | None:
+        live = self._live.get(state.get(_LIVE_KEY))
+        return None if live is None or live.hooks is None else await live.hooks.before_call(messages)
+
+    async def is_completed(self, messages: list[Any], state: dict[str, Any]) -> bool:
+        live = self._live.get(state.get(_LIVE_KEY))
+        if live is not None and live.hooks is not None:
+            stopped = await live.hooks.after_call(messages)
+            if stopped is not None:
+                state["stop_reason"] = stopped
+                return True
+        return super().is_completed(messages, state)
+
+    async def call_tool(self, call: Any, state: dict[str, Any]) -> str:
+        live = self._live.get(state.get(_LIVE_KEY))
+        verdict = None if live is None or live.hooks is None else live.hooks.verdict(call.id)
+        return verdict if verdict is not None else await super().call_tool(call, state)
+
     async def rollout(self, client: ChatClient, task: Task, *, sampling: SamplingConfig) -> Rollout:
         rollout = await super().rollout(client, task, sampling=sampling)
         live = self._live.pop(rollout.state.get(_LIVE_KEY), None)
         if live is None:
             return rollout
+        if live.hooks is not None and live.trace.stop_condition is not None:  # a @vf.stop ended it
+            rollout.state["stop_reason"] = live.trace.stop_condition
         try:
             if rollout.error is None:
                 await self._finish(live, rollout)
@@ -288,6 +327,8 @@ class VerifiersTasksetEnv(ToolEnv):
             except WorkdirRejected as error:  # the episode's files broke the carry: its own doing, scored 0
                 rollout.state["workdir_rejected"] = str(error)
                 trace.rewards.clear()
+        if has_finalize(self.vf_env) and "workdir_rejected" not in rollout.state:
+            await finalize_episode(self.vf_env, vf_task, trace)  # after scoring, as verifiers' Env.run_episode
         rollout.state["verifiers_rewards"] = {
             name: None if value is None else {"score": value.score, "weight": value.weight}
             for name, value in trace.rewards.items()
@@ -331,6 +372,12 @@ def _refuse_unsupported(name: str, taskset: Any, tasks: list[Any]) -> None:
         )
     for vf_task in tasks:
         data = vf_task.data
+        if not data.prompt:
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: task {data.idx} has no prompt (verifiers opens such a task through a "
+                "user or an interaction), which agentrl does not run: its rollouts would start from an empty "
+                "conversation"
+            )
         if data.agent_user:
             raise AgentrlError(
                 f"verifiers taskset {name!r}: task {data.idx} sets agent_user={data.agent_user!r}; "

@@ -223,6 +223,11 @@ class MultiTurnEnv(Environment):
         """True when the episode is over (checked after every model call)."""
         return False
 
+    def before_model_call(self, messages: list[Message], state: dict[str, Any]) -> str | None:
+        """Called before every model call (it may rewrite `messages`); a returned reason ends the episode
+        there (`state["stop_reason"]`), not truncated. Default: None."""
+        return None
+
     def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
         """Messages the environment adds after the model's turn (e.g. tool results, feedback)."""
         return []
@@ -265,6 +270,10 @@ class MultiTurnEnv(Environment):
     ) -> None:
         used_tokens = 0
         while True:
+            stopped = await maybe_await(self.before_model_call(messages, state))
+            if stopped:
+                state["stop_reason"] = stopped
+                return
             call_sampling = sampling
             if self.max_completion_tokens is not None:
                 remaining = self.max_completion_tokens - used_tokens
