@@ -223,6 +223,10 @@ class MultiTurnEnv(Environment):
         """True when the episode is over (checked after every model call)."""
         return False
 
+    def tools_for(self, state: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The tools offered to the model in this rollout (default: `tool_schemas`; MCP servers add theirs)."""
+        return self.tool_schemas
+
     def before_model_call(self, messages: list[Message], state: dict[str, Any]) -> str | None:
         """Called before every model call (it may rewrite `messages`); a returned reason ends the episode
         there (`state["stop_reason"]`), not truncated. Default: None."""
@@ -284,7 +288,7 @@ class MultiTurnEnv(Environment):
                 if remaining < sampling.max_tokens:
                     call_sampling = sampling.model_copy(update={"max_tokens": remaining})
             message, turn = await client.chat(
-                messages, tools=self.tool_schemas, sampling=call_sampling, previous=turns[-1] if turns else None,
+                messages, tools=self.tools_for(state), sampling=call_sampling, previous=turns[-1] if turns else None,
             )
             if message.role != "assistant":
                 message = message.model_copy(update={"role": "assistant"})
