@@ -212,6 +212,8 @@ class HarborTaskEnv(ToolEnv):
             state.setdefault("network_notes", []).append(f"agent: {sandbox.network_note}")
         if harbor.healthcheck is not None:
             await self._healthcheck(sandbox, harbor.healthcheck, "[environment] healthcheck")
+        if harbor.mcp_servers and not state["oracle"]:  # their tools beside bash (the oracle runs solve.sh)
+            await self.start_mcp(sandbox, harbor.mcp_servers, state)
         await self._start_step(sandbox, harbor, step, state)
 
     async def _healthcheck(self, sandbox, check, where: str) -> None:
@@ -317,6 +319,7 @@ class HarborTaskEnv(ToolEnv):
             state["step_rewards"].append(None)
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
+        await self.stop_mcp(state)
         key = state.get("sandbox_key")
         sandbox = self._live.get(key)
         try:

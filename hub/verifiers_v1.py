@@ -117,6 +117,11 @@ class VerifiersTasksetEnv(ToolEnv):
         if not tasks:
             raise AgentrlError(f"verifiers taskset {name!r}: load() yielded no tasks")
         _refuse_unsupported(name, taskset, tasks)
+        self._shared_toolsets = taskset.toolsets(taskset.config)
+        """The taskset's MCP toolsets (one instance for every rollout; `verifiers_v1_toolsets`)."""
+        self._has_toolsets = bool(self._shared_toolsets) or any(type(t).toolsets(t.config) for t in tasks[:1])
+        self._shared_servers: list[tuple[Any, Any]] | None = None
+        self._serving = asyncio.Lock()
         needs = any(self._needs_runtime(task) for task in tasks)
         self.harness = harness or ("bash" if needs else "null")
         """`null` (the model answers) or `bash` (one bash tool in the task's runtime)."""
@@ -139,7 +144,7 @@ class VerifiersTasksetEnv(ToolEnv):
             splits={"train": self._rows, "test": self._rows},
             rubric=Rubric(),
             tools=tools,
-            max_turns=max_turns if self.harness == "bash" else 1,
+            max_turns=max_turns if self.harness == "bash" or self._has_toolsets else 1,
         )
         self._live: dict[str, _Live] = {}
 
@@ -259,7 +264,34 @@ class VerifiersTasksetEnv(ToolEnv):
             raise
         key = uuid.uuid4().hex
         self._live[key] = live
-        return {_LIVE_KEY: key}
+        state = {_LIVE_KEY: key}
+        if self._has_toolsets:
+            try:
+                await self._attach_toolsets(vf_task, state)
+            except BaseException:
+                self._live.pop(key, None)
+                if live.sandbox is not None:
+                    await live.sandbox.close()
+                raise
+        return state
+
+    async def _attach_toolsets(self, vf_task: Any, state: dict[str, Any]) -> None:
+        """The rollout's MCP session: the taskset's toolsets (served once) and fresh instances of the task's."""
+        from agentrl.hub.verifiers_v1_toolsets import ToolsetMcp
+
+        async with self._serving:
+            if self._shared_servers is None:
+                self._shared_servers = [(t, await ToolsetMcp.serve(t)) for t in self._shared_toolsets]
+        session = ToolsetMcp(self._shared_servers, type(vf_task).toolsets(vf_task.config))
+        try:
+            await session.start(vf_task)
+        except BaseException:
+            await session.aclose()
+            raise
+        await self.attach_mcp(session, state)
+
+    async def cleanup_state(self, state: dict[str, Any]) -> None:
+        await self.stop_mcp(state)
 
     async def before_model_call(self, messages: list[Any], state: dict[str, Any]) -> str | None:
         live = self._live.get(state.get(_LIVE_KEY))
@@ -365,11 +397,10 @@ def _bounded(taskset: Any, name: str) -> Any:
 
 def _refuse_unsupported(name: str, taskset: Any, tasks: list[Any]) -> None:
     """One-line refusals of what agentrl cannot run faithfully."""
-    if taskset.toolsets(taskset.config) or any(type(task).toolsets(task.config) for task in tasks[:1]):
-        raise AgentrlError(
-            f"verifiers taskset {name!r}: MCP toolsets are not supported by agentrl's harness; "
-            "offer the tools as agentrl tools (agentrl.ToolEnv) instead"
-        )
+    from agentrl.hub.verifiers_v1_toolsets import refuse_toolsets
+
+    refuse_toolsets(name, [*taskset.toolsets(taskset.config), *(
+        toolset for task in tasks[:1] for toolset in type(task).toolsets(task.config))])
     for vf_task in tasks:
         data = vf_task.data
         if not data.prompt:

@@ -29,7 +29,7 @@ from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
 from pydantic import Field
 
-__all__ = ["McpServerSpec", "SandboxMcp", "check_local"]
+__all__ = ["McpServerSpec", "SandboxMcp", "check_local", "result_text"]
 
 RELAY_DIR = "/tmp/.agentrl-mcp"
 RELAY_SOURCE = Path(__file__).with_name("mcp_relay.py")
@@ -75,7 +75,7 @@ def _schema(name: str, tool: Any) -> dict[str, Any]:
                                              "parameters": tool.input_schema or {"type": "object"}}}
 
 
-def _text(result: Any) -> str:
+def result_text(result: Any) -> str:
     """A CallToolResult as the text the model sees (structured content when there is no text part)."""
     parts = []
     for item in result.content:
@@ -138,6 +138,9 @@ class SandboxMcp:
             relay.cancel()
         self._relays.clear()
 
+    async def aclose(self) -> None:
+        self.stop()
+
     async def start(self) -> list[dict[str, Any]]:
         """Put the relay in the sandbox, start every server and list their tools (OpenAI tool schemas)."""
         from mcp.types import ListToolsResult
@@ -186,7 +189,7 @@ class SandboxMcp:
         server, tool = self.routes[name]
         try:
             result = await self._request(server, "tools/call", {"name": tool, "arguments": arguments})
-            return _text(CallToolResult.model_validate(result))
+            return result_text(CallToolResult.model_validate(result))
         except AgentrlError as error:
             return f"Error: {error}"
         except ValueError as error:  # a result the mcp types refuse

@@ -97,7 +97,7 @@ class SandboxEnv(ToolEnv):
         return state
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
-        self.stop_mcp(state)
+        await self.stop_mcp(state)
         sandbox = _SANDBOXES.pop(state.get("sandbox_key", ""), None)
         if sandbox is None:
             return

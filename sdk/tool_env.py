@@ -15,13 +15,15 @@ rollout's state dict, and subclasses supply others (a sandbox...) by overriding
 
 MCP servers in or beside a rollout's sandbox (`agentrl.mcp_servers`): `start_mcp` in the
 rollout's setup offers their tools beside the env's own for that rollout (`tools_for`), their
-calls go to the servers, `stop_mcp` in its cleanup forgets them.
+calls go to the servers, `stop_mcp` in its cleanup closes them. `attach_mcp` takes any session
+with the same interface (`routes`, `schemas`, `call`, `aclose`; verifiers toolsets use it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,8 +81,6 @@ class ToolEnv(MultiTurnEnv):
 
     async def start_mcp(self, sandbox: Any, specs: Sequence[Any], state: dict[str, Any]) -> None:
         """Start the MCP servers `specs` (`McpServerSpec`s or dicts) for this rollout in/beside `sandbox`."""
-        import uuid
-
         from agentrl.mcp_servers import McpServerSpec, SandboxMcp
 
         session = SandboxMcp(sandbox, [McpServerSpec.model_validate(spec) for spec in specs])
@@ -89,18 +89,23 @@ class ToolEnv(MultiTurnEnv):
         except BaseException:
             session.stop()
             raise
+        await self.attach_mcp(session, state)
+
+    async def attach_mcp(self, session: Any, state: dict[str, Any]) -> None:
+        """Offer a started MCP session's tools in this rollout (a name clash with the env's own tools is an error)."""
         clash = sorted(set(session.routes) & set(self.tools))
         if clash:
+            await session.aclose()
             raise AgentrlError(f"{type(self).__name__}: MCP tool {clash[0]!r} has the name of one of its own tools")
         state["mcp_key"] = uuid.uuid4().hex
         state["mcp_tools"] = sorted(session.routes)
         _MCP[state["mcp_key"]] = session
 
-    def stop_mcp(self, state: dict[str, Any]) -> None:
-        """Forget the rollout's MCP session (its servers die with the sandbox)."""
+    async def stop_mcp(self, state: dict[str, Any]) -> None:
+        """Close the rollout's MCP session (sandbox servers then die with the sandbox)."""
         session = _MCP.pop(state.get("mcp_key", ""), None)
         if session is not None:
-            session.stop()
+            await session.aclose()
 
     def tools_for(self, state: dict[str, Any]) -> list[dict[str, Any]] | None:
         session = _MCP.get(state.get("mcp_key", ""))

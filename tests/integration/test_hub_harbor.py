@@ -116,7 +116,12 @@ def test_task_toml_fields_map_as_harbor_means_them(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     ('[environment]\nos = "windows"\n', r"environment.os = 'windows' cannot be run by agentrl"),
     ("[environment]\ngpus = 1\n", r"environment.gpus = 1 cannot be run by agentrl: GPU"),
-    ('[[environment.mcp_servers]]\nname = "x"\nurl = "http://x"\n', r"environment.mcp_servers cannot be run"),
+    ('[[environment.mcp_servers]]\nname = "x"\ntransport = "streamable-http"\nurl = "https://mcp.example.com/mcp"\n',
+     r"environment.mcp_servers\[0\]: MCP server 'x' at 'https://mcp.example.com/mcp' is not on the sandbox's own "
+     r"network \(no services\); it would need the internet"),
+    ('[[environment.mcp_servers]]\nname = "x"\ntransport = "sse"\nurl = "http://x/sse"\n',
+     r"environment.mcp_servers\[0\]: transport 'sse' cannot be run by agentrl"),
+    ('[[environment.mcp_servers]]\nname = "x"\n', r"environment.mcp_servers\[0\]: MCP server 'x' \(stdio\) has no command"),
     ('[verifier.environment]\ndocker_image = "other"\n', r"verifier.environment cannot be run by agentrl"),
     ('[[verifier.collect]]\ncommand = "true"\n', r"verifier.collect cannot be run by agentrl"),
     ('[environment.tpu]\ntype = "v6e"\ntopology = "2x2"\n', r"environment.tpu cannot be run by agentrl"),

@@ -201,3 +201,51 @@ def test_task_without_a_prompt_is_refused(tmp_path):
     with pytest.raises(AgentrlError, match=r"task 0 has no prompt .* start from an empty conversation") as caught:
         agentrl.load_environment(folder)
     assert "\n" not in str(caught.value)
+
+
+def test_mcp_toolsets_are_offered_and_called():
+    """The taskset's toolset (shared) and the task's (a fresh instance per rollout) as MCP servers in-process:
+    their tools are offered, called through the mcp client, results reach the model and verifiers' scoring."""
+    env = agentrl.load_environment(FIXTURES / "v1_toolset")
+    task = env.tasks("test")[0]
+    seen = []
+
+    class Policy(ScriptedPolicy):
+        async def chat(self, messages, *, tools=None, **kwargs):
+            seen.append(sorted(tool["function"]["name"] for tool in tools or []))
+            return await super().chat(messages, tools=tools, **kwargs)
+
+    policy = Policy([{"tool_calls": [tool_call("capital", country="France"), tool_call("tick")]},
+                     {"tool_calls": [tool_call("tick")]}, "Paris"])
+    group = asyncio.run(env.run_group(policy, task, n=2, sampling=SamplingConfig()))
+    import vf_v1_toolset
+
+    vf_task = next(iter(vf_v1_toolset.AtlasTaskset(vf.TasksetConfig())))
+    assert seen[0] == ["capital", "tick"]
+    for rollout in group:
+        assert rollout.error is None, rollout.error
+        assert [m.content for m in rollout.messages if m.role == "tool"] == ["Paris", "count 1", "count 2"]
+        expected_reward, expected = _scores(_reference(vf_task, _as_vf(rollout.messages)))
+        assert rollout.reward == pytest.approx(expected_reward) == 1.0
+        assert {name: rollout.metrics[name] for name in expected} == pytest.approx(expected)
+        assert rollout.state["mcp_calls"] == 3
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ('url="https://tools.example.com/mcp"', (r"MCP toolset Remote is a remote server at "
+                                             r"'https://tools.example.com/mcp'; it would need the internet")),
+    ("colocated=True", r"MCP toolset Remote is colocated \(verifiers installs the package in the task's box"),
+])
+def test_toolsets_agentrl_cannot_serve_are_refused(tmp_path, config, message):
+    module = "vf_remote_tools_" + config.split("=")[0]  # one module name per process
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text(f'[project]\nname = "{module}"\ndependencies = ["verifiers>=0.4"]\n')
+    (folder / f"{module}.py").write_text(
+        "import verifiers.v1 as vf\n\n\nclass Remote(vf.Toolset[vf.ToolsetConfig]):\n    pass\n\n\n"
+        "class T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n    @classmethod\n    def toolsets(cls, config):\n"
+        f"        return [Remote(vf.ToolsetConfig({config}))]\n\n    def load(self):\n"
+        "        return [vf.Task(vf.TaskData(prompt='x'), self.config.task)]\n\n\n__all__ = ['T']\n")
+    with pytest.raises(AgentrlError, match=message) as caught:
+        agentrl.load_environment(folder)
+    assert "\n" not in str(caught.value)

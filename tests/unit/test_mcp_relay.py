@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 from agentrl.errors import AgentrlError
-from agentrl.mcp_servers import McpServerSpec, _text, check_local
+from agentrl.mcp_servers import McpServerSpec, check_local, result_text
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTES = ROOT / "tests" / "fixtures" / "mcp" / "notes_server.py"
@@ -89,10 +89,10 @@ def test_relay_keeps_one_session_with_a_library_server(tmp_path):
         assert tools.tools[0].input_schema["properties"]["value"]["type"] == "integer"
         results = [CallToolResult.model_validate(_call(sock, "tools/call", {"name": "add", "arguments": {"value": v}})
                                                  ["result"]) for v in (2, 3)]
-        assert [_text(result) for result in results] == ["total 2", "total 5"]  # one session: state kept
+        assert [result_text(result) for result in results] == ["total 2", "total 5"]  # one session: state kept
         bad = CallToolResult.model_validate(_call(sock, "tools/call", {"name": "add", "arguments": {"value": "x"}})
                                             ["result"])
-        assert bad.is_error and _text(bad).startswith("Error: ")
+        assert bad.is_error and result_text(bad).startswith("Error: ")
     finally:
         process.kill()
         process.wait()
@@ -122,7 +122,7 @@ def test_relay_over_streamable_http(tmp_path):
             for text in ("x", "y"):
                 _call(sock, "tools/call", {"name": "add_note", "arguments": {"text": text}})
             listed = CallToolResult.model_validate(_call(sock, "tools/call", {"name": "list_notes"})["result"])
-            assert _text(listed) == "x\ny"
+            assert result_text(listed) == "x\ny"
             assert "unknown tool" in _call(sock, "tools/call", {"name": "nope"})["error"]
         finally:
             process.kill()
