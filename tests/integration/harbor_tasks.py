@@ -237,10 +237,10 @@ FETCH = ("python3 -c \"import os, urllib.request; "
          "print(urllib.request.urlopen(os.environ['STORE_URL'] + '/answer').read().decode())\"")
 
 
-def compose(folder: Path) -> Path:
+def compose(folder: Path, network: str = "no-network") -> Path:
     """A service beside the agent: the agent PUTs the answer into `store`; the verifier reads it there."""
     return _write(folder, {
-        "task.toml": '[environment]\nmemory_mb = 512\nnetwork_mode = "no-network"\n',
+        "task.toml": f'[environment]\nmemory_mb = 512\nnetwork_mode = "{network}"\n',
         "instruction.md": "Store the answer 42 under /answer in the key-value service at $STORE_URL "
                           "(HTTP PUT).\n",
         "environment/Dockerfile": BASE + "WORKDIR /app\n",

@@ -41,6 +41,7 @@ def harbor_packages(tmp_path_factory, docker_client):  # noqa: F811
         harbor_tasks.network(dataset / f"net-{mode}", mode)
     harbor_tasks.slow(dataset / "slow")
     harbor_tasks.compose(dataset / "compose")
+    harbor_tasks.compose(dataset / "compose-public", network="public")
     harbor_tasks.mcp_compose(dataset / "mcp-compose")
     harbor_tasks.home(dataset / "home")
     package = import_harbor_task(dataset, out=root / "pkg", name="harbor-fixtures", log=lambda line: None)
@@ -184,6 +185,11 @@ async def test_a_compose_task_runs_its_service_beside_the_agent_or_is_refused(ba
     [idle] = await env.run_group(ScriptedPolicy(["I did nothing."]), task, n=1, sampling=SamplingConfig())
     assert solved.error is None and solved.reward == 1.0, (solved.error, solved.state.get("verifier_output"))
     assert idle.error is None and idle.reward == 0.0
+    assert solved.metrics["network_unavailable"] == 0.0  # it asked for no network and had none
+    [public] = await env.run_group(harbor_oracle_policy(package), _rows(env)["compose-public"], n=1,
+                                   sampling=SamplingConfig())
+    assert public.reward == 1.0 and public.metrics["network_unavailable"] == 1.0  # asked for it, had no route out
+    assert any("compose trial" in note and "no route out" in note for note in public.state["network_notes"])
 
 
 async def test_a_compose_mcp_server_offers_its_tools_to_the_agent(harbor_packages):
