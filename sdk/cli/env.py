@@ -284,6 +284,27 @@ def import_swebench(
     _echo(f"created {folder}; validate with: agentrl env validate {folder}")
 
 
+@app.command("swebench-image")
+def swebench_image(
+    source: Path = typer.Argument(..., help="SWE-bench rows (.jsonl or a save_to_disk folder), or the package "
+                                            "`agentrl env import swebench` wrote."),
+    instance: list[str] | None = typer.Option(None, help="Only this row's image (repeatable; default: every row)."),
+    task_repo: str | None = typer.Option(None, help="Build swebench's own Dockerfile of the row from this task "
+                                                       "repo (a folder, or GitHub owner/repo)."),
+    git_source: str | None = typer.Option(None, "--source", help="Build from the row: clone the project from this "
+                                                                     "git URL or local mirror at its base_commit."),
+    env_image: str | None = typer.Option(None, help="With --source: the image holding the project's environment."),
+    network: bool = typer.Option(False, help="With --task-repo: let the build use the network."),
+    namespace: str | None = typer.Option(None, help="Image namespace for rows without an image (as at import)."),
+) -> None:
+    """Pull SWE-bench rows' images, or build them from the rows (swebench's task repo, or git source + env image)."""
+    from agentrl.hub.swebench_images import get_swebench_images
+
+    images = get_swebench_images(source, instances=instance, task_repo=task_repo, git_source=git_source,
+                                 env_image=env_image, network=network, namespace=namespace, log=_echo)
+    _echo(f"{len(images)} image(s) ready")
+
+
 @import_app.command("verifiers")
 def import_verifiers(
     path: Path = typer.Argument(..., help="verifiers package folder (a pyproject.toml naming verifiers)."),
