@@ -249,3 +249,17 @@ def test_toolsets_agentrl_cannot_serve_are_refused(tmp_path, config, message):
     with pytest.raises(AgentrlError, match=message) as caught:
         agentrl.load_environment(folder)
     assert "\n" not in str(caught.value)
+
+
+def test_a_judge_on_the_internet_is_refused(tmp_path):
+    folder = tmp_path / "judged"
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text('[project]\nname = "vf-judged"\ndependencies = ["verifiers>=0.4"]\n')
+    (folder / "vf_judged.py").write_text(
+        "import verifiers.v1 as vf\n\n\nclass T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n"
+        "    def load(self):\n        config = self.config.task.model_copy(update={'judges': [vf.JudgeConfig(name='grader')]})\n"
+        "        return [vf.Task(vf.TaskData(prompt='x'), config)]\n\n\n__all__ = ['T']\n")
+    with pytest.raises(AgentrlError, match=r"plug the judge 'grader' \(model .* at https://.*\), which agentrl's "
+                       r"scoring cannot reach \(no network\)") as caught:
+        agentrl.load_environment(folder)
+    assert "\n" not in str(caught.value)
