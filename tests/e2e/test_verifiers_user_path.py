@@ -36,14 +36,8 @@ if installed_verifiers() is not None:
 
 
 @pytest.fixture(scope="module")
-def base_url(request):
-    if os.environ.get("AGENTRL_TEST_BASE_URL"):
-        return os.environ["AGENTRL_TEST_BASE_URL"]
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        pytest.skip("no AGENTRL_TEST_BASE_URL and vLLM is not installed here to start tiny-moe")
-    return request.getfixturevalue("tiny_moe_server").url
+def base_url(tiny_moe_url):
+    return tiny_moe_url
 
 
 def _pip_check() -> list[str]:

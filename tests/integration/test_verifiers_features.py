@@ -54,6 +54,16 @@ def _reference(vf_task, messages, stop=None):
     return trace
 
 
+def _refused(folder: Path, module: str, source: str, message: str) -> None:
+    """A v1 package `module` (source `source`) written in `folder`, whose load is refused in one line matching."""
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text(f'[project]\nname = "{module}"\ndependencies = ["verifiers>=0.4"]\n')
+    (folder / f"{module}.py").write_text("import verifiers.v1 as vf\n\n\n" + source + "\n\n__all__ = ['T']\n")
+    with pytest.raises(AgentrlError, match=message) as caught:
+        agentrl.load_environment(folder)
+    assert "\n" not in str(caught.value)
+
+
 def _scores(trace):
     return trace.reward, {**{name: r.score for name, r in trace.rewards.items()}, **trace.metrics}
 
@@ -191,16 +201,10 @@ def test_refused_features_are_one_line(package, message):
 
 
 def test_task_without_a_prompt_is_refused(tmp_path):
-    folder = tmp_path / "noprompt"
-    folder.mkdir()
-    (folder / "pyproject.toml").write_text('[project]\nname = "vf-noprompt"\ndependencies = ["verifiers>=0.4"]\n')
-    (folder / "vf_noprompt.py").write_text(
-        "import verifiers.v1 as vf\n\n\nclass T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n"
-        "    def load(self):\n        return [vf.Task(vf.TaskData(prompt=None), self.config.task)]\n\n\n"
-        "__all__ = ['T']\n")
-    with pytest.raises(AgentrlError, match=r"task 0 has no prompt .* start from an empty conversation") as caught:
-        agentrl.load_environment(folder)
-    assert "\n" not in str(caught.value)
+    _refused(tmp_path / "noprompt", "vf_noprompt",
+             "class T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n    def load(self):\n"
+             "        return [vf.Task(vf.TaskData(prompt=None), self.config.task)]\n",
+             r"task 0 has no prompt .* start from an empty conversation")
 
 
 def test_mcp_toolsets_are_offered_and_called():
@@ -237,29 +241,16 @@ def test_mcp_toolsets_are_offered_and_called():
     ("colocated=True", r"MCP toolset Remote is colocated \(verifiers installs the package in the task's box"),
 ])
 def test_toolsets_agentrl_cannot_serve_are_refused(tmp_path, config, message):
-    module = "vf_remote_tools_" + config.split("=")[0]  # one module name per process
-    folder = tmp_path / "pkg"
-    folder.mkdir()
-    (folder / "pyproject.toml").write_text(f'[project]\nname = "{module}"\ndependencies = ["verifiers>=0.4"]\n')
-    (folder / f"{module}.py").write_text(
-        "import verifiers.v1 as vf\n\n\nclass Remote(vf.Toolset[vf.ToolsetConfig]):\n    pass\n\n\n"
-        "class T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n    @classmethod\n    def toolsets(cls, config):\n"
-        f"        return [Remote(vf.ToolsetConfig({config}))]\n\n    def load(self):\n"
-        "        return [vf.Task(vf.TaskData(prompt='x'), self.config.task)]\n\n\n__all__ = ['T']\n")
-    with pytest.raises(AgentrlError, match=message) as caught:
-        agentrl.load_environment(folder)
-    assert "\n" not in str(caught.value)
+    _refused(tmp_path / "pkg", "vf_remote_tools_" + config.split("=")[0],  # one module name per process
+             "class Remote(vf.Toolset[vf.ToolsetConfig]):\n    pass\n\n\n"
+             "class T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n    @classmethod\n    def toolsets(cls, config):\n"
+             f"        return [Remote(vf.ToolsetConfig({config}))]\n\n    def load(self):\n"
+             "        return [vf.Task(vf.TaskData(prompt='x'), self.config.task)]\n", message)
 
 
 def test_a_judge_on_the_internet_is_refused(tmp_path):
-    folder = tmp_path / "judged"
-    folder.mkdir()
-    (folder / "pyproject.toml").write_text('[project]\nname = "vf-judged"\ndependencies = ["verifiers>=0.4"]\n')
-    (folder / "vf_judged.py").write_text(
-        "import verifiers.v1 as vf\n\n\nclass T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n"
-        "    def load(self):\n        config = self.config.task.model_copy(update={'judges': [vf.JudgeConfig(name='grader')]})\n"
-        "        return [vf.Task(vf.TaskData(prompt='x'), config)]\n\n\n__all__ = ['T']\n")
-    with pytest.raises(AgentrlError, match=r"plug the judge 'grader' \(model .* at https://.*\), which agentrl's "
-                       r"scoring cannot reach \(no network\)") as caught:
-        agentrl.load_environment(folder)
-    assert "\n" not in str(caught.value)
+    _refused(tmp_path / "judged", "vf_judged",
+             "class T(vf.Taskset[vf.Task, vf.TasksetConfig]):\n    def load(self):\n"
+             "        config = self.config.task.model_copy(update={'judges': [vf.JudgeConfig(name='grader')]})\n"
+             "        return [vf.Task(vf.TaskData(prompt='x'), config)]\n",
+             r"plug the judge 'grader' \(model .* at https://.*\), which agentrl's scoring cannot reach \(no network\)")
