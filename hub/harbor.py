@@ -66,8 +66,9 @@ def _env_name(task_name: str) -> str:
     return ("harbor-" + name)[:64] if not name.startswith("harbor") else name[:64]
 
 
-def _registry_tasks(path: Path) -> list[Path]:
-    """The local task folders a registry-style JSON list names (paths relative to the file)."""
+def _registry_tasks(path: Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
+    """The local task folders a registry-style JSON list names (paths relative to the file); a task that lives
+    in a git repository is refused, or, given `skipped`, listed there with the reason."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
@@ -85,19 +86,23 @@ def _registry_tasks(path: Path) -> list[Path]:
             if not isinstance(task, dict) or not task.get("path"):
                 raise ConfigError(f"{where} has no path")
             if task.get("git_url"):
-                raise ConfigError(f"{where} lives in {task['git_url']}; agentrl downloads nothing: clone it "
-                                  "and import the local folder (or give a registry whose paths are local)")
+                problem = (f"{where} lives in {task['git_url']}; agentrl downloads nothing: clone it "
+                           "and import the local folder (or give a registry whose paths are local)")
+                if skipped is None:
+                    raise ConfigError(problem)
+                skipped.append((str(task.get("name") or task["path"]), problem))
+                continue
             folders.append((path.parent / task["path"]).resolve())
-    if not folders:
+    if not folders and not skipped:
         raise ConfigError(f"{path}: the registry names no tasks")
     return folders
 
 
-def find_harbor_tasks(path: str | Path) -> list[Path]:
+def find_harbor_tasks(path: str | Path, skipped: list[tuple[str, str]] | None = None) -> list[Path]:
     """The task folders PATH stands for: a task, a dataset folder of tasks, or a registry JSON list."""
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
-        return _registry_tasks(path)
+        return _registry_tasks(path, skipped)
     if not path.is_dir():
         raise NotFoundError(f"{path}: no such Harbor task folder, dataset folder or registry JSON")
     if (path / "task.toml").is_file():
@@ -106,6 +111,19 @@ def find_harbor_tasks(path: str | Path) -> list[Path]:
     if not folders:
         raise NotFoundError(f"{path}: not a Harbor task (task.toml is missing) nor a dataset folder of tasks")
     return folders
+
+
+def _read_tasks(folders: list[Path], *, single: bool, skipped: list[tuple[str, str]]) -> list[HarborTask]:
+    """Each folder's task; in a dataset, a task agentrl refuses goes to `skipped` with its one-line reason."""
+    tasks = []
+    for folder in folders:
+        try:
+            tasks.append(read_harbor_task(folder))
+        except AgentrlError as error:
+            if single:
+                raise
+            skipped.append((folder.name, str(error)))
+    return tasks
 
 
 def _row(task: HarborTask, *, env_name: str, folder: str, image: str, dockerfile: str | None) -> dict:
@@ -117,7 +135,7 @@ def _row(task: HarborTask, *, env_name: str, folder: str, image: str, dockerfile
 
 
 def _write_package(staging: Path, tasks: list[HarborTask], rows: list[dict], manifest, *, single: bool, path: Path,
-                   env_name: str) -> None:
+                   env_name: str, skipped: list[tuple[str, str]]) -> None:
     """The package's files in the staging folder: each task's files (links checked), manifest, entry, rows, README."""
     from agentrl.config import dump_config
 
@@ -141,6 +159,7 @@ def _write_package(staging: Path, tasks: list[HarborTask], rows: list[dict], man
         "`tests/test.sh` writes to `/logs/verifier/reward.json` (or `reward.txt`) when run in a fresh "
         "sandbox after the episode. `agentrl env import harbor --build` (or `build_harbor_images`) builds "
         "every task's image.\n"
+        + ("\n## Skipped at import\n\n" + "\n".join(f"- `{n}`: {p}" for n, p in skipped) + "\n" if skipped else "")
     )
 
 
@@ -164,12 +183,20 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
     say = log or (lambda line: warnings.warn(line, RuntimeWarning, stacklevel=3))
     carry = check_carry_paths(list(carry_paths or []))
     allowed = check_allow_env(list(allow_env or []))
-    folders = find_harbor_tasks(path)
-    tasks = [read_harbor_task(folder) for folder in folders]
+    single = Path(path).is_dir() and (Path(path) / "task.toml").is_file()
+    skipped: list[tuple[str, str]] = []
+    tasks = _read_tasks(find_harbor_tasks(path, None if single else skipped), single=single, skipped=skipped)
     for task in tasks:
         for note in task.notes:
             say(note)
-    single = len(tasks) == 1 and Path(path).is_dir() and (Path(path) / "task.toml").is_file()
+    if skipped:
+        for task_name, problem in skipped:
+            say(f"skipped {task_name}: {problem}")
+        if not tasks:
+            raise ConfigError(f"{path}: none of its {len(skipped)} Harbor tasks can run here (each one's reason "
+                              f"is above); the first: {skipped[0][1]}")
+        say(f"{path}: imported {len(tasks)} of {len(tasks) + len(skipped)} tasks; skipped {len(skipped)} "
+            f"({', '.join(task_name for task_name, _ in skipped)}), each for the reason above")
     env_name = name or _env_name(tasks[0].task_name if single else Path(path).stem)
     target = Path(out) if out is not None else Path(env_name)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -210,7 +237,8 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
         raise ConfigError(f"{Path(first.folder) / 'task.toml'}: cannot map to environment.toml: "
                           f"{str(error).splitlines()[0]}") from None
     with package_folder(target) as staging:
-        _write_package(staging, tasks, rows, manifest, single=single, path=Path(path), env_name=env_name)
+        _write_package(staging, tasks, rows, manifest, single=single, path=Path(path), env_name=env_name,
+                       skipped=skipped)
     return target
 
 

@@ -7,7 +7,7 @@ in task.toml falls in one of three classes (`agentrl.hub.harbor_fields`):
   docs/ENVIRONMENTS.md, "Harbor tasks");
 - warned: agentrl runs the task without it and says so in one line naming the field
   (`HarborTask.notes`), e.g. `artifacts` (agentrl keeps no trial folders);
-- refused: the task cannot run as its author meant (a Windows container, GPUs, MCP
+- refused: the task cannot run as its author meant (a Windows container, GPUs, remote MCP
   servers, a verifier image of its own); a one-line `ConfigError` names the field.
 
 A field harbor 0.25 does not know is warned as such, never dropped silently.
@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.config import BaseConfig
-from agentrl.errors import ConfigError, NotFoundError
+from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.harbor_fields import check_fields
+from agentrl.mcp_servers import McpServerSpec
 from pydantic import Field, ValidationError
 
 __all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_harbor_task", "resolve_env",
@@ -132,6 +133,9 @@ class HarborTask(BaseConfig):
     """How a multi-step trial's reward comes from its steps' rewards."""
     primary_reward: str | None = None
     """`[metadata] primary_reward`: the named reward that is the reward (else 'reward', else the mean)."""
+    mcp_servers: list[McpServerSpec] = Field(default_factory=list)
+    """`[[environment.mcp_servers]]`: stdio servers run in the agent's sandbox, streamable-HTTP ones are
+    compose services of the trial; their tools are offered beside bash."""
     notes: list[str] = Field(default_factory=list)
     """One line per field agentrl runs the task without."""
 
@@ -286,6 +290,30 @@ _HARBOR_NAMES = {"agent_timeout_s": "[agent] timeout_sec", "verifier_timeout_s":
                  "image": "[environment] docker_image", "workdir": "[environment] workdir"}
 
 
+def _mcp_servers(environment: dict[str, Any], service_hosts: set[str], source: Path) -> list[McpServerSpec]:
+    """`[[environment.mcp_servers]]` as specs: stdio (in the agent's sandbox) or streamable-http on a compose
+    service; the SSE transport and servers off the trial's network are refused in one line."""
+    from agentrl.mcp_servers import check_local
+
+    specs = []
+    for index, entry in enumerate(environment.get("mcp_servers") or []):
+        where = f"{source}: environment.mcp_servers[{index}]"
+        if entry.get("transport") == "sse":
+            raise ConfigError(f"{where}: transport 'sse' cannot be run by agentrl (its MCP relay speaks stdio and "
+                              "streamable-http)")
+        try:
+            spec = McpServerSpec.model_validate(entry)
+        except ValidationError as error:
+            problem = error.errors()[0]
+            raise ConfigError(f"{where}.{'.'.join(str(p) for p in problem['loc'])}: {problem['msg']}") from None
+        try:
+            check_local(spec, service_hosts=service_hosts, where=where)
+        except AgentrlError as error:
+            raise ConfigError(str(error)) from None
+        specs.append(spec)
+    return specs
+
+
 def read_harbor_task(path: str | Path) -> HarborTask:
     """Parse and check a Harbor task folder (raises a one-line error naming the file or field)."""
     from agentrl.hub.harbor_compose import COMPOSE_FILES, read_compose
@@ -309,7 +337,8 @@ def read_harbor_task(path: str | Path) -> HarborTask:
     metadata, task_info = _table(config, "metadata", source), _table(config, "task", source)
     environment = _table(config, "environment", source)
     compose = next((name for name in COMPOSE_FILES if (folder / "environment" / name).is_file()), None)
-    main_env = read_compose(folder / "environment" / compose)[1] if compose else {}
+    services, main_env = read_compose(folder / "environment" / compose) if compose else ([], {})
+    mcp_servers = _mcp_servers(environment, {service.name for service in services}, source)
     image = environment.get("docker_image")
     if not image and not (folder / "environment" / "Dockerfile").is_file():
         raise NotFoundError(f"{folder}: not a Harbor task, environment/Dockerfile is missing "
@@ -334,7 +363,7 @@ def read_harbor_task(path: str | Path) -> HarborTask:
             healthcheck=_healthcheck(environment.get("healthcheck"), source, "environment.healthcheck"),
             network=baseline, solution_env=_env(_table(config, "solution", source)),
             steps=steps, multi_step="steps" in config, reward_strategy=strategy,
-            primary_reward=metadata.get("primary_reward"), notes=notes,
+            primary_reward=metadata.get("primary_reward"), mcp_servers=mcp_servers, notes=notes,
         )
     except ValidationError as error:  # the first problem on one line, named as task.toml names it
         problem = error.errors()[0]

@@ -150,8 +150,12 @@ class HarborTaskEnv(ToolEnv):
             writable_paths=["/tmp", "/root", "/home", "/tests", "/logs", SOLUTION_DIR],
         )
 
-    def _network_note(self, policy: NetworkPolicy, phase: str, state: dict[str, Any]) -> None:
-        if policy.mode == "allowlist":
+    def _network_note(self, policy: NetworkPolicy, phase: str, state: dict[str, Any], *, compose: bool) -> None:
+        if compose and policy.mode != "no-network":  # the trial's internal network: its services, no route out
+            state.setdefault("network_notes", []).append(
+                f"{phase}: network_mode {policy.mode!r} in a compose trial: the sandbox is on the trial's internal "
+                "network (its services only), with no route out")
+        elif policy.mode == "allowlist":
             state.setdefault("network_notes", []).append(
                 f"{phase}: network_mode 'allowlist' ({', '.join(policy.allowed_hosts) or 'no hosts'}) cannot "
                 "be enforced by agentrl's sandboxes (no egress filter); this phase runs with no network")
@@ -174,7 +178,7 @@ class HarborTaskEnv(ToolEnv):
         state: dict[str, Any] = {"step": 0, "oracle": _running_oracle.get(), "step_rewards": [],
                                  "sandbox_key": key}
         step = harbor.steps[0]
-        self._network_note(step.agent_network, "agent", state)
+        self._network_note(step.agent_network, "agent", state, compose=bool(harbor.compose))
         self._rows[key] = task
         try:
             await self._start_trial(task, harbor, state)
@@ -212,6 +216,8 @@ class HarborTaskEnv(ToolEnv):
             state.setdefault("network_notes", []).append(f"agent: {sandbox.network_note}")
         if harbor.healthcheck is not None:
             await self._healthcheck(sandbox, harbor.healthcheck, "[environment] healthcheck")
+        if harbor.mcp_servers and not state["oracle"]:  # their tools beside bash (the oracle runs solve.sh)
+            await self.start_mcp(sandbox, harbor.mcp_servers, state)
         await self._start_step(sandbox, harbor, step, state)
 
     async def _healthcheck(self, sandbox, check, where: str) -> None:
@@ -297,7 +303,7 @@ class HarborTaskEnv(ToolEnv):
         """Run the step's verifier in a fresh sandbox holding the agent's working directory."""
         from agentrl.sandbox.grading import WorkdirRejected, grade_in_fresh_sandbox
 
-        self._network_note(step.verifier_network, f"verifier {step.name}", state)
+        self._network_note(step.verifier_network, f"verifier {step.name}", state, compose=bool(harbor.compose))
         services = self._services.get(state["sandbox_key"])
         config = self.sandbox_config(self._rows[state["sandbox_key"]], phase="verifier", step=step,
                                      docker_network=services.network if services else None)
@@ -317,6 +323,7 @@ class HarborTaskEnv(ToolEnv):
             state["step_rewards"].append(None)
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
+        await self.stop_mcp(state)
         key = state.get("sandbox_key")
         sandbox = self._live.get(key)
         try:

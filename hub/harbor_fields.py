@@ -39,7 +39,7 @@ FIELD_POLICY: dict[str, Any] = {
         "workdir": _OK, "allow_internet": _OK, "network_mode": _OK, "allowed_hosts": _OK,
         "gpus": "gpus", "gpu_types": "refuse:GPU sandboxes are not supported",
         "tpu": "refuse:TPU sandboxes are not supported",
-        "mcp_servers": "mcp",
+        "mcp_servers": {"name": _OK, "transport": _OK, "command": _OK, "args": _OK, "url": _OK},
         "skills_dir": "warn:agentrl's bash agent loads no skills; the folder stays in the image",
     },
     "steps": {"name": _OK, "agent": _PHASE, "verifier": _VERIFIER, "min_reward": _OK,
@@ -75,8 +75,6 @@ def _walk(data: dict[str, Any], policy: dict[str, Any], where: str, source: Path
         elif rule == "gpus" and value:
             raise ConfigError(f"{source}: {field} = {value!r} cannot be run by agentrl: "
                               "GPU sandboxes are not supported")
-        elif rule == "mcp" and value:
-            raise ConfigError(f"{source}: {field} cannot be run by agentrl: its bash agent has no MCP client")
         elif rule == "mode" and value == "shared":
             notes.append(f"{source}: {field} = 'shared' runs as 'separate': agentrl grades in a fresh "
                          "sandbox that gets the agent's working directory only")

@@ -63,7 +63,7 @@ def load_environment(**kwargs):
     return _swe_attr("load_environment")(data_files=_data_files(), **kwargs)
 
 
-def oracle_policy(mode="edit"):
+def oracle_policy(mode="gold"):
     return _swe_attr("oracle_policy")(data_files=_data_files(), mode=mode)
 '''
 

@@ -211,6 +211,23 @@ def _rows(dataset: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _refuse_empty_prompts(name: str, vf_env: Any, splits: dict[str, Any]) -> None:
+    """One line at load for rows whose conversation would start empty: a row without prompt messages, and no
+    `setup_state` of the package's own that could write one (verifiers' first model call sends the row's
+    prompt; every rollout would fail with "Cannot apply chat template to an empty conversation")."""
+    owner = type(vf_env).setup_state.__module__ if hasattr(type(vf_env), "setup_state") else "verifiers"
+    if not owner.startswith("verifiers"):
+        return
+    for split, rows in splits.items():
+        empty = [index for index, row in enumerate(rows()[:64]) if not row["prompt"]]
+        if empty:
+            raise AgentrlError(
+                f"verifiers package {name!r}: {split} row {empty[0]} has an empty prompt and the environment "
+                "writes none in setup_state, so every rollout would start from an empty conversation; give "
+                "the rows a prompt (or a question)"
+            )
+
+
 class VerifiersLegacyEnv(Environment):
     """A verifiers `load_environment()` env: verifiers' rollout loop and rubric, agentrl's model and Turns."""
 
@@ -236,6 +253,7 @@ class VerifiersLegacyEnv(Environment):
                 "train"
             ]  # verifiers evaluates on the train set when there is no eval_dataset
         super().__init__(name=name, splits=splits, rubric=Rubric())
+        _refuse_empty_prompts(name, vf_env, splits)
         self.vf_env = vf_env
         """The verifiers Environment that runs the episodes and scores them."""
         self._states: dict[str, Any] = {}

@@ -41,6 +41,8 @@ from typing import Any
 from agentrl.errors import AgentrlError
 from agentrl.hub.verifiers_legacy import from_vf_message
 from agentrl.hub.verifiers_v1_bridge import build_trace, fill_trace, sandbox_runtime_class
+from agentrl.hub.verifiers_v1_env import finalize_episode, has_finalize
+from agentrl.hub.verifiers_v1_hooks import HookedEpisode, has_boundary_hooks
 from agentrl.rubric import Rubric
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.tool_env import ToolEnv
@@ -81,6 +83,8 @@ class _Live:
     trace: Any
     sandbox: Any = None
     runtime: Any = None
+    hooks: Any = None
+    """The task's @vf.stop / @vf.intercept hooks in verifiers' RolloutSession (`verifiers_v1_hooks`), or None."""
 
 
 async def bash(command: str, sandbox: Any) -> str:
@@ -105,11 +109,19 @@ class VerifiersTasksetEnv(ToolEnv):
         sandbox: dict[str, Any] | None = None,
         max_turns: int = 10,
         max_tasks: int | None = None,
+        vf_env: Any = None,
     ) -> None:
+        self.vf_env = vf_env
+        """The package's exported vf.Env (`verifiers_v1_env.resolve_env`: its finalize runs), or None."""
         tasks = list(taskset.take(max_tasks) if max_tasks is not None else _bounded(taskset, name))
         if not tasks:
             raise AgentrlError(f"verifiers taskset {name!r}: load() yielded no tasks")
         _refuse_unsupported(name, taskset, tasks)
+        self._shared_toolsets = taskset.toolsets(taskset.config)
+        """The taskset's MCP toolsets (one instance for every rollout; `verifiers_v1_toolsets`)."""
+        self._has_toolsets = bool(self._shared_toolsets) or any(type(t).toolsets(t.config) for t in tasks[:1])
+        self._shared_servers: list[tuple[Any, Any]] | None = None
+        self._serving = asyncio.Lock()
         needs = any(self._needs_runtime(task) for task in tasks)
         self.harness = harness or ("bash" if needs else "null")
         """`null` (the model answers) or `bash` (one bash tool in the task's runtime)."""
@@ -132,9 +144,27 @@ class VerifiersTasksetEnv(ToolEnv):
             splits={"train": self._rows, "test": self._rows},
             rubric=Rubric(),
             tools=tools,
-            max_turns=max_turns if self.harness == "bash" else 1,
+            max_turns=max_turns if self.harness == "bash" or self._has_toolsets else 1,
         )
         self._live: dict[str, _Live] = {}
+
+    @classmethod
+    def from_package(
+        cls, taskset_class: type | None, env_class: type | None, *, module: str, name: str, options: dict[str, Any]
+    ) -> VerifiersTasksetEnv:
+        """The package's exported Taskset, or its exported Env over it (verifiers pairs them by the module),
+        as an agentrl Environment."""
+        if env_class is None:
+            return cls.from_class(taskset_class, name=name, options=options)
+        from agentrl.hub.verifiers_v1_env import resolve_env
+
+        adapter = {key: options.pop(key) for key in list(options) if key in _ADAPTER_OPTIONS}
+        vf_env, seat = resolve_env(env_class, module, name=name, options=options)
+        if seat.harness is not None:
+            adapter.setdefault("harness", seat.harness.id)
+        if seat.max_turns is not None:
+            adapter.setdefault("max_turns", seat.max_turns)
+        return cls(name=name, taskset=vf_env.taskset, vf_env=vf_env, **adapter)
 
     @classmethod
     def from_class(cls, taskset_class: type, *, name: str, options: dict[str, Any]) -> VerifiersTasksetEnv:
@@ -216,6 +246,9 @@ class VerifiersTasksetEnv(ToolEnv):
 
         vf_task = self.vf_tasks[position]
         live = _Live(vf_task=vf_task, trace=build_trace(vf_task))
+        if has_boundary_hooks(vf_task):
+            live.hooks = HookedEpisode(vf_task, live.trace, tools=self.tool_schemas)
+            live.hooks.prompt_len = len(task.prompt)
         try:
             if self.harness == "bash" or self._needs_runtime(vf_task):
                 from agentrl.sandbox import create_sandbox
@@ -231,13 +264,60 @@ class VerifiersTasksetEnv(ToolEnv):
             raise
         key = uuid.uuid4().hex
         self._live[key] = live
-        return {_LIVE_KEY: key}
+        state = {_LIVE_KEY: key}
+        if self._has_toolsets:
+            try:
+                await self._attach_toolsets(vf_task, state)
+            except BaseException:
+                self._live.pop(key, None)
+                if live.sandbox is not None:
+                    await live.sandbox.close()
+                raise
+        return state
+
+    async def _attach_toolsets(self, vf_task: Any, state: dict[str, Any]) -> None:
+        """The rollout's MCP session: the taskset's toolsets (served once) and fresh instances of the task's."""
+        from agentrl.hub.verifiers_v1_toolsets import ToolsetMcp
+
+        async with self._serving:
+            if self._shared_servers is None:
+                self._shared_servers = [(t, await ToolsetMcp.serve(t)) for t in self._shared_toolsets]
+        session = ToolsetMcp(self._shared_servers, type(vf_task).toolsets(vf_task.config))
+        try:
+            await session.start(vf_task)
+        except BaseException:
+            await session.aclose()
+            raise
+        await self.attach_mcp(session, state)
+
+    async def cleanup_state(self, state: dict[str, Any]) -> None:
+        await self.stop_mcp(state)
+
+    async def before_model_call(self, messages: list[Any], state: dict[str, Any]) -> str | None:
+        live = self._live.get(state.get(_LIVE_KEY))
+        return None if live is None or live.hooks is None else await live.hooks.before_call(messages)
+
+    async def is_completed(self, messages: list[Any], state: dict[str, Any]) -> bool:
+        live = self._live.get(state.get(_LIVE_KEY))
+        if live is not None and live.hooks is not None:
+            stopped = await live.hooks.after_call(messages)
+            if stopped is not None:
+                state["stop_reason"] = stopped
+                return True
+        return super().is_completed(messages, state)
+
+    async def call_tool(self, call: Any, state: dict[str, Any]) -> str:
+        live = self._live.get(state.get(_LIVE_KEY))
+        verdict = None if live is None or live.hooks is None else live.hooks.verdict(call.id)
+        return verdict if verdict is not None else await super().call_tool(call, state)
 
     async def rollout(self, client: ChatClient, task: Task, *, sampling: SamplingConfig) -> Rollout:
         rollout = await super().rollout(client, task, sampling=sampling)
         live = self._live.pop(rollout.state.get(_LIVE_KEY), None)
         if live is None:
             return rollout
+        if live.hooks is not None and live.trace.stop_condition is not None:  # a @vf.stop ended it
+            rollout.state["stop_reason"] = live.trace.stop_condition
         try:
             if rollout.error is None:
                 await self._finish(live, rollout)
@@ -279,6 +359,8 @@ class VerifiersTasksetEnv(ToolEnv):
             except WorkdirRejected as error:  # the episode's files broke the carry: its own doing, scored 0
                 rollout.state["workdir_rejected"] = str(error)
                 trace.rewards.clear()
+        if has_finalize(self.vf_env) and "workdir_rejected" not in rollout.state:
+            await finalize_episode(self.vf_env, vf_task, trace)  # after scoring, as verifiers' Env.run_episode
         rollout.state["verifiers_rewards"] = {
             name: None if value is None else {"score": value.score, "weight": value.weight}
             for name, value in trace.rewards.items()
@@ -315,13 +397,27 @@ def _bounded(taskset: Any, name: str) -> Any:
 
 def _refuse_unsupported(name: str, taskset: Any, tasks: list[Any]) -> None:
     """One-line refusals of what agentrl cannot run faithfully."""
-    if taskset.toolsets(taskset.config) or any(type(task).toolsets(task.config) for task in tasks[:1]):
-        raise AgentrlError(
-            f"verifiers taskset {name!r}: MCP toolsets are not supported by agentrl's harness; "
-            "offer the tools as agentrl tools (agentrl.ToolEnv) instead"
-        )
+    from agentrl.hub.verifiers_v1_toolsets import refuse_toolsets
+
+    refuse_toolsets(name, [*taskset.toolsets(taskset.config), *(
+        toolset for task in tasks[:1] for toolset in type(task).toolsets(task.config))])
+    from urllib.parse import urlsplit
+
+    for judge in getattr(tasks[0].config, "judges", None) or []:
+        if urlsplit(judge.base_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: its tasks plug the judge {judge.name or judge.id or type(judge).__name__!r} "
+                f"(model {judge.model!r} at {judge.base_url}), which agentrl's scoring cannot reach (no network); "
+                "point the judge's base_url at a server on 127.0.0.1 to run it"
+            )
     for vf_task in tasks:
         data = vf_task.data
+        if not data.prompt:
+            raise AgentrlError(
+                f"verifiers taskset {name!r}: task {data.idx} has no prompt (verifiers opens such a task through a "
+                "user or an interaction), which agentrl does not run: its rollouts would start from an empty "
+                "conversation"
+            )
         if data.agent_user:
             raise AgentrlError(
                 f"verifiers taskset {name!r}: task {data.idx} sets agent_user={data.agent_user!r}; "

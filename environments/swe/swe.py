@@ -24,7 +24,7 @@ from typing import Any
 
 from swe_bench import CONDA_ACTIVATE, uses_eval_script
 from swe_grade import GradeResult, grade, grading_spec
-from swe_oracle import oracle_policy_for
+from swe_oracle import GOLD_PATCH_PATH, oracle_policy_for
 from swe_sandbox import sandbox_config
 from swe_task import REPO_DIR, SweInstance, load_instances, prepare_repository
 
@@ -135,6 +135,7 @@ def submitted(state: dict[str, Any]) -> float:
 
 
 _TASK_IMAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar("swe_task_image", default=None)
+_GOLD_ORACLE: contextvars.ContextVar[bool] = contextvars.ContextVar("swe_gold_oracle", default=False)
 
 
 def _compact_schema(tool: Tool) -> None:
@@ -191,6 +192,13 @@ class SweEnv(SandboxEnv):
         """The SWE-bench fields of a task (from its info)."""
         return SweInstance.from_row(task.info, where=f"task {task.example_id}")
 
+    async def rollout(self, client, task: Task, *, sampling) -> Rollout:
+        token = _GOLD_ORACLE.set(bool(getattr(client, "swe_gold_patch", False)))
+        try:
+            return await super().rollout(client, task, sampling=sampling)
+        finally:
+            _GOLD_ORACLE.reset(token)
+
     async def setup_state(self, task: Task) -> dict[str, Any]:
         instance = self.instance(task)
         if self._gate is not None:
@@ -198,9 +206,13 @@ class SweEnv(SandboxEnv):
         token = _TASK_IMAGE.set(instance.image_name)
         try:
             state = await super().setup_state(task)
-        except BaseException:
+        except BaseException as error:
             if self._gate is not None:
                 self._gate.release()
+            if isinstance(error, AgentrlError) and "is not in the local Docker engine" in str(error):
+                from agentrl.hub.swebench_images import swebench_image_hint
+
+                raise AgentrlError(f"swe: {error}; {swebench_image_hint(self.path, instance.instance_id)}") from None
             raise
         finally:
             _TASK_IMAGE.reset(token)
@@ -211,6 +223,8 @@ class SweEnv(SandboxEnv):
     async def setup_sandbox(self, sandbox, task: Task, state: dict[str, Any]) -> None:
         await prepare_repository(sandbox, self.instance(task))
         await sandbox.write_file(AGENT_BASH_ENV, CONDA_ACTIVATE + "\n")
+        if _GOLD_ORACLE.get():  # the oracle's own sandbox only: the gold patch its short `git apply` reads
+            await sandbox.write_file(GOLD_PATCH_PATH, self.instance(task).patch)
 
     def is_completed(self, messages: list[Message], state: dict[str, Any]) -> bool:
         last = messages[-1] if messages else None
@@ -268,7 +282,7 @@ class SweEnv(SandboxEnv):
 
 
 def oracle_policy(*, data_dir: str | Path | None = None, data_path: str | Path | None = None,
-                  data_files: dict[str, str] | None = None, mode: str = "edit"):
+                  data_files: dict[str, str] | None = None, mode: str = "gold"):
     """A scripted policy that solves any task of the data by issuing its gold patch through the tools."""
     if data_files:
         instances = [i for path in dict.fromkeys(data_files.values()) for i in load_instances(path)]

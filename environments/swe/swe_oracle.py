@@ -11,6 +11,12 @@ finds the task by its problem statement (the first user message), then
 
 With `mode="apply"` it goes straight to step 3. Used in tests to drive the full
 multi-turn tool path to reward 1.0, and as a reference for what a solution looks like.
+
+`mode="gold"` (the default of `oracle_policy()`) sends only short calls, so no `max_tokens`
+cuts them (the hunks of `edit` and the here-document of `apply` are as long as the patch:
+at the default 128 tokens they end with `stop=length` and score 0): the environment puts
+the gold patch at `GOLD_PATCH_PATH` in the oracle's own sandbox (`swe_gold_patch` marks the
+policy), and the oracle runs `git apply` on it and submits.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from agentrl.errors import AgentrlError
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.types import Message
 
-__all__ = ["oracle_policy_for", "patch_edits"]
+__all__ = ["GOLD_PATCH_PATH", "oracle_policy_for", "patch_edits"]
+
+GOLD_PATCH_PATH = "/tmp/agentrl-gold.patch"
+_GOLD_COMMAND = f"git apply --whitespace=nowarn {GOLD_PATCH_PATH} && git diff --stat"
 
 _FILE_RE = re.compile(r"^diff --git [ab]/(\S+) [ab]/(\S+)$")
 
@@ -64,8 +73,14 @@ def _apply_command(patch: str) -> str:
 
 def oracle_policy_for(instances: list[Any], *, mode: str = "edit") -> ScriptedPolicy:
     """A ScriptedPolicy solving any of `instances` (SweInstance) with its gold patch."""
-    if mode not in ("edit", "apply"):
-        raise AgentrlError(f"swe oracle: mode must be 'edit' or 'apply', got {mode!r}")
+    if mode not in ("edit", "apply", "gold"):
+        raise AgentrlError(f"swe oracle: mode must be 'gold', 'edit' or 'apply', got {mode!r}")
+    if mode == "gold":  # two short calls; the environment supplies the patch (swe_gold_patch)
+        policy = ScriptedPolicy([{"content": "", "tool_calls": [tool_call("bash", command=_GOLD_COMMAND)]},
+                                 {"content": "", "tool_calls": [tool_call("submit", answer="applied the fix")]}],
+                                name="swe-oracle")
+        policy.swe_gold_patch = True
+        return policy
     by_statement = {instance.problem_statement.strip(): instance for instance in instances}
 
     def find(messages: list[Message]):

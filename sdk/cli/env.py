@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from agentrl import env_vars
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -27,7 +26,7 @@ def _echo(message: str) -> None:
     typer.echo(message)
 
 
-def _registry(value: Optional[str]) -> Optional[str]:
+def _registry(value: str | None) -> str | None:
 
     return value or env_vars.REGISTRY.get() or None
 
@@ -35,7 +34,7 @@ def _registry(value: Optional[str]) -> Optional[str]:
 @app.command()
 def init(
     name: str = typer.Argument(..., help="Environment name (lowercase letters, digits, '-', '_')."),
-    directory: Optional[Path] = typer.Option(None, "--dir", help="Folder to create (default: ./NAME)."),
+    directory: Path | None = typer.Option(None, "--dir", help="Folder to create (default: ./NAME)."),
 ) -> None:
     """Create a working package scaffold (manifest, module, data, README, a test)."""
     from agentrl.hub.scaffold import create_scaffold
@@ -57,7 +56,7 @@ def validate(path: Path = typer.Argument(Path("."), help="Package folder.")) -> 
 @app.command()
 def build(
     path: Path = typer.Argument(Path("."), help="Package folder."),
-    out: Optional[Path] = typer.Option(None, help="Output folder (default: PATH/build)."),
+    out: Path | None = typer.Option(None, help="Output folder (default: PATH/build)."),
     image: bool = typer.Option(True, help="Also build the sandbox image when the package has a Dockerfile."),
 ) -> None:
     """Build the dataset (parquet through `datasets`) and the sandbox image, without publishing."""
@@ -83,9 +82,9 @@ def build(
 @app.command()
 def push(
     path: Path = typer.Argument(Path("."), help="Package folder."),
-    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
-    repo: Optional[str] = typer.Option(None, help="owner/name to publish as (default: <owner>/<manifest name>)."),
-    registry: Optional[str] = typer.Option(None, help=REGISTRY_HELP),
+    hub: str | None = typer.Option(None, help=HUB_HELP),
+    repo: str | None = typer.Option(None, help="owner/name to publish as (default: <owner>/<manifest name>)."),
+    registry: str | None = typer.Option(None, help=REGISTRY_HELP),
     private: bool = typer.Option(False, help="Create the Hugging Face repo as private."),
 ) -> None:
     """Validate, build and publish a package version (unchanged content is a no-op)."""
@@ -106,8 +105,8 @@ def push(
 @app.command()
 def pull(
     ref: str = typer.Argument(..., help="owner/name[@version] (latest when no version)."),
-    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
-    to: Optional[Path] = typer.Option(None, help="Folder to pull into (default: the install folder)."),
+    hub: str | None = typer.Option(None, help=HUB_HELP),
+    to: Path | None = typer.Option(None, help="Folder to pull into (default: the install folder)."),
     image: bool = typer.Option(False, help="Also pull the sandbox image by its recorded digest."),
 ) -> None:
     """Fetch a package version and verify every file's hash."""
@@ -119,9 +118,9 @@ def pull(
 
 @app.command("list")
 def list_(
-    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
-    search: Optional[str] = typer.Option(None, help="Only packages whose name or description contains this."),
-    tag: Optional[str] = typer.Option(None, help="Only packages with this tag."),
+    hub: str | None = typer.Option(None, help=HUB_HELP),
+    search: str | None = typer.Option(None, help="Only packages whose name or description contains this."),
+    tag: str | None = typer.Option(None, help="Only packages with this tag."),
     installed: bool = typer.Option(False, help="List pulled (installed) packages instead."),
 ) -> None:
     """List the environments `agentrl.load_environment` finds by name here (built-in, $AGENTRL_ENV_PATH, pulled;
@@ -149,13 +148,13 @@ def list_(
     Console(width=160).print(table)
 
 
-def _list_loadable(search: Optional[str], tag: Optional[str]) -> None:
+def _list_loadable(search: str | None, tag: str | None) -> None:
     """The environments loadable by name on this machine, with the folder each is loaded from."""
+    from agentrl.errors import AgentrlError
+    from agentrl.hub.manifest import load_manifest
     from rich.console import Console
     from rich.table import Table
 
-    from agentrl.errors import AgentrlError
-    from agentrl.hub.manifest import load_manifest
     from agentrl.hub.loader import list_environments
 
     table = Table("environment", "version", "source", "tags", "folder", title="loadable by name")
@@ -179,7 +178,7 @@ def _list_loadable(search: Optional[str], tag: Optional[str]) -> None:
 @app.command()
 def info(
     ref: str = typer.Argument(..., help="owner/name[@version]."),
-    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
+    hub: str | None = typer.Option(None, help=HUB_HELP),
 ) -> None:
     """Show a published version's manifest, content hash, splits and image digest."""
     from agentrl.hub.manifest import MANIFEST_NAME
@@ -200,7 +199,7 @@ def info(
 @app.command()
 def versions(
     ref: str = typer.Argument(..., help="owner/name."),
-    hub: Optional[str] = typer.Option(None, help=HUB_HELP),
+    hub: str | None = typer.Option(None, help=HUB_HELP),
 ) -> None:
     """List a package's published versions, oldest first."""
     from agentrl.errors import NotFoundError
@@ -220,17 +219,16 @@ def install(
     target: str = typer.Argument(..., help="Package folder, or owner/name[@version] of an installed package."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the pip command instead of running it."),
 ) -> None:
-    """Install a package's Python requirements with pip."""
-    from agentrl.hub.install import install_requirements
+    """Install a package's Python requirements with pip (a verifiers package: into a venv of its own)."""
+    from agentrl.hub.install import install_target
 
-    command = install_requirements(target, dry_run=dry_run)
-    _echo(" ".join(command) if command else "no requirements to install")
+    _echo(install_target(target, dry_run=dry_run, log=_echo))
 
 
 @app.command()
 def check(
     target: str = typer.Argument(".", help="Package folder, or owner/name[@version] of an installed package."),
-    registry: Optional[str] = typer.Option(None, help="Registry for images named without one."),
+    registry: str | None = typer.Option(None, help="Registry for images named without one."),
 ) -> None:
     """Report every image the package or its task rows name that its registry (or the engine) lacks."""
     from agentrl.errors import AgentrlError
@@ -249,14 +247,14 @@ def check(
 @import_app.command("harbor")
 def import_harbor(
     path: Path = typer.Argument(..., help="Harbor task folder, dataset folder or registry JSON list."),
-    out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<task name>)."),
-    name: Optional[str] = typer.Option(None, help="Environment name (default: from the folder name)."),
+    out: Path | None = typer.Option(None, help="Package folder to write (default: ./<task name>)."),
+    name: str | None = typer.Option(None, help="Environment name (default: from the folder name)."),
     writable_root: str = typer.Option("never", help="Phases with a writable root filesystem: never, verifier "
                                                     "(a test.sh that installs its tools) or always."),
     build: bool = typer.Option(False, help="Also build every task's image from its environment/Dockerfile."),
-    carry: Optional[list[str]] = typer.Option(None, help="A folder besides the working directory that the "
+    carry: list[str] | None = typer.Option(None, help="A folder besides the working directory that the "
                                                          "verifier gets from the agent's sandbox (repeatable)."),
-    allow_env: Optional[list[str]] = typer.Option(None, "--allow-env", help="A host environment variable the "
+    allow_env: list[str] | None = typer.Option(None, "--allow-env", help="A host environment variable the "
                                                   "tasks' ${VAR} env templates may take (repeatable; none by default)."),
 ) -> None:
     """Turn Harbor tasks into an agentrl package whose reward runs each task's tests (one row per task)."""
@@ -274,11 +272,11 @@ def import_harbor(
 def import_swebench(
     source: Path = typer.Argument(..., help="SWE-bench rows: a .jsonl/.json file, or a folder written by datasets' "
                                             "save_to_disk."),
-    out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<name>)."),
-    name: Optional[str] = typer.Option(None, help="Environment name (default: swebench-<file or folder name>)."),
-    namespace: Optional[str] = typer.Option(None, help="Image namespace for rows without an image (default: "
+    out: Path | None = typer.Option(None, help="Package folder to write (default: ./<name>)."),
+    name: str | None = typer.Option(None, help="Environment name (default: swebench-<file or folder name>)."),
+    namespace: str | None = typer.Option(None, help="Image namespace for rows without an image (default: "
                                                        "swebench; '' names local builds sweb.eval.x86_64.<id>)."),
-    split: Optional[str] = typer.Option(None, help="Only this split of a saved DatasetDict."),
+    split: str | None = typer.Option(None, help="Only this split of a saved DatasetDict."),
 ) -> None:
     """Turn SWE-bench rows into an agentrl package graded as SWE-bench grades them."""
     from agentrl.hub.swebench import import_swebench_rows
@@ -287,11 +285,32 @@ def import_swebench(
     _echo(f"created {folder}; validate with: agentrl env validate {folder}")
 
 
+@app.command("swebench-image")
+def swebench_image(
+    source: Path = typer.Argument(..., help="SWE-bench rows (.jsonl or a save_to_disk folder), or the package "
+                                            "`agentrl env import swebench` wrote."),
+    instance: list[str] | None = typer.Option(None, help="Only this row's image (repeatable; default: every row)."),
+    task_repo: str | None = typer.Option(None, help="Build swebench's own Dockerfile of the row from this task "
+                                                       "repo (a folder, or GitHub owner/repo)."),
+    git_source: str | None = typer.Option(None, "--source", help="Build from the row: clone the project from this "
+                                                                     "git URL or local mirror at its base_commit."),
+    env_image: str | None = typer.Option(None, help="With --source: the image holding the project's environment."),
+    network: bool = typer.Option(False, help="With --task-repo: let the build use the network."),
+    namespace: str | None = typer.Option(None, help="Image namespace for rows without an image (as at import)."),
+) -> None:
+    """Pull SWE-bench rows' images, or build them from the rows (swebench's task repo, or git source + env image)."""
+    from agentrl.hub.swebench_images import get_swebench_images
+
+    images = get_swebench_images(source, instances=instance, task_repo=task_repo, git_source=git_source,
+                                 env_image=env_image, network=network, namespace=namespace, log=_echo)
+    _echo(f"{len(images)} image(s) ready")
+
+
 @import_app.command("verifiers")
 def import_verifiers(
     path: Path = typer.Argument(..., help="verifiers package folder (a pyproject.toml naming verifiers)."),
-    out: Optional[Path] = typer.Option(None, help="Package folder to write (default: ./<project name>)."),
-    name: Optional[str] = typer.Option(None, help="Environment name (default: the project name)."),
+    out: Path | None = typer.Option(None, help="Package folder to write (default: ./<project name>)."),
+    name: str | None = typer.Option(None, help="Environment name (default: the project name)."),
 ) -> None:
     """Turn a verifiers environment package (v1 Taskset or load_environment()) into an agentrl package."""
     from agentrl.hub.verifiers import import_verifiers_package

@@ -16,35 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 verifiers = pytest.importorskip(
-    "verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')"
+    "verifiers", reason="verifiers is not installed (tests/integration/test_verifiers_venvs.py runs this in its venv)"
 )
-from packaging.version import Version  # noqa: E402
+from packaging.version import Version
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verifiers"
 V1 = Version(verifiers.__version__) >= Version("0.4.0")
 
 
 @pytest.fixture(scope="module")
-def base_url(request):
-    if os.environ.get("AGENTRL_TEST_BASE_URL"):
-        return os.environ["AGENTRL_TEST_BASE_URL"]
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        pytest.skip("no AGENTRL_TEST_BASE_URL and vLLM is not installed here to start tiny-moe")
-    return request.getfixturevalue("tiny_moe_server").url
+def base_url(tiny_moe_url):
+    return tiny_moe_url
 
 
 def _eval(env: Path, base_url: str, out: Path, client: str) -> list[dict]:
-    from typer.testing import CliRunner
-
     from agentrl.cli import app
+    from typer.testing import CliRunner
 
     result = CliRunner().invoke(
         app,

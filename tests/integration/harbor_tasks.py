@@ -237,10 +237,10 @@ FETCH = ("python3 -c \"import os, urllib.request; "
          "print(urllib.request.urlopen(os.environ['STORE_URL'] + '/answer').read().decode())\"")
 
 
-def compose(folder: Path) -> Path:
+def compose(folder: Path, network: str = "no-network") -> Path:
     """A service beside the agent: the agent PUTs the answer into `store`; the verifier reads it there."""
     return _write(folder, {
-        "task.toml": '[environment]\nmemory_mb = 512\nnetwork_mode = "no-network"\n',
+        "task.toml": f'[environment]\nmemory_mb = 512\nnetwork_mode = "{network}"\n',
         "instruction.md": "Store the answer 42 under /answer in the key-value service at $STORE_URL "
                           "(HTTP PUT).\n",
         "environment/Dockerfile": BASE + "WORKDIR /app\n",
@@ -252,6 +252,45 @@ def compose(folder: Path) -> Path:
         "solution/solve.sh": "#!/bin/bash\npython3 -c \"import os, urllib.request; urllib.request.urlopen("
                              "urllib.request.Request(os.environ['STORE_URL'] + '/answer', data=b'42', "
                              "method='PUT'))\"\n",
+    })
+
+
+MCP_COMPOSE = """services:
+  main:
+    depends_on: [notes-mcp]
+  notes-mcp:
+    build:
+      context: ./notes
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import socket; socket.create_connection(('127.0.0.1', 8000))"]
+      interval: 500ms
+      retries: 60
+"""
+MCP_CALL = ("import json, sys, urllib.request; "
+            "body = json.dumps({'jsonrpc': '2.0', 'id': 1, 'method': 'tools/call', 'params': "
+            "{'name': sys.argv[1], 'arguments': json.loads(sys.argv[2])}}).encode(); "
+            "request = urllib.request.Request('http://notes-mcp:8000/mcp', data=body, "
+            "headers={'Content-Type': 'application/json', 'Accept': 'application/json, text/event-stream'}); "
+            "print(json.load(urllib.request.urlopen(request))['result']['content'][0]['text'])")
+
+
+def mcp_compose(folder: Path) -> Path:
+    """An MCP server as a compose service (streamable HTTP), declared in `[[environment.mcp_servers]]`: the
+    agent must add the note 42 with its `add_note` tool; the verifier asks the server for its notes."""
+    notes = (Path(__file__).resolve().parents[1] / "fixtures" / "mcp" / "notes_server.py").read_text()
+    return _write(folder, {
+        "task.toml": '[environment]\nmemory_mb = 512\nnetwork_mode = "no-network"\n\n'
+                     '[[environment.mcp_servers]]\nname = "notes"\ntransport = "streamable-http"\n'
+                     'url = "http://notes-mcp:8000/mcp"\n',
+        "instruction.md": "Add the note 42 with the notes tool.\n",
+        "environment/Dockerfile": BASE + "WORKDIR /app\n",
+        "environment/docker-compose.yaml": MCP_COMPOSE,
+        "environment/notes/Dockerfile": BASE + 'COPY notes_server.py /notes_server.py\n'
+                                               'CMD ["python3", "/notes_server.py", "--http", "8000"]\n',
+        "environment/notes/notes_server.py": notes,
+        "tests/test.sh": f"#!/bin/bash\nif python3 -c \"{MCP_CALL}\" list_notes '{{}}' | grep -qx 42; then echo 1; "
+                         "else echo 0; fi > /logs/verifier/reward.txt\n",
+        "solution/solve.sh": f"#!/bin/bash\npython3 -c \"{MCP_CALL}\" add_note '{{\"text\": \"42\"}}'\n",
     })
 
 

@@ -41,6 +41,8 @@ def harbor_packages(tmp_path_factory, docker_client):  # noqa: F811
         harbor_tasks.network(dataset / f"net-{mode}", mode)
     harbor_tasks.slow(dataset / "slow")
     harbor_tasks.compose(dataset / "compose")
+    harbor_tasks.compose(dataset / "compose-public", network="public")
+    harbor_tasks.mcp_compose(dataset / "mcp-compose")
     harbor_tasks.home(dataset / "home")
     package = import_harbor_task(dataset, out=root / "pkg", name="harbor-fixtures", log=lambda line: None)
     installs = import_harbor_task(harbor_tasks.installs(root / "installs"), out=root / "installs-pkg",
@@ -183,6 +185,42 @@ async def test_a_compose_task_runs_its_service_beside_the_agent_or_is_refused(ba
     [idle] = await env.run_group(ScriptedPolicy(["I did nothing."]), task, n=1, sampling=SamplingConfig())
     assert solved.error is None and solved.reward == 1.0, (solved.error, solved.state.get("verifier_output"))
     assert idle.error is None and idle.reward == 0.0
+    assert solved.metrics["network_unavailable"] == 0.0  # it asked for no network and had none
+    [public] = await env.run_group(harbor_oracle_policy(package), _rows(env)["compose-public"], n=1,
+                                   sampling=SamplingConfig())
+    assert public.reward == 1.0 and public.metrics["network_unavailable"] == 1.0  # asked for it, had no route out
+    assert any("compose trial" in note and "no route out" in note for note in public.state["network_notes"])
+
+
+async def test_a_compose_mcp_server_offers_its_tools_to_the_agent(harbor_packages):
+    """`[[environment.mcp_servers]]` on a compose service: oracle 1, a do-nothing policy 0, and a policy that
+    calls the server's `add_note` tool (offered beside bash, relayed from the agent's sandbox) 1."""
+    import agentrl
+    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.policies import ScriptedPolicy, tool_call
+    from agentrl.sampling import SamplingConfig
+
+    package, _, _ = harbor_packages
+    env = agentrl.load_environment(package)
+    task = _rows(env)["mcp-compose"]
+    seen = []
+
+    class Policy(ScriptedPolicy):
+        async def chat(self, messages, *, tools=None, **kwargs):
+            seen.append(sorted(tool["function"]["name"] for tool in tools or []))
+            return await super().chat(messages, tools=tools, **kwargs)
+
+    sampling = SamplingConfig()
+    [solved] = await env.run_group(harbor_oracle_policy(package), task, n=1, sampling=sampling)
+    [idle] = await env.run_group(ScriptedPolicy(["I did nothing."]), task, n=1, sampling=sampling)
+    used = Policy([{"content": "", "tool_calls": [tool_call("add_note", text="42")]}, "done"])
+    [agent] = await env.run_group(used, task, n=1, sampling=sampling)
+    assert solved.error is None and solved.reward == 1.0, (solved.error, solved.state.get("verifier_output"))
+    assert idle.error is None and idle.reward == 0.0
+    assert agent.error is None and agent.reward == 1.0, (agent.error, agent.state.get("verifier_output"))
+    assert seen[0] == ["add_note", "bash", "count_words", "fail", "list_notes"]
+    assert agent.messages[-2].role == "tool" and agent.messages[-2].content.startswith("noted (")
+    assert agent.state["mcp_calls"] == 1
 
 
 async def test_an_entrypoint_that_writes_its_root_needs_the_writable_root_everywhere(harbor_packages):

@@ -116,7 +116,12 @@ def test_task_toml_fields_map_as_harbor_means_them(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     ('[environment]\nos = "windows"\n', r"environment.os = 'windows' cannot be run by agentrl"),
     ("[environment]\ngpus = 1\n", r"environment.gpus = 1 cannot be run by agentrl: GPU"),
-    ('[[environment.mcp_servers]]\nname = "x"\nurl = "http://x"\n', r"environment.mcp_servers cannot be run"),
+    ('[[environment.mcp_servers]]\nname = "x"\ntransport = "streamable-http"\nurl = "https://mcp.example.com/mcp"\n',
+     r"environment.mcp_servers\[0\]: MCP server 'x' at 'https://mcp.example.com/mcp' is not on the sandbox's own "
+     r"network \(no services\); it would need the internet"),
+    ('[[environment.mcp_servers]]\nname = "x"\ntransport = "sse"\nurl = "http://x/sse"\n',
+     r"environment.mcp_servers\[0\]: transport 'sse' cannot be run by agentrl"),
+    ('[[environment.mcp_servers]]\nname = "x"\n', r"environment.mcp_servers\[0\]: MCP server 'x' \(stdio\) has no command"),
     ('[verifier.environment]\ndocker_image = "other"\n', r"verifier.environment cannot be run by agentrl"),
     ('[[verifier.collect]]\ncommand = "true"\n', r"verifier.collect cannot be run by agentrl"),
     ('[environment.tpu]\ntype = "v6e"\ntopology = "2x2"\n', r"environment.tpu cannot be run by agentrl"),
@@ -234,7 +239,44 @@ def test_a_dataset_folder_and_a_registry_list_become_one_package(tmp_path):
     registry.write_text(json.dumps({"datasets": [{"name": "remote", "tasks": [
         {"name": "x", "git_url": "https://example.com/x.git", "path": "tasks/x"}]}]}))
     with pytest.raises(ConfigError, match=r"datasets\[0\].tasks\[0\] lives in https://example.com/x.git"):
-        import_harbor_task(registry, out=tmp_path / "pkg3")
+        import_harbor_task(registry, out=tmp_path / "pkg3", log=lambda line: None)
+
+
+def test_a_dataset_imports_what_can_run_and_says_what_it_skipped(tmp_path):
+    """A refused task of a dataset (or a registry entry in a git repository) is skipped with its one-line reason;
+    a summary line names them, the package's README lists them; a dataset where nothing can run is one line."""
+    import json
+
+    import agentrl
+
+    dataset = tmp_path / "dataset"
+    harbor_tasks.named(dataset / "named")
+    write_harbor_task(dataset / "gpu", toml='version = "1.4"\n[environment]\ngpus = 1\n')
+    write_harbor_task(dataset / "broken", toml="[environment\n")
+    harbor_tasks.steps(dataset / "steps")
+    lines: list[str] = []
+    package = import_harbor_task(dataset, out=tmp_path / "pkg", log=lines.append)
+    assert [r.info["harbor_task"] for r in agentrl.load_environment(package).tasks("train")] == [
+        "agentrl/named-rewards", "agentrl/two-steps"]
+    skipped = [line for line in lines if line.startswith("skipped ")]
+    assert len(skipped) == 2 and all("\n" not in line for line in lines)
+    assert skipped[0].startswith("skipped broken: ") and "malformed TOML" in skipped[0]
+    assert skipped[1].startswith("skipped gpu: ") and "environment.gpus = 1 cannot be run by agentrl" in skipped[1]
+    assert lines[-1] == f"{dataset}: imported 2 of 4 tasks; skipped 2 (broken, gpu), each for the reason above"
+    assert "## Skipped at import" in (package / "README.md").read_text()
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps([{"name": "mixed", "tasks": [
+        {"name": "named", "path": "dataset/named"},
+        {"name": "remote", "git_url": "https://example.com/x.git", "path": "tasks/x"}]}]))
+    lines.clear()
+    from_registry = import_harbor_task(registry, out=tmp_path / "pkg2", log=lines.append)
+    assert len(agentrl.load_environment(from_registry).tasks("train")) == 1
+    assert any(line.startswith("skipped remote: ") and "agentrl downloads nothing" in line for line in lines)
+    only_refused = tmp_path / "refused"
+    write_harbor_task(only_refused / "gpu", toml='version = "1.4"\n[environment]\ngpus = 1\n')
+    with pytest.raises(ConfigError, match=r"none of its 1 Harbor tasks can run here .* the first: .*gpus") as caught:
+        import_harbor_task(only_refused, out=tmp_path / "pkg3", log=lines.append)
+    assert "\n" not in str(caught.value)
 
 
 async def test_imported_task_builds_publishes_and_rewards_by_its_test_script(

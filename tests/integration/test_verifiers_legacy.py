@@ -180,8 +180,10 @@ def test_imported_package_loads_and_validates(tmp_path, monkeypatch):
     assert rollout.reward == 1.5 and rollout.metrics["num_turns"] == 1.0
 
 
-def test_v1_packages_need_verifiers_0_4():
-    with pytest.raises(AgentrlError, match=r"v1 Taskset, which agentrl runs with verifiers>=0.4"):
+def test_v1_packages_need_verifiers_0_4(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRL_VENVS", str(tmp_path))  # no venv made for it
+    with pytest.raises(AgentrlError, match=r"\(v1 API, verifiers>=0.4.0\): verifiers 0.3.1 is installed here; "
+                       r"run `agentrl env install .*v1_reverse`"):
         agentrl.load_environment(FIXTURES / "v1_reverse")
 
 
@@ -205,3 +207,12 @@ def test_unscored_rollouts_do_not_keep_verifiers_state():
     del rollout
     gc.collect()
     assert env._states == {}
+
+
+def test_rows_with_an_empty_prompt_are_refused_at_load():
+    """verifiers' first call would get an empty conversation ("Cannot apply chat template to an empty
+    conversation" on every rollout): refused at load in one line instead."""
+    with pytest.raises(AgentrlError, match=r"'vf-legacy-empty': train row 0 has an empty prompt and the "
+                       r"environment writes none in setup_state") as caught:
+        agentrl.load_environment(FIXTURES / "legacy_empty")
+    assert "\n" not in str(caught.value)

@@ -20,7 +20,7 @@ import pytest
 from sandbox_backends import BACKENDS
 
 verifiers = pytest.importorskip(
-    "verifiers", reason="verifiers is not installed (pip install 'agentrl[verifiers]')"
+    "verifiers", reason="verifiers is not installed (tests/integration/test_verifiers_venvs.py runs this in its venv)"
 )
 from packaging.version import Version  # noqa: E402
 
@@ -280,7 +280,7 @@ class _EchoToolset(vf.Toolset[vf.ToolsetConfig]):
 class _ToolTask(_PlainTask):
     @classmethod
     def toolsets(cls, config):
-        return [_EchoToolset(vf.ToolsetConfig())]
+        return [_EchoToolset(vf.ToolsetConfig(colocated=True))]
 
 
 def _taskset(task_class, **data):
@@ -304,7 +304,7 @@ class _ForeverTaskset(vf.Taskset[_PlainTask, vf.TasksetConfig]):
 @pytest.mark.parametrize(
     ("taskset", "message"),
     [
-        (_taskset(_ToolTask), "MCP toolsets are not supported"),
+        (_taskset(_ToolTask), "MCP toolset _EchoToolset is colocated"),
         (_taskset(_PlainTask, agent_user="alice"), "agent_user='alice'"),
         (_taskset(_PlainTask, resources={"gpu": "A100"}), "asks for GPU 'A100'"),
         (_ForeverTaskset, "is infinite; pass max_tasks=N"),

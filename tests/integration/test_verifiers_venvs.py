@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".venv-verifiers"
 CASES = {
-    "0.4.0": ["tests/unit/test_verifiers_packages.py", "tests/integration/test_verifiers_v1.py"],
+    "0.4.0": ["tests/unit/test_verifiers_packages.py", "tests/integration/test_verifiers_v1.py",
+              "tests/integration/test_verifiers_features.py"],
     "0.3.1": ["tests/integration/test_verifiers_legacy.py"],
 }
 # The skips a verifiers venv still has, by reason: the message shown when verifiers is missing.

@@ -5,9 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import pytest
-
 import agentrl
+import pytest
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.verifiers import find_verifiers_project, import_verifiers_package
 
@@ -51,16 +50,71 @@ def test_missing_module_is_named(tmp_path):
         import_verifiers_package(tmp_path, out=tmp_path / "out")
 
 
-def test_without_verifiers_the_error_names_the_extra():
-    try:
-        import verifiers  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("verifiers is installed here; the missing-package message cannot be shown")
-    with pytest.raises(AgentrlError, match=r"needs the verifiers package.*agentrl\[verifiers\]") as caught:
-        agentrl.load_environment(FIXTURES / "v1_reverse")
+def test_without_verifiers_the_error_names_env_install(tmp_path, monkeypatch):
+    from agentrl.hub.verifiers import installed_verifiers
+
+    monkeypatch.setenv("AGENTRL_VENVS", str(tmp_path / "venvs"))  # no venv made for it yet
+    package = "legacy_qa" if installed_verifiers() and installed_verifiers() >= "0.4" else "v1_reverse"
+    with pytest.raises(AgentrlError, match=r"run `agentrl env install .*"
+                       + package + r"` \(its own venv; agentrl's environment is left unchanged\)") as caught:
+        agentrl.load_environment(FIXTURES / package)
     assert "\n" not in str(caught.value)
+
+
+def _project(folder: Path, module: str, source: str, dependencies: str = "[]") -> Path:
+    folder.mkdir()
+    (folder / "pyproject.toml").write_text(
+        f'[project]\nname = "{module.replace("_", "-")}"\ndependencies = {dependencies}\n'
+    )
+    (folder / f"{module}.py").write_text(source)
+    return folder
+
+
+def test_api_detected_by_what_the_module_defines(tmp_path):
+    """A v1 package that does not list verifiers is still found, by its imports and classes."""
+    v1 = _project(tmp_path / "a", "vf_undeclared", "import verifiers.v1 as vf\n\n"
+                  "class T(vf.Taskset):\n    pass\n\n__all__ = ['T']\n")
+    project = find_verifiers_project(v1)
+    assert project is not None and project.api == "v1"
+    from_import = _project(tmp_path / "b", "vf_from", "from verifiers import v1 as vf\n")
+    assert find_verifiers_project(from_import).api == "v1"
+    legacy = _project(tmp_path / "c", "vf_old", "import verifiers as vf\n\n"
+                      "def load_environment(**kwargs):\n    return vf.SingleTurnEnv()\n")
+    assert find_verifiers_project(legacy).api == "legacy"
+    assert find_verifiers_project(_project(tmp_path / "d", "plain", "import json\n")) is None
+    assert find_verifiers_project(FIXTURES / "v1_reverse").api == "v1"
+    assert find_verifiers_project(FIXTURES / "legacy_tools").api == "legacy"
+
+
+def test_venv_requirements_pin_the_api(tmp_path):
+    from agentrl.hub.install import install_target
+    from agentrl.hub.verifiers_venv import venv_requirements
+
+    v1 = find_verifiers_project(_project(tmp_path / "a", "vf_one", "import verifiers.v1 as vf\n", '["numpy"]'))
+    assert venv_requirements(v1) == ["numpy", "verifiers>=0.4.0"]
+    legacy = find_verifiers_project(_project(tmp_path / "b", "vf_two", "import verifiers as vf\n", '["verifiers"]'))
+    assert venv_requirements(legacy) == ["verifiers", "verifiers>=0.1.9,<0.4"]
+    line = install_target(tmp_path / "b", dry_run=True)
+    assert line == "would make a venv for vf-two with: verifiers verifiers>=0.1.9,<0.4"
+    imported = import_verifiers_package(tmp_path / "a", out=tmp_path / "pkg")
+    assert install_target(imported, dry_run=True) == "would make a venv for vf-one with: numpy verifiers>=0.4.0"
+
+
+def test_missing_dependency_is_named(tmp_path):
+    """The hint names the third-party module the package lacks, not a verifiers API."""
+    from agentrl.hub.verifiers import installed_verifiers
+
+    if not installed_verifiers() or installed_verifiers() < "0.4":
+        pytest.skip("needs verifiers>=0.4 in this environment (tests/integration/test_verifiers_venvs.py runs it)")
+    folder = _project(tmp_path / "a", "vf_needs_dep", "import verifiers.v1 as vf\nimport left_pad_xyz\n")
+    with pytest.raises(AgentrlError, match=r"needs the module 'left_pad_xyz', which is not installed and not "
+                       r"among its \[project\] dependencies") as caught:
+        agentrl.load_environment(folder)
+    assert "\n" not in str(caught.value)
+    listed = _project(tmp_path / "b", "vf_lists_dep", "import verifiers.v1 as vf\nimport left_pad_xyz\n",
+                      '["left-pad-xyz>=1"]')
+    with pytest.raises(AgentrlError, match=r"its dependencies list it: run `agentrl env install"):
+        agentrl.load_environment(listed)
 
 
 def test_import_writes_an_agentrl_package(tmp_path):
@@ -76,9 +130,8 @@ def test_import_writes_an_agentrl_package(tmp_path):
 
 
 def test_cli_import(tmp_path):
-    from typer.testing import CliRunner
-
     from agentrl.cli import app
+    from typer.testing import CliRunner
 
     result = CliRunner().invoke(
         app,

@@ -67,6 +67,21 @@ async def test_oracle_reaches_reward_one_through_the_tools(env, sample_file, mod
         rollout.sample()  # the turns extend each other token-wise
 
 
+async def test_default_oracle_scores_one_at_default_sampling(env, sample_file):
+    """The default oracle sends short calls (`git apply` of the gold patch the environment put in its own sandbox),
+    so the default max_tokens (128) never cuts them; the `edit` oracle's hunks are cut there."""
+    oracle = import_package_attr(env.path, "swe:oracle_policy", package_name=env.name)(data_path=sample_file)
+    assert SamplingConfig().max_tokens == 128
+    for task in env.tasks("test"):
+        (rollout,) = await env.run_group(oracle, task, n=1, sampling=SamplingConfig())
+        assert rollout.error is None and not rollout.truncated, rollout.error
+        assert rollout.reward == 1.0 and rollout.metrics["submitted"] == 1.0, rollout.state
+        assert "agentrl-gold" not in rollout.state["diff"]  # the patch file is outside the graded tree
+    (cut,) = await env.run_group(_oracle(env, sample_file, "edit"), env.tasks("test")[0], n=1,
+                                 sampling=SamplingConfig())
+    assert cut.truncated and cut.state["stop_reason"] == "length" and cut.reward == 0.0
+
+
 async def test_tools_report_errors_and_give_up_scores_zero(env):
     task = env.tasks("test")[0]
     policy = ScriptedPolicy([
