@@ -31,17 +31,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.environment import Environment
+from agentrl import env_vars
 from agentrl.errors import AgentrlError
 from agentrl.hub.verifiers_worker import READY, read_frame, rollout_from_wire, write_frame
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.types import Message, Rollout, Task, Turn
 
 if TYPE_CHECKING:
-    from agentrl.hub.verifiers import VerifiersProject
+    from agentrl.hub.verifiers_project import VerifiersProject
 
 __all__ = ["VerifiersWorkerEnv"]
 
-START_TIMEOUT_S = float(os.environ.get("AGENTRL_VERIFIERS_START_TIMEOUT", "300"))
+START_TIMEOUT_S = float(env_vars.VERIFIERS_START_TIMEOUT.get())
 _TURN_EXCLUDE = {"prompt_routed_experts": True, "completion": {"routed_experts": True}}
 
 
@@ -49,7 +50,7 @@ class _Worker:
     """The worker process, its folder (socket, log) and its stop."""
 
     def __init__(self, project: VerifiersProject, venv: Path, kwargs: dict[str, Any]) -> None:
-        from agentrl.hub.verifiers import WORKER_ENV
+        from agentrl.hub.verifiers_project import WORKER_ENV
         from agentrl.hub.verifiers_venv import venv_python
 
         self.name = project.name
@@ -281,7 +282,7 @@ class VerifiersWorkerEnv(Environment):
 
 
 def _reload(path: str, venv: str, kwargs: dict[str, Any]) -> Environment:
-    from agentrl.hub.verifiers import find_verifiers_project
+    from agentrl.hub.verifiers_project import find_verifiers_project
 
     return VerifiersWorkerEnv.start(find_verifiers_project(path), Path(venv), kwargs)
 

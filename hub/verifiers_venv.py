@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -33,10 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentrl import env_vars
 from agentrl.errors import AgentrlError
 
 if TYPE_CHECKING:
-    from agentrl.hub.verifiers import VerifiersProject
+    from agentrl.hub.verifiers_project import VerifiersProject
 
 __all__ = ["api_requirement", "find_package_venv", "make_package_venv", "venv_requirements", "venvs_root"]
 
@@ -46,7 +46,7 @@ PTH_NAME = "agentrl-main-environment.pth"
 
 def venvs_root() -> Path:
     """Where package venvs live: `$AGENTRL_VENVS`, else `~/.agentrl/venvs`."""
-    return Path(os.environ.get("AGENTRL_VENVS") or Path.home() / ".agentrl" / "venvs").expanduser()
+    return Path(env_vars.VENVS.get() or Path.home() / ".agentrl" / "venvs").expanduser()
 
 
 def api_requirement(api: str) -> str:

@@ -170,7 +170,7 @@ class _Connection:
 
 
 def _load(request: dict[str, Any]) -> Any:
-    from agentrl.hub.verifiers import find_verifiers_project, load_in_process
+    from agentrl.hub.verifiers_project import find_verifiers_project, load_in_process
 
     project = find_verifiers_project(request["path"])
     if project is None:
@@ -201,7 +201,7 @@ def _status(message: dict[str, Any]) -> None:
 
 def main() -> None:
     from agentrl.errors import AgentrlError
-    from agentrl.hub.verifiers import WORKER_ENV
+    from agentrl.hub.verifiers_project import WORKER_ENV
 
     os.environ[WORKER_ENV] = "1"
     socket_path = sys.argv[1]

@@ -83,9 +83,19 @@ DOCKERD_LOG = EnvVar("AGENTRL_DOCKERD_LOG", "scripts/start-dockerd.sh: dockerd's
 VLLM_024_WHEEL = EnvVar("AGENTRL_VLLM_024_WHEEL", "The GPU scripts: a local CUDA vLLM 0.24.0 wheel to install.")
 REDTEAM_RECORD = EnvVar("AGENTRL_REDTEAM_RECORD", "File the SWE red-team test appends each cheat's reward to.")
 
+VENVS = EnvVar("AGENTRL_VENVS", "Where `agentrl env install` makes one venv per verifiers package (default "
+               "~/.agentrl/venvs).")
+VERIFIERS_WORKER = EnvVar("AGENTRL_VERIFIERS_WORKER", "Set to 1 in the worker process that runs a verifiers package "
+                          "on its own venv (it loads the package in-process).", kind="internal")
+VERIFIERS_START_TIMEOUT = EnvVar("AGENTRL_VERIFIERS_START_TIMEOUT", "Most seconds a verifiers package's worker "
+                                 "process may take to load the package.", default="300")
+MCP_TIMEOUT = EnvVar("AGENTRL_MCP_TIMEOUT", "Most seconds the in-sandbox MCP relay waits for a server's answer.",
+                     default="120", kind="internal")
+
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CACHE, SANDBOX_CACHE, RUN_ID, NODE_DIR, ENV_PATH, HUB, HUB_OWNER, HUB_BACKEND, HUB_STAGE_DELAY_S,
     HUB_TAG_DELAY_S, REGISTRY, SWE_BASE_IMAGE, SWEBENCH_NAMESPACE, ROUTED_EXPERTS, CPU_FIXES, EXEC_ID, SANDBOX_USER,
     SWE_REPORT, SWE_PATH, SWE_TOKEN, VENV, BIN_DIR, EXTRAS, DAEMON_JSON, DOCKERD_LOG, VLLM_024_WHEEL, REDTEAM_RECORD,
+    VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT, MCP_TIMEOUT,
 )}
 """name -> variable: every AGENTRL_* environment variable agentrl reads or sets."""

@@ -29,6 +29,10 @@ from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
 from pydantic import Field
 
+RELAY_TIMEOUT_S = 7 * 86_400.0
+"""The relay's command runs for the episode: the longest timeout a sandbox accepts (`agentrl.sandbox.base.
+MAX_TIMEOUT_S`; the core does not import the sandboxes, a test keeps the two equal)."""
+
 __all__ = ["McpServerSpec", "SandboxMcp", "check_local", "result_text"]
 
 RELAY_DIR = "/tmp/.agentrl-mcp"
@@ -109,8 +113,6 @@ class SandboxMcp:
     async def _start(self, spec: McpServerSpec) -> None:
         """Run the relay as a command of its own for the episode (bubblewrap ends a command's processes with
         it, so the relay is a running command, not a background job) and wait for its first line."""
-        from agentrl.sandbox.base import MAX_TIMEOUT_S
-
         sock = self._socket(spec.name)
         old = self._relays.pop(spec.name, None)
         if old is not None:
@@ -120,7 +122,7 @@ class SandboxMcp:
         serve = " ".join(shlex.quote(part) for part in ["python3", f"{RELAY_DIR}/relay.py", "serve", sock, *target])
         env = "".join(f"{key}={shlex.quote(value)} " for key, value in spec.env.items())
         relay = asyncio.create_task(self.sandbox.exec(
-            ["/bin/sh", "-c", f"{env}exec {serve} > {sock}.log 2>&1 < /dev/null"], timeout=MAX_TIMEOUT_S))
+            ["/bin/sh", "-c", f"{env}exec {serve} > {sock}.log 2>&1 < /dev/null"], timeout=RELAY_TIMEOUT_S))
         relay.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._relays[spec.name] = relay
         wait = (f"for i in $(seq 1 {int(START_TIMEOUT_S * 10)}); do "

@@ -142,3 +142,10 @@ def test_servers_off_the_sandbox_network_are_one_line():
     assert "\n" not in str(caught.value)
     with pytest.raises(AgentrlError, match="has no command"):
         check_local(McpServerSpec(name="x"), service_hosts=set(), where="task.toml")
+
+
+def test_the_relays_episode_timeout_is_the_longest_a_sandbox_accepts():
+    from agentrl.mcp_servers import RELAY_TIMEOUT_S
+    from agentrl.sandbox.base import MAX_TIMEOUT_S
+
+    assert RELAY_TIMEOUT_S == MAX_TIMEOUT_S

@@ -138,7 +138,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 async def test_missing_image_names_the_command_then_the_built_image_grades(package, mirror, env_image, docker_client):
     import agentrl
-    from agentrl.loader import import_package_attr
+    from agentrl.hub.entrypoint import import_package_attr
     from agentrl.policies import ScriptedPolicy, tool_call
     from agentrl.sampling import SamplingConfig
 
