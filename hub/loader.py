@@ -20,6 +20,8 @@ the caller's keyword arguments (which win) go to the entrypoint.
 
 from __future__ import annotations
 
+import difflib
+
 import os
 import re
 from dataclasses import dataclass
@@ -129,9 +131,13 @@ def find_environment(name_or_path: str | os.PathLike[str]) -> Path:
         for info in list_environments():
             if _normalise(info.name) == wanted:
                 return info.path
-    available = ", ".join(sorted(info.name for info in list_environments())) or "none"
+    names = sorted(info.name for info in list_environments())
+    available = ", ".join(names) or "none"
     what = "no such folder" if looks_like_path else "unknown environment"
-    raise NotFoundError(f"{what} {name!r}; available environments: {available} (or give a folder with {MANIFEST_NAME})")
+    close = [] if looks_like_path else difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}" if close else ""
+    raise NotFoundError(f"{what} {name!r}{hint}; available environments: {available} (or give a folder with "
+                        f"{MANIFEST_NAME})")
 
 
 def _find_installed(reference: str) -> Path:

@@ -334,8 +334,12 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
                 f"`huggingface-cli download {key}`, or use a preset: {', '.join(PRESETS)}"
             )
         return _spec_from_folder(cached, name=key, hf_repo=key)
+    import difflib
+
+    close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.6)
     raise NotFoundError(
-        f"unknown model {key!r}: use a preset ({', '.join(PRESETS)}), a local HF model folder or an HF repo id"
+        f"unknown model {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f": use a preset ({', '.join(PRESETS)}), a local HF model folder or an HF repo id"
     )
 
 

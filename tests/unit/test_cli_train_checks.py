@@ -55,3 +55,12 @@ def test_version_and_config_keys(capsys):
     assert lines[0].startswith("trainer.optimizer.lr  (float, default 1e-06)  Learning rate") and len(lines) == 5
     assert main(["config", "keys", "nope"]) == 2
     assert "no config key starts with 'nope'" in capsys.readouterr().err
+
+
+def test_unknown_environments_and_models_suggest_the_close_name(capsys):
+    from agentrl.cli import main
+
+    assert main(["train", "--env", "reverse-txt", "--dry-run"]) == 2
+    assert "unknown environment 'reverse-txt'; did you mean 'reverse-text'" in capsys.readouterr().err
+    assert main(["train", "--model", "tiny-mo", "--dry-run"]) == 2
+    assert "unknown model 'tiny-mo' (did you mean 'tiny-moe'?)" in capsys.readouterr().err

@@ -79,7 +79,7 @@ def test_unknown_name_lists_available():
     with pytest.raises(NotFoundError) as info:
         load_environment("reverse-txt")
     message = str(info.value)
-    assert message.startswith("unknown environment 'reverse-txt'; available environments: ")
+    assert message.startswith("unknown environment 'reverse-txt'; did you mean 'reverse-text'; available environments: ")
     assert "arithmetic" in message and "reverse-text" in message and "\n" not in message
 
 
