@@ -22,11 +22,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field, ValidationError
+
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.harbor_fields import check_fields
 from agentrl.mcp_servers import McpServerSpec
-from pydantic import Field, ValidationError
 
 __all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_harbor_task", "resolve_env",
            "check_carry_paths",

@@ -36,10 +36,21 @@ from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, SandboxError
 from agentrl.hub.harbor_config import (
-    HarborStep, HarborTask, NetworkPolicy, check_allow_env, check_carry_paths, read_harbor_task, resolve_env,
+    HarborStep,
+    HarborTask,
+    NetworkPolicy,
+    check_allow_env,
+    check_carry_paths,
+    read_harbor_task,
+    resolve_env,
 )
 from agentrl.hub.harbor_verifier import (
-    allow_apt_as_root, below_min_reward, run_verifier, settle_rewards, verifier_ran, verifier_reward,
+    allow_apt_as_root,
+    below_min_reward,
+    run_verifier,
+    settle_rewards,
+    verifier_ran,
+    verifier_reward,
 )
 from agentrl.hub.manifest import load_manifest
 from agentrl.rubric import Rubric

@@ -184,10 +184,9 @@ def row_images(row: dict) -> list[str]:
 
 def check_package_images(target: str | Path, *, registry: str | None = None) -> list[ImageCheck]:
     """Every image named by a package's manifest or task rows, with whether it exists."""
-    from agentrl.hub.package import build_dataset
-    from agentrl.hub.manifest import load_manifest
-
     from agentrl.hub.install import resolve_package_dir
+    from agentrl.hub.manifest import load_manifest
+    from agentrl.hub.package import build_dataset
 
     folder = resolve_package_dir(target)
     manifest = load_manifest(folder)

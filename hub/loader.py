@@ -21,7 +21,6 @@ the caller's keyword arguments (which win) go to the entrypoint.
 from __future__ import annotations
 
 import difflib
-
 import os
 import re
 from dataclasses import dataclass

@@ -34,8 +34,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from agentrl.config import BaseConfig, load_config
 from pydantic import Field, field_validator
+
+from agentrl.config import BaseConfig, load_config
 
 __all__ = ["MANIFEST_NAME", "SandboxLimits", "SandboxSpec", "DatasetSpec", "RewardSpec", "Manifest", "load_manifest"]
 

@@ -50,6 +50,7 @@ def _wanted_images(env: Any, config: Any) -> list[str]:
 def missing_images(images: list[str]) -> list[str]:
     """The images the local Docker engine lacks (one-line error when no engine answers)."""
     import docker
+
     from agentrl.sandbox.docker_engine import docker_client
 
     client = docker_client()

@@ -63,6 +63,7 @@ def swebench_instances(source: str | Path, *, namespace: str | None = None) -> l
 
 def _pull(image: str) -> str:
     import docker
+
     from agentrl.sandbox.docker_engine import docker_client
 
     try:
@@ -74,9 +75,10 @@ def _pull(image: str) -> str:
 
 
 def _build_from_task_repo(instance: Any, task_repo: str, *, network: bool) -> str:
-    from agentrl.hub.images import build_image
     from swebench.image_builder.prepare_images import resolve_task_repo
     from swebench.task.repo import load_dockerfiles, task_paths
+
+    from agentrl.hub.images import build_image
 
     try:
         with resolve_task_repo(task_repo) as repo:

@@ -30,8 +30,8 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.environment import Environment
 from agentrl import env_vars
+from agentrl.environment import Environment
 from agentrl.errors import AgentrlError
 from agentrl.hub.verifiers_worker import READY, read_frame, rollout_from_wire, write_frame
 from agentrl.sampling import ChatClient, SamplingConfig

@@ -66,9 +66,10 @@ class HookedEpisode:
 
     def _sync(self, messages: list[Message], upto: int) -> None:
         """The trace's message graph = messages[:upto] (one chain; replies after the prompt `sampled`)."""
-        from agentrl.hub.verifiers_v1_bridge import to_vf_message
         from verifiers.v1.graph import MessageNode
         from verifiers.v1.trace import ModelCall
+
+        from agentrl.hub.verifiers_v1_bridge import to_vf_message
 
         trace = self.trace
         trace.nodes.clear()
@@ -87,8 +88,9 @@ class HookedEpisode:
 
     async def before_call(self, messages: list[Message]) -> str | None:
         """Trace stops, then request interceptors and stops; rewritten user/tool messages replace the loop's."""
-        from agentrl.hub.verifiers_v1_bridge import to_vf_message
         from verifiers.v1.types import Request
+
+        from agentrl.hub.verifiers_v1_bridge import to_vf_message
 
         committed = self._committed(messages)
         self._sync(messages, committed)
@@ -109,8 +111,9 @@ class HookedEpisode:
 
     async def after_call(self, messages: list[Message]) -> str | None:
         """Response interceptors and stops on the reply (a rewrite replaces it), then the tool-call gate."""
-        from agentrl.hub.verifiers_v1_bridge import to_vf_message
         from verifiers.v1.types import Response
+
+        from agentrl.hub.verifiers_v1_bridge import to_vf_message
 
         reply = to_vf_message(messages[-1])
         response = Response(id="agentrl", created=int(time.time()), model="agentrl", message=reply,

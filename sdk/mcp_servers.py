@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from pydantic import Field
+
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
-from pydantic import Field
 
 RELAY_TIMEOUT_S = 7 * 86_400.0
 """The relay's command runs for the episode: the longest timeout a sandbox accepts (`agentrl.sandbox.base.

@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _legacy(module, records, kwargs):
     from agentrl.types import ToolCall
-
     from tests.verifiers_replay import replay_client
 
     vf_env = module.load_environment(**kwargs)

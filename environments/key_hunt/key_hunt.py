@@ -22,6 +22,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from key_hunt_data import DATA_DIR, DEFAULT, Difficulty, read_rows, split_rows
+
 from agentrl.errors import AgentrlError
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rubric import Rubric
@@ -29,7 +31,6 @@ from agentrl.sandbox import Sandbox, SandboxConfig
 from agentrl.sandbox_env import SandboxEnv
 from agentrl.tools import ToolArgumentError
 from agentrl.types import Message, Task
-from key_hunt_data import DATA_DIR, DEFAULT, Difficulty, read_rows, split_rows
 
 __all__ = ["KeyHuntEnv", "build_dataset", "load_environment", "oracle_policy", "sandbox_config"]
 

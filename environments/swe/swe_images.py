@@ -13,20 +13,22 @@ and the digests are printed, one `image remote digest` line each.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 import argparse
 import hashlib
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from agentrl import env_vars
 from agentrl.hub.images import push_image
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agentrl.errors import AgentrlError, NotFoundError
 from swe_projects import PROJECTS, Project, fetch_sdist, get_project
+
+from agentrl.errors import AgentrlError, NotFoundError
 
 __all__ = ["CONTENT_LABEL", "DEFAULT_BASE_IMAGE", "base_image", "build_cached_image", "build_folder_image", "build_images",
            "build_project_image"]

@@ -7,10 +7,11 @@ prints results (rich tables), and stays light at import.
 
 from __future__ import annotations
 
-from agentrl import env_vars
 from pathlib import Path
 
 import typer
+
+from agentrl import env_vars
 
 app = typer.Typer(help="Environment packages: init, validate, build, push, pull, list, info, versions, install, "
                        "check, import.", no_args_is_help=True)
@@ -150,12 +151,12 @@ def list_(
 
 def _list_loadable(search: str | None, tag: str | None) -> None:
     """The environments loadable by name on this machine, with the folder each is loaded from."""
-    from agentrl.errors import AgentrlError
-    from agentrl.hub.manifest import load_manifest
     from rich.console import Console
     from rich.table import Table
 
+    from agentrl.errors import AgentrlError
     from agentrl.hub.loader import list_environments
+    from agentrl.hub.manifest import load_manifest
 
     table = Table("environment", "version", "source", "tags", "folder", title="loadable by name")
     table.columns[-1].overflow = "fold"  # a folder is never cut short

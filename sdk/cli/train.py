@@ -6,10 +6,8 @@ Kept light at import: the run config, Ray, torch and the trainer load inside the
 from __future__ import annotations
 
 import time
-
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,7 +16,7 @@ def _run_name(env: str, model: str) -> str:
     def slug(text: str) -> str:
         return "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(text).name)[:40]
 
-    return f"{slug(env)}-{slug(model)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    return f"{slug(env)}-{slug(model)}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
 def _step_line(metrics: dict, *, total: int, eta_s: float | None) -> str:
@@ -70,21 +68,21 @@ def _summary_lines(history: list[dict]) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_command(
-        env: Optional[str] = typer.Option(None, "--env", "-e", help="Environment (default reverse-text)."),
-        model: Optional[str] = typer.Option(None, "--model", "-m", help="Model preset or HF folder (default tiny-moe)."),
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML run config (see cookbook/)."),
+        env: str | None = typer.Option(None, "--env", "-e", help="Environment (default reverse-text)."),
+        model: str | None = typer.Option(None, "--model", "-m", help="Model preset or HF folder (default tiny-moe)."),
+        config: Path | None = typer.Option(None, "--config", "-c", help="TOML run config (see cookbook/)."),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. orchestrator.max_steps=10."),
         dry_run: bool = typer.Option(False, "--dry-run",
                                      help="Print the resolved config and the full plan (nodes, GPUs, layout, "
                                           "vLLM commands, memory per GPU) and exit."),
-        resume: Optional[Path] = typer.Option(None, "--resume",
+        resume: Path | None = typer.Option(None, "--resume",
                                               help="Continue the run in this folder from its last checkpoint."),
-        ray_address: Optional[str] = typer.Option(None, "--ray-address",
+        ray_address: str | None = typer.Option(None, "--ray-address",
                                                   help="Join this Ray cluster instead of starting a local one."),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Run folder (default runs/<env>-<model>-<time>)."),
-        gpus: Optional[int] = typer.Option(
+        output: Path | None = typer.Option(None, "--output", "-o", help="Run folder (default runs/<env>-<model>-<time>)."),
+        gpus: int | None = typer.Option(
             None, "--gpus", help="GPUs of the cluster, split by the planner (= --set launch.gpus=N)."),
-        seq_len: Optional[int] = typer.Option(None, "--seq-len",
+        seq_len: int | None = typer.Option(None, "--seq-len",
                                               help="Longest sample in tokens (= --set model.max_seq_len=N)."),
     ) -> None:
         """Train a policy with asynchronous RL: rollouts on vLLM, trainer steps, live weight updates.
@@ -128,8 +126,8 @@ def register(app: typer.Typer) -> None:
             console.print("\n## resolved config (agentrl train --config takes it as it is)", markup=False, highlight=False)
             console.print(dump_config(resolved), markup=False, highlight=False)
             raise typer.Exit(0)
-        from agentrl.hub.sandbox_check import check_sandboxes
         from agentrl.hub.loader import load_environment
+        from agentrl.hub.sandbox_check import check_sandboxes
 
         # sandbox images / rootfs missing: one line with the command that builds them, before any start-up
         check_sandboxes(load_environment(resolved.env.name, **resolved.env.args))
@@ -177,7 +175,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sft")
     def sft_command(
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="TOML SFT config (e.g. cookbook/cpu-default/sft.toml)."),
+        config: Path | None = typer.Option(None, "--config", "-c", help="TOML SFT config (e.g. cookbook/cpu-default/sft.toml)."),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. steps=100."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
     ) -> None:

@@ -34,9 +34,9 @@ class RolloutWorker:
         does not see it, else with `model`'s."""
         from agentrl.client import TokenClient
         from agentrl.cpu_priority import lower_priority
-        from agentrl.session import attach_session_affinity
-        from agentrl.inference.supervisor import EndpointWatch, SupervisedClient
         from agentrl.hub.loader import load_environment
+        from agentrl.inference.supervisor import EndpointWatch, SupervisedClient
+        from agentrl.session import attach_session_affinity
 
         # Every thread this worker has now; threads it starts later inherit the niceness.
         lower_priority(os.getpid(), nice=nice)

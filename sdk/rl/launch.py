@@ -29,10 +29,11 @@ import asyncio
 import json
 import os
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agentrl.errors import AgentrlError, require
 from agentrl.rl.config import RunConfig
@@ -166,8 +167,8 @@ def run_training(
 ) -> TrainingResult:
     """Run (or resume) a training run in `run_dir`; see the module docstring."""
     ray = require("ray", "train")
-    from agentrl.inference.plans import build_plan
     from agentrl.hub.loader import load_environment
+    from agentrl.inference.plans import build_plan
     from agentrl.rl.actors import RolloutWorker
     from agentrl.rl.groups import InferenceGroup, TrainerGroup
     from agentrl.rl.placement import placement_spec, reserve

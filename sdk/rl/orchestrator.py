@@ -45,8 +45,9 @@ import asyncio
 import random
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from agentrl.errors import ConfigError
 from agentrl.rl.advantages import group_advantages

@@ -93,7 +93,7 @@ class RunDir:
         handle.flush()
         return handle
 
-    def create(self, config_toml: str) -> "RunDir":
+    def create(self, config_toml: str) -> RunDir:
         """Make the folder for a new run; refuse to overwrite an existing run."""
         if self.metrics_path.exists() or self.checkpoints.exists():
             raise AgentrlError(
@@ -103,7 +103,7 @@ class RunDir:
         self.config_path.write_text(config_toml)
         return self
 
-    def require_existing(self) -> "RunDir":
+    def require_existing(self) -> RunDir:
         """Check this is a run folder (for --resume)."""
         if not self.config_path.is_file():
             raise NotFoundError(f"{self.path}: not a run folder (no config.toml); pass the folder `agentrl train` made")

@@ -19,15 +19,17 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from pydantic import Field
 
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
 from agentrl.types import Completion, Message, Task, TrainingSample, Turn
-from pydantic import Field
 
 __all__ = ["SFTConfig", "TeacherClient", "demonstrations", "run_sft"]
 
@@ -101,9 +103,9 @@ class TeacherClient:
 
 def _oracle(env_name: str) -> Reply | None:
     """The environment package's oracle_policy(), as a reply function (text, or a Message with tool calls)."""
-    from agentrl.hub.manifest import load_manifest
     from agentrl.hub.entrypoint import import_package_attr
     from agentrl.hub.loader import find_environment
+    from agentrl.hub.manifest import load_manifest
     from agentrl.policies import as_message
 
     try:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from agentrl.rl.report import read_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -35,8 +35,9 @@ def base_url(tiny_moe_url):
 
 
 def _eval(env: Path, base_url: str, out: Path, client: str) -> list[dict]:
-    from agentrl.cli import app
     from typer.testing import CliRunner
+
+    from agentrl.cli import app
 
     result = CliRunner().invoke(
         app,

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from agentrl.hub.verifiers import find_verifiers_project, installed_verifiers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -47,9 +48,10 @@ def _pip_check() -> list[str]:
 
 @pytest.mark.parametrize("package", ["v1_reverse", "legacy_qa"])
 def test_install_then_eval_in_its_own_venv(package, base_url, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
     from agentrl.cli import app
     from agentrl.hub.verifiers_venv import find_package_venv, venv_python
-    from typer.testing import CliRunner
 
     monkeypatch.setenv("AGENTRL_VENVS", str(tmp_path / "venvs"))
     folder = FIXTURES / package

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 
-import agentrl
 import pytest
+from sandbox_backends import docker_ok
+
+import agentrl
 from agentrl.chat import ChatRenderer
 from agentrl.models import ensure_model
 from agentrl.rl.sft import TeacherClient, _oracle, demonstrations
 from agentrl.sampling import SamplingConfig
-from sandbox_backends import docker_ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
               pytest.mark.skipif(not docker_ok(), reason="no Docker engine")]

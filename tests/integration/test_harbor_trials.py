@@ -15,7 +15,6 @@ import pytest
 from sandbox_backends import DOCKER_BACKENDS
 
 from agentrl.sampling import SamplingConfig
-
 from tests.fakes.hub_fixtures import docker_client  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

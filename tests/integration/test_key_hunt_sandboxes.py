@@ -19,13 +19,14 @@ import tempfile
 import uuid
 from pathlib import Path
 
-import agentrl
 import pytest
+from sandbox_backends import BACKENDS
+
+import agentrl
 from agentrl.hub.entrypoint import import_package_attr
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
 from agentrl.sandbox.gc import list_sandboxes
-from sandbox_backends import BACKENDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -15,11 +15,12 @@ import json
 from pathlib import Path
 
 import pytest
+from sandbox_backends import BACKENDS, config
+
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
 from agentrl.sandbox_env import SandboxEnv
 from agentrl.types import Task
-from sandbox_backends import BACKENDS, config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import agentrl
 import pytest
+from sandbox_backends import docker_ok
+
+import agentrl
 from agentrl.errors import NotFoundError
 from agentrl.hub.manifest import load_manifest
 from agentrl.hub.sandbox_check import build_command, check_sandboxes
 from agentrl.sandbox.base import BASE_IMAGE
-from sandbox_backends import docker_ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
               pytest.mark.skipif(not docker_ok(), reason="no Docker engine")]

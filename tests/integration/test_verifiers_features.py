@@ -28,12 +28,13 @@ from packaging.version import Version
 if Version(verifiers.__version__) < Version("0.4.0"):
     pytest.skip(f"verifiers {verifiers.__version__} is installed; these tests need verifiers>=0.4 (its v1 API)",
                 allow_module_level=True)
-import agentrl
 import verifiers.v1 as vf
+from sandbox_backends import bwrap_ok
+
+import agentrl
 from agentrl.errors import AgentrlError
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.sampling import SamplingConfig
-from sandbox_backends import bwrap_ok
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verifiers"
 

@@ -20,9 +20,7 @@ import pytest
 verifiers = pytest.importorskip(
     "verifiers", reason="verifiers is not installed (pip install 'verifiers<0.4')"
 )
-try:
-    verifiers.SingleTurnEnv
-except AttributeError:
+if not hasattr(verifiers, "SingleTurnEnv"):
     pytest.skip(
         f"verifiers {verifiers.__version__} has no load_environment() API (SingleTurnEnv...); "
         "these tests need verifiers<0.4",

@@ -330,10 +330,10 @@ def test_v1_infinite_taskset_with_max_tasks():
 
 
 def test_v1_trace_stop_conditions():
+    import vf_v1_reverse
+
     from agentrl.hub.verifiers_v1 import build_trace
     from agentrl.types import Rollout
-
-    import vf_v1_reverse
 
     vf_task = list(vf_v1_reverse.ReverseTaskset(vf_v1_reverse.taskset.ReverseConfig()))[0]
     env = agentrl.load_environment(FIXTURES / "v1_reverse")

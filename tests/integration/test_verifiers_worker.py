@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 import pytest
+
 from agentrl.errors import AgentrlError
 from agentrl.hub.verifiers import find_verifiers_project, installed_verifiers
 from agentrl.policies import ScriptedPolicy

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+
 from agentrl.errors import AgentrlError
 from agentrl.mcp_servers import McpServerSpec, check_local, result_text
 

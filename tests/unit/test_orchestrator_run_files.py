@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.rl.config import RunConfig, load_run_config
 from agentrl.rl.orchestrator import OrchestratorState
 from agentrl.rl.report import RunDir, read_metrics
 from agentrl.rl.resume import (
@@ -20,7 +21,6 @@ from agentrl.rl.resume import (
     prune_checkpoints,
     remove_partials,
 )
-from agentrl.rl.config import RunConfig, load_run_config
 
 
 def _row(step: int, reward: float) -> dict:
@@ -239,8 +239,8 @@ def test_config_roundtrips_through_toml(tmp_path):
 
 def test_run_baseline_of_a_checkpoint(tmp_path):
     from agentrl.compare import run_baseline
-    from agentrl.evaluate import compare_checkpoint
     from agentrl.config import dump_config
+    from agentrl.evaluate import compare_checkpoint
 
     run = tmp_path / "run"
     (run / "checkpoints" / "step_3").mkdir(parents=True)

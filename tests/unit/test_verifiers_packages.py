@@ -5,8 +5,9 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.hub.verifiers import find_verifiers_project, import_verifiers_package
 
@@ -130,8 +131,9 @@ def test_import_writes_an_agentrl_package(tmp_path):
 
 
 def test_cli_import(tmp_path):
-    from agentrl.cli import app
     from typer.testing import CliRunner
+
+    from agentrl.cli import app
 
     result = CliRunner().invoke(
         app,

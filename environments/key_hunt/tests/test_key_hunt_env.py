@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-import agentrl
 import pytest
+
+import agentrl
 from agentrl.errors import AgentrlError
 from agentrl.hub.entrypoint import import_package_attr
 from agentrl.types import Message, ToolCall
