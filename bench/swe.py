@@ -84,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[int, dict] = {}
     for level in levels:
         elapsed, times, solved = asyncio.run(_grade_all(instances, level))
-        runs[level] = {"elapsed_s": round(elapsed, 2), "graded_per_minute": round(60 * len(instances) / elapsed, 2),
-                       "grade_p50_s": round(statistics.median(times), 3), "grade_p95_s": round(_percentile(times, 0.95), 3),
-                       "gold_solved": solved, "tasks": len(instances)}
+        runs[level] = {
+            "elapsed_s": round(elapsed, 2),
+            "graded_per_minute": round(60 * len(instances) / elapsed, 2),
+            "grade_p50_s": round(statistics.median(times), 3),
+            "grade_p95_s": round(_percentile(times, 0.95), 3),
+            "gold_solved": solved,
+            "tasks": len(instances),
+        }
     baseline = runs[levels[0]]
     project_stats = stats["projects"].values()
     applied = sum(p["applied"] for p in project_stats)
@@ -116,8 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     for column in ("sandboxes", "tasks/min", "vs 1 sandbox", "p50 s", "p95 s", "gold solved"):
         table.add_column(column, justify="right")
     for level, run in runs.items():
-        table.add_row(str(level), f"{run['graded_per_minute']:.1f}", f"{run['graded_per_minute'] / baseline['graded_per_minute']:.2f}x",
-                      f"{run['grade_p50_s']:.2f}", f"{run['grade_p95_s']:.2f}", f"{run['gold_solved']}/{run['tasks']}")
+        table.add_row(
+            str(level),
+            f"{run['graded_per_minute']:.1f}",
+            f"{run['graded_per_minute'] / baseline['graded_per_minute']:.2f}x",
+            f"{run['grade_p50_s']:.2f}",
+            f"{run['grade_p95_s']:.2f}",
+            f"{run['gold_solved']}/{run['tasks']}",
+        )
     console = Console()
     console.print(table)
     console.print(f"validated tasks: {len(rows)} ({result['splits']}) across {len(projects)} projects; "

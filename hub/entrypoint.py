@@ -78,7 +78,9 @@ def import_package_attr(folder: str | os.PathLike[str], spec: str, *, package_na
     module_file = folder.joinpath(*module_name.split(".")).with_suffix(".py")
     module_pkg = folder.joinpath(*module_name.split(".")) / "__init__.py"
     if not module_file.is_file() and not module_pkg.is_file():
-        raise NotFoundError(f"{folder / MANIFEST_NAME}: entrypoint module {module_name!r} not found ({module_file.name} is missing)")
+        raise NotFoundError(
+            f"{folder / MANIFEST_NAME}: entrypoint module {module_name!r} not found ({module_file.name} is missing)"
+        )
     try:
         with _siblings_importable(folder, package):
             module = importlib.import_module(f"{package}.{module_name}")

@@ -78,8 +78,14 @@ def build_image(context_dir: str | Path, *, dockerfile: str, tag: str, network: 
     if not dockerfile_path.is_file():
         raise NotFoundError(f"{dockerfile_path}: Dockerfile not found")
     try:
-        image, _ = client.images.build(path=str(dockerfile_path.parent), dockerfile=dockerfile_path.name, tag=tag, rm=True,
-                                       forcerm=True, network_mode=None if network else "none")
+        image, _ = client.images.build(
+            path=str(dockerfile_path.parent),
+            dockerfile=dockerfile_path.name,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            network_mode=None if network else "none",
+        )
     except docker.errors.BuildError as error:
         lines = [str(chunk.get("stream") or chunk.get("error") or "").strip() for chunk in error.build_log]
         tail = " | ".join(line for line in lines if line)[-400:]

@@ -57,7 +57,9 @@ def resolve_package_dir(target: str | Path) -> Path:
     folder = Path(target)
     if folder.exists():
         if not (folder / MANIFEST_NAME).is_file():
-            raise NotFoundError(f"{folder}: no {MANIFEST_NAME}; give a package folder or owner/name of a pulled package")
+            raise NotFoundError(
+                f"{folder}: no {MANIFEST_NAME}; give a package folder or owner/name of a pulled package"
+            )
         return folder
     from agentrl.hub.refs import find_installed
 

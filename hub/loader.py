@@ -167,10 +167,13 @@ def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
     except TypeError as exc:
         raise AgentrlError(f"environment {manifest.name!r}: bad arguments to {manifest.entrypoint}: {exc}") from exc
     except Exception as exc:
-        raise AgentrlError(f"environment {manifest.name!r}: {manifest.entrypoint} failed: {type(exc).__name__}: {exc}") from exc
+        raise AgentrlError(
+            f"environment {manifest.name!r}: {manifest.entrypoint} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(env, Environment):
         raise AgentrlError(
-            f"environment {manifest.name!r}: {manifest.entrypoint} returned {type(env).__name__}, not an agentrl Environment"
+            f"environment {manifest.name!r}: {manifest.entrypoint} returned {type(env).__name__}, "
+            "not an agentrl Environment"
         )
     if env.name == Environment.name:
         env.name = manifest.name

@@ -111,7 +111,9 @@ def push_package(
     return PushResult(ref, hash_value, published, image, digest)
 
 
-def _publish_image(package_dir: Path, manifest: Manifest, *, registry: str | None, say) -> tuple[str | None, str | None]:
+def _publish_image(
+    package_dir: Path, manifest: Manifest, *, registry: str | None, say
+) -> tuple[str | None, str | None]:
     sandbox = manifest.sandbox
     if sandbox is None:
         return None, None

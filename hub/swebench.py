@@ -86,7 +86,9 @@ def read_swebench_rows(source: str | Path, *, split: str | None = None) -> dict[
             rows = json.loads(text) if text.lstrip().startswith("[") else [
                 json.loads(line) for line in text.splitlines() if line.strip()]
         except json.JSONDecodeError as error:
-            raise AgentrlError(f"{source}: not JSON lines of SWE-bench rows ({error.msg}, line {error.lineno})") from None
+            raise AgentrlError(
+                f"{source}: not JSON lines of SWE-bench rows ({error.msg}, line {error.lineno})"
+            ) from None
         return {"test": rows}
     if not source.is_dir():
         raise NotFoundError(f"{source}: no such file or folder; give a .jsonl of SWE-bench rows or a folder "

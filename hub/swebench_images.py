@@ -105,7 +105,7 @@ FROM {env_image}
 COPY testbed /testbed
 RUN git config --global --add safe.directory /testbed
 WORKDIR /testbed
-"""
+"""  # noqa: E501 (the image's Dockerfile, as it is written)
 
 
 def _build_from_source(instance: Any, source: str, env_image: str) -> str:

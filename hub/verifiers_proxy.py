@@ -164,7 +164,9 @@ class _Link:
             exited = await asyncio.to_thread(self.worker.process.wait, 5)
         except subprocess.TimeoutExpired:
             exited = None
-        detail = f"its worker exited ({exited}): {' | '.join(self.worker.log_tail())}" if exited is not None else problem
+        detail = (
+            f"its worker exited ({exited}): {' | '.join(self.worker.log_tail())}" if exited is not None else problem
+        )
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(AgentrlError(f"verifiers package {self.worker.name!r}: {detail}"))

@@ -406,7 +406,8 @@ def _refuse_unsupported(name: str, taskset: Any, tasks: list[Any]) -> None:
     for judge in getattr(tasks[0].config, "judges", None) or []:
         if urlsplit(judge.base_url).hostname not in ("127.0.0.1", "localhost", "::1"):
             raise AgentrlError(
-                f"verifiers taskset {name!r}: its tasks plug the judge {judge.name or judge.id or type(judge).__name__!r} "
+                f"verifiers taskset {name!r}: its tasks plug the judge "
+                f"{judge.name or judge.id or type(judge).__name__!r} "
                 f"(model {judge.model!r} at {judge.base_url}), which agentrl's scoring cannot reach (no network); "
                 "point the judge's base_url at a server on 127.0.0.1 to run it"
             )

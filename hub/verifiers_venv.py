@@ -93,7 +93,8 @@ def _run(command: list[str], what: str) -> subprocess.CompletedProcess:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         lines = [line for line in (result.stderr or result.stdout).strip().splitlines() if line.strip()]
-        problem = " | ".join(line for line in lines if "ERROR" in line or "error" in line)[-400:] or " | ".join(lines[-2:])
+        errors = " | ".join(line for line in lines if "ERROR" in line or "error" in line)[-400:]
+        problem = errors or " | ".join(lines[-2:])
         raise AgentrlError(f"{what} failed: {problem}")
     return result
 

@@ -87,7 +87,9 @@ class _DirectWeightPublisher(WeightPublisher):
 
     def _prepare(self, weights: Mapping[str, Any] | str | Path, version: int, served: dict | None) -> Mapping[str, Any]:
         if isinstance(weights, (str, Path)):
-            raise WeightUpdateError(f"{type(self).__name__} sends tensors from GPU memory; pass the HF-named state dict")
+            raise WeightUpdateError(
+                f"{type(self).__name__} sends tensors from GPU memory; pass the HF-named state dict"
+            )
         if not weights:
             raise WeightUpdateError("publish: the state dict is empty; pass the model's HF-named tensors")
         if served:
@@ -286,7 +288,8 @@ class IpcWeightPublisher(_DirectWeightPublisher):
     for all updates, `ipc_buffer.PackedIpcBuffer`, at least as large as the largest tensor) and sends
     that one handle and each tensor's size; unpacked sends one handle per tensor, and both ends then
     pay for an IPC handle, event and ref-counter per tensor (and the server's process keeps every
-    shared copy allocated in the trainer: unpacked is for measurements, not for long runs). On the H200 that is about 40 us a tensor:
+    shared copy allocated in the trainer: unpacked is for measurements, not for long runs). On the
+    H200 that is about 40 us a tensor:
     glm-air-deep's 17,925 tensors update in 6.1 s packed against 6.8 s unpacked, the rest being
     vLLM's loading of checkpoint-format (per-expert) names (`bench/gpu_loop.py`). The server's
     version picks where `packed` goes (`vllm_compat.ipc_init_info` / `ipc_update_info`: 0.24 per

@@ -102,10 +102,16 @@ def _kv_transfer_config(config: DeploymentConfig, *, role: str | None) -> dict |
         return None
     if len(connectors) == 1:
         return connectors[0]
-    return {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"connectors": connectors}}
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": connectors},
+    }
 
 
-def _common_args(config: DeploymentConfig, model: str, *, fp8: bool, role: str | None) -> tuple[list[str], dict[str, str]]:
+def _common_args(
+    config: DeploymentConfig, model: str, *, fp8: bool, role: str | None
+) -> tuple[list[str], dict[str, str]]:
     args = ["--model", model, "--enable-scale-out", "--tensor-parallel-size", str(config.tensor_parallel_size)]
     # agentrl's methods in the workers: the weight check's digest, the memory report (vllm_worker_ext).
     args += ["--worker-extension-cls", WORKER_EXTENSION]
@@ -214,7 +220,8 @@ def _ep_instance(
     ranks_per_node = config.gpus_per_node // config.tensor_parallel_size
     if ranks_per_node < 1:
         raise ConfigError(
-            f"deployment.tensor_parallel_size {config.tensor_parallel_size} exceeds gpus_per_node {config.gpus_per_node}"
+            f"deployment.tensor_parallel_size {config.tensor_parallel_size} exceeds "
+            f"gpus_per_node {config.gpus_per_node}"
         )
     dp_size = ranks_per_node * node_count
     head = _address(config, first_node)
@@ -252,7 +259,9 @@ def _ep_instance(
     return processes
 
 
-def _router(config: DeploymentConfig, *, backends: list[str], prefill: list[str] = (), decode: list[str] = ()) -> ProcessSpec:
+def _router(
+    config: DeploymentConfig, *, backends: list[str], prefill: list[str] = (), decode: list[str] = ()
+) -> ProcessSpec:
     port = config.router_port or config.port + _ROUTER_PORT_OFFSET
     argv = ["vllm-router", "--host", config.host, "--port", str(port), "--policy", config.router_policy]
     if prefill:
@@ -273,9 +282,13 @@ def build_plan(model: str, config: DeploymentConfig) -> DeploymentPlan:
     notes: list[str] = []
     processes: list[ProcessSpec] = []
     if config.device == "cpu" and config.kind in ("wide_ep", "pd"):
-        raise ConfigError(f"deployment.kind {config.kind!r} needs GPUs (expert parallel over NCCL/DeepEP); use device='gpu'")
+        raise ConfigError(
+            f"deployment.kind {config.kind!r} needs GPUs (expert parallel over NCCL/DeepEP); use device='gpu'"
+        )
     if config.device == "cpu" and config.tensor_parallel_size != 1:
-        raise ConfigError("deployment.tensor_parallel_size: the CPU deployment runs one process per server; set it to 1")
+        raise ConfigError(
+            "deployment.tensor_parallel_size: the CPU deployment runs one process per server; set it to 1"
+        )
     fp8 = config.uses_fp8()
     if fp8:
         notes.append(f"FP8 weights + KV cache with DeepGEMM ({config.gpu_kind})")
@@ -327,7 +340,10 @@ def build_plan(model: str, config: DeploymentConfig) -> DeploymentPlan:
         scale = instances // (prefill_share + decode_share)
         prefill_urls, decode_urls = [], []
         node = 0
-        for role, count, urls in (("prefill", prefill_share * scale, prefill_urls), ("decode", decode_share * scale, decode_urls)):
+        for role, count, urls in (
+            ("prefill", prefill_share * scale, prefill_urls),
+            ("decode", decode_share * scale, decode_urls),
+        ):
             for index in range(count):
                 instance = _ep_instance(
                     config, model, role=role, name=f"{role}-{index}", first_node=node,

@@ -126,7 +126,8 @@ class VLLMRouter:
         state = wait_for_health(self.process, f"{self.url}/health", deadline=deadline, poll_s=0.3)
         if state == "exited":
             raise RouterError(
-                f"vllm-router exited with status {self.process.poll()}; last lines of {self.log_path}: {log_tail(self.log_path, lines=5)}"
+                f"vllm-router exited with status {self.process.poll()}; last lines of {self.log_path}: "
+                f"{log_tail(self.log_path, lines=5)}"
             )
         if state == "timeout":
             raise RouterError(

@@ -250,8 +250,12 @@ class VLLMServer:
             # the main thread, because the signal fires when the forking *thread* exits.
             launcher = [setpriv, "--pdeathsig", "TERM", "--"]
         self.process = subprocess.Popen(
-            launcher + nice_prefix(self.nice) + command, stdout=self._log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self.environment(), start_new_session=True,
+            launcher + nice_prefix(self.nice) + command,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.environment(),
+            start_new_session=True,
         )
         if self.nice:  # (its threads start niced: `nice_prefix`)
             # Its own session is its own autogroup, which is what competes with the trainer's.
@@ -267,7 +271,9 @@ class VLLMServer:
         return self
 
     def _wait_healthy(self, started: float) -> None:
-        state = wait_for_health(self.process, f"{self.url}/health", deadline=started + self.startup_timeout_s, poll_s=0.5)
+        state = wait_for_health(
+            self.process, f"{self.url}/health", deadline=started + self.startup_timeout_s, poll_s=0.5
+        )
         if state == "exited":
             raise ServerStartupError(
                 f"vLLM server for {self.model!r} exited with status {self.process.poll()} during start-up; "

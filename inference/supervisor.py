@@ -258,7 +258,9 @@ class EndpointWatch:
 class SupervisedClient:
     """A `ChatClient` that survives server restarts: retry after recovery, else a clear failure."""
 
-    def __init__(self, client: Any, supervisor: ServerSupervisor, *, max_retries: int = 2, recovery_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, client: Any, supervisor: ServerSupervisor, *, max_retries: int = 2, recovery_timeout_s: float = 300.0
+    ) -> None:
         self.client = client
         self.supervisor = supervisor
         self.max_retries = max_retries

@@ -47,7 +47,9 @@ def _parse(parser, args: list[str], *, what: str):
         with contextlib.redirect_stderr(stderr):
             return parser.parse_args(args)
     except SystemExit:
-        raise InvalidPlanError(f"{what} rejects {' '.join(args)[:200]!r}: {_last_error_line(stderr.getvalue(), 'invalid arguments')}") from None
+        raise InvalidPlanError(
+            f"{what} rejects {' '.join(args)[:200]!r}: {_last_error_line(stderr.getvalue(), 'invalid arguments')}"
+        ) from None
     except Exception as error:  # FlexibleArgumentParser raises for some malformed values
         raise InvalidPlanError(f"{what} rejects {' '.join(args)[:200]!r}: {error}") from None
 

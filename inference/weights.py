@@ -496,9 +496,13 @@ class FilesystemWeightPublisher(WeightPublisher):
         if isinstance(weights, (str, Path)):
             folder = Path(weights).expanduser().resolve()
             if not folder.is_dir():
-                raise WeightUpdateError(f"publish: {folder} is not a folder; pass an HF checkpoint folder or a state dict")
+                raise WeightUpdateError(
+                    f"publish: {folder} is not a folder; pass an HF checkpoint folder or a state dict"
+                )
             if not any(folder.glob("*.safetensors")):
-                raise WeightUpdateError(f"publish: {folder} has no *.safetensors files; save the checkpoint as safetensors")
+                raise WeightUpdateError(
+                    f"publish: {folder} has no *.safetensors files; save the checkpoint as safetensors"
+                )
             if served:
                 check_weights_match(checkpoint_shapes(folder), served, source=str(folder))
             return folder

@@ -9,9 +9,10 @@ the prompt is `previous.prompt_token_ids + previous.completion.token_ids` follow
 tokens of the newly added messages only, so nothing the model saw is re-tokenized.
 Concurrent identical calls (a group's first turns) share one request with `n` choices
 (`agentrl.coalesce`); seeded ones when their seeds run consecutively (vLLM seeds choice `i`
-with `seed + i`, so each choice is what its own seeded request would have been). Requests carry `cache_salt` = the newest weight version the
-client has seen (asked once from `/weight_info`, then read from responses), so vLLM's
-prefix cache never hands a request KV blocks computed by weights older than its own start
+with `seed + i`, so each choice is what its own seeded request would have been). Requests
+carry `cache_salt` = the newest weight version the client has seen (asked once from
+`/weight_info`, then read from responses), so vLLM's prefix cache never hands a request KV
+blocks computed by weights older than its own start
 (weight updates keep the KV of requests in flight, `agentrl.inference.weights`).
 
 `OpenAIClient` (`agentrl.openai_client`, importable from here too) speaks

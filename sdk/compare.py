@@ -79,8 +79,12 @@ def comparison_table(comparison: Comparison):
     table.add_column("95% CI of the delta", justify="right")
     rows = [("mean reward", ckpt.mean_reward, base.mean_reward, "reward"),
             (f"avg@{ckpt.rollouts_per_task}", ckpt.avg_at_k, base.avg_at_k, "reward")]
-    rows += [(f"pass@{k}", value, base.pass_at_k.get(k, float("nan")), f"pass@{k}") for k, value in ckpt.pass_at_k.items()]
-    rows += [(f"metric {name}", value, base.metrics.get(name, float("nan")), None) for name, value in ckpt.metrics.items()]
+    rows += [
+        (f"pass@{k}", value, base.pass_at_k.get(k, float("nan")), f"pass@{k}") for k, value in ckpt.pass_at_k.items()
+    ]
+    rows += [
+        (f"metric {name}", value, base.metrics.get(name, float("nan")), None) for name, value in ckpt.metrics.items()
+    ]
     for name, a, b, per_task in rows:
         delta = comparison.task_delta(per_task) if per_task else None
         interval = f"{delta.low:+.4f} to {delta.high:+.4f}" if delta is not None else ""

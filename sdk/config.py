@@ -160,7 +160,10 @@ def _suggestion(model: type[BaseModel], path: tuple[str | int, ...]) -> str:
     annotation: Any = model
     for part in path[:-1]:
         annotation = _unwrap(annotation)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)) or part not in annotation.model_fields:
+        if (
+            not (isinstance(annotation, type) and issubclass(annotation, BaseModel))
+            or part not in annotation.model_fields
+        ):
             return ""
         annotation = annotation.model_fields[part].annotation
     annotation = _unwrap(annotation)

@@ -14,8 +14,8 @@ team's shared contracts):
 (`setup_state`, `env_response`, `is_completed`, `cleanup_state`; sync or async) what to
 do between model calls, under budgets of turns, total completion tokens and wall-clock
 time. Each model call receives the previous `Turn` so token clients extend its token ids
-instead of re-rendering; `state["generation_s"]` sums the rollout's time waiting on the model. `SingleTurnEnv` is the one-call case; `ToolEnv` (tool_env.py)
-executes the assistant's tool calls.
+instead of re-rendering; `state["generation_s"]` sums the rollout's time waiting on the model.
+`SingleTurnEnv` is the one-call case; `ToolEnv` (tool_env.py) executes the assistant's tool calls.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class Environment:
             raise AgentrlError(f"environment {self.name!r}: split {key!r} is not a datasets.Dataset or a list of rows")
         if "prompt" not in data.column_names:
             raise AgentrlError(
-                f"environment {self.name!r}: split {key!r} has no 'prompt' column (columns: {', '.join(data.column_names)})"
+                f"environment {self.name!r}: split {key!r} has no 'prompt' column "
+                f"(columns: {', '.join(data.column_names)})"
             )
         self._splits[key] = data
         return data
@@ -148,7 +149,9 @@ class Environment:
             task = Task.from_row(dict(row))
         except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
             problem = " ".join(str(exc).split())
-            raise AgentrlError(f"environment {self.name!r}: bad task row {index}: {type(exc).__name__}: {problem}") from None
+            raise AgentrlError(
+                f"environment {self.name!r}: bad task row {index}: {type(exc).__name__}: {problem}"
+            ) from None
         if task.example_id is None:
             task.example_id = index
         if self.system_prompt and not any(message.role == "system" for message in task.prompt):
@@ -290,7 +293,10 @@ class MultiTurnEnv(Environment):
             started = time.monotonic()
             try:
                 message, turn = await client.chat(
-                    messages, tools=self.tools_for(state), sampling=call_sampling, previous=turns[-1] if turns else None,
+                    messages,
+                    tools=self.tools_for(state),
+                    sampling=call_sampling,
+                    previous=turns[-1] if turns else None,
                 )
             finally:
                 state["generation_s"] = state.get("generation_s", 0.0) + time.monotonic() - started

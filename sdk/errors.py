@@ -30,7 +30,7 @@ class NotFoundError(AgentrlError):
 
 
 class SandboxError(AgentrlError):
-    """A sandbox could not be created or used (engine missing, image missing, limits refused, a refused path or archive)."""
+    """A sandbox could not be created or used (engine or image missing, limits refused, a path or archive refused)."""
 
 
 class WeightUpdateError(AgentrlError):

@@ -231,7 +231,9 @@ async def evaluate_async(
     async def run(index: int) -> None:
         group = await run_group(tasks[index])
         groups[index] = group
-        lines = "".join(json.dumps(result_record(index, member, rollout)) + "\n" for member, rollout in enumerate(group))
+        lines = "".join(
+            json.dumps(result_record(index, member, rollout)) + "\n" for member, rollout in enumerate(group)
+        )
         try:
             with open(results_file, "a") as handle:
                 handle.write(lines)

@@ -141,7 +141,9 @@ def main(argv):
         return call(argv[1], argv[2], argv[3])
     if argv[:1] == ["serve"] and len(argv) >= 4:
         try:
-            server = HttpServer(argv[3]) if argv[2] == "--http" else StdioServer(argv[4:] if argv[3] == "--" else argv[3:])
+            server = (
+                HttpServer(argv[3]) if argv[2] == "--http" else StdioServer(argv[4:] if argv[3] == "--" else argv[3:])
+            )
             serve(argv[1], server)
         except Exception as error:  # noqa: BLE001
             print(f"error: {type(error).__name__}: {error}", flush=True)

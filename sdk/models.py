@@ -2,10 +2,10 @@
 
 `resolve_model(name_or_path)` returns a `ModelSpec` (architecture facts, HF repo id, the
 GPUs a preset needs, the local folder when there is one). `ensure_model(name_or_path)`
-returns a local folder with config, tokenizer and weights: `tiny-moe`, `tiny-nemotron` and `tiny-deepseek` are created on the
-spot (deterministic, cached under `$AGENTRL_CACHE/models` or `~/.cache/agentrl/models`),
-real presets and repo ids must already be in the local Hugging Face cache (nothing is
-downloaded here), a folder path is used as is.
+returns a local folder with config, tokenizer and weights: `tiny-moe`, `tiny-nemotron` and
+`tiny-deepseek` are created on the spot (deterministic, cached under `$AGENTRL_CACHE/models`
+or `~/.cache/agentrl/models`), real presets and repo ids must already be in the local Hugging
+Face cache (nothing is downloaded here), a folder path is used as is.
 """
 
 from __future__ import annotations

@@ -79,8 +79,10 @@ class OpenAIClient:
         except httpx.HTTPError as exc:
             raise InferenceError(f"{self.base_url}/chat/completions: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise InferenceError(f"{self.base_url}/chat/completions answered {response.status_code}: {response.text[:300]}",
-                                 status=response.status_code)
+            raise InferenceError(
+                f"{self.base_url}/chat/completions answered {response.status_code}: {response.text[:300]}",
+                status=response.status_code,
+            )
         data = response.json()
         choice = data["choices"][0]
         raw = choice.get("message") or {}

@@ -102,7 +102,9 @@ class XMLParser(Parser):
                 if not re.fullmatch(r"[A-Za-z_][\w\-]*", name):
                     raise AgentrlError(f"XMLParser: field {name!r} is not a valid tag name")
             self.fields.append(names)
-        self.answer_field = answer_field or ("answer" if any("answer" in f for f in self.fields) else self.fields[-1][0])
+        self.answer_field = answer_field or (
+            "answer" if any("answer" in f for f in self.fields) else self.fields[-1][0]
+        )
         all_names = [name for names in self.fields for name in names]
         self._any_open = re.compile("|".join(f"<{re.escape(n)}>" for n in all_names))
 
@@ -150,7 +152,9 @@ class XMLParser(Parser):
         unknown = sorted(set(values) - known)
         if unknown:
             raise AgentrlError(f"XMLParser.format: unknown field(s) {', '.join(unknown)}; fields are {sorted(known)}")
-        return "\n".join(f"<{names[0]}>\n{values[names[0]]}\n</{names[0]}>" for names in self.fields if names[0] in values)
+        return "\n".join(
+            f"<{names[0]}>\n{values[names[0]]}\n</{names[0]}>" for names in self.fields if names[0] in values
+        )
 
     def _message_format_score(self, text: str) -> float:
         present = 0

@@ -69,7 +69,8 @@ def as_message(reply: Any) -> Message:
     elif isinstance(reply, dict):
         data = {"role": "assistant", **reply}
         data["tool_calls"] = [
-            call if isinstance(call, ToolCall) else ToolCall.model_validate(call) for call in data.get("tool_calls") or []
+            call if isinstance(call, ToolCall) else ToolCall.model_validate(call)
+            for call in data.get("tool_calls") or []
         ] or None
         message = Message.model_validate(data)
     else:

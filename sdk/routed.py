@@ -152,7 +152,9 @@ RoutedExpertsField = Annotated[
     RoutedExperts,
     PlainValidator(RoutedExperts.validate),
     PlainSerializer(RoutedExperts.tolist, return_type=list),
-    WithJsonSchema({"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}}),
+    WithJsonSchema(
+        {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}}}
+    ),
 ]
 """Pydantic field type for routed experts (see the module docstring)."""
 

@@ -45,7 +45,9 @@ def _result_text(result) -> str:
     if result.stdout:
         parts.append(result.stdout.rstrip("\n") + ("\n[stdout truncated]" if result.stdout_truncated else ""))
     if result.stderr:
-        parts.append("stderr:\n" + result.stderr.rstrip("\n") + ("\n[stderr truncated]" if result.stderr_truncated else ""))
+        parts.append(
+            "stderr:\n" + result.stderr.rstrip("\n") + ("\n[stderr truncated]" if result.stderr_truncated else "")
+        )
     return "\n".join(parts)
 
 

@@ -116,7 +116,9 @@ class Tool:
                     raise AgentrlError(f"Tool {self.name!r}: hidden argument {param.name!r} cannot be positional-only")
                 continue
             if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-                raise AgentrlError(f"Tool {self.name!r}: *args/**kwargs cannot be described to a model; name each argument")
+                raise AgentrlError(
+                    f"Tool {self.name!r}: *args/**kwargs cannot be described to a model; name each argument"
+                )
             if param.name not in hints:
                 raise AgentrlError(f"Tool {self.name!r}: argument {param.name!r} needs a type annotation")
             if param.kind is inspect.Parameter.POSITIONAL_ONLY:
@@ -152,7 +154,9 @@ class Tool:
             try:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError as exc:
-                raise ToolArgumentError(f"{self.name}: arguments are not valid JSON ({exc.msg} at char {exc.pos})") from None
+                raise ToolArgumentError(
+                    f"{self.name}: arguments are not valid JSON ({exc.msg} at char {exc.pos})"
+                ) from None
         if not isinstance(arguments, dict):
             raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(arguments).__name__}")
         try:
@@ -175,7 +179,9 @@ class Tool:
         hidden = hidden or {}
         missing = [name for name in self.hidden if name not in hidden]
         if missing:
-            raise AgentrlError(f"Tool {self.name!r}: the environment did not supply hidden argument(s) {', '.join(missing)}")
+            raise AgentrlError(
+                f"Tool {self.name!r}: the environment did not supply hidden argument(s) {', '.join(missing)}"
+            )
         values.update({name: hidden[name] for name in self.hidden})
         positional = [values.pop(name) for name in self._positional_only]
         if self.is_async:

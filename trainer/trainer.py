@@ -77,7 +77,9 @@ def resolve_model_dir(name_or_path: str) -> Path:
     try:
         from agentrl.models import ensure_model
     except ImportError as exc:
-        raise NotFoundError(f"trainer.model={name_or_path!r}: no such folder; pass a Hugging Face model folder") from exc
+        raise NotFoundError(
+            f"trainer.model={name_or_path!r}: no such folder; pass a Hugging Face model folder"
+        ) from exc
     return Path(ensure_model(name_or_path))
 
 
@@ -257,7 +259,9 @@ class Trainer:
         if self.loss_scale:
             self.loss_scale.update(finite=not skipped)
         if skipped:  # never let a NaN/inf gradient reach the weights or the Adam moments
-            logger.warning("trainer step %d: gradient norm is %s; the update is skipped", self.step_count + 1, grad_norm)
+            logger.warning(
+                "trainer step %d: gradient norm is %s; the update is skipped", self.step_count + 1, grad_norm
+            )
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -368,7 +372,9 @@ class Trainer:
         if dtype is None and self.model_dir is not None:
             config = json.loads((self.model_dir / "config.json").read_text())
             name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
-            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name, torch.bfloat16)
+            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+                name, torch.bfloat16
+            )
         return export_hf(self, out_dir, dtype=dtype, digest=digest)
 
 

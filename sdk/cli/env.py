@@ -250,13 +250,20 @@ def import_harbor(
     path: Path = typer.Argument(..., help="Harbor task folder, dataset folder or registry JSON list."),
     out: Path | None = typer.Option(None, help="Package folder to write (default: ./<task name>)."),
     name: str | None = typer.Option(None, help="Environment name (default: from the folder name)."),
-    writable_root: str = typer.Option("never", help="Phases with a writable root filesystem: never, verifier "
-                                                    "(a test.sh that installs its tools) or always."),
+    writable_root: str = typer.Option(
+        "never",
+        help="Phases with a writable root filesystem: never, verifier (a test.sh that installs its tools) or always.",
+    ),
     build: bool = typer.Option(False, help="Also build every task's image from its environment/Dockerfile."),
-    carry: list[str] | None = typer.Option(None, help="A folder besides the working directory that the "
-                                                         "verifier gets from the agent's sandbox (repeatable)."),
-    allow_env: list[str] | None = typer.Option(None, "--allow-env", help="A host environment variable the "
-                                                  "tasks' ${VAR} env templates may take (repeatable; none by default)."),
+    carry: list[str] | None = typer.Option(
+        None,
+        help="A folder besides the working directory that the verifier gets from the agent's sandbox (repeatable).",
+    ),
+    allow_env: list[str] | None = typer.Option(
+        None,
+        "--allow-env",
+        help="A host environment variable the tasks' ${VAR} env templates may take (repeatable; none by default).",
+    ),
 ) -> None:
     """Turn Harbor tasks into an agentrl package whose reward runs each task's tests (one row per task)."""
     from agentrl.hub.harbor import build_harbor_images, import_harbor_task

@@ -42,7 +42,9 @@ def _compare_with_baseline(resolved, summary, console, on_server) -> None:
     from agentrl.evaluate import run_evaluation
 
     console.print(f"baseline: {baseline} (the model this run started from)")
-    output = Path(summary.output_dir).with_name(Path(summary.output_dir).name + "-baseline") if summary.output_dir else None
+    output = (
+        Path(summary.output_dir).with_name(Path(summary.output_dir).name + "-baseline") if summary.output_dir else None
+    )
     base = run_evaluation(resolved.model_copy(update={"model": baseline, "output": output}), progress=True,
                           on_server=on_server)
     console.print(comparison_table(Comparison(checkpoint=summary, baseline=base)))

@@ -35,8 +35,12 @@ def register(app: typer.Typer) -> None:
                        "GPUs", "weights"):
             table.add_column(column)
         for spec in specs:
-            experts = (f"{spec.experts} top-{spec.experts_per_token}" + (f" +{spec.shared_experts}" if spec.shared_experts else "")
-                       if spec.is_moe else "dense")
+            experts = (
+                f"{spec.experts} top-{spec.experts_per_token}"
+                + (f" +{spec.shared_experts}" if spec.shared_experts else "")
+                if spec.is_moe
+                else "dense"
+            )
             gpus = "none (CPU)" if spec.inference_gpus == 0 else f"{spec.inference_gpus} / {spec.training_gpus}"
             if spec.hf_repo is None and spec.path is None:
                 where = "created locally"

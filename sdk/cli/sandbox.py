@@ -17,7 +17,9 @@ def run(
     ctx: typer.Context,
     image: str = typer.Option("agentrl-base:bookworm", "--image", help="Docker image (or E2B template)."),
     backend: str = typer.Option("docker", "--type", help="Backend: docker, bwrap or e2b."),
-    runtime: str = typer.Option("runc", "--runtime", help="Docker runtime: runc, or runsc (gVisor) for untrusted code."),
+    runtime: str = typer.Option(
+        "runc", "--runtime", help="Docker runtime: runc, or runsc (gVisor) for untrusted code."
+    ),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds before the command is killed."),
     memory_mb: int = typer.Option(1024, "--memory-mb", help="Memory limit in MiB."),
     cpus: float = typer.Option(1.0, "--cpus", help="CPU limit in cores."),
@@ -87,7 +89,9 @@ def ls(backend: str | None = typer.Option(None, "--type", help="Only this backen
     found = list_sandboxes(include_docker=kinds["docker"], include_bwrap=kinds["bwrap"])
     table = Table("backend", "id", "owner", "pid", "status", "image", "orphan")
     for info in found:
-        table.add_row(info.backend, info.id, info.owner, info.pid, info.status, info.image, "yes" if info.orphan else "")
+        table.add_row(
+            info.backend, info.id, info.owner, info.pid, info.status, info.image, "yes" if info.orphan else ""
+        )
     console = Console()
     Console(width=max(console.width, 150)).print(table)  # ids and owners are never cut off
     typer.echo(f"{len(found)} sandbox(es)")

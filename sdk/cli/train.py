@@ -58,10 +58,12 @@ def _summary_lines(history: list[dict]) -> list[str]:
     evals = [row for row in history if "eval/mean_reward" in row]
     if evals:
         first, last = evals[0], evals[-1]
-        lines.append(f"held-out mean reward after step {first['eval/step'] + 1}: {first['eval/mean_reward']:.3f} (95% CI "
-                     f"{first['eval/mean_reward_low']:.3f}-{first['eval/mean_reward_high']:.3f}) -> after step "
-                     f"{last['eval/step'] + 1}: {last['eval/mean_reward']:.3f} (95% CI {last['eval/mean_reward_low']:.3f}"
-                     f"-{last['eval/mean_reward_high']:.3f})")
+        lines.append(
+            f"held-out mean reward after step {first['eval/step'] + 1}: {first['eval/mean_reward']:.3f} (95% CI "
+            f"{first['eval/mean_reward_low']:.3f}-{first['eval/mean_reward_high']:.3f}) -> after step "
+            f"{last['eval/step'] + 1}: {last['eval/mean_reward']:.3f} (95% CI {last['eval/mean_reward_low']:.3f}"
+            f"-{last['eval/mean_reward_high']:.3f})"
+        )
     return lines
 
 
@@ -72,18 +74,27 @@ def register(app: typer.Typer) -> None:
         model: str | None = typer.Option(None, "--model", "-m", help="Model preset or HF folder (default tiny-moe)."),
         config: Path | None = typer.Option(None, "--config", "-c", help="TOML run config (see cookbook/)."),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. orchestrator.max_steps=10."),
-        dry_run: bool = typer.Option(False, "--dry-run",
-                                     help="Print the resolved config and the full plan (nodes, GPUs, layout, "
-                                          "vLLM commands, memory per GPU) and exit."),
-        resume: Path | None = typer.Option(None, "--resume",
-                                              help="Continue the run in this folder from its last checkpoint."),
-        ray_address: str | None = typer.Option(None, "--ray-address",
-                                                  help="Join this Ray cluster instead of starting a local one."),
-        output: Path | None = typer.Option(None, "--output", "-o", help="Run folder (default runs/<env>-<model>-<time>)."),
+        dry_run: bool = typer.Option(
+            False,
+            "--dry-run",
+            help="Print the resolved config and the full plan (nodes, GPUs, layout, "
+            "vLLM commands, memory per GPU) and exit.",
+        ),
+        resume: Path | None = typer.Option(
+            None, "--resume", help="Continue the run in this folder from its last checkpoint."
+        ),
+        ray_address: str | None = typer.Option(
+            None, "--ray-address", help="Join this Ray cluster instead of starting a local one."
+        ),
+        output: Path | None = typer.Option(
+            None, "--output", "-o", help="Run folder (default runs/<env>-<model>-<time>)."
+        ),
         gpus: int | None = typer.Option(
-            None, "--gpus", help="GPUs of the cluster, split by the planner (= --set launch.gpus=N)."),
-        seq_len: int | None = typer.Option(None, "--seq-len",
-                                              help="Longest sample in tokens (= --set model.max_seq_len=N)."),
+            None, "--gpus", help="GPUs of the cluster, split by the planner (= --set launch.gpus=N)."
+        ),
+        seq_len: int | None = typer.Option(
+            None, "--seq-len", help="Longest sample in tokens (= --set model.max_seq_len=N)."
+        ),
     ) -> None:
         """Train a policy with asynchronous RL: rollouts on vLLM, trainer steps, live weight updates.
 
@@ -123,7 +134,9 @@ def register(app: typer.Typer) -> None:
             from agentrl.rl.plan import plan_run
 
             console.print(plan_run(resolved), markup=False, highlight=False)  # the plan first, then what it planned
-            console.print("\n## resolved config (agentrl train --config takes it as it is)", markup=False, highlight=False)
+            console.print(
+                "\n## resolved config (agentrl train --config takes it as it is)", markup=False, highlight=False
+            )
             console.print(dump_config(resolved), markup=False, highlight=False)
             raise typer.Exit(0)
         from agentrl.hub.loader import load_environment
@@ -175,7 +188,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sft")
     def sft_command(
-        config: Path | None = typer.Option(None, "--config", "-c", help="TOML SFT config (e.g. cookbook/cpu-default/sft.toml)."),
+        config: Path | None = typer.Option(
+            None, "--config", "-c", help="TOML SFT config (e.g. cookbook/cpu-default/sft.toml)."
+        ),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. steps=100."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
     ) -> None:

@@ -8,7 +8,9 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("trainer-plan")
     def trainer_plan_command(
-        model: str = typer.Argument(..., help="HF model folder or preset (glm-4.5-air, qwen3-30b-a3b, kimi-k2, tiny-moe)."),
+        model: str = typer.Argument(
+            ..., help="HF model folder or preset (glm-4.5-air, qwen3-30b-a3b, kimi-k2, tiny-moe)."
+        ),
         gpus: int = typer.Option(8, "--gpus", help="Trainer GPUs (ranks)."),
         row_tokens: int = typer.Option(65536, "--row-tokens", help="Tokens per packed row (one micro-batch)."),
         ep: str = typer.Option("auto", "--ep", help="Expert-parallel degree or 'auto'."),

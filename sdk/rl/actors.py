@@ -45,8 +45,12 @@ class RolloutWorker:
         client = TokenClient(url, model=model, renderer=_renderer(tokenizer_dir, tokenizer_files))
         attach_session_affinity(client.http)
         watch = EndpointWatch(url)
-        self.client = SupervisedClient(client, watch, max_retries=max(1, int(recovery_timeout_s / watch.health_interval_s)),
-                                       recovery_timeout_s=recovery_timeout_s)
+        self.client = SupervisedClient(
+            client,
+            watch,
+            max_retries=max(1, int(recovery_timeout_s / watch.health_interval_s)),
+            recovery_timeout_s=recovery_timeout_s,
+        )
 
     def node(self) -> str:
         return _node_id()

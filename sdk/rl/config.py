@@ -236,7 +236,9 @@ def load_run_config(
         shortcuts.append(f"model.name={_toml_string(model)}")
     recipe = _CPU_RECIPES.get(model or "tiny-moe")
     if path is None and (env or "reverse-text") == "reverse-text" and recipe is not None and recipe.is_file():
-        path = recipe  # `agentrl train` with no arguments is the CPU default recipe; `--model tiny-nemotron` / `tiny-deepseek` their own
+        # `agentrl train` with no arguments is the CPU default recipe; `--model tiny-nemotron` /
+        # `tiny-deepseek` their own.
+        path = recipe
     elif path is not None:
         path = resolve_project_path(path)  # `--config cookbook/...` also outside a checkout
     config = load_config(RunConfig, path, overrides=shortcuts + overrides)

@@ -251,8 +251,10 @@ class InferenceActor:
             raise AgentrlError("load_weights: give a folder path or shipped files")
         for attempt in range(3):
             if not self.supervisor.wait_healthy(self.startup_timeout_s):
-                raise WeightUpdateError(f"server {self.index} is not serving ({self.supervisor.failed or 'restarting'});"
-                                        f" version {version} was not loaded")
+                raise WeightUpdateError(
+                    f"server {self.index} is not serving ({self.supervisor.failed or 'restarting'});"
+                    f" version {version} was not loaded"
+                )
             started = time.monotonic()
             try:
                 with self._lock:

@@ -107,8 +107,10 @@ def placement_spec(config: Any, deployment: Any) -> PlacementSpec:
             gpus = sum(len(process.gpus) for process in on_node)
             bundles = [_bundle(launch.inference_resources, gpus=gpus, cpus=1.0)]
         else:
-            bundles = [_bundle(launch.inference_resources, gpus=len(process.gpus), cpus=1.0 if process.gpus else CPU_SHARE)
-                       for process in on_node]
+            bundles = [
+                _bundle(launch.inference_resources, gpus=len(process.gpus), cpus=1.0 if process.gpus else CPU_SHARE)
+                for process in on_node
+            ]
         spec.groups.append(GroupSpec(name, bundles, "STRICT_PACK"))
         spec.inference += [Slot(name, bundle) for bundle in range(len(bundles))]
         spec.inference_nodes += [node] * len(bundles)

@@ -252,8 +252,10 @@ def plan_run(config: RunConfig) -> str:
     lines.append(deployment.render())
     lines.append("\n## orchestrator")
     orch = config.orchestrator
-    lines.append(f"# {orch.max_steps} steps x {orch.groups_per_step} groups x {orch.rollouts_per_group} rollouts, "
-                 f"max_off_policy_steps={orch.max_off_policy_steps}, max_concurrent_rollouts={orch.max_concurrent_rollouts}")
+    lines.append(
+        f"# {orch.max_steps} steps x {orch.groups_per_step} groups x {orch.rollouts_per_group} rollouts, "
+        f"max_off_policy_steps={orch.max_off_policy_steps}, max_concurrent_rollouts={orch.max_concurrent_rollouts}"
+    )
     return "\n".join(lines)
 
 

@@ -94,7 +94,9 @@ def load_orchestrator_state(info: CheckpointInfo) -> OrchestratorState:
     try:
         state = OrchestratorState.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError) as error:
-        raise NotFoundError(f"{path}: unreadable orchestrator state ({error}); resume from an earlier checkpoint") from None
+        raise NotFoundError(
+            f"{path}: unreadable orchestrator state ({error}); resume from an earlier checkpoint"
+        ) from None
     if state.step != info.step:
         raise NotFoundError(f"{path}: says step {state.step} but the folder is step_{info.step}")
     return state

@@ -61,7 +61,7 @@ class SFTConfig(BaseConfig):
     trainer: TrainerConfig = Field(default_factory=_sft_trainer)
     """Trainer settings (loss.mode must be 'sft')."""
     export_every: int = Field(default=0, ge=0)
-    """Also export (overwriting `output`) every this many steps, so a long run leaves usable weights (0: only at the end)."""
+    """Also export (overwriting `output`) every this many steps, so long runs leave usable weights (0: only at end)."""
     torch_threads: int = Field(default=1, ge=0)
     """CPU threads torch may use (0: torch's default; 1 avoids oversubscribing a small shared CPU)."""
     max_concurrent_episodes: int = Field(default=16, ge=1)

@@ -99,8 +99,12 @@ class SharedGpuPlan(BaseModel):
             return None
         share = config.inference.gpu_memory_utilization
         spare = self.gpu_gib - MARGIN_GIB - (self.peak_gib - self.server_gib)
-        hint = (f"lower inference.gpu_memory_utilization to at most {max(spare - SERVER_OVERHEAD_GIB, 0) / self.gpu_gib:.2f}"
-                if spare > SERVER_OVERHEAD_GIB else "the trainer alone does not fit")
+        hint = (
+            "lower inference.gpu_memory_utilization to at most "
+            f"{max(spare - SERVER_OVERHEAD_GIB, 0) / self.gpu_gib:.2f}"
+            if spare > SERVER_OVERHEAD_GIB
+            else "the trainer alone does not fit"
+        )
         return (f"trainer and vLLM sharing one {self.gpu_gib:.0f} GiB GPU need {self.peak_gib:.1f} GiB at the "
                 f"{'step' if self.step_gib >= self.update_gib else 'weight update'} (+{MARGIN_GIB:.0f} kept free; "
                 f"inference.gpu_memory_utilization={share}, trainer.row_tokens={config.trainer.row_tokens}): {hint}, "

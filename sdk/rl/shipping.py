@@ -30,8 +30,8 @@ from pathlib import Path, PurePosixPath
 from agentrl import env_vars
 from agentrl.errors import AgentrlError
 
-__all__ = ["MAX_SHIPPED_BYTES", "WEIGHT_SUFFIXES", "Folder", "folder_bytes", "mark_visible", "node_dir", "nodes_missing", "prune_versions", "read_folder",
-           "remove_node_dirs", "sees", "write_folder"]
+__all__ = ["MAX_SHIPPED_BYTES", "WEIGHT_SUFFIXES", "Folder", "folder_bytes", "mark_visible", "node_dir",
+           "nodes_missing", "prune_versions", "read_folder", "remove_node_dirs", "sees", "write_folder"]
 
 _MARKER = ".agentrl-visible-"
 

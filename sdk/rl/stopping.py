@@ -7,9 +7,9 @@ SIGINT in the driver's main thread into `RunStopped` (a `KeyboardInterrupt`, so 
 orchestrator's `except Exception` nor asyncio's task machinery swallows it); the launcher's
 clean-up then stops the servers, the actors and the local cluster, and `stopped_error` gives the
 one line the CLI prints (exit status 128 + the signal's number). A Ray actor of the run that dies
-(a trainer rank killed, say) ends it the same way: `actor_died_error` is its one line (exit status 1). Further signals during that
-clean-up are ignored: every step of it is bounded in time, and an interrupted clean-up is what
-leaves processes behind.
+(a trainer rank killed, say) ends it the same way: `actor_died_error` is its one line (exit
+status 1). Further signals during that clean-up are ignored: every step of it is bounded in
+time, and an interrupted clean-up is what leaves processes behind.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ _ACTOR_FIELDS = re.compile(r"^\s*(class_name|name|pid|ip): (\S+)\s*$", re.M)
 _EXIT_TYPE = re.compile(r"Worker exit type: (\w+)")
 
 
-def actor_died_error(error: BaseException, *, run_dir: Path, run_id: str, checkpoint_step: int | None) -> ProcessDiedError:
+def actor_died_error(
+    error: BaseException, *, run_dir: Path, run_id: str, checkpoint_step: int | None
+) -> ProcessDiedError:
     """The one line for a run whose Ray actor died (`ray.exceptions.ActorDiedError`): which one, how, how to resume.
 
     Ray's own message is a paragraph (class, actor id, pid, node, common causes); the line keeps

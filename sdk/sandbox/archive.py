@@ -117,7 +117,9 @@ def _remove_entry(parent_fd: int, name: str) -> None:
     os.unlink(name, dir_fd=parent_fd)
 
 
-def extract_archive(archive: bytes, dest: str | Path, *, max_bytes: int, max_members: int = MAX_MEMBERS) -> ExtractResult:
+def extract_archive(
+    archive: bytes, dest: str | Path, *, max_bytes: int, max_members: int = MAX_MEMBERS
+) -> ExtractResult:
     """Unpack an (uncompressed) tar made inside a sandbox into `dest`; see the module docstring."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,9 @@ def extract_archive(archive: bytes, dest: str | Path, *, max_bytes: int, max_mem
                     raise WorkdirRejected(f"download: the archive has more than {max_members} members")
                 _extract_member(tar, member, root_fd, result, max_bytes=max_bytes)
     except tarfile.ReadError as error:
-        raise WorkdirRejected(f"download: the sandbox sent something that is not an uncompressed tar ({error})") from None
+        raise WorkdirRejected(
+            f"download: the sandbox sent something that is not an uncompressed tar ({error})"
+        ) from None
     finally:
         os.close(root_fd)
     return result

@@ -30,8 +30,8 @@ __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxEr
            "limit_not_enforced", "network_not_available"]
 
 BASE_IMAGE = "agentrl-base:bookworm"
-QUICK_READ_BYTES = 4 * 1024 * 1024
-MAX_TIMEOUT_S = 7 * 86_400.0  # a week: any longer command timeout is a mistake (and 1e30 overflows the clocks)  # reads try this cap first (fast paths), then max_file_bytes
+QUICK_READ_BYTES = 4 * 1024 * 1024  # reads try this cap first (fast paths), then max_file_bytes
+MAX_TIMEOUT_S = 7 * 86_400.0  # a week: any longer command timeout is a mistake (and 1e30 overflows the clocks)
 
 
 def default_owner() -> str:
@@ -317,7 +317,8 @@ class Sandbox(ABC):
         data = content.encode() if isinstance(content, str) else content
         target = self._abs(path, "write_file")
         parent = os.path.dirname(target) or "/"
-        script = f"mkdir -p -- {shlex.quote(parent)} && cat > {shlex.quote(target)} && chmod {mode:o} -- {shlex.quote(target)}"
+        script = (f"mkdir -p -- {shlex.quote(parent)} && cat > {shlex.quote(target)} "
+                  f"&& chmod {mode:o} -- {shlex.quote(target)}")
         raw = await self.exec_bytes(["/bin/sh", "-c", script], stdin=data)
         if raw.exit_code != 0:
             raise SandboxError(f"write_file {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")

@@ -220,14 +220,18 @@ class DockerSandbox(Sandbox):
         try:
             api.start(self.id)
         except docker.errors.APIError as error:
-            raise SandboxError(f"the Docker engine could not start the sandbox ({self._limits()}): {_explain(error)}") from None
+            raise SandboxError(
+                f"the Docker engine could not start the sandbox ({self._limits()}): {_explain(error)}"
+            ) from None
         if seed is not None:
             result = self._exec_blocking(
                 ["tar", "-x", "-C", self.config.workdir, "-f", "-"], timeout=self.config.startup_timeout_s,
                 cwd="/", env={}, stdin=seed, max_output=65536,
             )
             if result.exit_code != 0:
-                raise SandboxError(f"sandbox: copying the image's {self.config.workdir} failed: {result.stderr.decode()[:200]}")
+                raise SandboxError(
+                    f"sandbox: copying the image's {self.config.workdir} failed: {result.stderr.decode()[:200]}"
+                )
 
     async def _start(self) -> None:
         try:
@@ -281,7 +285,9 @@ class DockerSandbox(Sandbox):
             if server.alive:  # it did not answer in time: treat as a timeout
                 return RawExecResult(exit_code=137, stdout=b"", stderr=b"", timed_out=True)
             self._server = None  # the server is gone (killed from inside): docker exec from now on
-            return RawExecResult(exit_code=-1, stdout=b"", stderr=b"sandbox command server stopped during the command\n")
+            return RawExecResult(
+                exit_code=-1, stdout=b"", stderr=b"sandbox command server stopped during the command\n"
+            )
         if "error" in answer:
             return RawExecResult(exit_code=126, stdout=b"", stderr=base64.b64decode(answer["error"]) + b"\n")
         self.server_execs += 1

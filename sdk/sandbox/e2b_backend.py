@@ -57,7 +57,9 @@ class E2BSandbox(Sandbox):
         except e2b.AuthenticationException as error:
             raise SandboxError(f"sandbox type 'e2b': E2B refused the API key ({error})") from None
         except e2b.SandboxException as error:
-            raise SandboxError(f"sandbox type 'e2b': could not create a sandbox from template {template!r}: {error}") from None
+            raise SandboxError(
+                f"sandbox type 'e2b': could not create a sandbox from template {template!r}: {error}"
+            ) from None
         self.id = self.remote.sandbox_id
         if self.config.workdir:
             await self.remote.files.make_dir(self.config.workdir)
@@ -133,7 +135,9 @@ class E2BSandbox(Sandbox):
         raw = await self.exec_bytes(f"set -o pipefail; tar -c -C {shlex.quote(target)} -f - . | base64 -w0",
                                     max_output=self.config.max_file_bytes * 4 // 3 + 4)
         if raw.exit_code != 0 or raw.stdout_truncated:
-            raise SandboxError(f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'too large or failed'}")
+            raise SandboxError(
+                f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'too large or failed'}"
+            )
         return extract_archive(base64.b64decode(raw.stdout), local_dir, max_bytes=self.config.max_file_bytes).skipped
 
     async def kill_processes(self) -> None:

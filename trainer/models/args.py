@@ -202,7 +202,8 @@ class MoEModelArgs:
         and output (x, B, C channels) with the in_proj output in compute precision. Under CP a
         rank holds the whole row for heads / cp heads: the same count per rank.
         """
-        heads, head_dim, state, chunk = self.mamba_num_heads, self.mamba_head_dim, self.ssm_state_size, self.mamba_chunk_size
+        heads, head_dim = self.mamba_num_heads, self.mamba_head_dim
+        state, chunk = self.ssm_state_size, self.mamba_chunk_size
         scan = 4.0 * heads * (10 * chunk + 4 * state + 4 * head_dim) + 4.0 * 3 * heads * head_dim * state / chunk
         conv = 4.0 * 3 * self.mamba_conv_dim
         projections = 2.0 * 2 * (self.mamba_intermediate_size + self.mamba_conv_dim + self.mamba_num_heads)
@@ -255,7 +256,8 @@ class MoEModelArgs:
 
     def mamba_scan_flops_per_token(self) -> float:
         """Forward FLOPs per token of one Mamba-2 layer's chunked scan (the SSD's four einsums)."""
-        heads, head_dim, state, chunk = self.mamba_num_heads, self.mamba_head_dim, self.ssm_state_size, self.mamba_chunk_size
+        heads, head_dim = self.mamba_num_heads, self.mamba_head_dim
+        state, chunk = self.ssm_state_size, self.mamba_chunk_size
         return 2.0 * heads * (chunk * (state + head_dim) + 2 * state * head_dim)
 
     def training_flops_per_token(self, *, mean_context: float) -> float:

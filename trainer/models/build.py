@@ -19,8 +19,13 @@ from agentrl.trainer.models.families import family_of
 __all__ = ["build_model", "init_weights"]
 
 
-def build_model(args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> nn.Module:
-    """An uninitialised (random) model of ``args.model_type``'s family; load weights with `state_dict.load_hf_weights`."""
+def build_model(
+    args: MoEModelArgs, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> nn.Module:
+    """An uninitialised (random) model of ``args.model_type``'s family.
+
+    Load weights with `state_dict.load_hf_weights`.
+    """
     decoder = family_of(args.model_type).decoder_class()
     with torch.device(device):
         model = decoder(args)

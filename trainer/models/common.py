@@ -158,7 +158,9 @@ class MoEBlock(nn.Module):
         )
         experts_class = Experts if args.expert_gated else ReluSquaredExperts  # Nemotron-3's are not gated
         self.experts = experts_class(
-            GroupedExperts.Config(dim=args.expert_dim, hidden_dim=args.moe_intermediate_size, num_experts=args.num_experts)
+            GroupedExperts.Config(
+                dim=args.expert_dim, hidden_dim=args.moe_intermediate_size, num_experts=args.num_experts
+            )
         )
         self.dispatcher: LocalTokenDispatcher = LocalTokenDispatcher(
             LocalTokenDispatcher.Config(num_experts=args.num_experts, top_k=args.top_k)
@@ -167,7 +169,9 @@ class MoEBlock(nn.Module):
         if args.num_shared_experts and args.expert_gated:
             self.shared_experts = _swiglu(args.hidden_size, args.moe_intermediate_size * args.num_shared_experts)
         elif args.num_shared_experts:
-            self.shared_experts = ReluSquaredMLP(args.hidden_size, args.shared_expert_intermediate_size, bias=args.mlp_bias)
+            self.shared_experts = ReluSquaredMLP(
+                args.hidden_size, args.shared_expert_intermediate_size, bias=args.mlp_bias
+            )
         # latent MoE (Nemotron-3 Super): routed experts work in a smaller width between two projections
         self.fc1_latent_proj = self.fc2_latent_proj = None
         if args.moe_latent_size:
@@ -181,7 +185,10 @@ class MoEBlock(nn.Module):
         self.last_expert_ids: torch.Tensor | None = None
 
     def forward(
-        self, x_TD: torch.Tensor, replay_expert_ids_TK: torch.Tensor | None = None, replay_mask_T: torch.Tensor | None = None
+        self,
+        x_TD: torch.Tensor,
+        replay_expert_ids_TK: torch.Tensor | None = None,
+        replay_mask_T: torch.Tensor | None = None,
     ) -> torch.Tensor:
         weights_TK, expert_ids_TK = self.router(
             x_TD, self.expert_bias, replay_expert_ids_TK=replay_expert_ids_TK, replay_mask_T=replay_mask_T
@@ -205,7 +212,9 @@ class MoEBlock(nn.Module):
 
 def rope_cos_sin(positions_T: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype):
     """cos/sin tables ``(T, rotary_dim)`` for the HF 'rotate_half' RoPE layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=positions_T.device).float() / rotary_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=positions_T.device).float() / rotary_dim)
+    )
     freqs = positions_T.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -230,7 +239,9 @@ def apply_partial_rope(x_TND: torch.Tensor, cos_RH: torch.Tensor, sin_RH: torch.
     half = cos_RH.shape[-1]
     # Split views (not slices): backward is one cat, where each slice's backward would write
     # a zero-filled gradient of the whole tensor.
-    first, second, x_pass = torch.split(x_TND.reshape(tokens * heads, head_dim), [half, half, head_dim - 2 * half], dim=-1)
+    first, second, x_pass = torch.split(
+        x_TND.reshape(tokens * heads, head_dim), [half, half, head_dim - 2 * half], dim=-1
+    )
     rotated = torch.cat([first * cos_RH - second * sin_RH, second * cos_RH + first * sin_RH, x_pass], dim=-1)
     return rotated.view(tokens, heads, head_dim)
 
@@ -357,7 +368,9 @@ class MoEDecoder(nn.Module):
             if isinstance(module, self.rounded_types):
                 module.rounding = dtype
 
-    def rope_tables(self, positions_T: torch.Tensor, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    def rope_tables(
+        self, positions_T: torch.Tensor, dtype: torch.dtype
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """RoPE cos/sin per head count (`rope_head_tables`), for the query heads and the key-value heads."""
         cos, sin = rope_cos_sin(positions_T, self.args.rotary_dim, self.args.rope_theta, dtype)
         cos, sin = round_to(cos, self.rounding), round_to(sin, self.rounding)

@@ -77,7 +77,8 @@ def stack_experts(native: dict[str, torch.Tensor], experts: Mapping[tuple[int, s
     for (layer, proj), by_index in experts.items():
         if sorted(by_index) != list(range(args.num_experts)):
             raise AgentrlError(
-                f"layer {layer} {proj}: found experts {len(by_index)} of {args.num_experts}; the checkpoint is incomplete"
+                f"layer {layer} {proj}: found experts {len(by_index)} of {args.num_experts}; "
+                "the checkpoint is incomplete"
             )
         native[name_of(layer, proj)] = torch.stack([by_index[i] for i in range(args.num_experts)])
 
@@ -108,8 +109,12 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
             prefix = f"model.layers.{layer}."
             if rest.startswith("mlp.experts."):
                 proj = inverse_expert[rest.rsplit(".", 1)[1]]
-                split_experts(hf, tensor, lambda index, prefix=prefix, proj=proj: f"{prefix}mlp.experts.{index}.{proj}.weight",
-                              contiguous=contiguous)
+                split_experts(
+                    hf,
+                    tensor,
+                    lambda index, prefix=prefix, proj=proj: f"{prefix}mlp.experts.{index}.{proj}.weight",
+                    contiguous=contiguous,
+                )
             elif rest == "mlp.router.gate.weight":
                 hf[prefix + "mlp.gate.weight"] = tensor
             elif rest == "mlp.expert_bias":

@@ -186,5 +186,7 @@ class MLADecoder(MoEDecoder):
     layer_class = MLADecoderLayer
     rounded_types = (*MoEDecoder.rounded_types, MLAttention)
 
-    def rope_tables(self, positions_T: torch.Tensor, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    def rope_tables(
+        self, positions_T: torch.Tensor, dtype: torch.dtype
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         return mla_rope_tables(positions_T, self.args, dtype, self.rounding)

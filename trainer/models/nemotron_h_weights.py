@@ -93,8 +93,12 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
             prefix = f"backbone.layers.{layer}."
             if rest.startswith("mixer.experts.w"):
                 proj = proj_of[rest.rsplit(".", 1)[1]]
-                split_experts(hf, tensor, lambda index, layer=layer, proj=proj: expert_key("backbone.", layer, index, proj),
-                              contiguous=contiguous)
+                split_experts(
+                    hf,
+                    tensor,
+                    lambda index, layer=layer, proj=proj: expert_key("backbone.", layer, index, proj),
+                    contiguous=contiguous,
+                )
             elif rest in router:
                 hf[prefix + router[rest]] = tensor.float() if rest == "mixer.expert_bias" else tensor
             else:

@@ -53,7 +53,9 @@ class MoERouter(TokenChoiceTopKRouter):
                     choice_TE = self._get_node_limited_routing_scores(choice_TE)
                 expert_ids_TK = torch.topk(choice_TE, k=self.top_k, dim=-1, sorted=False)[1]
             if replay_expert_ids_TK is not None and replay_mask_T is not None:
-                expert_ids_TK = torch.where(replay_mask_T[:, None], replay_expert_ids_TK.long(), expert_ids_TK).contiguous()
+                expert_ids_TK = torch.where(
+                    replay_mask_T[:, None], replay_expert_ids_TK.long(), expert_ids_TK
+                ).contiguous()
         weights_TK = scores_TE.gather(-1, expert_ids_TK)
         if self.route_norm:
             weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
