@@ -82,6 +82,17 @@ def count(driver, selector: str) -> int:
     return driver.execute_script("return document.querySelectorAll(arguments[0]).length", selector)
 
 
+# The run page's charts, in order (sdk/viewer/static/viewer.js CHARTS): each is drawn from the first metrics row on.
+CHART_TITLES = ["Reward", "Held-out evaluation", "Mismatch KL", "Staleness", "Tokens/s", "Step time split (s)",
+                "Rollout time split (s, mean per rollout)", "Tool calls", "Dropped groups"]
+
+
+def chart_titles(driver) -> list[str]:
+    """The titles of the charts drawn on the page, in order."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('svg.chart')].map(svg => svg.dataset.chart)")
+
+
 def texts(driver, selector: str, attribute: str = "textContent") -> list[str]:
     """`attribute` of each element matching a CSS selector (textContent by default)."""
     script = "return [...document.querySelectorAll(arguments[0])].map(e => e[arguments[1]])"

@@ -5,6 +5,7 @@ Kept light at import: the run config, Ray, torch and the trainer load inside the
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +32,15 @@ def _step_line(metrics: dict, *, total: int, eta_s: float | None) -> str:
             + ("" if replayed is None else f" r3 {replayed:.2f}")
             + f" stale {staleness or '-'} {metrics.get('step_time_s', 0):.1f}s "
             + ("T" if metrics.get("bound") == "trainer" else "I") + eta)
+
+
+_STEP_LINE = re.compile(r"^ *(\d+)/\d+ reward ", flags=re.MULTILINE)
+
+
+def printed_steps(output: str) -> list[int]:
+    """The steps (0-based, as in metrics.jsonl) whose `_step_line` is in `output`, in order: tests and tools read
+    a run's console log through this, not through their own copy of the line's format."""
+    return [int(number) - 1 for number in _STEP_LINE.findall(output)]
 
 
 def _eval_line(metrics: dict) -> str | None:

@@ -382,7 +382,8 @@ class Orchestrator:
                 metrics["failed_steps"] = len(self._failed_steps)
                 metrics.update(self._replay_coverage.step_metrics(step, samples, train_metrics))
                 # The trainer's memory figures keep their names (`mem/...`, beside the servers' own).
-                metrics.update({(k if k.startswith("mem/") else f"train/{k}"): float(v) for k, v in train_metrics.items()})
+                metrics.update({(k if k.startswith("mem/") else f"train/{k}"): float(v)
+                                for k, v in train_metrics.items()})
                 update_metrics = getattr(self.weight_sync, "metrics", None)  # the latest completed weight update
                 if update_metrics is not None:
                     metrics.update(update_metrics())

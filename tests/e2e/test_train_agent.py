@@ -3,9 +3,10 @@ async RL with R3, from the committed SFT warm start): the reward does not fall, 
 the step-time split shows sandbox time, and no sandbox outlives the run.
 
 "Every rollout has at least one tool call" holds for all but a few: sampling at temperature 1, the warm
-start breaks its first tool call's JSON in about 3% of rollouts (33 of 1,056 in the recipe's run), so a
-step may have one or two rollouts without a parsed call; the test allows a tenth of a step's rollouts and
-no step without calls.
+start breaks its first tool call's JSON in about 3% of rollouts (33 of 1,056 in the recipe's run). At that
+rate a step of 16 has 2 or more such rollouts with probability 0.08 (0.4 that one of 6 steps does), so the
+bound is on the run: at most a tenth of its 96 rollouts (expected 2.9; 10 or more has probability 7e-4 under
+Poisson), and at most a quarter of any step's (5 or more of 16: 1e-5), which a broken format exceeds at once.
 
 The run is 6 steps of 2 groups x 8 rollouts. "Does not fall": the mean solve rate of the last 3 steps is at
 least that of the first 3 less 0.15 (each mean is over 48 rollouts: its standard error is about 0.06 at the
@@ -46,10 +47,12 @@ def test_short_agent_run_keeps_its_reward_and_calls_tools(tmp_path):
     assert reward_last >= reward_first - 0.15, [round(row["reward"], 3) for row in rows]
     for row in rows:
         assert row["rollout_errors"] == 0, row.get("first_error")
-        assert row["rollouts_without_tool_calls"] <= 0.1 * row["samples"], row
+        assert row["rollouts_without_tool_calls"] <= 0.25 * row["samples"], row
         assert row["tool_calls_per_rollout"] >= 1.5  # a solving episode makes 3
         assert row["rollout_sandbox_s"] > 0 and row["rollout_generation_s"] > 0
         assert row["r3/replayed_fraction"] == 1.0
+    without_calls = sum(row["rollouts_without_tool_calls"] for row in rows)
+    assert without_calls <= 0.1 * sum(row["samples"] for row in rows), [row["rollouts_without_tool_calls"] for row in rows]
     report = (run_dir / "report.md").read_text()
     assert "one rollout: sandbox (s), mean" in report and (run_dir / "plots" / "time_split.png").is_file()
     # the workers' warm pools were emptied: no sandbox of a process that is gone appeared during the run

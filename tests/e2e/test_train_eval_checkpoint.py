@@ -9,6 +9,7 @@ the checkpoint ahead.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -35,13 +36,17 @@ def test_eval_checkpoint_against_baseline(tmp_path):
         [sys.executable, "-m", "agentrl.cli", "eval", "--model", str(checkpoint), "-n", "12", "-r", "2",
          "--max-tokens", "40", "-o", str(tmp_path / "eval")],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "COLUMNS": "200"},  # rich: one table row per line
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     out = result.stdout
     assert "baseline: tiny-moe" in out and "checkpoint vs baseline" in out, out[-3000:]
     assert "starting vLLM for tiny-moe" in out, out[-3000:]  # the baseline's own server, named as such
     rows = [[cell.strip() for cell in line.split("│") if cell.strip()] for line in out.splitlines()]
-    compared = [cells for cells in rows if len(cells) == 4 and cells[0] == "mean reward"]
+    # metric | checkpoint | baseline | delta | the delta's paired 95% CI
+    compared = [cells for cells in rows if len(cells) == 5 and cells[0] == "mean reward"]
     assert compared, out[-3000:]
     checkpoint_reward, baseline_reward = float(compared[-1][1]), float(compared[-1][2])
     assert checkpoint_reward > baseline_reward + 0.3, (checkpoint_reward, baseline_reward)
+    low, high = (float(bound) for bound in compared[-1][4].split(" to "))
+    assert 0 < low <= float(compared[-1][3]) <= high, compared[-1]  # SFT's gain is shown against noise

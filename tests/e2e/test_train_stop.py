@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentrl.cli.train import printed_steps
 from agentrl.rl.report import read_metrics
 from agentrl.rl.resume import latest_checkpoint, load_orchestrator_state
 
@@ -129,7 +130,7 @@ def test_sigterm_then_sigint_stop_cleanly_and_resume(tmp_path):
         sessions.append(server["pid"])
         assert f"resuming from {run_dir / 'checkpoints' / f'step_{stopped_at}'} (step {stopped_at})" in \
             " ".join(second_log.read_text().split())
-        steps = [int(m) for m in re.findall(r"^step +(\d+) +reward", second_log.read_text(), flags=re.MULTILINE)]
+        steps = printed_steps(second_log.read_text())
         assert steps and steps[0] == stopped_at, steps
         _stop_and_check(second, signal.SIGINT, server, run_dir, second_log)
     finally:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -36,6 +35,7 @@ import pytest
 from ray_cluster import ENV as CLUSTER_ENV
 from ray_cluster import free_ports, stop_nodes, wait_nodes, worker_port_range
 
+from agentrl.cli.train import printed_steps
 from agentrl.rl.report import read_metrics
 from agentrl.rl.resume import latest_checkpoint
 
@@ -126,7 +126,7 @@ def _train(*args: str, log: Path) -> subprocess.Popen:
 
 
 def _steps_printed(log: Path) -> list[int]:
-    return [int(m) for m in re.findall(r"^step +(\d+) +reward", log.read_text(), flags=re.MULTILINE)]
+    return printed_steps(log.read_text())
 
 
 @pytest.mark.integration

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser import browser_errors, chromium_or_skip, count, open_page, texts, wait_for
+from tests.browser import (
+    CHART_TITLES,
+    browser_errors,
+    chart_titles,
+    chromium_or_skip,
+    count,
+    open_page,
+    texts,
+    wait_for,
+)
 from tests.viewer_folders import HOSTILE, arithmetic_eval, arithmetic_run, trained_run
 
 pytestmark = pytest.mark.integration
@@ -49,7 +58,7 @@ def _ids(driver, viewer) -> dict[str, str]:
 def test_a_tool_using_rollout_with_its_diff_and_reward_parts(driver, viewer, tmp_path):
     run = _ids(driver, viewer)["run"]
     open_page(driver, viewer.url + f"#/f/{run}")
-    assert count(driver, "svg.chart") == 7  # the held-out evaluation chart included
+    assert chart_titles(driver) == CHART_TITLES  # every chart drawn, the held-out one included
     assert count(driver, "#rollout-list tbody tr") == 18
     assert driver.execute_script("return document.getElementById('f-next').disabled")  # one page of 18
     driver.find_element("css selector", "#rollout-list tbody tr[data-n='0'] a").click()

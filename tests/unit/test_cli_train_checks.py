@@ -64,3 +64,15 @@ def test_unknown_environments_and_models_suggest_the_close_name(capsys):
     assert "unknown environment 'reverse-txt'; did you mean 'reverse-text'" in capsys.readouterr().err
     assert main(["train", "--model", "tiny-mo", "--dry-run"]) == 2
     assert "unknown model 'tiny-mo' (did you mean 'tiny-moe'?)" in capsys.readouterr().err
+
+
+def test_printed_steps_reads_back_the_step_lines():
+    from agentrl.cli.train import _step_line, printed_steps
+
+    lines = [_step_line({"step": step, "reward": 0.5, "mismatch_kl": 1e-3, "r3/replayed_fraction": 1.0,
+                         "staleness": {0: 4, 1: 4}, "step_time_s": 2.0, "bound": "trainer"},
+                        total=120, eta_s=65.0 if step < 119 else None) for step in (8, 9, 119)]
+    noise = ["  held-out after step 9: avg@4 0.824 [0.748-0.893] pass@1 0.42 (16 tasks)", "resuming from step 8",
+             "  train ━━━━ 9/120 0:00:56 reward 0.757"]
+    assert printed_steps("\n".join([noise[1], lines[0], lines[1], noise[0], noise[2], lines[2]])) == [8, 9, 119]
+    assert printed_steps("\n".join(noise)) == []
