@@ -18,14 +18,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from agentrl.errors import NotFoundError
-from agentrl.tiny_moe import (
+from agentrl.created_models import (
     GLM_AIR_5B_CONFIG,
     GLM_AIR_DEEP_CONFIG,
     LOCAL_MODELS,
     TINY_DEEPSEEK_CONFIG,
     ensure_local_model,
 )
+from agentrl.errors import NotFoundError
 
 __all__ = ["PRESETS", "ModelSpec", "architecture_facts", "ensure_model", "list_presets", "resolve_model"]
 

@@ -109,7 +109,7 @@ class LocalTrainer:
     the weights before the step, for tests to compare with what the step returned."""
 
     def __init__(self, *, row_tokens: int = 1024) -> None:
-        from agentrl.tiny_moe import ensure_tiny_moe
+        from agentrl.created_models import ensure_tiny_moe
         from agentrl.trainer.config import TrainerConfig
         from agentrl.trainer.trainer import Trainer
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,8 +122,11 @@ def test_the_wheel_holds_every_environment_and_recipe(wheel):
     if not project:
         project = [str(p.relative_to(ROOT)) for folder in ("environments", "cookbook")
                    for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    missing = [name for name in project if f"agentrl/{name}" not in names]
+    is_run_log = re.compile(r"cookbook/[^/]+/results/").match  # committed runs' logs stay out of the wheel
+    missing = [name for name in project if f"agentrl/{name}" not in names and not is_run_log(name)]
     assert not missing, f"not in the wheel: {missing}"
+    assert any(is_run_log(name) for name in project)
+    assert not [name for name in names if is_run_log(name.removeprefix("agentrl/"))]
     assert "agentrl/cookbook/cpu-default/tiny-moe-sft/model.safetensors" in names
     assert "agentrl/project_files.py" in names and "agentrl/trainer/layout.py" in names
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]

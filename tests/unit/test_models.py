@@ -109,7 +109,7 @@ def test_folder_wins_over_preset_for_a_copied_model(tiny_path, tmp_path):
 
 
 def test_tiny_moe_creation_is_deterministic(tiny_path, tmp_path):
-    from agentrl.tiny_moe import create_tiny_moe
+    from agentrl.created_models import create_tiny_moe
 
     again = create_tiny_moe(tmp_path / "again")
     for name in ("model.safetensors", "tokenizer.json", "config.json", "chat_template.jinja"):
@@ -196,7 +196,7 @@ def test_tiny_deepseek_is_a_deterministic_deepseek_v3(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentrl.tiny_moe import create_local_model
+    from agentrl.created_models import create_local_model
 
     path = ensure_model("tiny-deepseek")
     config = json.loads((path / "config.json").read_text())

@@ -39,7 +39,7 @@ def test_shares_the_tiny_moe_tokenizer_and_template(nemotron_path):
 
 
 def test_creation_is_deterministic(nemotron_path, tmp_path):
-    from agentrl.tiny_moe import create_local_model
+    from agentrl.created_models import create_local_model
 
     again = create_local_model("tiny-nemotron", tmp_path / "again")
     for name in ("model.safetensors", "config.json", "tokenizer.json"):

@@ -1,6 +1,6 @@
 """The trainer's per-token logprobs of the recorded samples, from the step's own forward pass.
 
-On the tiny MoE (`agentrl.tiny_moe`, real weights of its character vocabulary) the logprobs a
+On the tiny MoE (`agentrl.created_models`, real weights of its character vocabulary) the logprobs a
 step returns for the samples asked for equal those of a separate forward of each sample with
 the weights before the step; through the real orchestrator, arithmetic environment and
 `RolloutLog`, each recorded rollout then carries them aligned with its sample's tokens, a value
