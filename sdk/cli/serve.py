@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         deployment: Path | None = typer.Option(
             None,
             "--deployment",
-            help="With --plan: TOML file of DeploymentConfig fields (kind, nodes, gpus_per_node, ...).",
+            help="With --plan: TOML file of InferenceConfig fields (kind, nodes, gpus_per_node, ...).",
         ),
         set_: list[str] = typer.Option(
             [],

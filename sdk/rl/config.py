@@ -4,10 +4,10 @@
     [model]          base model (preset, HF folder) and the checkpoint the policy starts from
     [sampling]       agentrl.sampling.SamplingConfig
     [trainer]        agentrl.trainer.config.TrainerConfig (optimizer, loss, layout, packing)
-    [inference]      agentrl.inference.deployment.DeploymentConfig (vLLM deployment)
+    [inference]      agentrl.inference.deployment.InferenceConfig (vLLM deployment)
     [orchestrator]   agentrl.rl.orchestrator.OrchestratorConfig (async loop)
     [launch]         Ray placement (cluster address, GPUs per role, custom resources)
-    [plan]           agentrl.rl.step_time.StepTimeInputs (rates and bandwidths of the step-time model)
+    [plan]           agentrl.rl.step_time.PlanSection (rates and bandwidths of the step-time model)
     [run]            output folder, name, report settings, recorded rollouts, metric loggers
 
 `load_run_config(path, overrides, env=..., model=...)` reads TOML through
@@ -29,14 +29,14 @@ from pydantic import Field
 
 from agentrl.config import BaseConfig, load_config
 from agentrl.errors import ConfigError
-from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.deployment import InferenceConfig
 from agentrl.inference.transfer import WeightTransport
 from agentrl.models import ensure_model
 from agentrl.project_files import project_path, resolve_project_path
-from agentrl.rl.heldout import HeldOutConfig
+from agentrl.rl.heldout import EvalSection
 from agentrl.rl.orchestrator import OrchestratorConfig
 from agentrl.rl.plan import apply_gpu_defaults
-from agentrl.rl.step_time import StepTimeInputs
+from agentrl.rl.step_time import PlanSection
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
 
@@ -161,7 +161,7 @@ class RunConfig(BaseConfig):
     """Sampling settings of rollouts."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """Trainer (optimizer, loss, parallel layout, packing)."""
-    inference: DeploymentConfig = Field(default_factory=lambda: DeploymentConfig(device="cpu"))
+    inference: InferenceConfig = Field(default_factory=lambda: InferenceConfig(device="cpu"))
     """Inference deployment."""
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     """The asynchronous loop."""
@@ -169,9 +169,9 @@ class RunConfig(BaseConfig):
     """Ray placement."""
     run: RunSection = Field(default_factory=RunSection)
     """Output and reporting."""
-    eval: HeldOutConfig = Field(default_factory=HeldOutConfig)
+    eval: EvalSection = Field(default_factory=EvalSection)
     """Held-out evaluation during training (every `eval.every` steps and at the end; 0: off)."""
-    plan: StepTimeInputs = Field(default_factory=StepTimeInputs)
+    plan: PlanSection = Field(default_factory=PlanSection)
     """Inputs of the step-time prediction `--dry-run` prints (measured rates, bandwidths, workload shape)."""
 
     def starting_weights(self) -> Path:

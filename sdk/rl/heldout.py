@@ -29,10 +29,10 @@ from pydantic import Field
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError
 
-__all__ = ["HeldOutConfig", "HeldOutEval"]
+__all__ = ["EvalSection", "HeldOutEval"]
 
 
-class HeldOutConfig(BaseConfig):
+class EvalSection(BaseConfig):
     """`[eval]`: held-out evaluation during training."""
 
     every: int = Field(default=0, ge=0)
@@ -56,7 +56,7 @@ class HeldOutConfig(BaseConfig):
 class HeldOutEval:
     """Runs evaluations for the orchestrator, one at a time, and hands each one's metrics over once."""
 
-    def __init__(self, config: HeldOutConfig, *, environment: Any, client: Any, sampling: Any,
+    def __init__(self, config: EvalSection, *, environment: Any, client: Any, sampling: Any,
                  train_split: str) -> None:
         if config.every and config.split == train_split:
             raise ConfigError(f"eval.split={config.split!r} is the split the run trains on "
@@ -124,7 +124,7 @@ class HeldOutEval:
         per_task = [sum(r.reward for r in rollouts) / len(rollouts) for rollouts in groups if rollouts]
         low, high = bootstrap_interval(per_task, seed=self.config.seed) if per_task else (float("nan"),) * 2
         versions = sorted({version for rollouts in groups for rollout in rollouts for turn in rollout.turns
-                           for version in (turn.completion.weight_versions or [])})
+                           for version in (turn.completion.policy_versions or [])})
         metrics: dict[str, Any] = {
             "eval/step": step,
             "eval/tasks": len(groups),

@@ -65,7 +65,7 @@ def local_folder(path: str, files: Folder | None, *, name: str) -> Path:
 
 def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str, nice: int = 0,
                    log_path: Path | None = None, startup_timeout_s: float = 600.0):
-    """The (not started) `VLLMServer` of one `single`/`replicas` server of `deployment` (a DeploymentConfig).
+    """The (not started) `VLLMServer` of one `single`/`replicas` server of `deployment` (a InferenceConfig).
 
     agentrl's server flags (`VLLMServer`) plus the deployment's own (`plans.server_overrides`:
     tensor parallel, memory share, routed experts, the weight-transfer engine, FP8, KV offload,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.gpu_memory import GIB, device_total_bytes
-from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.deployment import InferenceConfig
 from agentrl.inference.plans import build_plan
 from agentrl.models import PRESETS, resolve_model
 from agentrl.project_files import resolve_project_path
@@ -77,7 +77,7 @@ def apply_gpu_defaults(config: RunConfig) -> None:
     if gpu_preset and "inference" not in fields:
         tp = max(1, spec.inference_gpus)
         if tp > gpus_per_node:  # one engine spans nodes: data + expert parallel (wide EP)
-            config.inference = DeploymentConfig(
+            config.inference = InferenceConfig(
                 device="gpu", kind="wide_ep", nodes=-(-tp // gpus_per_node), gpus_per_node=gpus_per_node,
                 max_model_len=min(spec.context, 65536),
             )
@@ -85,7 +85,7 @@ def apply_gpu_defaults(config: RunConfig) -> None:
             inference_gpus = tp
             if spec.training_gpus > gpus_per_node:
                 inference_gpus = min(gpus_per_node, spec.training_gpus // 2)
-            config.inference = DeploymentConfig(
+            config.inference = InferenceConfig(
                 device="gpu", kind="replicas" if inference_gpus // tp > 1 else "single",
                 replicas=max(1, inference_gpus // tp), tensor_parallel_size=tp, nodes=1,
                 gpus_per_node=min(gpus_per_node, inference_gpus), max_model_len=min(spec.context, 65536),
@@ -126,7 +126,7 @@ def apply_gpu_defaults(config: RunConfig) -> None:
             continue
 
 
-def inference_gpus_of(deployment: DeploymentConfig) -> int:
+def inference_gpus_of(deployment: InferenceConfig) -> int:
     """GPUs of a GPU deployment (replicas x tensor parallel, or its nodes for wide EP / P/D)."""
     if deployment.kind in ("wide_ep", "pd"):
         return deployment.nodes * deployment.gpus_per_node

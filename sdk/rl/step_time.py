@@ -1,6 +1,6 @@
 """The step-time model of the planner: trainer step, generation, weight sync and the async loop's step.
 
-Pure arithmetic over explicit inputs (`StepTimeInputs`, the `[plan]` section of a run config,
+Pure arithmetic over explicit inputs (`PlanSection`, the `[plan]` section of a run config,
 so `--set plan.dense_gemm_tflops=...` moves a prediction), the model's shapes (the planner's
 `MoEModelArgs`) and a trainer layout (`LayoutPlan`). It lives in `agentrl.rl` beside
 `plan.py` because it predicts a *run* (trainer + inference + weight sync + the orchestrator's
@@ -32,7 +32,7 @@ from agentrl.trainer.models.args import MoEModelArgs
 
 __all__ = [
     "MEASURED_WEIGHT_SYNC",
-    "StepTimeInputs",
+    "PlanSection",
     "TrainerTime",
     "collective_bandwidth",
     "loop_step_s",
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class StepTimeInputs(BaseConfig):
+class PlanSection(BaseConfig):
     """Rates, bandwidths and workload shape the step-time model reads; each default says where it is from."""
 
     dense_gemm_tflops: float = Field(default=662.0, gt=0)
@@ -117,7 +117,7 @@ class TrainerTime:
         )
 
 
-def collective_bandwidth(ranks: list[int], inputs: StepTimeInputs, *, gpus_per_node: int) -> float:
+def collective_bandwidth(ranks: list[int], inputs: PlanSection, *, gpus_per_node: int) -> float:
     """GB/s per GPU of a collective over these global ranks: NVLink inside one node, else InfiniBand."""
     nodes = {rank // gpus_per_node for rank in ranks}
     return inputs.nvlink_gbs if len(nodes) <= 1 else inputs.infiniband_gbs
@@ -143,7 +143,7 @@ def _kv_bytes_per_token(args) -> float:
 def predict_trainer(
     args,
     plan,
-    inputs: StepTimeInputs,
+    inputs: PlanSection,
     *,
     tokens_per_step: float,
     mean_sample_tokens: float,
@@ -236,7 +236,7 @@ def predict_trainer(
     )
 
 
-def weight_sync_s(total_params: float, inputs: StepTimeInputs) -> float:
+def weight_sync_s(total_params: float, inputs: PlanSection) -> float:
     """bf16 weights from the trainer to the servers at `weight_sync_gbs` (default: InfiniBand)."""
     return total_params * 2.0 / ((inputs.weight_sync_gbs or inputs.infiniband_gbs) * 1e9)
 
@@ -256,7 +256,7 @@ def format_terms(terms: dict[str, float]) -> str:
 
 # ------------------------------------------------------------------------------------------ a run
 def engine_shape(deployment):
-    """Engines, GPUs per engine and FP8 of an inference `DeploymentConfig` (P/D counted as engines of
+    """Engines, GPUs per engine and FP8 of an inference `InferenceConfig` (P/D counted as engines of
     `nodes_per_instance` nodes, prefill and decode alike)."""
     fp8 = deployment.uses_fp8()
     if deployment.kind == "replicas":
@@ -283,7 +283,7 @@ class RunPrediction:
     weight_sync_s: float
     loop_s: float
     workload: dict[str, float]
-    inputs: StepTimeInputs
+    inputs: PlanSection
 
     def lines(self) -> list[str]:
         w, g = self.workload, self.generation

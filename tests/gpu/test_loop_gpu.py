@@ -32,10 +32,10 @@ PROMPTS = [[3, 40 + i, 52, 61, 70 + i, 80, 33, 47 + i] for i in range(8)]
 
 
 def _server(model_dir, *, dtype: str, transport: str | None = None):
-    from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.deployment import InferenceConfig
     from agentrl.rl.inference_actor import replica_server
 
-    deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.3, max_model_len=512, max_num_seqs=16,
+    deployment = InferenceConfig(device="gpu", gpu_memory_utilization=0.3, max_model_len=512, max_num_seqs=16,
                                   routed_experts=True, weight_transfer=transport, fp8=False)
     return replica_server(deployment, Path(model_dir), served_name="tiny-moe", dtype=dtype)
 

@@ -28,10 +28,10 @@ SERVER_GPU = 1
 
 
 def _server(model_dir):
-    from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.deployment import InferenceConfig
     from agentrl.rl.inference_actor import replica_server
 
-    deployment = DeploymentConfig(device="gpu", gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=16,
+    deployment = InferenceConfig(device="gpu", gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=16,
                                   routed_experts=True, weight_transfer="nccl", fp8=False)
     server = replica_server(deployment, Path(model_dir), served_name="tiny-moe", dtype="bfloat16")
     server.env["CUDA_VISIBLE_DEVICES"] = str(SERVER_GPU)

@@ -100,7 +100,7 @@ def _wait_for(condition, *, timeout_s: float, what: str) -> None:
 def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_logged(tmp_path, monkeypatch):
     from trainer_helpers import make_samples
 
-    from agentrl.inference.deployment import DeploymentConfig
+    from agentrl.inference.deployment import InferenceConfig
     from agentrl.inference.transfer import Ipc
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.models import ensure_model
@@ -117,7 +117,7 @@ def test_a_restarted_server_waits_for_the_trainers_weights_and_every_push_is_log
     monkeypatch.setattr(InferenceActor, "node", lambda self: "local-node")
     model_dir = ensure_model("tiny-moe")
     actor = InferenceActor(run_id="direct", index=0, model_dir=str(model_dir), model_files=None,
-                           served_name="tiny-moe", deployment=DeploymentConfig(
+                           served_name="tiny-moe", deployment=InferenceConfig(
                                device="cpu", max_num_seqs=4, routed_experts=False,
                                extra_args=["--enable-log-requests"]),
                            startup_timeout_s=240, dtype="float32", weights_from_trainer=True)

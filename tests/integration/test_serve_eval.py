@@ -158,7 +158,7 @@ async def test_token_client_multi_turn_extends_tokens(tiny_moe_server):
         assert 1 <= len(completion.token_ids) <= 12
         assert len(completion.logprobs) == len(completion.token_ids)
         assert all(lp <= 0.0 for lp in completion.logprobs)
-        assert completion.weight_versions == [0] * len(completion.token_ids)
+        assert completion.policy_versions == [0] * len(completion.token_ids)
         assert completion.finish_reason in ("stop", "length")
         assert message.role == "assistant"
 

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from agentrl.errors import AgentrlError, MissingExtraError
-from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.deployment import InferenceConfig
 from agentrl.inference.plans import build_plan, cpu_server_options
 from agentrl.inference.supervisor import InsufficientGpusError, ServerSupervisor, SupervisedClient, preflight
 from agentrl.inference.weights import FilesystemWeightPublisher
@@ -113,7 +113,7 @@ async def test_crash_is_restarted_and_in_flight_requests_complete_on_retry(super
     assert supervisor.restarts == 1 and supervisor.server.port == port_before and supervisor.healthy
     assert client.retried >= 1 and client.failed == 0
     # The restarted server got the latest published weights back before serving anything.
-    assert all(set(completion.weight_versions) == {1} for completion, _ in completed)
+    assert all(set(completion.policy_versions) == {1} for completion, _ in completed)
     restored = await asyncio.to_thread(_prompt_logprobs, supervisor.url)
     assert max(abs(a - b) for a, b in zip(restored, published)) < 1e-5
 
@@ -152,13 +152,13 @@ async def test_requests_fail_clearly_when_the_supervisor_gives_up(supervisor):
 def test_plan_needing_gpus_is_refused_on_this_machine():
     from agentrl.inference.supervisor import visible_gpus
 
-    plan = build_plan("zai-org/GLM-4.5-Air", DeploymentConfig(kind="wide_ep", nodes=8, gpus_per_node=8))
+    plan = build_plan("zai-org/GLM-4.5-Air", InferenceConfig(kind="wide_ep", nodes=8, gpus_per_node=8))
     if visible_gpus() >= 8:
         pytest.skip("this machine has 8 GPUs")
     with pytest.raises(InsufficientGpusError, match="needs 8 GPUs on node 0, this machine has") as info:
         preflight(plan)
     assert "\n" not in str(info.value) and isinstance(info.value, AgentrlError)
-    preflight(build_plan("tiny-moe", DeploymentConfig(kind="single", device="cpu")))  # fits: no error
+    preflight(build_plan("tiny-moe", InferenceConfig(kind="single", device="cpu")))  # fits: no error
 
 
 def test_missing_vllm_is_a_one_line_error():
@@ -172,11 +172,11 @@ def test_missing_vllm_is_a_one_line_error():
                     raise ModuleNotFoundError(name)
         sys.meta_path.insert(0, Block())
         from agentrl.errors import MissingExtraError
-        from agentrl.inference.deployment import DeploymentConfig
+        from agentrl.inference.deployment import InferenceConfig
         from agentrl.inference.plans import build_plan
         from agentrl.inference.supervisor import preflight
         try:
-            preflight(build_plan("tiny-moe", DeploymentConfig(kind="single", device="cpu")))
+            preflight(build_plan("tiny-moe", InferenceConfig(kind="single", device="cpu")))
         except MissingExtraError as error:
             print("ERROR:", error)
         """

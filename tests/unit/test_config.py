@@ -175,3 +175,23 @@ def test_override_of_a_list_names_the_override_and_the_element(tmp_path):
 def test_long_values_are_cut_to_keep_the_line_short(tmp_path):
     message = _error(tmp_path, f'name = ["{"x" * 200}"]\n')
     assert message == f"{tmp_path / 'run.toml'}:1: name = ['{'x' * 55}...: must be a string"
+
+
+def test_each_toml_section_is_named_by_its_class():
+    """`[inference]` is `InferenceConfig`, `[trainer.optimizer]` is `OptimizerConfig`, `[run]` is `RunSection` (the
+    run-only sections say Section; `RunConfig` is the root): one name per section, in code and in TOML."""
+    from pydantic import BaseModel
+
+    from agentrl.rl.config import RunConfig
+
+    def sections(model: type[BaseModel], prefix: str = ""):
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                yield prefix + name, field.annotation
+                yield from sections(field.annotation, f"{prefix}{name}.")
+
+    found = dict(sections(RunConfig))
+    assert {"inference", "eval", "plan", "trainer.optimizer"} <= set(found)
+    for section, model in found.items():
+        camel = "".join(part.capitalize() for part in section.rsplit(".", 1)[-1].split("_"))
+        assert model.__name__ in (f"{camel}Config", f"{camel}Section"), (section, model.__name__)

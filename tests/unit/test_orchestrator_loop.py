@@ -42,6 +42,7 @@ class TabularPolicy:
         self.rng = random.Random(seed)
         self.delay_s = delay_s
         self.slow_tasks: set[int] = set()
+        self.held_tasks: set[int] = set()  # answered only once the weights are 2 versions past the call's (or 10 s)
         self.trained_steps: list[int] = []
         self.pushed_versions: list[int] = []
         self.train_delay_s = 0.0
@@ -57,10 +58,14 @@ class TabularPolicy:
         task_id = int(messages[-1].content)
         version = self.inference_version
         await asyncio.sleep(self.delay_s * (20 if task_id in self.slow_tasks else 1))
+        for _ in range(10_000):  # a held task outlives the staleness bound whatever the machine's load
+            if task_id not in self.held_tasks or self.inference_version >= version + 2:
+                break
+            await asyncio.sleep(0.001)
         logprobs = self._logprobs(self.inference_logits[task_id])
         token = self.rng.choices(range(VOCAB), weights=[math.exp(lp) for lp in logprobs])[0]
         completion = Completion(text=str(token), token_ids=[token], logprobs=[logprobs[token]],
-                                weight_versions=[version], finish_reason="stop")
+                                policy_versions=[version], finish_reason="stop")
         turn = Turn(prompt_token_ids=[100 + task_id], completion=completion)
         return Message(role="assistant", content=str(token)), turn
 
@@ -167,7 +172,7 @@ async def test_stale_groups_are_dropped_and_counted():
     history = await orch.run()
     assert sum(m["dropped_stale"] for m in history) == 0
     policy = TabularPolicy(tasks=6, delay_s=0.002)
-    policy.slow_tasks = {0}
+    policy.held_tasks = {0}  # task 0's groups finish two weight versions after they started: stale, certainly
     orch = _orchestrator(policy, PickTokenEnv(), max_steps=10, groups_per_step=1, rollouts_per_group=2,
                          max_off_policy_steps=1, max_concurrent_rollouts=8)
     history = await orch.run()
@@ -594,11 +599,11 @@ class SplitEnv(PickTokenEnv):
 
 
 async def test_held_out_evaluations_run_beside_the_loop_and_the_last_sees_the_final_weights():
-    from agentrl.rl.heldout import HeldOutConfig, HeldOutEval
+    from agentrl.rl.heldout import EvalSection, HeldOutEval
 
     policy = TabularPolicy(tasks=4, delay_s=0.001)
     env = SplitEnv()
-    heldout = HeldOutEval(HeldOutConfig(every=4, tasks=4, rollouts_per_task=8), environment=env, client=policy,
+    heldout = HeldOutEval(EvalSection(every=4, tasks=4, rollouts_per_task=8), environment=env, client=policy,
                           sampling=SamplingConfig(), train_split="train")
     orch = Orchestrator(config=OrchestratorConfig(max_steps=12, groups_per_step=4, rollouts_per_group=8,
                                                   task_split="train", checkpoint_every=0),
@@ -616,10 +621,10 @@ async def test_held_out_evaluations_run_beside_the_loop_and_the_last_sees_the_fi
 
 
 def test_held_out_evaluation_refuses_the_training_split_and_groups_of_one():
-    from agentrl.rl.heldout import HeldOutConfig, HeldOutEval
+    from agentrl.rl.heldout import EvalSection, HeldOutEval
 
     with pytest.raises(ConfigError, match="eval.split='train' is the split the run trains on"):
-        HeldOutEval(HeldOutConfig(every=2, split="train"), environment=SplitEnv(), client=None,
+        HeldOutEval(EvalSection(every=2, split="train"), environment=SplitEnv(), client=None,
                     sampling=SamplingConfig(), train_split="train")
     with pytest.raises(ConfigError, match="rollouts_per_group = 1: .* every advantage is 0"):
         OrchestratorConfig(rollouts_per_group=1)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentrl.errors import AgentrlError, ConfigError
-from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.deployment import InferenceConfig
 from agentrl.inference.plans import ROUTED_EXPERTS_ENV, build_plan
 from agentrl.inference.validate import InvalidPlanError, validate_plan, validate_router_args, validate_vllm_args
 
@@ -21,7 +21,7 @@ def _flag(args: list[str], name: str) -> str:
 
 
 def test_glm_air_wide_ep_on_64_gpus_parses_with_vllm():
-    plan = build_plan(GLM_AIR, DeploymentConfig(kind="wide_ep", nodes=8, gpus_per_node=8, kv_offload="cpu"))
+    plan = build_plan(GLM_AIR, InferenceConfig(kind="wide_ep", nodes=8, gpus_per_node=8, kv_offload="cpu"))
     assert plan.total_gpus == 64
     assert validate_plan(plan) == 8
     head, *workers = plan.servers
@@ -37,7 +37,7 @@ def test_glm_air_wide_ep_on_64_gpus_parses_with_vllm():
 
 
 def test_glm_air_prefill_decode_on_64_gpus_parses_with_vllm_and_router():
-    config = DeploymentConfig(kind="pd", nodes=8, gpus_per_node=8, nodes_per_instance=2, prefill_decode_ratio="1:3")
+    config = InferenceConfig(kind="pd", nodes=8, gpus_per_node=8, nodes_per_instance=2, prefill_decode_ratio="1:3")
     plan = build_plan(GLM_AIR, config)
     assert plan.total_gpus == 64
     assert validate_plan(plan) == 9
@@ -54,7 +54,7 @@ def test_glm_air_prefill_decode_on_64_gpus_parses_with_vllm_and_router():
 
 
 def test_disk_offload_combines_connectors_under_multiconnector():
-    config = DeploymentConfig(kind="pd", nodes=2, gpus_per_node=8, prefill_decode_ratio="1:1", kv_offload="disk")
+    config = InferenceConfig(kind="pd", nodes=2, gpus_per_node=8, prefill_decode_ratio="1:1", kv_offload="disk")
     plan = build_plan(GLM_AIR, config)
     validate_plan(plan)
     kv = json.loads(_flag(plan.servers[0].vllm_args, "--kv-transfer-config"))
@@ -63,7 +63,7 @@ def test_disk_offload_combines_connectors_under_multiconnector():
 
 
 def test_mooncake_store_offload_and_no_fp8_on_a100():
-    plan = build_plan(GLM_AIR, DeploymentConfig(kind="single", gpus_per_node=4, tensor_parallel_size=4, gpu_kind="a100", kv_offload="mooncake"))
+    plan = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=4, tensor_parallel_size=4, gpu_kind="a100", kv_offload="mooncake"))
     validate_plan(plan)
     args = plan.servers[0].vllm_args
     assert "--quantization" not in args
@@ -72,7 +72,7 @@ def test_mooncake_store_offload_and_no_fp8_on_a100():
 
 
 def test_tiny_moe_cpu_replicas_parse_and_bind_localhost(tmp_path):
-    plan = build_plan(str(tmp_path), DeploymentConfig(kind="replicas", device="cpu", replicas=2, port=18000))
+    plan = build_plan(str(tmp_path), InferenceConfig(kind="replicas", device="cpu", replicas=2, port=18000))
     assert validate_plan(plan) == 3
     urls = [server.url for server in plan.servers]
     assert urls == ["http://127.0.0.1:18000", "http://127.0.0.1:18001"]
@@ -95,7 +95,7 @@ def test_deliberately_wrong_flags_are_rejected():
         validate_vllm_args(["--model", "m", "--kv-transfer-config", "{not json"])
     with pytest.raises(InvalidPlanError, match="policy"):
         validate_router_args(["vllm-router", "--policy", "sticky_sessions"])
-    plan = build_plan(GLM_AIR, DeploymentConfig(kind="wide_ep", nodes=2, decode_all2all_backend="deepep_turbo"))
+    plan = build_plan(GLM_AIR, InferenceConfig(kind="wide_ep", nodes=2, decode_all2all_backend="deepep_turbo"))
     with pytest.raises(InvalidPlanError, match="deepep_turbo"):
         validate_plan(plan)
 
@@ -113,7 +113,7 @@ def test_deliberately_wrong_flags_are_rejected():
 )
 def test_impossible_deployments_give_one_line_errors(config, match):
     with pytest.raises(ConfigError, match=match) as info:
-        build_plan(GLM_AIR, DeploymentConfig(**config))
+        build_plan(GLM_AIR, InferenceConfig(**config))
     assert "\n" not in str(info.value) and isinstance(info.value, AgentrlError)
 
 
@@ -144,7 +144,7 @@ def test_serve_plan_takes_the_fields_as_agentrl_train_names_them(capsys):
 
 
 def test_gpu_replicas_get_distinct_ports_and_gpus_per_node():
-    plan = build_plan(GLM_AIR, DeploymentConfig(kind="replicas", replicas=8, nodes=2, gpus_per_node=8, tensor_parallel_size=2))
+    plan = build_plan(GLM_AIR, InferenceConfig(kind="replicas", replicas=8, nodes=2, gpus_per_node=8, tensor_parallel_size=2))
     placements = [(server.node, server.url, tuple(server.gpus)) for server in plan.servers]
     assert len(set(placements)) == 8 and {node for node, _, _ in placements} == {0, 1}
     assert [gpus for node, _, gpus in placements if node == 1] == [(0, 1), (2, 3), (4, 5), (6, 7)]

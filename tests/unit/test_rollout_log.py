@@ -130,3 +130,15 @@ def test_long_strings_are_cut_and_truncate_keeps_earlier_steps(tmp_path):
 def test_pick_rollouts_spreads_over_uneven_groups():
     assert pick_rollouts([[1, 2], [3], [4, 5, 6]], 5) == [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1)]
     assert pick_rollouts([[1]], 3) == [(0, 0)]
+
+
+def test_policy_versions_is_one_name_and_old_records_still_load():
+    """`Completion.policy_versions` feeds `TrainingSample.policy_versions`; a record written under the old field name
+    (`weight_versions`, vLLM's) loads into it, and a record is written under the one name."""
+    old = {"text": "ab", "token_ids": [5, 6], "logprobs": [-0.1, -0.2], "weight_versions": [2, 3]}
+    completion = Completion.model_validate(old)
+    assert completion.policy_versions == [2, 3]
+    assert "weight_versions" not in completion.model_dump() and completion.model_dump()["policy_versions"] == [2, 3]
+    rollout = Rollout(task=Task(prompt=[Message(role="user", content="x")]), messages=[Message(role="user", content="x")],
+                      turns=[Turn(prompt_token_ids=[1, 2], completion=completion)])
+    assert rollout.sample().policy_versions == [-1, -1, 2, 3] and rollout.policy_versions == [2, 3]

@@ -13,7 +13,7 @@ from agentrl.errors import AgentrlError
 from agentrl.rl.config import load_run_config
 from agentrl.rl.decode_model import EngineShape, predict_generation
 from agentrl.rl.plan import plan_run, trainer_plan
-from agentrl.rl.step_time import StepTimeInputs, loop_step_s, predict_run, predict_trainer, weight_sync_s
+from agentrl.rl.step_time import PlanSection, loop_step_s, predict_run, predict_trainer, weight_sync_s
 from agentrl.trainer.layout import plan_layout
 from agentrl.trainer.models.args import MoEModelArgs
 
@@ -25,7 +25,7 @@ def _air(**overrides):
     args = MoEModelArgs.for_model("glm-4.5-air")
     plan = plan_layout(args, world=64, row_tokens=65536, ep=64, cp=2, gpu_memory_bytes=1e15)
     return predict_trainer(
-        args, plan, StepTimeInputs(**overrides), tokens_per_step=256 * 32768, mean_sample_tokens=32768
+        args, plan, PlanSection(**overrides), tokens_per_step=256 * 32768, mean_sample_tokens=32768
     )
 
 
@@ -38,7 +38,7 @@ def _air(**overrides):
     ],
 )
 def test_doubling_a_compute_rate_halves_its_term(rate, term):
-    base, fast = _air(), _air(**{rate: 2 * getattr(StepTimeInputs(), rate)})
+    base, fast = _air(), _air(**{rate: 2 * getattr(PlanSection(), rate)})
     assert fast.terms[term] == pytest.approx(base.terms[term] / 2)
     assert fast.total_s < base.total_s
     others = {k for k in ("dense_gemm_s", "grouped_gemm_s", "attention_s") if k != term}
@@ -59,7 +59,7 @@ def test_halving_a_bandwidth_doubles_the_comms_it_carries():
 
 def test_one_node_uses_nvlink_and_one_gpu_has_no_comms():
     args = MoEModelArgs.for_model("glm-4.5-air")
-    inputs = StepTimeInputs()
+    inputs = PlanSection()
     one = predict_trainer(
         args,
         plan_layout(args, world=1, row_tokens=8192, gpu_memory_bytes=1e15),
@@ -71,7 +71,7 @@ def test_one_node_uses_nvlink_and_one_gpu_has_no_comms():
     node = plan_layout(args, world=8, row_tokens=8192, gpu_memory_bytes=1e15)
     fast = predict_trainer(args, node, inputs, tokens_per_step=8 * 8192, mean_sample_tokens=8192)
     slow = predict_trainer(
-        args, node, StepTimeInputs(nvlink_gbs=225.0), tokens_per_step=8 * 8192, mean_sample_tokens=8192
+        args, node, PlanSection(nvlink_gbs=225.0), tokens_per_step=8 * 8192, mean_sample_tokens=8192
     )
     assert fast.terms["ep_all_to_all_s"] > 0
     assert slow.terms["ep_all_to_all_s"] == pytest.approx(2 * fast.terms["ep_all_to_all_s"])
@@ -79,7 +79,7 @@ def test_one_node_uses_nvlink_and_one_gpu_has_no_comms():
 
 def test_more_inference_gpus_generate_faster_and_sync_follows_bandwidth():
     args = MoEModelArgs.for_model("glm-4.5-air")
-    inputs = StepTimeInputs()
+    inputs = PlanSection()
     times = [
         predict_generation(
             args,
@@ -93,10 +93,10 @@ def test_more_inference_gpus_generate_faster_and_sync_follows_bandwidth():
     ]
     assert times[0] > times[1] > times[2]
     total = args.param_counts()["total"]
-    assert weight_sync_s(total, StepTimeInputs(infiniband_gbs=100.0)) == pytest.approx(
+    assert weight_sync_s(total, PlanSection(infiniband_gbs=100.0)) == pytest.approx(
         weight_sync_s(total, inputs) / 2
     )
-    assert weight_sync_s(total, StepTimeInputs(weight_sync_gbs=10.0)) == pytest.approx(total * 2 / 10e9)
+    assert weight_sync_s(total, PlanSection(weight_sync_gbs=10.0)) == pytest.approx(total * 2 / 10e9)
 
 
 def test_loop_overlaps_only_when_off_policy_steps_are_allowed():
@@ -156,7 +156,7 @@ def test_defaults_reproduce_the_held_out_h200_rows():
         predicted = predict_trainer(
             args,
             plan,
-            StepTimeInputs(dense_gemm_tflops=row["matmul_tflops"]),
+            PlanSection(dense_gemm_tflops=row["matmul_tflops"]),
             tokens_per_step=row["seq"] * row["gpus"] // row["cp"],
             mean_sample_tokens=row["seq"],
         ).total_s
@@ -203,7 +203,7 @@ def test_gpus_keeps_the_rest_of_launch():
 def test_doubling_every_compute_rate_halves_the_compute_time():
     rates = ("dense_gemm_tflops", "grouped_gemm_tflops", "attention_tflops", "cp_attention_tflops")
     base = _air(step_overhead_s=0.0)
-    fast = _air(step_overhead_s=0.0, **{rate: 2 * getattr(StepTimeInputs(), rate) for rate in rates})
+    fast = _air(step_overhead_s=0.0, **{rate: 2 * getattr(PlanSection(), rate) for rate in rates})
     assert fast.terms["compute_s"] == pytest.approx(base.terms["compute_s"] / 2)
     assert fast.terms["fsdp_s"] == pytest.approx(base.terms["fsdp_s"])  # comms do not move with the rates
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.inference.deployment import DeploymentConfig
+from agentrl.inference.deployment import InferenceConfig
 from agentrl.inference.plans import server_overrides
 from agentrl.inference.transfer import TRANSPORTS, Ipc, transport_for
 from agentrl.rl.config import load_run_config
@@ -178,7 +178,7 @@ def test_unknown_transport_is_refused():
 @pytest.mark.parametrize(("transport", "flag"), [("nccl", '{"backend": "nccl"}'), ("ipc", '{"backend": "ipc"}'),
                                                   ("filesystem", None), ("object_store", None)])
 def test_gpu_servers_start_the_matching_weight_transfer_engine(transport, flag):
-    args, _ = server_overrides(DeploymentConfig(device="gpu", weight_transfer=transport), "model")
+    args, _ = server_overrides(InferenceConfig(device="gpu", weight_transfer=transport), "model")
     if flag is None:
         assert "--weight-transfer-config" not in args
     else:
@@ -188,7 +188,7 @@ def test_gpu_servers_start_the_matching_weight_transfer_engine(transport, flag):
 @pytest.mark.parametrize("transport", ["nccl", "ipc"])
 def test_gpu_transports_on_the_cpu_are_one_line_errors(transport):
     with pytest.raises(ConfigError, match=f"weight_transfer '{transport}' needs GPUs"):
-        server_overrides(DeploymentConfig(device="cpu", weight_transfer=transport), "model")
+        server_overrides(InferenceConfig(device="cpu", weight_transfer=transport), "model")
 
 
 def test_defaults_follow_the_inference_device():

@@ -17,11 +17,11 @@ def test_fit_on_the_committed_h200_rows_gives_the_defaults():
     from step_time_check import fit
     from trainer_mfu import air_args
 
-    from agentrl.rl.step_time import StepTimeInputs
+    from agentrl.rl.step_time import PlanSection
 
     rows = json.loads((ROOT / "bench" / "results" / "trainer_mfu.json").read_text())["runs"]
     fitted = fit(rows, lambda r: air_args(2))
-    defaults = StepTimeInputs()
+    defaults = PlanSection()
     for name in ("grouped_gemm_tflops", "attention_tflops", "cp_attention_tflops", "step_overhead_s"):
         assert fitted[name] == pytest.approx(getattr(defaults, name), rel=0.01), name
 
