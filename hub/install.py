@@ -5,7 +5,7 @@ requirement is parsed first (PEP 508), so a malformed one is reported by name be
 runs; pip runs in the current interpreter (`python -m pip install ...`).
 
 A verifiers package (its folder, or a package `agentrl env import verifiers` wrote) never goes
-into agentrl's own environment: `install_target` makes its own venv (`agentrl.hub.verifiers_venv`),
+into agentrl's own environment: `install_target` makes its own venv (`agentrl.hub.interop.verifiers_venv`),
 which the loader then runs it from.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["install_requirements", "install_target", "resolve_package_dir", "ver
 
 def verifiers_project_of(target: str | Path):
     """The verifiers project a target runs: its folder itself, or an imported package's copy; else None."""
-    from agentrl.hub.verifiers import COPY_DIR, find_verifiers_project
+    from agentrl.hub.interop.verifiers import COPY_DIR, find_verifiers_project
 
     folder = Path(target)
     if not folder.is_dir():
@@ -42,7 +42,7 @@ def install_target(target: str | Path, *, dry_run: bool = False, log=lambda line
 
         project = verifiers_project_of(find_installed(str(target)))
     if project is not None:
-        from agentrl.hub.verifiers_venv import make_package_venv, venv_requirements
+        from agentrl.hub.interop.verifiers_venv import make_package_venv, venv_requirements
 
         if dry_run:
             return f"would make a venv for {project.name} with: {' '.join(venv_requirements(project))}"

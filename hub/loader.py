@@ -11,7 +11,7 @@ schema in `agentrl.hub.manifest`). `load_environment` accepts
 - a package installed from the hub: `owner/name[@version]` (`agentrl.hub.refs.find_installed`),
   or its bare name (the hub's `agentrl.hub.local.installed_environment_dirs()`);
 - a verifiers package folder (a pyproject.toml depending on verifiers, no environment.toml):
-  `agentrl.hub.verifiers.load_verifiers_package` runs it.
+  `agentrl.hub.interop.verifiers.load_verifiers_package` runs it.
 
 The entrypoint module is imported by `agentrl.hub.entrypoint.import_package_attr` (a private
 package per environment, so same-named modules do not collide). The manifest's `env_args` and
@@ -152,7 +152,7 @@ def _find_installed(reference: str) -> Path:
 def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
     """Load an environment package by name or path and return its Environment."""
     if os.fspath(name_or_path) and Path(name_or_path).expanduser().is_dir():
-        from agentrl.hub.verifiers import find_verifiers_project, load_verifiers_package
+        from agentrl.hub.interop.verifiers import find_verifiers_project, load_verifiers_package
 
         if find_verifiers_project(name_or_path) is not None:  # a verifiers package: pyproject.toml, no manifest
             return load_verifiers_package(name_or_path, **kwargs)

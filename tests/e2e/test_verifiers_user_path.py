@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.hub.verifiers import find_verifiers_project, installed_verifiers
+from agentrl.hub.interop.verifiers import find_verifiers_project, installed_verifiers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -51,7 +51,7 @@ def test_install_then_eval_in_its_own_venv(package, base_url, tmp_path, monkeypa
     from typer.testing import CliRunner
 
     from agentrl.cli import app
-    from agentrl.hub.verifiers_venv import find_package_venv, venv_python
+    from agentrl.hub.interop.verifiers_venv import find_package_venv, venv_python
 
     monkeypatch.setenv("AGENTRL_VENVS", str(tmp_path / "venvs"))
     folder = FIXTURES / package

@@ -324,8 +324,8 @@ def home(folder: Path) -> Path:
 def built_package(task_folder: Path, out: Path, *, name: str, docker_client):
     """Import a Harbor task folder as package `name` and build its image `name:0.1.0` (on the base image); a
     generator for module fixtures: yields the package folder, removes the image afterwards."""
-    from agentrl.hub.harbor import import_harbor_task
     from agentrl.hub.images import build_image
+    from agentrl.hub.interop.harbor import import_harbor_task
     from agentrl.sandbox.base_image import build_base_image
 
     build_base_image()

@@ -76,7 +76,7 @@ def harbor_package(tmp_path_factory, docker_client):  # noqa: F811
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)
 async def test_oracle_one_idle_zero_reward_rewriter_zero(backend, harbor_package):
     import agentrl
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 

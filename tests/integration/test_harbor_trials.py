@@ -28,7 +28,7 @@ def bash_call(command: str) -> dict:
 @pytest.fixture(scope="module")
 def harbor_packages(tmp_path_factory, docker_client):  # noqa: F811
     """The fixture tasks as one dataset package (images built), and the install task as its own package."""
-    from agentrl.hub.harbor import build_harbor_images, import_harbor_task
+    from agentrl.hub.interop.harbor import build_harbor_images, import_harbor_task
     from agentrl.sandbox.base_image import build_base_image
 
     build_base_image()
@@ -61,7 +61,7 @@ def _rows(env):
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)
 async def test_oracles_score_one_and_idle_policies_zero(backend, harbor_packages):
     import agentrl
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 
@@ -131,7 +131,7 @@ async def test_a_partly_solved_multi_step_trial_scores_the_mean(backend, harbor_
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)
 async def test_a_test_script_that_installs_needs_the_opt_in_writable_root(backend, harbor_packages):
     import agentrl
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.sampling import SamplingConfig
 
     _, installs, _ = harbor_packages
@@ -169,7 +169,7 @@ async def test_the_agent_timeout_is_a_total_budget_and_the_verifier_still_runs(h
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)
 async def test_a_compose_task_runs_its_service_beside_the_agent_or_is_refused(backend, harbor_packages):
     import agentrl
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.policies import ScriptedPolicy
     from agentrl.sampling import SamplingConfig
 
@@ -195,7 +195,7 @@ async def test_a_compose_mcp_server_offers_its_tools_to_the_agent(harbor_package
     """`[[environment.mcp_servers]]` on a compose service: oracle 1, a do-nothing policy 0, and a policy that
     calls the server's `add_note` tool (offered beside bash, relayed from the agent's sandbox) 1."""
     import agentrl
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.policies import ScriptedPolicy, tool_call
     from agentrl.sampling import SamplingConfig
 
@@ -224,7 +224,7 @@ async def test_a_compose_mcp_server_offers_its_tools_to_the_agent(harbor_package
 
 async def test_an_entrypoint_that_writes_its_root_needs_the_writable_root_everywhere(harbor_packages):
     import agentrl
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.sampling import SamplingConfig
 
     _, _, starts = harbor_packages
@@ -242,7 +242,7 @@ async def test_an_entrypoint_that_writes_its_root_needs_the_writable_root_everyw
 
 async def test_folders_outside_the_workdir_reach_the_verifier_when_carried(harbor_packages):
     import agentrl
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
 
     package, _, _ = harbor_packages
     results = {}

@@ -13,8 +13,8 @@ import harbor_tasks
 import pytest
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.hub.harbor import find_harbor_tasks, import_harbor_task, read_harbor_task
-from agentrl.hub.harbor_verifier import combine_rewards, parse_rewards
+from agentrl.hub.interop.harbor import find_harbor_tasks, import_harbor_task, read_harbor_task
+from agentrl.hub.interop.harbor_verifier import combine_rewards, parse_rewards
 from tests.fakes.hub_fixtures import docker_client, remove_images  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -187,7 +187,7 @@ def test_bad_harbor_folders_are_one_line_errors(tmp_path):
 
 
 def test_carry_paths_are_absolute_folders(tmp_path):
-    from agentrl.hub.harbor_config import check_carry_paths
+    from agentrl.hub.interop.harbor_config import check_carry_paths
 
     assert check_carry_paths(["/root/", " /srv ", ""]) == ["/root", "/srv"]
     for bad in ("relative/dir", "/", "/srv/../etc"):
@@ -326,7 +326,7 @@ def test_cli_import_prints_warnings_and_refusals_as_lines(tmp_path):
 
 
 def test_env_templates_resolve_from_the_host_or_name_the_missing_variable(monkeypatch):
-    from agentrl.hub.harbor_config import resolve_env
+    from agentrl.hub.interop.harbor_config import resolve_env
 
     monkeypatch.setenv("AGENTRL_HARBOR_SET", "from-host")
     monkeypatch.delenv("AGENTRL_HARBOR_UNSET", raising=False)

@@ -124,7 +124,7 @@ def _env(package, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_harbor_oracle_still_scores_one(backend, harbor_package):
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
 
     env = _env(harbor_package, backend)
     rollout = await _run(env, harbor_oracle_policy(harbor_package))

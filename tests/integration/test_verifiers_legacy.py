@@ -159,8 +159,8 @@ def test_bad_arguments_are_one_line():
 def test_imported_package_loads_and_validates(tmp_path, monkeypatch):
     import sys
 
+    from agentrl.hub.interop.verifiers import import_verifiers_package
     from agentrl.hub.package import validate_package
-    from agentrl.hub.verifiers import import_verifiers_package
 
     out = import_verifiers_package(FIXTURES / "legacy_guess", out=tmp_path / "guess")
     monkeypatch.delitem(sys.modules, "vf_legacy_guess", raising=False)  # one module of a name per process

@@ -209,7 +209,7 @@ class _BoxTask(vf.Task[_Data]):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_v1_scoring_runs_out_of_the_agents_reach(backend):
     """The agent leaves `sleep 1000` running; scoring runs in a fresh sandbox without any agent process."""
-    from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
+    from agentrl.hub.interop.verifiers_v1 import VerifiersTasksetEnv
 
     env = VerifiersTasksetEnv.from_class(_taskset(_BoxTask), name="box", options={"sandbox": backend})
     script = [
@@ -248,8 +248,8 @@ def test_v1_runtime_task_under_each_backend(backend):
 def test_v1_imported_package_runs(tmp_path, monkeypatch):
     import sys
 
+    from agentrl.hub.interop.verifiers import import_verifiers_package
     from agentrl.hub.package import validate_package
-    from agentrl.hub.verifiers import import_verifiers_package
 
     out = import_verifiers_package(FIXTURES / "v1_files", out=tmp_path / "sums")
     for name in [name for name in sys.modules if name == "vf_v1_files" or name.startswith("vf_v1_files.")]:
@@ -311,7 +311,7 @@ class _ForeverTaskset(vf.Taskset[_PlainTask, vf.TasksetConfig]):
     ],
 )
 def test_v1_refusals_are_one_line(taskset, message):
-    from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
+    from agentrl.hub.interop.verifiers_v1 import VerifiersTasksetEnv
 
     with pytest.raises(AgentrlError, match=message) as caught:
         VerifiersTasksetEnv.from_class(taskset, name="t", options={})
@@ -319,7 +319,7 @@ def test_v1_refusals_are_one_line(taskset, message):
 
 
 def test_v1_infinite_taskset_with_max_tasks():
-    from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
+    from agentrl.hub.interop.verifiers_v1 import VerifiersTasksetEnv
 
     env = VerifiersTasksetEnv.from_class(_ForeverTaskset, name="forever", options={"max_tasks": 3})
     assert [task.prompt[-1].content for task in env.tasks("test")] == ["task 0", "task 1", "task 2"]
@@ -332,7 +332,7 @@ def test_v1_infinite_taskset_with_max_tasks():
 def test_v1_trace_stop_conditions():
     import vf_v1_reverse
 
-    from agentrl.hub.verifiers_v1 import build_trace
+    from agentrl.hub.interop.verifiers_v1 import build_trace
     from agentrl.types import Rollout
 
     vf_task = list(vf_v1_reverse.ReverseTaskset(vf_v1_reverse.taskset.ReverseConfig()))[0]

@@ -1,4 +1,4 @@
-"""A verifiers package in its worker process (`agentrl.hub.verifiers_proxy`), driven from agentrl's environment.
+"""A verifiers package in its worker process (`agentrl.hub.interop.verifiers_proxy`), driven from agentrl's environment.
 
 The worker runs on `.venv-verifiers/0.4.0` (scripts/install.sh, extra dev: a venv over agentrl's packages,
 made as `agentrl env install` makes a package's venv), so no pip runs here. Checked: rollouts and groups
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import AgentrlError
-from agentrl.hub.verifiers import find_verifiers_project, installed_verifiers
+from agentrl.hub.interop.verifiers import find_verifiers_project, installed_verifiers
 from agentrl.policies import ScriptedPolicy
 from agentrl.routed import RoutedExperts
 from agentrl.sampling import SamplingConfig
@@ -36,7 +36,7 @@ if installed_verifiers() is not None:
 
 
 def _start(folder: Path, **kwargs):
-    from agentrl.hub.verifiers_proxy import VerifiersWorkerEnv
+    from agentrl.hub.interop.verifiers_proxy import VerifiersWorkerEnv
 
     return VerifiersWorkerEnv.start(find_verifiers_project(folder), VENV, kwargs)
 

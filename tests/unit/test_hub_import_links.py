@@ -72,7 +72,7 @@ def test_a_link_loop_is_refused_in_one_line_and_nothing_is_written(tmp_path, kin
 
 
 def test_a_link_inside_the_task_stays_a_link_and_the_package_is_complete(tmp_path):
-    from agentrl.hub.harbor import import_harbor_task
+    from agentrl.hub.interop.harbor import import_harbor_task
 
     task = write_task(tmp_path / "task")
     (task / "tests" / "same.txt").symlink_to("data.txt")
@@ -83,7 +83,7 @@ def test_a_link_inside_the_task_stays_a_link_and_the_package_is_complete(tmp_pat
 
 
 def test_verifiers_import_refuses_a_link_out_of_the_project(tmp_path):
-    from agentrl.hub.verifiers import import_verifiers_package
+    from agentrl.hub.interop.verifiers import import_verifiers_package
 
     project = tmp_path / "proj"
     project.mkdir()
@@ -98,7 +98,7 @@ def test_verifiers_import_refuses_a_link_out_of_the_project(tmp_path):
 
 def test_env_templates_take_host_variables_only_when_allowed(tmp_path, monkeypatch):
     import agentrl
-    from agentrl.hub.harbor import import_harbor_task
+    from agentrl.hub.interop.harbor import import_harbor_task
 
     monkeypatch.setenv("AGENTRL_TEST_SECRET", "host-secret")
     monkeypatch.setenv("AGENTRL_TEST_MODE", "from-host")

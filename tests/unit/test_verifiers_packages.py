@@ -9,7 +9,7 @@ import pytest
 
 import agentrl
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.hub.verifiers import find_verifiers_project, import_verifiers_package
+from agentrl.hub.interop.verifiers import find_verifiers_project, import_verifiers_package
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "verifiers"
 
@@ -52,7 +52,7 @@ def test_missing_module_is_named(tmp_path):
 
 
 def test_without_verifiers_the_error_names_env_install(tmp_path, monkeypatch):
-    from agentrl.hub.verifiers import installed_verifiers
+    from agentrl.hub.interop.verifiers import installed_verifiers
 
     monkeypatch.setenv("AGENTRL_VENVS", str(tmp_path / "venvs"))  # no venv made for it yet
     package = "legacy_qa" if installed_verifiers() and installed_verifiers() >= "0.4" else "v1_reverse"
@@ -89,7 +89,7 @@ def test_api_detected_by_what_the_module_defines(tmp_path):
 
 def test_venv_requirements_pin_the_api(tmp_path):
     from agentrl.hub.install import install_target
-    from agentrl.hub.verifiers_venv import venv_requirements
+    from agentrl.hub.interop.verifiers_venv import venv_requirements
 
     v1 = find_verifiers_project(_project(tmp_path / "a", "vf_one", "import verifiers.v1 as vf\n", '["numpy"]'))
     assert venv_requirements(v1) == ["numpy", "verifiers>=0.4.0"]
@@ -103,7 +103,7 @@ def test_venv_requirements_pin_the_api(tmp_path):
 
 def test_missing_dependency_is_named(tmp_path):
     """The hint names the third-party module the package lacks, not a verifiers API."""
-    from agentrl.hub.verifiers import installed_verifiers
+    from agentrl.hub.interop.verifiers import installed_verifiers
 
     if not installed_verifiers() or installed_verifiers() < "0.4":
         pytest.skip("needs verifiers>=0.4 in this environment (tests/integration/test_verifiers_venvs.py runs it)")

@@ -90,7 +90,7 @@ def env_image(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory, mirror, docker_client):
-    from agentrl.hub.swebench import import_swebench_rows
+    from agentrl.hub.interop.swebench import import_swebench_rows
 
     _, base = mirror
     test_patch = (SWEBENCH_FIXTURE / "test.patch").read_text()

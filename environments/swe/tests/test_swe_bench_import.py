@@ -65,8 +65,8 @@ async def test_imported_rows_run_and_grade_as_swebench_grades_them(tmp_path):
 def test_saved_hf_dataset_folders_import_with_the_image_namespace(tmp_path):
     import datasets
 
+    from agentrl.hub.interop.swebench import import_swebench_rows
     from agentrl.hub.package import validate_package
-    from agentrl.hub.swebench import import_swebench_rows
 
     row = django_row(swebench5=False)  # no image: SWE-bench's name under the namespace given
     datasets.Dataset.from_list([row]).save_to_disk(str(tmp_path / "lite"))
@@ -87,7 +87,7 @@ def test_saved_hf_dataset_folders_import_with_the_image_namespace(tmp_path):
 
 def test_rows_nothing_can_grade_and_bad_sources_are_refused_in_one_line(tmp_path):
     from agentrl.errors import AgentrlError
-    from agentrl.hub.swebench import import_swebench_rows
+    from agentrl.hub.interop.swebench import import_swebench_rows
 
     row = django_row(swebench5=False) | {"repo": "someone/runner"}  # Django-style ids, no eval_script, no command
     refused = _cli(str(_write_jsonl(tmp_path / "rows.jsonl", [row])), "--out", str(tmp_path / "pkg"))

@@ -1,7 +1,7 @@
 """Harbor's task.toml as agentrl reads it: each harbor 0.25 field (schema 1.0-1.4) mapped, warned or refused.
 
 `read_harbor_task(folder)` parses a Harbor task folder into a `HarborTask`. Each field set
-in task.toml falls in one of three classes (`agentrl.hub.harbor_fields`):
+in task.toml falls in one of three classes (`agentrl.hub.interop.harbor_fields`):
 
 - honoured: mapped onto the sandbox, the episode, the oracle or the verifier (see
   docs/ENVIRONMENTS.md, "Harbor tasks");
@@ -26,7 +26,7 @@ from pydantic import Field, ValidationError
 
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.hub.harbor_fields import check_fields
+from agentrl.hub.interop.harbor_fields import check_fields
 from agentrl.mcp_servers import McpServerSpec
 
 __all__ = ["HarborTask", "HarborStep", "NetworkPolicy", "Healthcheck", "read_harbor_task", "resolve_env",
@@ -317,7 +317,7 @@ def _mcp_servers(environment: dict[str, Any], service_hosts: set[str], source: P
 
 def read_harbor_task(path: str | Path) -> HarborTask:
     """Parse and check a Harbor task folder (raises a one-line error naming the file or field)."""
-    from agentrl.hub.harbor_compose import COMPOSE_FILES, read_compose
+    from agentrl.hub.interop.harbor_compose import COMPOSE_FILES, read_compose
 
     folder = Path(path)
     if not folder.is_dir():

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.errors import AgentrlError
-from agentrl.hub.verifiers_legacy import from_vf_message
-from agentrl.hub.verifiers_v1_bridge import build_trace, fill_trace, sandbox_runtime_class
-from agentrl.hub.verifiers_v1_env import finalize_episode, has_finalize
-from agentrl.hub.verifiers_v1_hooks import HookedEpisode, has_boundary_hooks
+from agentrl.hub.interop.verifiers_legacy import from_vf_message
+from agentrl.hub.interop.verifiers_v1_bridge import build_trace, fill_trace, sandbox_runtime_class
+from agentrl.hub.interop.verifiers_v1_env import finalize_episode, has_finalize
+from agentrl.hub.interop.verifiers_v1_hooks import HookedEpisode, has_boundary_hooks
 from agentrl.rubric import Rubric
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.tool_env import ToolEnv
@@ -156,7 +156,7 @@ class VerifiersTasksetEnv(ToolEnv):
         as an agentrl Environment."""
         if env_class is None:
             return cls.from_class(taskset_class, name=name, options=options)
-        from agentrl.hub.verifiers_v1_env import resolve_env
+        from agentrl.hub.interop.verifiers_v1_env import resolve_env
 
         adapter = {key: options.pop(key) for key in list(options) if key in _ADAPTER_OPTIONS}
         vf_env, seat = resolve_env(env_class, module, name=name, options=options)
@@ -277,7 +277,7 @@ class VerifiersTasksetEnv(ToolEnv):
 
     async def _attach_toolsets(self, vf_task: Any, state: dict[str, Any]) -> None:
         """The rollout's MCP session: the taskset's toolsets (served once) and fresh instances of the task's."""
-        from agentrl.hub.verifiers_v1_toolsets import ToolsetMcp
+        from agentrl.hub.interop.verifiers_v1_toolsets import ToolsetMcp
 
         async with self._serving:
             if self._shared_servers is None:
@@ -397,7 +397,7 @@ def _bounded(taskset: Any, name: str) -> Any:
 
 def _refuse_unsupported(name: str, taskset: Any, tasks: list[Any]) -> None:
     """One-line refusals of what agentrl cannot run faithfully."""
-    from agentrl.hub.verifiers_v1_toolsets import refuse_toolsets
+    from agentrl.hub.interop.verifiers_v1_toolsets import refuse_toolsets
 
     refuse_toolsets(name, [*taskset.toolsets(taskset.config), *(
         toolset for task in tasks[:1] for toolset in type(task).toolsets(task.config))])

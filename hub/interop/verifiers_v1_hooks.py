@@ -69,7 +69,7 @@ class HookedEpisode:
         from verifiers.v1.graph import MessageNode
         from verifiers.v1.trace import ModelCall
 
-        from agentrl.hub.verifiers_v1_bridge import to_vf_message
+        from agentrl.hub.interop.verifiers_v1_bridge import to_vf_message
 
         trace = self.trace
         trace.nodes.clear()
@@ -90,7 +90,7 @@ class HookedEpisode:
         """Trace stops, then request interceptors and stops; rewritten user/tool messages replace the loop's."""
         from verifiers.v1.types import Request
 
-        from agentrl.hub.verifiers_v1_bridge import to_vf_message
+        from agentrl.hub.interop.verifiers_v1_bridge import to_vf_message
 
         committed = self._committed(messages)
         self._sync(messages, committed)
@@ -113,7 +113,7 @@ class HookedEpisode:
         """Response interceptors and stops on the reply (a rewrite replaces it), then the tool-call gate."""
         from verifiers.v1.types import Response
 
-        from agentrl.hub.verifiers_v1_bridge import to_vf_message
+        from agentrl.hub.interop.verifiers_v1_bridge import to_vf_message
 
         reply = to_vf_message(messages[-1])
         response = Response(id="agentrl", created=int(time.time()), model="agentrl", message=reply,

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentrlError, ConfigError, SandboxError
-from agentrl.hub.harbor_config import (
+from agentrl.hub.interop.harbor_config import (
     HarborStep,
     HarborTask,
     NetworkPolicy,
@@ -44,7 +44,7 @@ from agentrl.hub.harbor_config import (
     read_harbor_task,
     resolve_env,
 )
-from agentrl.hub.harbor_verifier import (
+from agentrl.hub.interop.harbor_verifier import (
     allow_apt_as_root,
     below_min_reward,
     run_verifier,
@@ -205,7 +205,7 @@ class HarborTaskEnv(ToolEnv):
 
         key, step, network = state["sandbox_key"], harbor.steps[0], None
         if harbor.compose:
-            from agentrl.hub.harbor_compose import ComposeServices, read_compose
+            from agentrl.hub.interop.harbor_compose import ComposeServices, read_compose
 
             services = ComposeServices(read_compose(Path(harbor.folder) / harbor.compose)[0],
                                        task_image=self.image(task), runtime=self.runtime, cpus=harbor.cpus,

@@ -15,7 +15,7 @@ distinct requirement set under `$AGENTRL_VENVS` (default `~/.agentrl/venvs`):
 
 The venv's name is the module plus a hash of the requirements and the python version, so a
 changed dependency list gets a new venv and packages with the same requirements share one.
-`agentrl.hub.verifiers_proxy` runs the package in a worker process on the venv's python.
+`agentrl.hub.interop.verifiers_proxy` runs the package in a worker process on the venv's python.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from agentrl import env_vars
 from agentrl.errors import AgentrlError
 
 if TYPE_CHECKING:
-    from agentrl.hub.verifiers_project import VerifiersProject
+    from agentrl.hub.interop.verifiers_project import VerifiersProject
 
 __all__ = ["api_requirement", "find_package_venv", "make_package_venv", "venv_requirements", "venvs_root"]
 
@@ -119,7 +119,8 @@ def make_package_venv(project: VerifiersProject, *, log: Callable[[str], None] =
         try:
             _run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *requirements],
                  f"pip install of {project.name}'s requirements ({', '.join(requirements)})")
-            probe = _run([python, "-c", "import verifiers, agentrl.hub.verifiers_worker; print(verifiers.__version__)"],
+            probe = _run([python, "-c",
+                          "import verifiers, agentrl.hub.interop.verifiers_worker; print(verifiers.__version__)"],
                          f"importing verifiers and agentrl in {folder}")
         except AgentrlError:
             shutil.rmtree(folder, ignore_errors=True)

@@ -3,14 +3,14 @@
 A Harbor task (harborframework.com/docs/tasks) is a folder with `task.toml`, `instruction.md`
 (or `steps/<name>/instruction.md` per step), `environment/Dockerfile` (or `[environment]
 docker_image`), `tests/test.sh` (writes `/logs/verifier/reward.json` or `reward.txt`) and
-optionally `solution/solve.sh`. `agentrl.hub.harbor_config` reads task.toml (every field
+optionally `solution/solve.sh`. `agentrl.hub.interop.harbor_config` reads task.toml (every field
 of harbor 0.25: honoured, warned in one line, or refused in one line).
 
 The package keeps each task's files as they are (one task: at the package root; a dataset:
 under `tasks/<name>/`), one row per task (the first step's instruction as the prompt, the
 task folder and image in `info`), `environment.toml` (the first task's image, limits and
 agent-phase network), a README, and an entrypoint returning
-`agentrl.hub.harbor_env.HarborTaskEnv`.
+`agentrl.hub.interop.harbor_env.HarborTaskEnv`.
 
 PATH may be a task folder, a dataset folder (its sub-folders holding task.toml), or a
 registry-style JSON list (Harbor's registry.json: datasets with `tasks` of `name` and
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.hub.harbor_config import HarborTask, check_allow_env, check_carry_paths, read_harbor_task
+from agentrl.hub.interop.harbor_config import HarborTask, check_allow_env, check_carry_paths, read_harbor_task
 from agentrl.hub.tree_copy import copy_tree, package_folder
 
 __all__ = ["read_harbor_task", "import_harbor_task", "find_harbor_tasks", "build_harbor_images",
@@ -35,7 +35,7 @@ __all__ = ["read_harbor_task", "import_harbor_task", "find_harbor_tasks", "build
 ENTRY_MODULE = "harbor_task"
 _COPIED = ("task.toml", "instruction.md", "environment", "tests", "solution", "steps")
 
-_ENTRY = '''"""Entrypoint of a package imported from Harbor tasks (see agentrl.hub.harbor_env)."""
+_ENTRY = '''"""Entrypoint of a package imported from Harbor tasks (see agentrl.hub.interop.harbor_env)."""
 
 from pathlib import Path
 
@@ -43,13 +43,13 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def load_environment(**kwargs):
-    from agentrl.hub.harbor_env import load_harbor_environment
+    from agentrl.hub.interop.harbor_env import load_harbor_environment
 
     return load_harbor_environment(PACKAGE_DIR, **kwargs)
 
 
 def oracle_policy():
-    from agentrl.hub.harbor_env import harbor_oracle_policy
+    from agentrl.hub.interop.harbor_env import harbor_oracle_policy
 
     return harbor_oracle_policy(PACKAGE_DIR)
 '''
@@ -244,8 +244,8 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
 
 def build_harbor_images(package_dir: str | Path) -> list[str]:
     """Build each row's image (and compose services') from its Dockerfile's folder; returns the tags."""
-    from agentrl.hub.harbor_compose import read_compose, service_image
     from agentrl.hub.images import build_image
+    from agentrl.hub.interop.harbor_compose import read_compose, service_image
     from agentrl.sandbox.docker_backend import docker_client, network_unavailable
 
     package_dir = Path(package_dir)

@@ -4,7 +4,7 @@
 `VerifiersProject` with the API it uses (`detect_api`: what the module defines, v1 Tasksets and Envs
 or `load_environment()`); `installed_verifiers` / `require_verifiers` say whether this environment
 can run it; `load_in_process` builds the agentrl Environment here
-(`verifiers_v1.VerifiersTasksetEnv` or `verifiers_legacy.VerifiersLegacyEnv`). `agentrl.hub.verifiers`
+(`verifiers_v1.VerifiersTasksetEnv` or `verifiers_legacy.VerifiersLegacyEnv`). `agentrl.hub.interop.verifiers`
 decides where a package runs (here, or in a worker process on its own venv: `verifiers_proxy`,
 `verifiers_worker`, which load it here in turn) and writes agentrl packages of them.
 """
@@ -175,7 +175,7 @@ def _fits(project: VerifiersProject, version: str | None) -> bool:
 
 def require_verifiers(project: VerifiersProject) -> Any:
     """The installed `verifiers` module when it has the package's API, else a one-line AgentrlError."""
-    from agentrl.hub.verifiers_venv import api_requirement
+    from agentrl.hub.interop.verifiers_venv import api_requirement
 
     version = installed_verifiers()
     if not _fits(project, version):
@@ -266,13 +266,13 @@ def load_in_process(project: VerifiersProject, kwargs: dict[str, Any]):
     taskset = _exported_class(module, "Taskset") if project.api == "v1" else None
     env_class = _exported_class(module, "Env") if project.api == "v1" else None
     if taskset is not None or env_class is not None:
-        from agentrl.hub.verifiers_v1 import VerifiersTasksetEnv
+        from agentrl.hub.interop.verifiers_v1 import VerifiersTasksetEnv
 
         env = VerifiersTasksetEnv.from_package(
             taskset, env_class, module=project.module, name=_env_name(project.name), options=dict(kwargs)
         )
     elif callable(getattr(module, "load_environment", None)):
-        from agentrl.hub.verifiers_legacy import VerifiersLegacyEnv
+        from agentrl.hub.interop.verifiers_legacy import VerifiersLegacyEnv
 
         try:
             vf_env = module.load_environment(**kwargs)

@@ -22,7 +22,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from agentrl.hub.harbor_config import HarborStep, HarborTask, resolve_env
+from agentrl.hub.interop.harbor_config import HarborStep, HarborTask, resolve_env
 
 __all__ = ["REWARD_DIR", "parse_rewards", "combine_rewards", "run_verifier", "settle_rewards",
            "below_min_reward", "verifier_reward", "verifier_ran", "allow_apt_as_root"]

@@ -1,7 +1,7 @@
 """The worker process of a verifiers package: the package's Environment, served to agentrl's rollout loop.
 
-`python -m agentrl.hub.verifiers_worker SOCKET` runs on the python of the package's venv
-(`agentrl.hub.verifiers_venv`), started by `agentrl.hub.verifiers_proxy.VerifiersWorkerEnv`. It
+`python -m agentrl.hub.interop.verifiers_worker SOCKET` runs on the python of the package's venv
+(`agentrl.hub.interop.verifiers_venv`), started by `agentrl.hub.interop.verifiers_proxy.VerifiersWorkerEnv`. It
 reads `{"path", "kwargs"}` as one JSON line on stdin, loads the package in this process
 (`load_in_process`: verifiers is importable here), listens on the Unix socket SOCKET (its folder
 is the parent's, mode 0700), prints one JSON line on stdout (`{"ok": ...}` with the name, splits
@@ -170,7 +170,7 @@ class _Connection:
 
 
 def _load(request: dict[str, Any]) -> Any:
-    from agentrl.hub.verifiers_project import find_verifiers_project, load_in_process
+    from agentrl.hub.interop.verifiers_project import find_verifiers_project, load_in_process
 
     project = find_verifiers_project(request["path"])
     if project is None:
@@ -201,7 +201,7 @@ def _status(message: dict[str, Any]) -> None:
 
 def main() -> None:
     from agentrl.errors import AgentrlError
-    from agentrl.hub.verifiers_project import WORKER_ENV
+    from agentrl.hub.interop.verifiers_project import WORKER_ENV
 
     os.environ[WORKER_ENV] = "1"
     socket_path = sys.argv[1]

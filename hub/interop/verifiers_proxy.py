@@ -1,7 +1,7 @@
 """A verifiers package running in its own venv, as an agentrl Environment of this process.
 
-`VerifiersWorkerEnv.start` starts `agentrl.hub.verifiers_worker` on the python of the venv
-`agentrl env install` made for the package (`agentrl.hub.verifiers_venv`), waits for its status
+`VerifiersWorkerEnv.start` starts `agentrl.hub.interop.verifiers_worker` on the python of the venv
+`agentrl env install` made for the package (`agentrl.hub.interop.verifiers_venv`), waits for its status
 line (the load's one-line error, or the name, splits and tool schemas) and returns an
 Environment whose rows, rollouts, scoring and groups run there. The package's model calls come
 back over the same connection and go to this process's ChatClient (the token client of
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 from agentrl import env_vars
 from agentrl.environment import Environment
 from agentrl.errors import AgentrlError
-from agentrl.hub.verifiers_worker import READY, read_frame, rollout_from_wire, write_frame
+from agentrl.hub.interop.verifiers_worker import READY, read_frame, rollout_from_wire, write_frame
 from agentrl.sampling import ChatClient, SamplingConfig
 from agentrl.types import Message, Rollout, Task, Turn
 
 if TYPE_CHECKING:
-    from agentrl.hub.verifiers_project import VerifiersProject
+    from agentrl.hub.interop.verifiers_project import VerifiersProject
 
 __all__ = ["VerifiersWorkerEnv"]
 
@@ -50,8 +50,8 @@ class _Worker:
     """The worker process, its folder (socket, log) and its stop."""
 
     def __init__(self, project: VerifiersProject, venv: Path, kwargs: dict[str, Any]) -> None:
-        from agentrl.hub.verifiers_project import WORKER_ENV
-        from agentrl.hub.verifiers_venv import venv_python
+        from agentrl.hub.interop.verifiers_project import WORKER_ENV
+        from agentrl.hub.interop.verifiers_venv import venv_python
 
         self.name = project.name
         self.folder = Path(tempfile.mkdtemp(prefix="agentrl-vf-"))
@@ -60,7 +60,7 @@ class _Worker:
         env = {**os.environ, WORKER_ENV: "1"}
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [str(venv_python(venv)), "-m", "agentrl.hub.verifiers_worker", self.socket],
+                [str(venv_python(venv)), "-m", "agentrl.hub.interop.verifiers_worker", self.socket],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, cwd=str(project.folder),
             )
         self.process.stdin.write((json.dumps({"path": str(project.folder), "kwargs": kwargs}) + "\n").encode())
@@ -284,7 +284,7 @@ class VerifiersWorkerEnv(Environment):
 
 
 def _reload(path: str, venv: str, kwargs: dict[str, Any]) -> Environment:
-    from agentrl.hub.verifiers_project import find_verifiers_project
+    from agentrl.hub.interop.verifiers_project import find_verifiers_project
 
     return VerifiersWorkerEnv.start(find_verifiers_project(path), Path(venv), kwargs)
 

@@ -45,7 +45,7 @@ def swebench_image_hint(source: str | Path, instance_id: str) -> str:
 
 def swebench_instances(source: str | Path, *, namespace: str | None = None) -> list[Any]:
     """The rows of SOURCE (rows file/folder, or a package `agentrl env import swebench` wrote) as SweInstances."""
-    from agentrl.hub.swebench import _swe_attr, read_swebench_rows
+    from agentrl.hub.interop.swebench import _swe_attr, read_swebench_rows
 
     source = Path(source)
     checked = _swe_attr("checked_instances")

@@ -6,10 +6,10 @@ a `pyproject.toml` whose dependencies name `verifiers` and a module named after 
 `environment.toml`. Two APIs exist:
 
 - **v1** (verifiers >= 0.4, `import verifiers.v1 as vf`): the module's `__all__` exports a
-  `vf.Taskset` subclass; `agentrl.hub.verifiers_v1.VerifiersTasksetEnv` runs it.
+  `vf.Taskset` subclass; `agentrl.hub.interop.verifiers_v1.VerifiersTasksetEnv` runs it.
 - **load_environment()** (verifiers < 0.4; 0.3 keeps it as `verifiers.legacy`): the module
   defines `load_environment(**kwargs)` returning a `vf.SingleTurnEnv` / `MultiTurnEnv` /
-  `ToolEnv`...; `agentrl.hub.verifiers_legacy.VerifiersLegacyEnv` runs it.
+  `ToolEnv`...; `agentrl.hub.interop.verifiers_legacy.VerifiersLegacyEnv` runs it.
 
 `agentrl.load_environment(FOLDER)` calls `load_verifiers_package` for such a folder, and
 `agentrl env import verifiers FOLDER` (`import_verifiers_package`) writes an agentrl package:
@@ -26,8 +26,7 @@ from typing import Any
 
 from agentrl import env_vars
 from agentrl.errors import NotFoundError
-from agentrl.hub.tree_copy import copy_tree, package_folder
-from agentrl.hub.verifiers_project import (
+from agentrl.hub.interop.verifiers_project import (
     _SKIPPED,
     VerifiersProject,
     _env_name,
@@ -38,6 +37,7 @@ from agentrl.hub.verifiers_project import (
     load_in_process,
     require_verifiers,
 )
+from agentrl.hub.tree_copy import copy_tree, package_folder
 
 __all__ = [
     "ENTRY_MODULE",
@@ -58,7 +58,7 @@ def load_verifiers_package(path: str | Path, **kwargs: Any):
 
     Where this environment has the verifiers the package's API needs (or inside the package's worker),
     the package runs in this process; otherwise in a worker process on the venv `agentrl env install`
-    made for it (`agentrl.hub.verifiers_proxy`); without either, one line says to run that command."""
+    made for it (`agentrl.hub.interop.verifiers_proxy`); without either, one line says to run that command."""
     project = find_verifiers_project(path)
     if project is None:
         raise NotFoundError(
@@ -67,17 +67,17 @@ def load_verifiers_package(path: str | Path, **kwargs: Any):
         )
     project.module_file()
     if not env_vars.VERIFIERS_WORKER.is_on() and not _fits(project, installed_verifiers()):
-        from agentrl.hub.verifiers_venv import find_package_venv
+        from agentrl.hub.interop.verifiers_venv import find_package_venv
 
         venv = find_package_venv(project)
         if venv is not None:
-            from agentrl.hub.verifiers_proxy import VerifiersWorkerEnv
+            from agentrl.hub.interop.verifiers_proxy import VerifiersWorkerEnv
 
             return VerifiersWorkerEnv.start(project, venv, kwargs)
     return load_in_process(project, kwargs)
 
 
-_ENTRY = '''"""Entrypoint of a package imported from a verifiers environment (see agentrl.hub.verifiers)."""
+_ENTRY = '''"""Entrypoint of a package imported from a verifiers environment (see agentrl.hub.interop.verifiers)."""
 
 from pathlib import Path
 
@@ -85,7 +85,7 @@ PROJECT_DIR = Path(__file__).resolve().parent / "{copy_dir}"
 
 
 def load_environment(**kwargs):
-    from agentrl.hub.verifiers import load_verifiers_package
+    from agentrl.hub.interop.verifiers import load_verifiers_package
 
     return load_verifiers_package(PROJECT_DIR, **kwargs)
 

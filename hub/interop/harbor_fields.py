@@ -3,7 +3,7 @@
 `FIELD_POLICY` mirrors harbor 0.25's `TaskConfig` (schema 1.0-1.4) table by table; `check_fields`
 walks the fields a task.toml sets: a field marked `refuse:` raises a `ConfigError` naming it, one
 marked `warn:` adds a note (agentrl runs the task without it), a field harbor does not know is
-noted as such, and the rest are honoured by `agentrl.hub.harbor_config`.
+noted as such, and the rest are honoured by `agentrl.hub.interop.harbor_config`.
 """
 
 from __future__ import annotations
