@@ -6,8 +6,8 @@ and the same number of sequences in flight. The raw arm is the floor of client o
 posts pre-built JSON bodies with httpx to `/inference/v1/generate` and parses nothing but the
 token counts. It sends the requests agentrl's client sends: one per task, with `n` =
 rollouts per task and the task's first seed (vLLM seeds choice `i` with `seed + i`, so these
-are the completions of member `i` seeded `seed + i`; `agentrl.coalesce`). It goes through
-the same sharded connection pools (`agentrl.http_pool`).
+are the completions of member `i` seeded `seed + i`; `agentrl.clients.coalesce`). It goes through
+the same sharded connection pools (`agentrl.clients.http_pool`).
 
 `--raw-single-pool` adds the arm this benchmark had before: one request per rollout through one
 httpx pool of `concurrency` connections. httpcore's pool work per request grows with the
@@ -74,7 +74,7 @@ async def raw_arm(
     what that pool costs), with the same keep-alive expiry."""
     import httpx
 
-    from agentrl.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
+    from agentrl.clients.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
 
     choices = max(body["sampling_params"].get("n", 1) for body in bodies)
     semaphore = asyncio.Semaphore(max(1, concurrency // choices))
@@ -117,8 +117,8 @@ def main(
     output: Path = typer.Option(RESULTS, help="Where the JSON goes."),
 ) -> None:
     """Compare agentrl.evaluate's completion tokens/s with raw concurrent requests to the same server."""
-    from agentrl.client import TokenClient, _vllm_sampling_params
-    from agentrl.evaluate import EvalConfig, evaluate_async
+    from agentrl.clients.token_client import TokenClient, _vllm_sampling_params
+    from agentrl.evaluation.engine import EvalConfig, evaluate_async
     from agentrl.hub.loader import load_environment
     from agentrl.inference.server import VLLMServer
     from agentrl.sampling import SamplingConfig
@@ -227,7 +227,7 @@ def main(
     table.add_column("completion tokens/s (median)", justify="right")
     table.add_column("runs", justify="right")
     table.add_column("client CPU s (median)", justify="right")
-    for arm, label in (("raw", "raw httpx -> /inference/v1/generate"), ("agentrl", "agentrl.evaluate"),
+    for arm, label in (("raw", "raw httpx -> /inference/v1/generate"), ("agentrl", "agentrl.evaluation.engine"),
                        ("raw_single_pool", "raw, a request per rollout, one pool")):
         mine = [r for r in runs if r["arm"] == arm]
         if not mine:

@@ -101,11 +101,11 @@ def time_request(client: httpx.Client, url: str, headers: dict | None = None) ->
 
 
 def bench_size(name: str, work: Path, *, updates: int, requests: int, console: Console) -> dict:
+    from agentrl.clients.session import session_headers
     from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.router import VLLMRouter
     from agentrl.inference.server import VLLMServer
     from agentrl.inference.weights import FilesystemWeightPublisher
-    from agentrl.session import session_headers
 
     model_dir = make_model(name, work / f"model-{name}")
     params = sum(t.numel() for t in perturbed(model_dir, 0).values())

@@ -4,7 +4,7 @@ The router balances requests over replicas (or prefill and decode instances in P
 mode). agentrl runs it with `--policy consistent_hash`: the router hashes the request's
 session key, read from the `X-Session-ID` header (it also accepts `session_params.session_id`
 or `user` in the body), so every turn of a trajectory lands on the same replica and
-reuses that replica's prefix cache; clients send the trajectory id as `agentrl.session`
+reuses that replica's prefix cache; clients send the trajectory id as `agentrl.clients.session`
 says. The router binds 127.0.0.1 unless told otherwise,
 runs in its own process group and is stopped by process group.
 """

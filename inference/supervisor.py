@@ -269,7 +269,7 @@ class SupervisedClient:
         self.failed = 0
 
     async def _call(self, name: str, *args: Any, **kwargs: Any):
-        from agentrl.client import InferenceError
+        from agentrl.clients.token_client import InferenceError
 
         attempt = 0
         while True:

@@ -58,8 +58,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from agentrl.clients.http_pool import shared_ssl_context
 from agentrl.errors import WeightUpdateError, require
-from agentrl.http_pool import shared_ssl_context
 from agentrl.inference.vllm_compat import reports_weight_versions
 from agentrl.inference.vllm_worker_ext import EXTENSION
 from agentrl.inference.weight_check import WeightCheck, compare_digests, merge_worker_digests

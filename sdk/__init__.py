@@ -39,7 +39,7 @@ _EXPORTS = {
     "Parser": "agentrl.parsers",
     "Tool": "agentrl.tools",
     "ScriptedPolicy": "agentrl.policies",
-    "evaluate": "agentrl.evaluate",
+    "evaluate": "agentrl.evaluation.engine",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]  # noqa: PLE0605 - the names come from _EXPORTS, the one list

@@ -2,7 +2,7 @@
 
 Environments never see HTTP or tokenizers: they hand the conversation so far to a
 `ChatClient` and get back the assistant message plus the `Turn` (token ids, logprobs,
-routed experts, versions) that produced it. The token client (`agentrl.client`) extends
+routed experts, versions) that produced it. The token client (`agentrl.clients.token_client`) extends
 `previous`'s token ids instead of re-rendering the conversation; the OpenAI client and
 scripted policies implement the same protocol.
 """

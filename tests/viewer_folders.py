@@ -19,8 +19,8 @@ import itertools
 import json
 from pathlib import Path
 
-from agentrl.eval_summary import summarize
-from agentrl.evaluate import EvalConfig
+from agentrl.evaluation.engine import EvalConfig
+from agentrl.evaluation.summary import summarize
 from agentrl.hub.loader import load_environment
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rl.orchestrator import Orchestrator, OrchestratorConfig

@@ -34,12 +34,12 @@ def summary_table(summary):
 
 def _compare_with_baseline(resolved, summary, console, on_server) -> None:
     """For a `agentrl train` checkpoint (RUN/checkpoints/step_N): evaluate the run's base model too, one table."""
-    from agentrl.compare import Comparison, comparison_table, run_baseline
+    from agentrl.evaluation.compare import Comparison, comparison_table, run_baseline
 
     baseline = run_baseline(resolved.model) if resolved.base_url is None else None
     if baseline is None:
         return
-    from agentrl.evaluate import run_evaluation
+    from agentrl.evaluation.engine import run_evaluation
 
     console.print(f"baseline: {baseline} (the model this run started from)")
     output = (
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from agentrl.config import config_from_dict, dump_config
-        from agentrl.evaluate import EvalConfig, run_evaluation
+        from agentrl.evaluation.engine import EvalConfig, run_evaluation
 
         # Flags given on the command line win over the TOML file; --set wins over both.
         flags = {"env": env, "model": model, "n": n, "rollouts_per_task": rollouts, "split": split,

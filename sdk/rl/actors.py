@@ -32,11 +32,11 @@ class RolloutWorker:
         """`model` is the served model name; prompts are rendered with the tokenizer of `tokenizer_dir` (the
         run's starting weights: what the servers serve), or with the files shipped from it when this node
         does not see it, else with `model`'s."""
-        from agentrl.client import TokenClient
+        from agentrl.clients.session import attach_session_affinity
+        from agentrl.clients.token_client import TokenClient
         from agentrl.cpu_priority import lower_priority
         from agentrl.hub.loader import load_environment
         from agentrl.inference.supervisor import EndpointWatch, SupervisedClient
-        from agentrl.session import attach_session_affinity
 
         # Every thread this worker has now; threads it starts later inherit the niceness.
         lower_priority(os.getpid(), nice=nice)
@@ -60,7 +60,7 @@ class RolloutWorker:
         return self.client.retried
 
     async def run_group(self, task: Task, n: int, sampling: Any) -> list[Rollout]:
-        from agentrl.session import trajectory_session
+        from agentrl.clients.session import trajectory_session
 
         with trajectory_session(uuid.uuid4().hex):  # the group's rollouts share its prompt: one replica
             return await self.environment.run_group(self.client, task, n=n, sampling=sampling)

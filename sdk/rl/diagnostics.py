@@ -61,7 +61,7 @@ def out_of_memory_error(*, step: int, rank: int, peak_gib: float, reserved_gib: 
 
 
 _NUMBERS = re.compile(r"\d[\d,]*")
-_CLIENT_TOO_LONG = re.compile(r"prompt of [\d,]+ tokens (?:exceeds|fills)")  # agentrl.client.TokenClient
+_CLIENT_TOO_LONG = re.compile(r"prompt of [\d,]+ tokens (?:exceeds|fills)")  # agentrl.clients.token_client.TokenClient
 _VLLM_TOO_LONG = (  # vLLM's own 400 answers: (pattern, group of the prompt length, group of the context)
     (re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (?:at least )?(\d+)"), 2, 1),
     (re.compile(r"prompt \(length (\d+)\).*?maximum model length of (\d+)"), 1, 2),

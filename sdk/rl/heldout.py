@@ -106,7 +106,7 @@ class HeldOutEval:
             self._running.cancel()
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
-        from agentrl.eval_summary import pass_at_k
+        from agentrl.evaluation.summary import pass_at_k
         from agentrl.stats import bootstrap_interval
 
         started = time.monotonic()

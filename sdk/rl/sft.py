@@ -78,7 +78,7 @@ class TeacherClient:
     chat template writes for it, parsed back into content and tool calls as a model's completion is."""
 
     def __init__(self, reply: Reply, *, renderer: Any, tokens: Any = None) -> None:
-        from agentrl.client import TokenClient
+        from agentrl.clients.token_client import TokenClient
 
         self.reply = reply
         # Only the token client's prompt rendering (with multi-turn extension) is used; no request is sent.

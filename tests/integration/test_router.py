@@ -15,9 +15,9 @@ import httpx
 import pytest
 from vllm_metrics import vllm_counter
 
+from agentrl.clients.session import SESSION_HEADER, attach_session_affinity, session_headers, trajectory_session
 from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.router import RouterError, VLLMRouter
-from agentrl.session import SESSION_HEADER, attach_session_affinity, session_headers, trajectory_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -98,7 +98,7 @@ async def test_router_relays_token_generation_unchanged(router, replicas):
 
 
 async def test_token_client_rollouts_stick_through_the_context_session(router, replicas):
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
 

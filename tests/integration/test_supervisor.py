@@ -88,7 +88,7 @@ async def _generate_all(client, count: int):
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 async def test_crash_is_restarted_and_in_flight_requests_complete_on_retry(supervisor, publisher):
-    from agentrl.client import InferenceError, TokenClient
+    from agentrl.clients.token_client import InferenceError, TokenClient
     from agentrl.models import ensure_model
 
     port_before = supervisor.server.port
@@ -121,7 +121,7 @@ async def test_crash_is_restarted_and_in_flight_requests_complete_on_retry(super
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 async def test_requests_fail_clearly_when_the_supervisor_gives_up(supervisor):
-    from agentrl.client import InferenceError, TokenClient
+    from agentrl.clients.token_client import InferenceError, TokenClient
     from agentrl.models import ensure_model
 
     assert supervisor.restarts == supervisor.max_restarts  # no restart left after the previous test

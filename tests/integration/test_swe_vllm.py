@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 async def test_swe_rollouts_on_tiny_moe(tiny_moe_server, tmp_path):
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
 
     sys.path.insert(0, str(SWE_TESTS))
     from swe_testlib import build_sample_images, sample_rows

@@ -37,7 +37,7 @@ def served(request, tmp_path_factory):
 
 async def _rollout_samples(url: str, model: str) -> list:
     import agentrl
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
     from agentrl.sampling import SamplingConfig
 
     env = agentrl.load_environment("reverse-text", num_train=8, min_words=10, max_words=14, max_chars=96)

@@ -112,8 +112,8 @@ def test_tool_env_offers_the_tools_and_runs_them():
 
 def test_evaluate_writes_verifiers_rewards(tmp_path):
     """agentrl's eval engine over a verifiers package: results.jsonl carries verifiers' rewards."""
-    from agentrl.eval_summary import summarize
-    from agentrl.evaluate import EvalConfig
+    from agentrl.evaluation.engine import EvalConfig
+    from agentrl.evaluation.summary import summarize
 
     env = agentrl.load_environment(FIXTURES / "legacy_qa")
     tasks = env.tasks("test")

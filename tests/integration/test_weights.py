@@ -197,7 +197,7 @@ async def test_after_an_update_new_requests_never_reuse_old_weights_kv(weights_s
     """Updates keep the KV of requests in flight, so the prefix cache still holds blocks of the
     old weights; `TokenClient` salts requests with the newest version it has seen, and a
     prompt cached before the update is computed afresh after it (then cached again)."""
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
 

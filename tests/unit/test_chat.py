@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentrl.chat import ChatRenderer, assistant_message, parse_tool_calls
-from agentrl.client import TokenClient, decode_routed_experts, expand_weight_versions
+from agentrl.clients.token_client import TokenClient, decode_routed_experts, expand_weight_versions
 from agentrl.models import ensure_model
 from agentrl.types import Completion, Message, Turn
 

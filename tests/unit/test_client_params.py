@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl.client import _vllm_sampling_params
+from agentrl.clients.token_client import _vllm_sampling_params
 from agentrl.sampling import SamplingConfig
 
 
@@ -42,7 +42,7 @@ def test_the_body_goes_out_as_json_and_a_body_that_is_not_json_is_one_line():
     import httpx
     import pytest
 
-    from agentrl.client import InferenceError, TokenClient
+    from agentrl.clients.token_client import InferenceError, TokenClient
 
     seen: list[httpx.Request] = []
 

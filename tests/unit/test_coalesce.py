@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentrl.coalesce import RequestCoalescer
+from agentrl.clients.coalesce import RequestCoalescer
 
 
 class Recorder:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agentrl.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
+from agentrl.clients.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
 
 
 class _Recorder(http.server.ThreadingHTTPServer):

@@ -316,7 +316,7 @@ def _long_prompt_env():
 
 
 def _token_client(url: str, *, context: int | None):
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
 
     client = TokenClient(url, model="tiny-moe")
     if context is not None:

@@ -238,9 +238,9 @@ def test_config_roundtrips_through_toml(tmp_path):
 
 
 def test_run_baseline_of_a_checkpoint(tmp_path):
-    from agentrl.compare import run_baseline
     from agentrl.config import dump_config
-    from agentrl.evaluate import compare_checkpoint
+    from agentrl.evaluation.compare import run_baseline
+    from agentrl.evaluation.engine import compare_checkpoint
 
     run = tmp_path / "run"
     (run / "checkpoints" / "step_3").mkdir(parents=True)

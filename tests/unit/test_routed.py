@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from agentrl.client import TokenClient
+from agentrl.clients.token_client import TokenClient
 from agentrl.routed import RoutedExperts
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, Rollout, Task, TrainingSample, Turn

@@ -47,8 +47,8 @@ def test_paired_delta_uses_the_pairs():
 
 
 def _summary(rewards_per_task: list[list[float]], model: str):
-    from agentrl.eval_summary import summarize
-    from agentrl.evaluate import EvalConfig
+    from agentrl.evaluation.engine import EvalConfig
+    from agentrl.evaluation.summary import summarize
     from agentrl.types import Message, Rollout, Task
 
     groups = [[Rollout(task=Task(prompt=[Message(role="user", content=str(index))], example_id=index), reward=reward)
@@ -58,7 +58,7 @@ def _summary(rewards_per_task: list[list[float]], model: str):
 
 
 def test_a_checkpoint_against_its_base_gets_paired_intervals_per_metric():
-    from agentrl.compare import Comparison, comparison_table
+    from agentrl.evaluation.compare import Comparison, comparison_table
 
     base = _summary([[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0]] * 6, "base")
     ckpt = _summary([[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]] * 6, "step_80")

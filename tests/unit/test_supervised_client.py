@@ -14,7 +14,7 @@ import asyncio
 import httpx
 import pytest
 
-from agentrl.client import InferenceError
+from agentrl.clients.token_client import InferenceError
 from agentrl.inference.supervisor import SupervisedClient
 
 

@@ -30,7 +30,7 @@ def _load(version: str, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def client():
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
     from agentrl.models import ensure_model
 
     return TokenClient("http://127.0.0.1:9", model=str(ensure_model("tiny-moe")))

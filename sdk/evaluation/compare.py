@@ -7,7 +7,7 @@
 A checkpoint folder written by `agentrl train` (`RUN/checkpoints/step_N`) is a Hugging
 Face folder vLLM serves directly. Its baseline defaults to the model the run started
 from (the run's `config.toml`: `model.init_checkpoint`, else `model.name`, `run_baseline`).
-`agentrl.evaluate.compare_checkpoint` evaluates both with the same tasks, seed and sampling,
+`agentrl.evaluation.engine.compare_checkpoint` evaluates both with the same tasks, seed and sampling,
 one vLLM server at a time, into a `Comparison`.
 """
 

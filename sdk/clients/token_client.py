@@ -8,14 +8,14 @@ and per-token `weight_versions` (vLLM reports version spans). Multi-turn: with `
 the prompt is `previous.prompt_token_ids + previous.completion.token_ids` followed by the
 tokens of the newly added messages only, so nothing the model saw is re-tokenized.
 Concurrent identical calls (a group's first turns) share one request with `n` choices
-(`agentrl.coalesce`); seeded ones when their seeds run consecutively (vLLM seeds choice `i`
+(`agentrl.clients.coalesce`); seeded ones when their seeds run consecutively (vLLM seeds choice `i`
 with `seed + i`, so each choice is what its own seeded request would have been). Requests
 carry `cache_salt` = the newest weight version the client has seen (asked once from
 `/weight_info`, then read from responses), so vLLM's prefix cache never hands a request KV
 blocks computed by weights older than its own start
 (weight updates keep the KV of requests in flight, `agentrl.inference.weights`).
 
-`OpenAIClient` (`agentrl.openai_client`, importable from here too) speaks
+`OpenAIClient` (`agentrl.clients.openai_client`, importable from here too) speaks
 `/v1/chat/completions` to any OpenAI-compatible endpoint.
 """
 
@@ -31,13 +31,13 @@ import httpx
 import msgspec
 
 from agentrl.chat import ChatRenderer, assistant_message
-from agentrl.coalesce import RequestCoalescer
+from agentrl.clients.coalesce import RequestCoalescer
+from agentrl.clients.http_pool import ShardedAsyncClient
+from agentrl.clients.openai_client import OpenAIClient
+from agentrl.clients.session import current_trajectory
 from agentrl.errors import ContextLengthError, InferenceError
-from agentrl.http_pool import ShardedAsyncClient
-from agentrl.openai_client import OpenAIClient
 from agentrl.routed import RoutedExperts, decode_routed_experts_array, split_routed_experts
 from agentrl.sampling import SamplingConfig
-from agentrl.session import current_trajectory
 from agentrl.types import Completion, Message, Turn
 
 __all__ = ["ContextLengthError", "InferenceError", "OpenAIClient", "TokenClient", "decode_routed_experts",

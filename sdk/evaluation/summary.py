@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from agentrl.types import Rollout
 
 if TYPE_CHECKING:
-    from agentrl.evaluate import EvalConfig
+    from agentrl.evaluation.engine import EvalConfig
 
 __all__ = ["EvalSummary", "pass_at_k", "summarize"]
 

@@ -2,7 +2,7 @@
 
 Draws `n` tasks from a split, runs `rollouts_per_task` rollouts of each (one group per
 task, scored together by the environment's rubric) with bounded concurrency, and returns
-an `EvalSummary` (`agentrl.eval_summary`): mean reward, avg@k, pass@k (the unbiased
+an `EvalSummary` (`agentrl.evaluation.summary`): mean reward, avg@k, pass@k (the unbiased
 estimator of Chen et al. 2021, a rollout passes when its reward reaches `pass_threshold`),
 per-metric means, token counts and throughput. Each finished rollout is appended to
 `results.jsonl` as soon as its group is scored (tokens and logprobs included; routed experts
@@ -22,9 +22,7 @@ import asyncio
 import json
 import os
 import re
-import sys
 import time
-import types
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,14 +31,14 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field
 
-from agentrl.compare import Comparison, run_baseline
+from agentrl.clients.openai_client import OpenAIClient
 from agentrl.config import BaseConfig
 from agentrl.environment import Environment
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
-from agentrl.eval_summary import EvalSummary, pass_at_k, summarize
+from agentrl.evaluation.compare import Comparison, run_baseline
+from agentrl.evaluation.summary import EvalSummary, pass_at_k, summarize
 from agentrl.hub.loader import load_environment
 from agentrl.models import resolve_model
-from agentrl.openai_client import OpenAIClient
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Rollout
 
@@ -116,7 +114,7 @@ async def _has_token_endpoint(base_url: str) -> bool:
 
 
 async def _make_client(config: EvalConfig, base_url: str, *, started_here: bool):
-    from agentrl.client import TokenClient
+    from agentrl.clients.token_client import TokenClient
 
     kind = config.client
     spec = None
@@ -302,7 +300,7 @@ def evaluate(
     Starts a vLLM server for the model unless `base_url` is given, and stops it afterwards.
     With `checkpoint` (a `RUN/checkpoints/step_N` folder of `agentrl train`), evaluates it
     and `baseline` (default: the model its run started from) on the same tasks and returns
-    an `agentrl.compare.Comparison` of the two (see `agentrl.compare`).
+    an `agentrl.evaluation.compare.Comparison` of the two (see `agentrl.evaluation.compare`).
     """
     if checkpoint is not None:
         return compare_checkpoint(env, checkpoint=checkpoint, baseline=baseline, n=n,
@@ -351,7 +349,7 @@ def run_evaluation(
     else:
         raise AgentrlError(
             "agentrl.evaluate() blocks and cannot run inside an event loop; "
-            "use `await agentrl.evaluate.evaluate_async(EvalConfig(..., base_url=...))` there"
+            "use `await agentrl.evaluation.engine.evaluate_async(EvalConfig(..., base_url=...))` there"
         )
     if environment is None:
         environment = load_environment(config.env, **config.env_args)  # unknown names fail before any server
@@ -404,13 +402,3 @@ async def _with_progress(config: EvalConfig, environment: Any, progress: bool, s
         return await evaluate_async(
             config, environment=environment, on_group=on_group, on_start=on_start, server_startup_s=startup_s,
         )
-
-
-class _CallableModule(types.ModuleType):
-    """Keeps `agentrl.evaluate(...)` callable even after `import agentrl.evaluate` bound the module."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> EvalSummary:
-        return evaluate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
+from agentrl.clients.http_pool import ShardedAsyncClient
 from agentrl.errors import InferenceError
-from agentrl.http_pool import ShardedAsyncClient
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, FunctionCall, Message, ToolCall, Turn
 
