@@ -1,5 +1,5 @@
 """docs/ARCHITECTURE.md is a true map: every package module has its line, every path it names exists, one line
-of at most 120 columns each, about 2,000 words in all (issue 40)."""
+of at most 120 columns each, about 2,000 words in all (2,100 at most) (issue 40)."""
 
 from __future__ import annotations
 
@@ -41,4 +41,4 @@ def test_one_short_line_per_module_in_a_short_map():
     lines = _module_lines().values()
     assert len(lines) >= 150
     assert all(len(line) <= 120 for line in lines), [line for line in lines if len(line) > 120]
-    assert len(MAP.split()) <= 2200, len(MAP.split())
+    assert len(MAP.split()) <= 2100, len(MAP.split())
