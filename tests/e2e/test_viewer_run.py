@@ -142,7 +142,8 @@ def test_viewer_over_a_real_run_and_eval(tmp_path):
         ids = dict(zip(texts(driver, "#folders tbody tr a"), texts(driver, "#folders tbody tr", "dataset")))
         ids = {name: data["folder"] for name, data in ids.items()}
         assert set(ids) == {"run", evaluation.name, baseline.name}
-        open_page(driver, viewer.url + f"#/compare/{ids[evaluation.name]}/{ids[baseline.name]}")
+        # the base model's evaluation is the reference, A (a checkpoint-first link is turned round to this)
+        open_page(driver, viewer.url + f"#/compare/{ids[baseline.name]}/{ids[evaluation.name]}")
         assert count(driver, "#compare-tasks tbody tr") == 4
         wait_for(driver, "document.querySelectorAll('.side').length === 2")
         sides = driver.execute_script("return [...document.querySelectorAll('.side')].map(s => "
