@@ -51,7 +51,14 @@ from agentrl.rl.resume import (
     remove_partials,
 )
 from agentrl.rl.rollout_log import RolloutLog
-from agentrl.rl.stopping import RunStopped, actor_died_error, actor_error, stop_on_signals, stopped_error
+from agentrl.rl.stopping import (
+    RunStopped,
+    actor_died_error,
+    actor_error,
+    ray_messages_to_log,
+    stop_on_signals,
+    stopped_error,
+)
 from agentrl.types import Rollout, Task
 
 __all__ = ["TrainingResult", "run_training"]
@@ -215,6 +222,7 @@ def run_training(
     signals = ExitStack()
     try:
         signals.enter_context(stop_on_signals())  # SIGTERM / Ctrl-C: RunStopped, then the clean-up below
+        signals.enter_context(ray_messages_to_log(folder.path / "logs" / "ray.log"))  # until after ray.shutdown()
         loggers = make_loggers(config.run.loggers, run_dir=folder.path, run_name=folder.path.name,
                                project=config.run.wandb_project, config=config.model_dump(mode="json"),
                                resume_step=state.step if resume else None)

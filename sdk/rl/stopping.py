@@ -24,7 +24,7 @@ from pathlib import Path
 from agentrl.errors import AgentrlError
 
 __all__ = ["RunStopped", "RunStoppedError", "ProcessDiedError", "stop_on_signals", "stopped_error", "actor_died_error",
-           "actor_error"]
+           "actor_error", "ray_messages_to_log"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -75,6 +75,37 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+
+
+@contextmanager
+def ray_messages_to_log(log_file: Path) -> Iterator[None]:
+    """While the run lasts, the messages Ray's driver prints from the cluster go into `log_file`, not the console.
+
+    `ray.init(log_to_driver=False)` keeps the actors' own output off the console, but the driver still prints the
+    raylet's error messages through `ray._private.worker.print_to_stdstream`: at a stop, one "(raylet) Task
+    RolloutWorker.run_group failed. There are infinite retries remaining ..." line per in-flight task whose actor
+    the clean-up kills, and Ray's "[repeated Nx across cluster]" notes, before the run's one error line. That
+    function is swapped for one that appends to the run's logs (restored on exit; with a Ray that lacks it, this
+    does nothing)."""
+    import ray._private.worker as ray_worker
+
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+
+    def into_log(data: dict, ignore_prefix: bool = False) -> None:
+        with lock, open(log_file, "a", encoding="utf-8", errors="replace") as handle:
+            for line in data.get("lines") or []:
+                handle.write(f"({data.get('pid', 'ray')}) {line}\n")
+
+    ray_worker.print_to_stdstream = into_log
+    try:
+        yield
+    finally:
+        ray_worker.print_to_stdstream = original
 
 
 def stopped_error(stopped: RunStopped, *, run_dir: Path, checkpoint_step: int | None) -> RunStoppedError:

@@ -64,3 +64,40 @@ def test_the_stopped_line_names_the_signal_what_is_kept_and_how_to_resume(tmp_pa
     assert error.exit_code == 128 + signal.SIGTERM
     early = stopped_error(RunStopped(signal.SIGINT), run_dir=tmp_path / "run", checkpoint_step=None)
     assert "no checkpoint yet: a resume starts from step 0" in str(early) and early.exit_code == 130
+
+
+def test_ray_messages_at_a_stop_go_to_the_run_log_not_the_console(tmp_path, capfd):
+    """A real local Ray: an actor (restarts and task retries unbounded, as the rollout workers) killed with a task in
+    flight makes the driver print "(raylet) Task ... failed. There are infinite retries remaining ..." whatever
+    log_to_driver says; under `ray_messages_to_log` it lands in the run's log, and the console stays clean."""
+    import time
+
+    ray = pytest.importorskip("ray", reason="the train extra (ray) is not installed")
+    import ray._private.worker as ray_worker
+
+    from agentrl.rl.stopping import ray_messages_to_log
+
+    @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+    class Napper:
+        def nap(self) -> None:
+            time.sleep(60)
+
+    log = tmp_path / "logs" / "ray.log"
+    original = ray_worker.print_to_stdstream
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        with ray_messages_to_log(log):
+            napper = Napper.remote()
+            napping = napper.nap.remote()
+            time.sleep(2)  # the nap is running
+            ray.kill(napper)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and "Napper.nap" not in (log.read_text() if log.exists() else ""):
+                time.sleep(0.2)
+            del napping
+    finally:
+        ray.shutdown()
+    assert ray_worker.print_to_stdstream is original
+    assert "Napper.nap" in log.read_text() and "(raylet)" in log.read_text()
+    console = "".join(capfd.readouterr())
+    assert "Napper.nap" not in console and "(raylet)" not in console, console
