@@ -226,7 +226,7 @@ def load_environment(*, clues: int = DEFAULT.clues, depth: int = DEFAULT.depth, 
                      distractors: int = DEFAULT.distractors, named_start: bool = DEFAULT.named_start,
                      sandbox: dict[str, Any] | None = None,
                      pool_size: int = 0, max_turns: int | None = None, system_prompt: str = SYSTEM_PROMPT,
-                     progress_weight: float = 0.0,
+                     progress_weight: float = 0.0, train_tasks: int | None = None,
                      data_dir: str | None = None) -> KeyHuntEnv:
     """The key-hunt environment at a difficulty (`clues`, `depth`, `files`, `distractors`, `named_start`).
 
@@ -234,11 +234,15 @@ def load_environment(*, clues: int = DEFAULT.clues, depth: int = DEFAULT.depth, 
     `pool_size`: warm sandboxes kept started (`agentrl.sandbox.SandboxPool`; 0 starts one per rollout);
     `max_turns`: model calls per episode (default clues + 4: the solving path and two spare);
     `progress_weight`: partial credit for an unsolved episode, times how far along the chain its `cat PATH`
-    commands went (0: the reward is 1 for the key, else 0; any weight below 1 keeps "reward 1" = solved).
+    commands went (0: the reward is 1 for the key, else 0; any weight below 1 keeps "reward 1" = solved);
+    `train_tasks`: only the first this many rows of the train split (a short run that cycles a fixed set of tasks
+    scores each pass over the same tasks, so its reward curve compares like with like).
     """
     if not 0.0 <= progress_weight < 1.0:
         raise AgentrlError(f"key-hunt: progress_weight={progress_weight} must be in [0, 1): a solved episode "
                            "must score more than any unsolved one")
+    if train_tasks is not None and train_tasks < 1:
+        raise AgentrlError(f"key-hunt: train_tasks={train_tasks} must be at least 1")
     difficulty = _difficulty(clues=clues, depth=depth, files=files, distractors=distractors, named_start=named_start)
     folder = Path(data_dir) if data_dir else None
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -249,7 +253,8 @@ def load_environment(*, clues: int = DEFAULT.clues, depth: int = DEFAULT.depth, 
 
             if not rows:
                 rows.update(_rows(difficulty, folder))
-            return rows_to_dataset(rows[name])
+            chosen = rows[name][:train_tasks] if name == "train" and train_tasks is not None else rows[name]
+            return rows_to_dataset(chosen)
         return load
 
     return KeyHuntEnv(

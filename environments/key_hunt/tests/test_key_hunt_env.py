@@ -72,7 +72,8 @@ def test_difficulty_arguments_shape_the_tasks(env):
 
 
 @pytest.mark.parametrize("args, field", [({"files": 3}, "files=3"), ({"depth": 9}, "depth"),
-                                         ({"clues": 0}, "clues"), ({"sandbox": {"type": "vm"}}, "type")])
+                                         ({"clues": 0}, "clues"), ({"sandbox": {"type": "vm"}}, "type"),
+                                         ({"train_tasks": 0}, "train_tasks=0")])
 def test_bad_arguments_are_one_line_errors(args, field):
     with pytest.raises(AgentrlError) as error:
         agentrl.load_environment("key-hunt", **args).get_dataset("test")
@@ -125,3 +126,9 @@ def test_partial_credit_follows_single_file_reads_in_order(env):
         agentrl.load_environment("key-hunt", progress_weight=1.0)
     shaped = agentrl.load_environment("key-hunt", progress_weight=0.3)
     assert shaped.rubric.weights[:2] == [1.0, 0.3]
+
+
+def test_train_tasks_keeps_the_first_rows_of_the_train_split_only(env):
+    few = agentrl.load_environment("key-hunt", train_tasks=6)
+    assert [t.answer for t in few.tasks("train")] == [t.answer for t in env.tasks("train")][:6]
+    assert [t.answer for t in few.tasks("test")] == [t.answer for t in env.tasks("test")]
