@@ -18,6 +18,7 @@ about 110 per turn.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -201,12 +202,29 @@ def _difficulty(**fields: Any) -> Difficulty:
         raise AgentrlError(f"key-hunt: difficulty {fields}: {problem}") from None
 
 
-def oracle_policy() -> ScriptedPolicy:
-    """Reads what the agent sees: cat the first file the prompt names, cat each `next:` path, submit the key."""
+def oracle_policy(*, guess_rate: float = 0.0, seed: int = 0) -> ScriptedPolicy:
+    """Reads what the agent sees: cat the first file the prompt names, cat each `next:` path, submit the key.
+
+    `guess_rate`: the share of episodes in which it gives up after the first file and submits a made-up key (which
+    fails), chosen per episode from what it has seen and `seed`. A warm start learned from such demonstrations
+    (`agentrl sft`'s `oracle_args`) hesitates at that point as the demonstrations did: whether to follow the chain
+    is then a choice the policy already knows how to make both ways, which reward alone can settle."""
+    if not 0.0 <= guess_rate <= 1.0:
+        raise AgentrlError(f"key-hunt oracle: guess_rate={guess_rate} must be in [0, 1]")
+
+    def guesses(messages: list[Message]) -> str | None:
+        seen = "\n".join(m.content for m in messages)  # the prompt and the first file (prompts repeat across tasks)
+        digest = hashlib.sha256(f"{seed}:{seen}".encode()).digest()
+        if int.from_bytes(digest[:8], "big") / 2**64 >= guess_rate:
+            return None
+        return f"{int.from_bytes(digest[8:12], 'big') % 10_000:04d}"
 
     def reply(messages: list[Message], tools: Any) -> dict[str, Any]:
         last = messages[-1]
         if last.role == "tool":
+            guess = guesses(messages) if sum(m.role == "tool" for m in messages) == 1 else None
+            if guess is not None and not _KEY.search(last.content):
+                return {"content": "", "tool_calls": [tool_call("submit", answer=guess)]}
             key = _KEY.search(last.content)
             if key:
                 return {"content": "", "tool_calls": [tool_call("submit", answer=key.group(1))]}

@@ -46,6 +46,8 @@ class SFTConfig(BaseConfig):
     """Environment whose demonstrations are learned."""
     env_args: dict[str, Any] = {}
     """Keyword arguments of the environment's load_environment."""
+    oracle_args: dict[str, Any] = {}
+    """Keyword arguments of the environment's oracle_policy (key-hunt: guess_rate, seed)."""
     model: str = "tiny-moe"
     """Model preset or HF folder to start from."""
     split: str = "train"
@@ -101,7 +103,7 @@ class TeacherClient:
         await self._tokens.aclose()
 
 
-def _oracle(env_name: str) -> Reply | None:
+def _oracle(env_name: str, **oracle_args: Any) -> Reply | None:
     """The environment package's oracle_policy(), as a reply function (text, or a Message with tool calls)."""
     from agentrl.hub.entrypoint import import_package_attr
     from agentrl.hub.loader import find_environment
@@ -115,7 +117,11 @@ def _oracle(env_name: str) -> Reply | None:
         factory = import_package_attr(folder, f"{module}:oracle_policy")
     except (AgentrlError, AttributeError, ImportError):
         return None
-    policy = factory()
+    try:
+        policy = factory(**oracle_args)
+    except TypeError as error:
+        raise AgentrlError(f"sft: oracle_args {oracle_args}: {env_name}'s oracle_policy does not take them "
+                           f"({error})") from None
     script = getattr(policy, "script", None)
     if not callable(script):
         return None
@@ -180,7 +186,10 @@ def run_sft(config: SFTConfig, *, on_step: Callable[[dict[str, float]], None] | 
     environment = load_environment(config.env, **config.env_args)
     renderer = ChatRenderer.from_pretrained(model_dir)
     tasks = environment.tasks(config.split, seed=config.seed)
-    samples = demonstrations(environment, tasks, renderer=renderer, oracle=_oracle(config.env),
+    oracle = _oracle(config.env, **config.oracle_args)
+    if oracle is None and config.oracle_args:
+        raise AgentrlError(f"sft: oracle_args are set but {config.env} has no oracle_policy to take them")
+    samples = demonstrations(environment, tasks, renderer=renderer, oracle=oracle,
                              max_concurrent=config.max_concurrent_episodes)
     trainer_config = config.trainer.model_copy(update={"model": str(model_dir)})
     trainer = Trainer(trainer_config, model_dir=model_dir)

@@ -132,3 +132,36 @@ def test_train_tasks_keeps_the_first_rows_of_the_train_split_only(env):
     few = agentrl.load_environment("key-hunt", train_tasks=6)
     assert [t.answer for t in few.tasks("train")] == [t.answer for t in env.tasks("train")][:6]
     assert [t.answer for t in few.tasks("test")] == [t.answer for t in env.tasks("test")]
+
+def _oracle_episode(oracle, task) -> list[ToolCall]:
+    """The oracle's calls over a task, tool outputs read from the task's files (no sandbox)."""
+    messages, calls = list(task.prompt), []
+    for _ in range(8):
+        call: ToolCall = oracle.script(messages, None)["tool_calls"][0]
+        calls.append(call)
+        messages.append(Message(role="assistant", content="", tool_calls=[call]))
+        if call.function.name == "submit":
+            return calls
+        path = call.function.parsed_arguments()["command"].removeprefix("cat ")
+        messages.append(Message(role="tool", content=task.info["files"][path], tool_call_id=call.id, name="bash"))
+    raise AssertionError("the oracle did not submit")
+
+
+def test_a_guessing_oracle_gives_up_after_the_first_file_in_its_share_of_episodes(env):
+    factory = import_package_attr(env.path, "key_hunt:oracle_policy", package_name=env.name)
+    tasks = env.tasks("train", n=200, seed=0)
+    for rate in (0.0, 0.6, 1.0):
+        episodes = [_oracle_episode(factory(guess_rate=rate, seed=3), task) for task in tasks]
+        guessed = [calls for calls in episodes if len(calls) == 2]  # one cat, then a made-up key
+        solved = [calls for calls, task in zip(episodes, tasks)
+                  if calls[-1].function.parsed_arguments()["answer"] == task.answer]
+        assert len(guessed) + len(solved) == len(tasks)
+        assert abs(len(guessed) / len(tasks) - rate) <= 0.08, (rate, len(guessed))
+        assert all(len(calls) > 2 for calls in solved)  # the default chain: start, a clue, the key
+    def functions(oracle):
+        return [[call.function for call in _oracle_episode(oracle, task)] for task in tasks[:20]]
+
+    assert functions(factory(guess_rate=0.6, seed=3)) == functions(factory(guess_rate=0.6, seed=3))  # per episode
+    assert functions(factory(guess_rate=0.6, seed=3)) != functions(factory(guess_rate=0.6, seed=4))
+    with pytest.raises(AgentrlError, match="guess_rate=1.5"):
+        factory(guess_rate=1.5)
