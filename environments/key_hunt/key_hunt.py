@@ -222,12 +222,12 @@ def oracle_policy(*, guess_rate: float = 0.0, seed: int = 0) -> ScriptedPolicy:
     def reply(messages: list[Message], tools: Any) -> dict[str, Any]:
         last = messages[-1]
         if last.role == "tool":
-            guess = guesses(messages) if sum(m.role == "tool" for m in messages) == 1 else None
-            if guess is not None and not _KEY.search(last.content):
-                return {"content": "", "tool_calls": [tool_call("submit", answer=guess)]}
             key = _KEY.search(last.content)
             if key:
                 return {"content": "", "tool_calls": [tool_call("submit", answer=key.group(1))]}
+            guess = guesses(messages) if sum(m.role == "tool" for m in messages) == 1 else None
+            if guess is not None:
+                return {"content": "", "tool_calls": [tool_call("submit", answer=guess)]}
             following = _NEXT.search(last.content)
             if following:
                 return {"content": "", "tool_calls": [tool_call("bash", command=f"cat {following.group(1)}")]}

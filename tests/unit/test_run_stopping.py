@@ -79,7 +79,8 @@ def test_ray_messages_at_a_stop_go_to_the_run_log_not_the_console(tmp_path, capf
 
     @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
     class Napper:
-        def nap(self) -> None:
+        def nap(self, started: str) -> None:
+            Path(started).touch()
             time.sleep(60)
 
     log = tmp_path / "logs" / "ray.log"
@@ -88,8 +89,12 @@ def test_ray_messages_at_a_stop_go_to_the_run_log_not_the_console(tmp_path, capf
     try:
         with ray_messages_to_log(log):
             napper = Napper.remote()
-            napping = napper.nap.remote()
-            time.sleep(2)  # the nap is running
+            started = tmp_path / "napping"
+            napping = napper.nap.remote(str(started))
+            deadline = time.monotonic() + 60
+            while not started.exists():  # the task is in flight when its actor is killed
+                assert time.monotonic() < deadline, "the nap never started"
+                time.sleep(0.05)
             ray.kill(napper)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and "Napper.nap" not in (log.read_text() if log.exists() else ""):
