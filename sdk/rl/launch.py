@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import uuid
@@ -56,6 +55,7 @@ from agentrl.rl.stopping import (
     actor_died_error,
     actor_error,
     ray_messages_to_log,
+    run_stoppable,
     stop_on_signals,
     stopped_error,
 )
@@ -307,7 +307,7 @@ def run_training(
             on_groups=rollout_log, heldout=heldout if heldout.enabled else None,
         )
         status("training")
-        asyncio.run(orchestrator.run())
+        run_stoppable(orchestrator.run())
         history = folder.metrics()
         if config.run.plots:
             folder.finish(title=f"agentrl train: {config.env.name} on {config.model.name}")

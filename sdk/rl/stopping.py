@@ -14,19 +14,22 @@ time, and an interrupted clean-up is what leaves processes behind.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["RunStopped", "RunStoppedError", "ProcessDiedError", "stop_on_signals", "stopped_error", "actor_died_error",
-           "actor_error", "ray_messages_to_log"]
+__all__ = ["RunStopped", "RunStoppedError", "ProcessDiedError", "stop_on_signals", "run_stoppable", "stopped_error",
+           "actor_died_error", "actor_error", "ray_messages_to_log"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+T = TypeVar("T")
 
 
 class RunStopped(KeyboardInterrupt):
@@ -75,6 +78,25 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+
+
+def run_stoppable(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)`, where a `RunStopped` raised inside one of its tasks leaves no traceback behind.
+
+    The signal handler raises in whichever task is running; asyncio stores the stop in that task and re-raises
+    it out of the loop, so nothing ever reads the task's exception, and when the task is collected asyncio
+    logs "Task exception was never retrieved" with the whole stack, after the run's one error line. The loop
+    here drops exactly those reports (a `RunStopped`); every other report goes to asyncio's default handler.
+    """
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), RunStopped):
+            return
+        loop.default_exception_handler(context)
+
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_exception_handler(handler)
+        return runner.run(main)
 
 
 @contextmanager
