@@ -246,7 +246,8 @@ class Orchestrator:
                 first_error = next((r.error for r in group.rollouts if r.error), None)
             rewards += [r.reward for r in group.rollouts]
             normalize = self.config.normalize_advantages
-            advantages = group_advantages([r.reward for r in usable], std_normalize=normalize) if usable else []
+            advantages = group_advantages([r.reward for r in usable], std_normalize=normalize,
+                                          negative_scale=self.config.negative_advantage_scale) if usable else []
             trained = {id(rollout): advantage for rollout, advantage in zip(usable, advantages)}
             self._step_advantages.append([trained.get(id(r)) for r in group.rollouts])
             member_of = {id(r): member for member, r in enumerate(group.rollouts)}

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pydantic import Field
+
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError
 from agentrl.sampling import ChatClient, SamplingConfig
@@ -53,6 +55,10 @@ class OrchestratorConfig(BaseConfig):
     """Most optimizer steps a rollout's policy may lag behind the step it trains (0 = synchronous)."""
     normalize_advantages: bool = False
     """Divide group advantages by the group's reward standard deviation."""
+    negative_advantage_scale: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Scale of negative advantages (rollouts worse than their group's mean): 1 is plain policy gradient; 0 trains
+    only on rollouts that beat their group (on-policy rejection sampling), which keeps a small policy's tool-call
+    format intact at learning rates where the push-down on failed rollouts breaks it."""
     task_split: str = "train"
     """Dataset split tasks are sampled from."""
     seed: int = 0

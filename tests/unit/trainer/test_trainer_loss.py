@@ -74,6 +74,16 @@ def test_group_advantages_by_hand():
         group_advantages([float("nan"), 1.0])
 
 
+def test_negative_advantages_are_scaled_after_centering_and_normalizing():
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], negative_scale=0.0) == [0.5, 0.0, 0.0, 0.5]
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], negative_scale=0.5) == [0.75, -0.125, -0.125, -0.125]
+    normalized = group_advantages([1.0, 0.0, 0.0, 1.0], std_normalize=True, eps=0.0, negative_scale=0.25)
+    assert normalized == [1.0, -0.25, -0.25, 1.0]
+    assert batch_advantages([[2.0, 4.0]], negative_scale=0.0) == [[0.0, 1.0]]
+    with pytest.raises(AgentrlError, match="negative_scale=1.5"):
+        group_advantages([1.0, 0.0], negative_scale=1.5)
+
+
 def _sample(tokens, mask, *, advantage, experts=None):
     return TrainingSample(
         token_ids=tokens, loss_mask=mask, inference_logprobs=[-0.5 if m else 0.0 for m in mask],
