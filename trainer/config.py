@@ -11,7 +11,10 @@ from pydantic import Field, model_validator
 
 from agentrl.config import BaseConfig
 
-__all__ = ["LossConfig", "OptimizerConfig", "ParallelConfig", "TrainerConfig"]
+__all__ = ["LoraConfig", "LoraTarget", "LossConfig", "OptimizerConfig", "ParallelConfig", "TrainerConfig"]
+
+LoraTarget = Literal["attention", "experts", "shared_experts"]
+"""What `LoraConfig.targets` may name (see `agentrl.trainer.lora`)."""
 
 
 class LossConfig(BaseConfig):
@@ -61,6 +64,25 @@ class ParallelConfig(BaseConfig):
         return "bfloat16" if device_type == "cuda" else "float32"
 
 
+class LoraConfig(BaseConfig):
+    """LoRA adapters (`agentrl.trainer.lora`): the base stays frozen, only the adapters train."""
+
+    rank: int = Field(gt=0)
+    """Rank ``r`` of every adapter (``delta W = B A`` with ``A: (r, in)``, ``B: (out, r)``)."""
+    alpha: float = Field(gt=0, allow_inf_nan=False)
+    """Scale numerator: the delta is multiplied by ``alpha / rank`` (PEFT's ``lora_alpha``)."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input while training, in [0, 1)."""
+    targets: list[LoraTarget] = Field(default_factory=lambda: ["attention", "experts", "shared_experts"], min_length=1)
+    """Which modules get adapters: "attention" (the attention projections), "experts" (every routed
+    expert's projections, batched over experts), "shared_experts" (the shared experts' projections)."""
+
+    @property
+    def scale(self) -> float:
+        """``alpha / rank``, the factor on ``B A``."""
+        return self.alpha / self.rank
+
+
 class OptimizerConfig(BaseConfig):
     """AdamW settings."""
 
@@ -94,6 +116,8 @@ class TrainerConfig(BaseConfig):
     """Loss mode (rl or sft), trust region and KL."""
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     """FSDP / EP / CP layout and activation checkpointing."""
+    lora: LoraConfig | None = None
+    """LoRA adapters on a frozen base; None (the default) trains every weight."""
     row_tokens: int = Field(default=4096, ge=2)
     """Token budget of one packed row (a micro-batch)."""
     router_replay: bool = True
@@ -112,3 +136,18 @@ class TrainerConfig(BaseConfig):
     """Tokens per chunk when computing logprobs (bounds the logits' memory)."""
     seed: int = 0
     """Seed for parameter-free randomness (kept in checkpoints with the RNG state)."""
+
+    @model_validator(mode="after")
+    def _lora_without_expert_parallel(self) -> TrainerConfig:
+        if self.lora and "experts" in self.lora.targets and self.parallel.ep not in ("auto", 1):
+            raise ValueError(f"trainer.lora.targets includes 'experts' with trainer.parallel.ep={self.parallel.ep}: "
+                             "expert adapters under expert parallelism are not supported yet; set "
+                             "trainer.parallel.ep=1 or drop 'experts' from trainer.lora.targets")
+        return self
+
+    def layout_ep(self) -> int | Literal["auto"]:
+        """The EP degree to plan with: `parallel.ep`, but 1 for 'auto' when LoRA adapts the routed experts
+        (their adapters are not split over EP ranks yet)."""
+        if self.lora and "experts" in self.lora.targets:
+            return 1
+        return self.parallel.ep
