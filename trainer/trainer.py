@@ -3,6 +3,7 @@
     trainer = Trainer(TrainerConfig(...), model_dir="path/to/hf-model")   # every rank
     metrics = trainer.step(pack_samples(samples, row_tokens=..., ...))   # or trainer.train_on_samples(samples)
     trainer.save_checkpoint("runs/x/checkpoints/step_3"); trainer.export_hf("runs/x/hf/step_3")
+    # with trainer.lora: export_hf writes the adapters merged in; export_adapter the adapters alone (PEFT)
 
 Run under ``torchrun`` (or any launcher that initialises ``torch.distributed``) for
 several ranks; without a process group it trains in one process. Each data-parallel
@@ -106,7 +107,7 @@ class Trainer:
         parallel = config.parallel
         compute_dtype = _DTYPES[parallel.compute_dtype(self.device.type)]
         self.plan = plan_layout(
-            self.args, world=self.world, row_tokens=config.row_tokens, ep=parallel.ep, cp=parallel.cp,
+            self.args, world=self.world, row_tokens=config.row_tokens, ep=config.layout_ep(), cp=parallel.cp,
             gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
             activation_checkpointing=parallel.activation_checkpointing,
             compute_bytes=compute_dtype.itemsize,
@@ -119,6 +120,11 @@ class Trainer:
         # shards and read only those tensors from the checkpoint (no rank holds the full model).
         sharded = self.world > 1
         model = build_model(self.args, device="meta" if sharded else self.device)
+        lora = config.lora
+        if lora is not None:  # before loading, FSDP and EP: the adapters live inside the modules they adapt
+            from agentrl.trainer.models.lora import add_adapters
+
+            add_adapters(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
         if not sharded:
             self._fill_weights(model)
         model.logprob_chunk_tokens = config.logprob_chunk_tokens
@@ -138,11 +144,12 @@ class Trainer:
         if self._autocast and self.device.type == "cpu" and config.round_like_vllm_cpu:
             model.round_like_vllm_cpu(compute_dtype)
         self.loss_scale = LossScale() if compute_dtype == torch.float16 else None
-        experts = [p for n, p in self.model.named_parameters() if ".experts.w" in n]
+        trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]  # LoRA: the adapters
+        experts = [p for n, p in trained if ".experts.w" in n]
         expert_ids = {id(p) for p in experts}
-        dense = [p for p in self.model.named_parameters() if id(p[1]) not in expert_ids]
+        dense = [p for _, p in trained if id(p) not in expert_ids]
         opt = config.optimizer
-        groups = [{"params": [p for _, p in dense]}] + ([{"params": experts}] if experts else [])
+        groups = [{"params": dense}] + ([{"params": experts}] if experts else [])
         self.optimizer = torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                            weight_decay=opt.weight_decay,
                                            **({"fused": True} if self.device.type == "cuda" and self.world == 1
@@ -156,6 +163,10 @@ class Trainer:
             load_hf_weights_sharded(model, self.model_dir)
         else:
             load_hf_weights(model, self.model_dir)
+        if self.config.lora is not None:
+            from agentrl.trainer.models.lora import init_adapters
+
+            init_adapters(model, seed=self.config.seed)
 
     # ------------------------------------------------------------------ stepping
     def pack(self, samples: Sequence[TrainingSample]) -> TrainBatch:
@@ -365,6 +376,12 @@ class Trainer:
 
     def load_checkpoint(self, path: str | Path) -> int:
         return load_checkpoint(self, path)
+
+    def export_adapter(self, out_dir: str | Path) -> Path | None:
+        """The LoRA adapters alone as a PEFT folder (`peft_adapter`); collective, rank 0 writes."""
+        from agentrl.trainer.peft_adapter import save_peft_adapter
+
+        return save_peft_adapter(self, out_dir)
 
     def export_hf(self, out_dir: str | Path, *, dtype: torch.dtype | None = None, digest: bool = False) -> Path | None:
         """HF safetensors of the current weights (in the source checkpoint's dtype unless given); `digest`: their

@@ -67,9 +67,32 @@ class Experts(GroupedExperts):
         return F.silu(rows @ w1.t()) * (rows @ w3.t())
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if x_RD.is_cuda and hasattr(self, "w1_EFD_lora_A"):
+            return self.grouped_forward(x_RD, num_tokens_per_expert_E)
         if x_RD.is_cuda:
             return super().forward(x_RD, num_tokens_per_expert_E)
         return self.loop_forward(x_RD, num_tokens_per_expert_E)
+
+    def _activate(self, gate_RF: torch.Tensor, up_RF: torch.Tensor | None) -> torch.Tensor:
+        return F.silu(gate_RF) * up_RF
+
+    def grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+        """bf16 grouped GEMMs, each projection's LoRA delta (`lora.grouped_delta`) added where it has one: the CUDA
+        path of non-gated experts and of adapted ones (torch's CPU `_grouped_mm` runs it too, for tests)."""
+        from agentrl.trainer.models.lora import grouped_delta
+
+        names = ["w1_EFD", "w2_EDF"] + (["w3_EFD"] if self.gated else [])
+        w = {n: (lambda t: t.to_local() if isinstance(t, DTensor) else t)(getattr(self, n)) for n in names}
+        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+        x = x_RD.bfloat16()
+
+        def project(rows: torch.Tensor, name: str) -> torch.Tensor:
+            out = self._grouped_mm(A=rows, B_t=w[name].bfloat16().transpose(-2, -1), offs=offsets_E)
+            delta = grouped_delta(self, name, rows, num_tokens_per_expert_E)
+            return out if delta is None else out + delta.to(out.dtype)
+
+        hidden = self._activate(project(x, "w1_EFD"), project(x, "w3_EFD") if self.gated else None).bfloat16()
+        return project(hidden, "w2_EDF").type_as(x_RD)
 
     def loop_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         """One matmul chain per expert in the rows' dtype: exact in float32 on any device."""
@@ -88,12 +111,34 @@ class Experts(GroupedExperts):
             weights = [round_to(w.float(), rounding) for w in weights]
         w1s, w2s = weights[0].unbind(0), weights[1].unbind(0)
         w3s = weights[2].unbind(0) if self.gated else [None] * len(counts)
+        if hasattr(self, "w1_EFD_lora_A"):
+            return self._loop_forward_lora(x_RD, num_tokens_per_expert_E, counts, w1s, w2s, w3s)
         outputs = []
         with contextlib.nullcontext() if rounding is None else torch.autocast(x_RD.device.type, enabled=False):
             for rows, w1, w2, w3 in zip(pieces, w1s, w2s, w3s):
                 hidden = round_to(self._hidden(rows, w1, w3), rounding)
                 outputs.append(hidden @ w2.t())
         return torch.cat(outputs, dim=0)
+
+    def _loop_forward_lora(self, x_RD, counts_E, counts, w1s, w2s, w3s) -> torch.Tensor:
+        """`loop_forward` with LoRA adapters: the base's per-expert matmuls as there, each projection's adapter
+        delta for all experts at once (`lora.grouped_delta`) added to them."""
+        from agentrl.trainer.models.lora import grouped_delta
+
+        rounding = self.rounding
+        with contextlib.nullcontext() if rounding is None else torch.autocast(x_RD.device.type, enabled=False):
+            deltas = [grouped_delta(self, name, x_RD, counts_E) for name in ("w1_EFD", "w3_EFD")]
+            pieces = [torch.split(t, counts) if t is not None else [None] * len(counts)
+                      for t in (x_RD, *deltas)]
+            hidden = []
+            for rows, d1, d3, w1, w3 in zip(*pieces, w1s, w3s):
+                gate = rows @ w1.t() if d1 is None else rows @ w1.t() + d1
+                up = None if w3 is None else (rows @ w3.t() if d3 is None else rows @ w3.t() + d3)
+                hidden.append(round_to(self._activate(gate, up), rounding))
+            outputs = [h @ w2.t() for h, w2 in zip(hidden, w2s)]
+            out = torch.cat(outputs, dim=0)
+            down = grouped_delta(self, "w2_EDF", torch.cat(hidden, dim=0), counts_E)
+        return out if down is None else out + down
 
 
 class ReluSquaredExperts(Experts):
@@ -112,19 +157,13 @@ class ReluSquaredExperts(Experts):
     def _hidden(self, rows: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor | None) -> torch.Tensor:
         return torch.square(F.relu(rows @ w1.t()))
 
+    def _activate(self, gate_RF: torch.Tensor, up_RF: torch.Tensor | None) -> torch.Tensor:
+        return torch.square(F.relu(gate_RF))
+
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if not x_RD.is_cuda:
             return super().forward(x_RD, num_tokens_per_expert_E)
         return self.grouped_forward(x_RD, num_tokens_per_expert_E)
-
-    def grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-        """The CUDA path: two bf16 grouped GEMMs (torch's CPU `_grouped_mm` runs it too, for tests)."""
-        w1, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1_EFD, self.w2_EDF))
-        offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
-        # bf16 again after the square: autocast runs pow in float32, and the grouped GEMM takes one dtype
-        hidden = torch.square(F.relu(self._grouped_mm(A=x_RD.bfloat16(), B_t=w1.bfloat16().transpose(-2, -1),
-                                                      offs=offsets_E))).bfloat16()
-        return self._grouped_mm(A=hidden, B_t=w2.bfloat16().transpose(-2, -1), offs=offsets_E).type_as(x_RD)
 
 
 class ReluSquaredMLP(nn.Module):
@@ -300,6 +339,10 @@ class Attention(nn.Module):
         else:
             k, v = torch.split(F.linear(x_TD, weight, bias), [kv_size, kv_size], dim=-1)
             q = self.q_proj(x_TD.index_select(0, query_index))
+        if hasattr(self.k_proj, "lora_delta"):  # LoRA adapters (`lora.LoraLinear`) beside the stacked weights
+            k, v = k + self.k_proj.lora_delta(x_TD), v + self.v_proj.lora_delta(x_TD)
+            if query_index is None:
+                q = q + self.q_proj.lora_delta(x_TD)
         return (q.reshape(q.shape[0], self.heads, self.head_dim), k.reshape(tokens, self.kv_heads, self.head_dim),
                 v.reshape(tokens, self.kv_heads, self.head_dim))
 

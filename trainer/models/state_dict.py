@@ -23,7 +23,7 @@ from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.families import family_of
 
 __all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "load_hf_weights_sharded",
-           "HFCheckpointReader", "save_hf_weights"]
+           "HFCheckpointReader", "save_hf_weights", "copy_into_shard", "replace_folder"]
 
 _COPY_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -69,15 +69,18 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
 
 def load_hf_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
     """Load a HF folder's weights into a freshly built (unsharded) `MoEDecoder`."""
+    from agentrl.trainer.models.lora import is_adapter
+
     args: MoEModelArgs = model.args  # type: ignore[assignment]
     native = hf_to_native(read_hf_state(model_dir), args)
-    expected = set(model.state_dict())
+    expected = {name for name in model.state_dict() if not is_adapter(name)}
     missing = sorted(expected - set(native))
     if missing:
         raise AgentrlError(f"{model_dir}: weights missing for {missing[0]} (and {len(missing) - 1} more)")
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
-            tensor.copy_(native[name].to(tensor.dtype))
+            if name in expected:
+                tensor.copy_(native[name].to(tensor.dtype))
 
 
 class HFCheckpointReader:
@@ -122,7 +125,7 @@ def load_hf_weights_sharded(model: torch.nn.Module, model_dir: str | Path) -> No
     rank's own expert range only. Use after ``fully_shard`` on a meta-device model and
     ``model.to_empty(device=...)``.
     """
-    from torch.distributed.tensor import DTensor, Shard
+    from agentrl.trainer.models.lora import is_adapter
 
     args: MoEModelArgs = model.args  # type: ignore[assignment]
     reader = HFCheckpointReader(model_dir)
@@ -133,25 +136,33 @@ def load_hf_weights_sharded(model: torch.nn.Module, model_dir: str | Path) -> No
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
             clean = _clean(name)
-            if args.tie_word_embeddings and clean == "lm_head.weight":
-                continue
+            if (args.tie_word_embeddings and clean == "lm_head.weight") or is_adapter(clean):
+                continue  # adapters: `lora.init_adapters`
             block = clean.rsplit(".experts.", 1)[0] if ".experts." in clean else None
             full = reader.native(clean, args, expert_range=ranges.get(block))
-            if isinstance(tensor, DTensor):
-                local = tensor.to_local()
-                mesh = tensor.device_mesh
-                (placement,) = tensor.placements
-                if not isinstance(placement, Shard) or placement.dim != 0:
-                    raise AgentrlError(f"{clean}: unexpected placement {placement}; expected FSDP's Shard(0)")
-                chunks = full.chunk(mesh.size(), dim=0)
-                index = mesh.get_local_rank()
-                part = chunks[index] if index < len(chunks) else full[:0]
-            else:
-                local, part = tensor, full
-            if tuple(part.shape) != tuple(local.shape):
-                raise AgentrlError(f"{model_dir}: {clean} has shape {tuple(full.shape)}, which does not fit "
-                                   f"this model ({tuple(local.shape)} per rank); check config.json")
-            local.copy_(part.to(local.dtype))
+            copy_into_shard(tensor, full, name=clean, source=model_dir)
+
+
+def copy_into_shard(tensor: torch.Tensor, full: torch.Tensor, *, name: str, source: str | Path = "") -> None:
+    """Copy this rank's part of the full tensor ``full`` into ``tensor``: its FSDP shard (dim-0 chunk, as
+    ``fully_shard`` lays it out) for a DTensor, all of it otherwise."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if isinstance(tensor, DTensor):
+        local = tensor.to_local()
+        mesh = tensor.device_mesh
+        (placement,) = tensor.placements
+        if not isinstance(placement, Shard) or placement.dim != 0:
+            raise AgentrlError(f"{name}: unexpected placement {placement}; expected FSDP's Shard(0)")
+        chunks = full.chunk(mesh.size(), dim=0)
+        index = mesh.get_local_rank()
+        part = chunks[index] if index < len(chunks) else full[:0]
+    else:
+        local, part = tensor, full
+    if tuple(part.shape) != tuple(local.shape):
+        raise AgentrlError(f"{source}: {name} has shape {tuple(full.shape)}, which does not fit "
+                           f"this model ({tuple(local.shape)} per rank); check config.json")
+    local.copy_(part.to(local.dtype))
 
 
 def _clean(name: str) -> str:
@@ -221,13 +232,18 @@ def save_hf_weights(
         for name in _COPY_FILES:
             if (Path(source_dir) / name).is_file():
                 shutil.copy2(Path(source_dir) / name, tmp / name)
+    return replace_folder(tmp, out)
+
+
+def replace_folder(written: Path, out: Path) -> Path:
+    """Put the complete folder ``written`` at ``out`` by renames, replacing what was there (never half of either)."""
     if out.exists():
         old = out.with_name(out.name + ".old-export")
         if old.exists():
             shutil.rmtree(old)
         out.rename(old)
-        tmp.rename(out)
+        written.rename(out)
         shutil.rmtree(old)
     else:
-        tmp.rename(out)
+        written.rename(out)
     return out
