@@ -61,6 +61,15 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _options(trainer):
+    """A LoRA trainer's checkpoint holds the adapters and their optimizer state, not the frozen base (it is
+    read from the model folder again)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = trainer.config.lora is not None  # not strict: the base's keys are absent (dcp.load checks the adapters')
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+
+
 def save_checkpoint(trainer, path: str | Path) -> Path:
     """Write model, optimizer, step and RNG state of every rank under ``path``."""
     import torch.distributed.checkpoint as dcp
@@ -71,7 +80,7 @@ def save_checkpoint(trainer, path: str | Path) -> Path:
     if _rank() == 0 and tmp.exists():
         shutil.rmtree(tmp)
     _barrier()
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=_options(trainer))
     ep_rank = trainer.ep_rank
     state = {"model": _rename(model_sd, ep_rank, to_disk=True), "optim": _rename(optim_sd, ep_rank, to_disk=True)}
     dcp.save(state, checkpoint_id=str(tmp))
@@ -115,13 +124,13 @@ def load_checkpoint(trainer, path: str | Path) -> int:
     if trainer.plan.ep > 1 and meta.get("ep") != trainer.plan.ep:
         raise AgentrlError(f"{path}: saved with ep={meta.get('ep')}, this trainer uses ep={trainer.plan.ep}; "
                            "resume with the same trainer.parallel.ep or start from an HF export")
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer, options=_options(trainer))
     ep_rank = trainer.ep_rank
     state = {"model": _rename(model_sd, ep_rank, to_disk=True), "optim": _rename(optim_sd, ep_rank, to_disk=True)}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(trainer.model, trainer.optimizer,
                    model_state_dict=_rename(state["model"], ep_rank, to_disk=False),
-                   optim_state_dict=_rename(state["optim"], ep_rank, to_disk=False))
+                   optim_state_dict=_rename(state["optim"], ep_rank, to_disk=False), options=_options(trainer))
     extra_path = path / f"extra_rank{_rank()}.pt"
     if not extra_path.is_file():
         raise NotFoundError(f"{extra_path}: missing; the checkpoint was written by a different number of ranks")
@@ -136,15 +145,22 @@ def load_checkpoint(trainer, path: str | Path) -> int:
     return trainer.step_count
 
 
-def full_state_dict(trainer, *, on_device: bool = False) -> dict[str, torch.Tensor]:
+def full_state_dict(trainer, *, on_device: bool = False, adapters_only: bool = False) -> dict[str, torch.Tensor]:
     """Full (unsharded, all experts) float tensors by the model's own names, on CPU (or, with
-    `on_device`, where they are: one process shares its parameters without a copy). Collective."""
+    `on_device`, where they are: one process shares its parameters without a copy). Collective.
+
+    A LoRA trainer's adapters are merged into the weights they adapt (`lora.merge_adapters`); with
+    `adapters_only`, the adapters alone and unmerged, beside the weights they adapt."""
     from torch.distributed.tensor import DTensor
+
+    from agentrl.trainer.models.lora import is_adapter, merge_adapters
 
     out: dict[str, torch.Tensor] = {}
     for key, value in trainer.model.state_dict().items():
         for prefix in _CLEAN:
             key = key.replace(prefix, "")
+        if adapters_only and not is_adapter(key):
+            continue
         tensor = value.full_tensor() if isinstance(value, DTensor) else value
         if trainer.plan.ep > 1 and _is_expert(key):
             group = trainer.meshes.ep.get_group()
@@ -152,6 +168,8 @@ def full_state_dict(trainer, *, on_device: bool = False) -> dict[str, torch.Tens
             dist.all_gather(parts, tensor.contiguous(), group=group)
             tensor = torch.cat(parts, dim=0)
         out[key] = tensor.detach() if on_device else tensor.detach().cpu()
+    if trainer.config.lora is not None and not adapters_only:
+        return merge_adapters(out, scale=trainer.config.lora.scale)
     return out
 
 

@@ -181,7 +181,7 @@ class TrainerRank:
 
     # ---- checkpoints --------------------------------------------------------------------
     def save(self, step: int, *, dest: str, token: str | None, ship: bool, trainer_state: bool = True) -> Folder | None:
-        """HF export + (with `trainer_state`) DCP state of every rank (collective).
+        """HF export (a LoRA run: its PEFT adapter) + (with `trainer_state`) DCP state of every rank (collective).
 
         A rank that sees the driver's checkpoint folder `dest` (the driver marked it with
         `token`: same machine or a shared disk) writes straight into it. The others write into
@@ -190,7 +190,10 @@ class TrainerRank:
         """
         direct = sees(dest, token)  # before any collective: rank 0's export replaces the folder
         local = Path(dest) if direct else self.folder / "checkpoints" / f"step_{step}"
-        self.trainer.export_hf(local)  # replaces the folder: written before the DCP state inside
+        if self.trainer.config.lora is not None:  # the adapters alone, as PEFT lays them out
+            self.trainer.export_adapter(local)
+        else:
+            self.trainer.export_hf(local)  # replaces the folder: written before the DCP state inside
         if trainer_state:
             self.trainer.save_checkpoint(local / "trainer")
         if direct or not ship:
