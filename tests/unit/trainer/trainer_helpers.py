@@ -161,3 +161,16 @@ def tiny_deepseek_config(**overrides):
     }
     values.update(overrides)
     return DeepseekV3Config(**values)
+
+
+def lora_steps(model_dir, *, cp: int = 1, steps: int = 3) -> dict:
+    """Steps of a LoRA trainer (attention, experts, shared experts; R3 samples): losses and full adapter tensors."""
+    from agentrl.trainer.checkpoint import full_state_dict
+    from agentrl.trainer.config import LoraConfig, TrainerConfig
+    from agentrl.trainer.trainer import Trainer
+
+    config = TrainerConfig(optimizer={"lr": 5e-2}, row_tokens=64, parallel={"cp": cp}, lora=LoraConfig(rank=4, alpha=8))
+    trainer = Trainer(config, model_dir=model_dir)
+    batch = trainer.pack(make_samples())
+    losses = [trainer.step(batch)["loss"] for _ in range(steps)]
+    return {"losses": losses, "adapters": full_state_dict(trainer, adapters_only=True), "layout": trainer.plan.describe()}
