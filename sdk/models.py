@@ -319,6 +319,10 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
     path = Path(key).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
+            if (path / "adapter_config.json").is_file():  # a LoRA run's checkpoint: the adapters alone
+                base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+                raise NotFoundError(f"model folder {path} holds a LoRA adapter for {base or 'its base model'}, not "
+                                    "a model: serving base + adapter is not built yet; pass a full-weight model folder")
             raise NotFoundError(f"model folder {path} has no config.json; pass an HF model folder")
         spec = _spec_from_folder(path.resolve(), name=path.resolve().name)
         marker = path / "agentrl_model.json"

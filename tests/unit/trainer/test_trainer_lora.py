@@ -97,6 +97,11 @@ def test_peft_adapter_round_trip_in_transformers(tiny_glm_dir, tmp_path, targets
         theirs = model(tokens[None]).logits[0]
     assert (base - ours).abs().max() > 0.1  # the adapter changed the model
     assert (theirs - ours).abs().max() < 1e-4
+    from agentrl.errors import NotFoundError
+    from agentrl.models import resolve_model
+
+    with pytest.raises(NotFoundError, match="holds a LoRA adapter for .*not a model"):  # eval/train --model on it
+        resolve_model(out)
 
 
 def test_full_export_merges_the_adapters(tiny_glm_dir, tmp_path):
