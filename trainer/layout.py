@@ -65,11 +65,14 @@ def estimate_memory(
     activation_checkpointing: bool = True,
     compute_bytes: int = 2,
     logprob_chunk_tokens: int = 4096,
+    trainable_params: float | None = None,
 ) -> dict[str, float]:
     """Per-GPU peak memory estimate by component (bytes).
 
     * states: fp32 master weights, fp32 gradients and two fp32 Adam moments, sharded over
-      ``world`` (experts over ``ep`` x ``world/ep``): 16 bytes per parameter / world.
+      ``world`` (experts over ``ep`` x ``world/ep``): 16 bytes per parameter / world. With
+      ``trainable_params`` (LoRA: the adapters' count, `lora.adapter_param_count`) only those have
+      gradients and moments: 4 bytes per frozen base parameter and 16 per adapter parameter, / world.
     * unsharded_params: with FSDP, the root (embedding, LM head; kept unsharded through
       the step) and one all-gathered layer in compute precision; in one process, the
       autocast copy of the LM head.
@@ -81,7 +84,8 @@ def estimate_memory(
     counts = args.param_counts()
     tokens = row_tokens // cp
     D, K = args.hidden_size, args.top_k
-    states = 16.0 * counts["total"] / world
+    states = (16.0 * counts["total"] if trainable_params is None
+              else 4.0 * counts["total"] + 16.0 * trainable_params) / world
     head = args.vocab_size * D
     root = head if args.tie_word_embeddings else 2 * head
     layer = args.attention_params() + 3 * D * args.moe_intermediate_size * args.num_shared_experts \
@@ -128,8 +132,10 @@ def plan_layout(
     activation_checkpointing: bool = True,
     compute_bytes: int = 2,
     logprob_chunk_tokens: int = 4096,
+    trainable_params: float | None = None,
 ) -> LayoutPlan:
-    """Choose ep and cp for ``world`` ranks and estimate memory; one-line errors for impossible layouts."""
+    """Choose ep and cp for ``world`` ranks and estimate memory (``trainable_params``: see `estimate_memory`);
+    one-line errors for impossible layouts."""
     if world < 1:
         raise AgentrlError(f"world size {world}: need at least one rank")
     if ep == "auto":
@@ -142,7 +148,7 @@ def plan_layout(
     def _estimate(cp_degree: int) -> dict[str, float]:
         return estimate_memory(args, world=world, ep=ep, cp=cp_degree, row_tokens=row_tokens,
                                activation_checkpointing=activation_checkpointing, compute_bytes=compute_bytes,
-                               logprob_chunk_tokens=logprob_chunk_tokens)
+                               logprob_chunk_tokens=logprob_chunk_tokens, trainable_params=trainable_params)
     def _mamba_splits(degree: int) -> bool:  # Mamba-2 CP gives each rank heads / cp heads and n_groups / cp groups
         return not args.mamba_layers or (args.mamba_num_heads % degree == 0 and args.mamba_n_groups % degree == 0)
     if cp == "auto":

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LoraLinear", "add_adapters", "adapted_weights", "grouped_delta", "init_adapters", "is_adapter",
-           "merge_adapters", "EXPERT_WEIGHTS"]
+__all__ = ["LoraLinear", "adapter_param_count", "add_adapters", "adapted_weights", "grouped_delta", "init_adapters",
+           "is_adapter", "merge_adapters", "EXPERT_WEIGHTS"]
 
 EXPERT_WEIGHTS = ("w1_EFD", "w3_EFD", "w2_EDF")
 """The grouped experts' stacked weights (``E, out, in``) that get adapters (non-gated experts have no w3)."""
@@ -144,6 +144,16 @@ def add_adapters(model: nn.Module, *, rank: int, alpha: float, dropout: float, t
     if not adapted:
         raise ValueError(f"trainer.lora.targets={sorted(targets)}: this model has none of them")
     return adapted
+
+
+def adapter_param_count(args: object, *, rank: int, targets: Iterable[str]) -> int:
+    """Adapter parameters `add_adapters` gives a model of ``args`` (a `MoEModelArgs`): counted on a copy built on
+    the meta device (no memory, any size), so the memory planner and the trainer agree by construction."""
+    from agentrl.trainer.models.build import build_model
+
+    model = build_model(args, device="meta")  # type: ignore[arg-type]
+    add_adapters(model, rank=rank, alpha=float(rank), dropout=0.0, targets=targets)
+    return sum(param.numel() for name, param in model.named_parameters() if is_adapter(name))
 
 
 def init_adapters(model: nn.Module, *, seed: int) -> None:

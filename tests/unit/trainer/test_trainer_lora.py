@@ -57,6 +57,19 @@ def test_a_step_changes_only_the_adapters_and_the_loss_drops(tiny_glm_dir):
     assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.05, [m["loss"] for m in metrics]
 
 
+@pytest.mark.parametrize("targets", [ALL, ["attention"]])
+def test_the_memory_plan_counts_optimizer_state_for_the_adapters_alone(tiny_glm_dir, targets):
+    from agentrl.trainer.layout import estimate_memory
+
+    trainer = _trainer(tiny_glm_dir, targets)
+    adapters = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for n, p in trainer.model.named_parameters() if not p.requires_grad)
+    full = estimate_memory(trainer.args, world=1, ep=1, cp=1, row_tokens=64)
+    assert full["states"] == 16.0 * total  # the base alone: master weights, gradients, two Adam moments
+    assert trainer.plan.memory["states"] == 4.0 * total + 16.0 * adapters  # LoRA: frozen base, adapters trained
+    assert trainer.plan.memory["states"] < full["states"] / 2
+
+
 def test_dcp_checkpoint_holds_adapters_and_resumes(tiny_glm_dir, tmp_path):
     trainer = _trainer(tiny_glm_dir, ["attention", "experts"])
     batch = trainer.pack(make_samples())
