@@ -106,17 +106,15 @@ class Trainer:
             torch.cuda.set_device(self.device)
         parallel = config.parallel
         compute_dtype = _DTYPES[parallel.compute_dtype(self.device.type)]
-        if config.lora is not None:
-            from agentrl.trainer.models.lora import adapter_param_count
+        from agentrl.trainer.models.lora import trainable_param_count
 
-            trainable = adapter_param_count(self.args, rank=config.lora.rank, targets=config.lora.targets)
         self.plan = plan_layout(
             self.args, world=self.world, row_tokens=config.row_tokens, ep=config.layout_ep(), cp=parallel.cp,
             gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
             activation_checkpointing=parallel.activation_checkpointing,
             compute_bytes=compute_dtype.itemsize,
             logprob_chunk_tokens=config.logprob_chunk_tokens,
-            trainable_params=trainable if config.lora is not None else None,
+            trainable_params=trainable_param_count(self.args, config.lora),
         )
         if not dist.is_initialized() or dist.get_rank() == 0:
             logger.info("trainer layout: %s", self.plan.describe())

@@ -137,17 +137,14 @@ def trainer_plan(config: RunConfig):
     """The trainer's parallel layout and memory estimate for this run (raises when nothing fits)."""
     args = _model_args(config)
     world = config.trainer_world()
-    parallel, lora = config.trainer.parallel, config.trainer.lora
-    trainable = None
-    if lora is not None:  # only the adapters have gradients and Adam moments
-        from agentrl.trainer.models.lora import adapter_param_count
+    from agentrl.trainer.models.lora import trainable_param_count  # LoRA: only the adapters have optimizer state
 
-        trainable = adapter_param_count(args, rank=lora.rank, targets=lora.targets)
+    parallel = config.trainer.parallel
     return plan_layout(args, world=world, row_tokens=config.trainer.row_tokens, ep=config.trainer.layout_ep(),
                        cp=parallel.cp, gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,
                        activation_checkpointing=parallel.activation_checkpointing,
                        compute_bytes=4 if config.trainer_compute_dtype() == "float32" else 2,
-                       trainable_params=trainable)
+                       trainable_params=trainable_param_count(args, config.trainer.lora))
 
 
 def _model_args(config: RunConfig):

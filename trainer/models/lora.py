@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LoraLinear", "adapter_param_count", "add_adapters", "adapted_weights", "grouped_delta", "init_adapters",
-           "is_adapter", "merge_adapters", "EXPERT_WEIGHTS"]
+__all__ = ["LoraLinear", "adapter_param_count", "trainable_param_count", "add_adapters", "adapted_weights",
+           "grouped_delta", "init_adapters", "is_adapter", "merge_adapters", "EXPERT_WEIGHTS"]
 
 EXPERT_WEIGHTS = ("w1_EFD", "w3_EFD", "w2_EDF")
 """The grouped experts' stacked weights (``E, out, in``) that get adapters (non-gated experts have no w3)."""
@@ -154,6 +154,14 @@ def adapter_param_count(args: object, *, rank: int, targets: Iterable[str]) -> i
     model = build_model(args, device="meta")  # type: ignore[arg-type]
     add_adapters(model, rank=rank, alpha=float(rank), dropout=0.0, targets=targets)
     return sum(param.numel() for name, param in model.named_parameters() if is_adapter(name))
+
+
+def trainable_param_count(args: object, lora: object | None) -> int | None:
+    """What the memory plan trains: None (every parameter) without ``lora`` (a `LoraConfig`), else its adapters'
+    count (`adapter_param_count`)."""
+    if lora is None:
+        return None
+    return adapter_param_count(args, rank=lora.rank, targets=lora.targets)  # type: ignore[attr-defined]
 
 
 def init_adapters(model: nn.Module, *, seed: int) -> None:
