@@ -153,7 +153,8 @@ def full_state_dict(trainer, *, on_device: bool = False, adapters_only: bool = F
     `adapters_only`, the adapters alone and unmerged, beside the weights they adapt."""
     from torch.distributed.tensor import DTensor
 
-    from agentrl.trainer.models.lora import is_adapter, merge_adapters
+    from agentrl.trainer.models.lora import merge_adapters
+    from agentrl.trainer.models.lora_layers import is_adapter
 
     out: dict[str, torch.Tensor] = {}
     for key, value in trainer.model.state_dict().items():

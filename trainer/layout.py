@@ -174,3 +174,13 @@ def plan_layout(
                            f"({args.mamba_num_heads}) and n_groups ({args.mamba_n_groups}) over the CP ranks; "
                            "use a cp that divides both")
     return LayoutPlan(world=world, cp=cp, ep=ep, row_tokens=row_tokens, memory=_estimate(cp))
+
+
+def trainable_param_count(args: MoEModelArgs, lora: object | None) -> int | None:
+    """What the memory plan trains: None (every parameter) without ``lora`` (a `LoraConfig`), else its adapters'
+    count (`lora.adapter_param_count`, which needs torch: imported only for a LoRA run)."""
+    if lora is None:
+        return None
+    from agentrl.trainer.models.lora import adapter_param_count
+
+    return adapter_param_count(args, rank=lora.rank, targets=lora.targets)  # type: ignore[attr-defined]

@@ -106,7 +106,7 @@ class Trainer:
             torch.cuda.set_device(self.device)
         parallel = config.parallel
         compute_dtype = _DTYPES[parallel.compute_dtype(self.device.type)]
-        from agentrl.trainer.models.lora import trainable_param_count
+        from agentrl.trainer.layout import trainable_param_count
 
         self.plan = plan_layout(
             self.args, world=self.world, row_tokens=config.row_tokens, ep=config.layout_ep(), cp=parallel.cp,

@@ -24,7 +24,7 @@ from agentrl.rl.orchestrator import OrchestratorConfig
 from agentrl.rl.shared_gpu import shared_gpu_plan
 from agentrl.rl.step_time import predict_run
 from agentrl.trainer.config import TrainerConfig
-from agentrl.trainer.layout import plan_layout
+from agentrl.trainer.layout import plan_layout, trainable_param_count
 from agentrl.trainer.models.args import MoEModelArgs
 
 if TYPE_CHECKING:
@@ -137,8 +137,6 @@ def trainer_plan(config: RunConfig):
     """The trainer's parallel layout and memory estimate for this run (raises when nothing fits)."""
     args = _model_args(config)
     world = config.trainer_world()
-    from agentrl.trainer.models.lora import trainable_param_count  # LoRA: only the adapters have optimizer state
-
     parallel = config.trainer.parallel
     return plan_layout(args, world=world, row_tokens=config.trainer.row_tokens, ep=config.trainer.layout_ep(),
                        cp=parallel.cp, gpu_memory_bytes=parallel.gpu_memory_gib * 1024**3,

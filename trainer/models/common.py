@@ -38,6 +38,7 @@ from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
+from agentrl.trainer.models.lora_layers import grouped_delta
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
 from agentrl.trainer.models.router import build_router
 
@@ -79,7 +80,6 @@ class Experts(GroupedExperts):
     def grouped_forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         """bf16 grouped GEMMs, each projection's LoRA delta (`lora.grouped_delta`) added where it has one: the CUDA
         path of non-gated experts and of adapted ones (torch's CPU `_grouped_mm` runs it too, for tests)."""
-        from agentrl.trainer.models.lora import grouped_delta
 
         names = ["w1_EFD", "w2_EDF"] + (["w3_EFD"] if self.gated else [])
         w = {n: (lambda t: t.to_local() if isinstance(t, DTensor) else t)(getattr(self, n)) for n in names}
@@ -123,7 +123,6 @@ class Experts(GroupedExperts):
     def _loop_forward_lora(self, x_RD, counts_E, counts, w1s, w2s, w3s) -> torch.Tensor:
         """`loop_forward` with LoRA adapters: the base's per-expert matmuls as there, each projection's adapter
         delta for all experts at once (`lora.grouped_delta`) added to them."""
-        from agentrl.trainer.models.lora import grouped_delta
 
         rounding = self.rounding
         with contextlib.nullcontext() if rounding is None else torch.autocast(x_RD.device.type, enabled=False):

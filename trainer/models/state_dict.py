@@ -21,6 +21,7 @@ import torch
 from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.families import family_of
+from agentrl.trainer.models.lora_layers import is_adapter
 
 __all__ = ["hf_to_native", "native_to_hf", "read_hf_state", "load_hf_weights", "load_hf_weights_sharded",
            "HFCheckpointReader", "save_hf_weights", "copy_into_shard", "replace_folder"]
@@ -69,8 +70,6 @@ def native_to_hf(native: Mapping[str, torch.Tensor], args: MoEModelArgs, *,
 
 def load_hf_weights(model: torch.nn.Module, model_dir: str | Path) -> None:
     """Load a HF folder's weights into a freshly built (unsharded) `MoEDecoder`."""
-    from agentrl.trainer.models.lora import is_adapter
-
     args: MoEModelArgs = model.args  # type: ignore[assignment]
     native = hf_to_native(read_hf_state(model_dir), args)
     expected = {name for name in model.state_dict() if not is_adapter(name)}
@@ -125,7 +124,6 @@ def load_hf_weights_sharded(model: torch.nn.Module, model_dir: str | Path) -> No
     rank's own expert range only. Use after ``fully_shard`` on a meta-device model and
     ``model.to_empty(device=...)``.
     """
-    from agentrl.trainer.models.lora import is_adapter
 
     args: MoEModelArgs = model.args  # type: ignore[assignment]
     reader = HFCheckpointReader(model_dir)
