@@ -57,7 +57,14 @@ class InferenceConfig(BaseConfig):
     decode_all2all_backend: str = "deepep_low_latency"
     """DeepEP all2all backend for decode instances and colocated wide-EP engines."""
     fp8: bool | None = None
-    """FP8 weights and KV cache with DeepGEMM; None: on when the GPU kind supports it."""
+    """FP8 weights (and KV cache, `fp8_kv_cache`), quantized by vLLM from the bf16 weights at start and again
+    after every weight update; None: on when the GPU kind supports it."""
+    fp8_scales: Literal["tensor", "block"] = "tensor"
+    """With `fp8`: 'tensor' is one scale per weight (per expert for routed experts, vLLM's `--quantization fp8`);
+    'block' one per 128 x 128 block, DeepSeek-V3's layout, which vLLM runs through DeepGEMM
+    (`--quantization fp8_per_block`)."""
+    fp8_kv_cache: bool = True
+    """With `fp8`: also keep the KV cache in FP8 (half its memory; its rounding adds to the mismatch KL)."""
     kv_offload: Literal["none", "cpu", "disk", "mooncake"] = "none"
     """KV-cache offload: none, CPU RAM, CPU RAM + disk tier, or the Mooncake store."""
     kv_offload_gb: float = Field(default=64.0, gt=0)

@@ -143,7 +143,9 @@ def _common_args(
     args += transport_args
     env.update(transport_env)
     if fp8:
-        args += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
+        args += ["--quantization", "fp8" if config.fp8_scales == "tensor" else "fp8_per_block"]
+        if config.fp8_kv_cache:
+            args += ["--kv-cache-dtype", "fp8"]
         env["VLLM_USE_DEEP_GEMM"] = "1"
     if config.kv_offload == "cpu":
         args += ["--kv-offloading-size", str(config.kv_offload_gb), "--kv-offloading-backend", "native"]

@@ -7,8 +7,11 @@ method on every worker and answers `{"results": [one per worker]}` (JSON values 
 
 - `agentrl_weight_digest()`: per parameter of the loaded model, as vLLM holds it after loading
   (fused `qkv_proj`, `gate_up_proj`, `experts.w13_weight` ...): dtype, element count, and the float64
-  sum and sum of squares of its values. `agentrl.inference.weight_check` compares them with the
-  trainer's tensors after every weight update.
+  sum, sum of squares and largest |value| of its values; for an FP8 parameter (`--quantization fp8`,
+  quantized by vLLM at load and again after every weight update) of the values it stands for, its FP8
+  values times its scale (`X_scale` or `X_scale_inv` beside it; dtype `float8_e4m3fn-unscaled` when there
+  is none). `agentrl.inference.weight_check` compares them with the trainer's tensors after every weight
+  update.
 - `agentrl_memory(release=...)`: this worker's GPU memory (torch's allocated / reserved / peak, the
   process's own use as the driver counts it, the device's free and total); with `release`, the
   allocator's cached blocks are given back first (a checkpoint-format weight update leaves up to two
@@ -24,7 +27,7 @@ import os
 from typing import Any
 
 from agentrl.gpu_memory import process_gpu_bytes
-from agentrl.weight_digest import float64_sums
+from agentrl.weight_digest import float64_sums, fp8_stats
 
 __all__ = ["WorkerChecks", "EXTENSION"]
 
@@ -36,17 +39,30 @@ class WorkerChecks:
     """Mixed into vLLM's worker class (`self.model_runner.get_model()` is the served model)."""
 
     def agentrl_weight_digest(self) -> dict[str, list[Any]]:
-        """{parameter name: [dtype name, numel, sum, sum of squares]} of the served model, sums in float64."""
+        """{parameter name: [dtype name, numel, sum, sum of squares, largest |value|]} of the served model, in
+        float64; FP8 parameters dequantized by their scales."""
         import torch
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]  # unwrapped from CUDA graph runners
-        params = [(name, param.detach()) for name, param in model.named_parameters(remove_duplicate=True)
-                  if param.is_floating_point()]
+        params = {name: param.detach() for name, param in model.named_parameters(remove_duplicate=True)
+                  if param.is_floating_point()}
         if not params:
             return {}
-        sums = torch.stack([float64_sums(tensor) for _, tensor in params]).tolist()
-        return {name: [str(tensor.dtype).removeprefix("torch."), tensor.numel(), total, squares]
-                for (name, tensor), (total, squares) in zip(params, sums)}
+        dtypes, stats = {}, []
+        for name, tensor in params.items():
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            scale = next((params[name + end] for end in ("_scale", "_scale_inv") if name + end in params), None)
+            try:
+                stats.append(fp8_stats(tensor, scale) if dtype.startswith("float8") and scale is not None
+                             else float64_sums(tensor))
+            except ValueError:  # a scale layout fp8_stats does not know: the check says so
+                scale = None
+                stats.append(float64_sums(tensor))
+            if dtype.startswith("float8") and scale is None:
+                dtype += "-unscaled"
+            dtypes[name] = dtype
+        values = torch.stack([item.to(stats[0].device) for item in stats]).tolist()
+        return {name: [dtypes[name], params[name].numel(), *row] for name, row in zip(params, values)}
 
     def agentrl_memory(self, release: str = "false") -> dict[str, Any]:
         """This worker's GPU memory in bytes (None on the CPU); `release="true"` empties the allocator's cache first."""

@@ -13,6 +13,9 @@
 - The weight check (`inference.weight_check`): every update above is checked equal to the trainer's
   tensors on every served parameter; then two planted corruptions, one tensor not sent and one sent in
   float16, each stop the update with one line naming the parameter, and the server keeps serving.
+- FP8 serving (`inference.fp8`, vLLM's online `--quantization fp8`): after each IPC update vLLM quantizes
+  the new weights again (its layerwise reload); the FP8 check passes on every quantized parameter, the
+  served logprobs follow the trainer's within FP8 rounding, and an expert sent 1.5x too large is caught.
 """
 
 from __future__ import annotations
@@ -31,12 +34,12 @@ TOKENS = [3, 20, 35, 41, 50, 62, 70, 88, 90, 101, 15, 27, 44, 9]
 PROMPTS = [[3, 40 + i, 52, 61, 70 + i, 80, 33, 47 + i] for i in range(8)]
 
 
-def _server(model_dir, *, dtype: str, transport: str | None = None):
+def _server(model_dir, *, dtype: str, transport: str | None = None, fp8: bool = False):
     from agentrl.inference.deployment import InferenceConfig
     from agentrl.rl.inference_actor import replica_server
 
     deployment = InferenceConfig(device="gpu", gpu_memory_utilization=0.3, max_model_len=512, max_num_seqs=16,
-                                  routed_experts=True, weight_transfer=transport, fp8=False)
+                                  routed_experts=True, weight_transfer=transport, fp8=fp8, fp8_kv_cache=False)
     return replica_server(deployment, Path(model_dir), served_name="tiny-moe", dtype=dtype)
 
 
@@ -249,3 +252,55 @@ def _restart_and_resend(server, publisher, state, *, before_resend=None):
         before_resend(publisher)
     result = publisher.resend(state, [server.url])
     return result, restarted, _served_logprobs(server.url, TOKENS)
+
+
+def test_fp8_serving_requantizes_after_every_ipc_update(tmp_path):
+    from trainer_helpers import make_samples
+
+    from agentrl.inference.direct_weights import IpcWeightPublisher
+    from agentrl.inference.weight_check import WeightMismatchError
+    from agentrl.models import ensure_model
+    from agentrl.trainer.checkpoint import hf_state_views
+
+    model_dir = ensure_model("tiny-moe")
+    victim = "model.layers.2.mlp.experts.5.up_proj.weight"
+
+    class Enlarged(IpcWeightPublisher):  # one expert arrives 1.5x too large; the digest is of the true tensor
+        def _wire_tensor(self, tensor):
+            wire = super()._wire_tensor(tensor)
+            return wire * 1.5 if tensor.data_ptr() == self.victim.data_ptr() else wire
+
+    with _server(model_dir, dtype="bfloat16", transport="ipc", fp8=True) as server:
+        before = _served_logprobs(server.url, TOKENS)
+        trainer, state = _stepped_trainer(model_dir)
+        ours = _trainer_logprobs(trainer, TOKENS)
+        publisher = IpcWeightPublisher([server.url])
+        first = publisher.publish(state, 1)
+        after = _served_logprobs(server.url, TOKENS)
+        args = trainer.args
+        trainer.train_on_samples(make_samples(vocab=args.vocab_size, moe_layers=len(args.moe_layers),
+                                              num_experts=args.num_experts, top_k=args.top_k, seed=1))
+        ours_next = _trainer_logprobs(trainer, TOKENS)
+        second = publisher.publish(hf_state_views(trainer), 2)
+        after_next = _served_logprobs(server.url, TOKENS)
+        enlarged = Enlarged([server.url])
+        enlarged.version = publisher.version
+        state_next = hf_state_views(trainer)
+        enlarged.victim = state_next[victim]
+        with pytest.raises(WeightMismatchError) as refused:
+            enlarged.publish(state_next, 3)
+        still = _served_logprobs(server.url, TOKENS)
+    moved = max(abs(a - b) for a, b in zip(before, ours))
+    error = max(abs(a - b) for a, b in zip(after, ours))
+    error_next = max(abs(a - b) for a, b in zip(after_next, ours_next))
+    checks = [result.checks[server.url] for result in (first, second)]
+    print(f"fp8 serving: moved {moved:.3f}, served (FP8) vs trainer (bf16) {error:.4f} then {error_next:.4f}; "
+          f"FP8 parameters checked {checks[0].fp8_checked} of {checks[0].checked}, largest-value error "
+          f"{max(c.fp8_largest_error for c in checks):.2e}, max error {max(c.max_error for c in checks):.3f} "
+          f"of the tolerance; refused: {refused.value}")
+    for check in checks:
+        assert check.fp8_checked >= 6 and check.max_error < 1.0 and not check.unserved, check
+    assert moved > 0.2, moved
+    assert error < moved / 2 and error_next < moved / 2, (error, error_next, moved)  # FP8 rounding, not the old weights
+    assert "(FP8) is not the trainer's weights" in str(refused.value) and "w13_weight" in str(refused.value)
+    assert len(still) == len(TOKENS) - 1

@@ -150,3 +150,15 @@ def test_gpu_replicas_get_distinct_ports_and_gpus_per_node():
     assert [gpus for node, _, gpus in placements if node == 1] == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert len({url for _, url, _ in placements}) == 8
     validate_plan(plan)
+
+
+def test_fp8_scales_pick_vllms_online_fp8_method_and_the_kv_cache_is_optional():
+    per_tensor = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, fp8=True)).servers[0]
+    parsed = validate_vllm_args(per_tensor.vllm_args)
+    assert parsed.quantization == "fp8" and parsed.kv_cache_dtype == "fp8"
+    block = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, fp8=True, fp8_scales="block",
+                                                fp8_kv_cache=False)).servers[0]
+    parsed = validate_vllm_args(block.vllm_args)
+    assert parsed.quantization == "fp8_per_block" and parsed.kv_cache_dtype == "auto"
+    off = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, fp8=False)).servers[0]
+    assert validate_vllm_args(off.vllm_args).quantization is None

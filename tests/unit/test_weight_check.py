@@ -141,15 +141,15 @@ def test_shards_of_tensor_parallel_workers_merge_and_replicas_count_once():
     state = _trainer_state()
     served = _served(state)
     shard_a, shard_b = {}, {}
-    for name, (dtype, numel, total, squares) in served.items():
+    for name, (dtype, numel, total, squares, largest) in served.items():
         if name.endswith("w13_weight"):  # split between two workers
-            shard_a[name] = [dtype, numel // 2, total * 0.25, squares * 0.5]
-            shard_b[name] = [dtype, numel - numel // 2, total * 0.75, squares * 0.5]
+            shard_a[name] = [dtype, numel // 2, total * 0.25, squares * 0.5, largest * 0.5]
+            shard_b[name] = [dtype, numel - numel // 2, total * 0.75, squares * 0.5, largest]
         else:  # replicated on both
-            shard_a[name] = shard_b[name] = [dtype, numel, total, squares]
+            shard_a[name] = shard_b[name] = [dtype, numel, total, squares, largest]
     merged = merge_worker_digests([shard_a, shard_b])
-    assert merged[next(n for n in served if n.endswith("w13_weight"))][1] == served[
-        next(n for n in served if n.endswith("w13_weight"))][1]
+    w13 = next(n for n in served if n.endswith("w13_weight"))
+    assert merged[w13][1] == served[w13][1] and merged[w13][4] == served[w13][4]
     compare_digests(_expected(state), merged, where="v1")
 
 
