@@ -146,7 +146,8 @@ def _common_args(
         args += ["--quantization", "fp8" if config.fp8_scales == "tensor" else "fp8_per_block"]
         if config.fp8_kv_cache:
             args += ["--kv-cache-dtype", "fp8"]
-        env["VLLM_USE_DEEP_GEMM"] = "1"
+        if config.fp8_scales == "block":  # DeepGEMM runs block scales only; it refuses per-tensor MoE
+            env["VLLM_USE_DEEP_GEMM"] = "1"
     if config.kv_offload == "cpu":
         args += ["--kv-offloading-size", str(config.kv_offload_gb), "--kv-offloading-backend", "native"]
     kv_transfer = _kv_transfer_config(config, role=role)

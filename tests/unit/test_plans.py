@@ -28,7 +28,7 @@ def test_glm_air_wide_ep_on_64_gpus_parses_with_vllm():
     parsed = validate_vllm_args(head.vllm_args)
     assert parsed.data_parallel_size == 64 and parsed.data_parallel_size_local == 8
     assert parsed.enable_expert_parallel and parsed.all2all_backend == "deepep_low_latency"
-    assert parsed.quantization == "fp8" and head.env["VLLM_USE_DEEP_GEMM"] == "1"
+    assert parsed.quantization == "fp8" and "VLLM_USE_DEEP_GEMM" not in head.env  # per-tensor scales: not DeepGEMM
     assert parsed.enable_return_routed_experts and parsed.kv_offloading_size == 64.0
     assert head.url == "http://node0:8000" and plan.endpoint == head.url
     starts = [validate_vllm_args(worker.vllm_args).data_parallel_start_rank for worker in workers]
@@ -156,9 +156,12 @@ def test_fp8_scales_pick_vllms_online_fp8_method_and_the_kv_cache_is_optional():
     per_tensor = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, fp8=True)).servers[0]
     parsed = validate_vllm_args(per_tensor.vllm_args)
     assert parsed.quantization == "fp8" and parsed.kv_cache_dtype == "fp8"
+    # VLLM_USE_DEEP_GEMM=1 forces DeepGEMM's MoE kernel, which refuses per-tensor scales (seen on the H200)
+    assert "VLLM_USE_DEEP_GEMM" not in per_tensor.env
     block = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, fp8=True, fp8_scales="block",
                                                 fp8_kv_cache=False)).servers[0]
     parsed = validate_vllm_args(block.vllm_args)
     assert parsed.quantization == "fp8_per_block" and parsed.kv_cache_dtype == "auto"
+    assert block.env["VLLM_USE_DEEP_GEMM"] == "1"
     off = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, fp8=False)).servers[0]
     assert validate_vllm_args(off.vllm_args).quantization is None
