@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.config import BaseConfig
 from agentrl.errors import ConfigError
@@ -112,6 +112,17 @@ class InferenceConfig(BaseConfig):
     starts faster and keeps the graphs' memory for the KV cache). Ignored on the CPU."""
     extra_args: list[str] = []
     """Extra vLLM arguments appended to every server command."""
+
+    @model_validator(mode="after")
+    def _router_replay_needs_no_kv_connector(self) -> InferenceConfig:
+        """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector, so a GPU
+        deployment asking for both is refused here, in one line, not at the server's start-up."""
+        if self.device == "gpu" and self.routed_experts and (self.kv_offload != "none" or self.kind == "pd"):
+            what = "kind='pd'" if self.kind == "pd" else f"kv_offload={self.kv_offload!r}"
+            raise ValueError(f"routed_experts with {what}: vLLM returns no routed experts through KV connectors"
+                             f" (P/D, KV offload), which Router Replay needs; set routed_experts=false (no Router"
+                             f" Replay) or leave out {what}")
+        return self
 
     def transport(self) -> WeightTransport:
         """The `weight_transfer` transport (`agentrl.inference.transfer`), or its default for `device`."""

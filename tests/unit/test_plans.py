@@ -21,7 +21,8 @@ def _flag(args: list[str], name: str) -> str:
 
 
 def test_glm_air_wide_ep_on_64_gpus_parses_with_vllm():
-    plan = build_plan(GLM_AIR, InferenceConfig(kind="wide_ep", nodes=8, gpus_per_node=8, kv_offload="cpu"))
+    plan = build_plan(GLM_AIR, InferenceConfig(kind="wide_ep", nodes=8, gpus_per_node=8, kv_offload="cpu",
+                                                      routed_experts=False))
     assert plan.total_gpus == 64
     assert validate_plan(plan) == 8
     head, *workers = plan.servers
@@ -29,7 +30,7 @@ def test_glm_air_wide_ep_on_64_gpus_parses_with_vllm():
     assert parsed.data_parallel_size == 64 and parsed.data_parallel_size_local == 8
     assert parsed.enable_expert_parallel and parsed.all2all_backend == "deepep_low_latency"
     assert parsed.quantization == "fp8" and "VLLM_USE_DEEP_GEMM" not in head.env  # per-tensor scales: not DeepGEMM
-    assert parsed.enable_return_routed_experts and parsed.kv_offloading_size == 64.0
+    assert not parsed.enable_return_routed_experts and parsed.kv_offloading_size == 64.0
     assert head.url == "http://node0:8000" and plan.endpoint == head.url
     starts = [validate_vllm_args(worker.vllm_args).data_parallel_start_rank for worker in workers]
     assert starts == [8 * node for node in range(1, 8)]
@@ -37,7 +38,8 @@ def test_glm_air_wide_ep_on_64_gpus_parses_with_vllm():
 
 
 def test_glm_air_prefill_decode_on_64_gpus_parses_with_vllm_and_router():
-    config = InferenceConfig(kind="pd", nodes=8, gpus_per_node=8, nodes_per_instance=2, prefill_decode_ratio="1:3")
+    config = InferenceConfig(kind="pd", nodes=8, gpus_per_node=8, nodes_per_instance=2, prefill_decode_ratio="1:3",
+                             routed_experts=False)
     plan = build_plan(GLM_AIR, config)
     assert plan.total_gpus == 64
     assert validate_plan(plan) == 9
@@ -54,7 +56,8 @@ def test_glm_air_prefill_decode_on_64_gpus_parses_with_vllm_and_router():
 
 
 def test_disk_offload_combines_connectors_under_multiconnector():
-    config = InferenceConfig(kind="pd", nodes=2, gpus_per_node=8, prefill_decode_ratio="1:1", kv_offload="disk")
+    config = InferenceConfig(kind="pd", nodes=2, gpus_per_node=8, prefill_decode_ratio="1:1", kv_offload="disk",
+                             routed_experts=False)
     plan = build_plan(GLM_AIR, config)
     validate_plan(plan)
     kv = json.loads(_flag(plan.servers[0].vllm_args, "--kv-transfer-config"))
@@ -63,7 +66,8 @@ def test_disk_offload_combines_connectors_under_multiconnector():
 
 
 def test_mooncake_store_offload_and_no_fp8_on_a100():
-    plan = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=4, tensor_parallel_size=4, gpu_kind="a100", kv_offload="mooncake"))
+    plan = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=4, tensor_parallel_size=4, gpu_kind="a100", kv_offload="mooncake",
+                                               routed_experts=False))
     validate_plan(plan)
     args = plan.servers[0].vllm_args
     assert "--quantization" not in args
@@ -104,8 +108,9 @@ def test_deliberately_wrong_flags_are_rejected():
     ("config", "match"),
     [
         ({"kind": "wide_ep", "device": "cpu"}, "needs GPUs"),
-        ({"kind": "pd", "nodes": 3, "prefill_decode_ratio": "1:3"}, "cannot be split"),
-        ({"kind": "pd", "nodes": 4, "prefill_decode_ratio": "one:three"}, "prefill_decode_ratio"),
+        ({"kind": "pd", "nodes": 3, "prefill_decode_ratio": "1:3", "routed_experts": False}, "cannot be split"),
+        ({"kind": "pd", "nodes": 4, "prefill_decode_ratio": "one:three", "routed_experts": False},
+         "prefill_decode_ratio"),
         ({"kind": "single", "gpu_kind": "a100", "fp8": True}, "FP8"),
         ({"kind": "single", "device": "cpu", "weight_transfer": "nccl"}, "nccl"),
         ({"kind": "replicas", "replicas": 9, "nodes": 1, "gpus_per_node": 8}, "does not fit"),
@@ -121,7 +126,7 @@ def test_serve_plan_cli_prints_commands_and_rejects_bad_fields(capsys):
     from agentrl.cli import main
 
     assert main(["serve", "--plan", "--model", "glm-4.5-air", "--set", "kind=pd", "--set", "nodes=8",
-                 "--set", "nodes_per_instance=2", "--validate"]) == 0
+                 "--set", "nodes_per_instance=2", "--set", "routed_experts=false", "--validate"]) == 0
     out = capsys.readouterr().out
     assert "# pd deployment of zai-org/GLM-4.5-Air: 64 GPUs" in out and "## node 7" in out
     assert "vllm-router" in out and "--vllm-pd-disaggregation" in out and "validated 9 command line(s)" in out
@@ -165,3 +170,15 @@ def test_fp8_scales_pick_vllms_online_fp8_method_and_the_kv_cache_is_optional():
     assert block.env["VLLM_USE_DEEP_GEMM"] == "1"
     off = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, fp8=False)).servers[0]
     assert validate_vllm_args(off.vllm_args).quantization is None
+
+
+@pytest.mark.parametrize("fields", [{"kv_offload": "cpu"}, {"kv_offload": "mooncake"}, {"kind": "pd", "nodes": 2}])
+def test_router_replay_with_a_kv_connector_is_refused_in_one_line(fields, tmp_path):
+    from agentrl.config import load_config
+
+    path = tmp_path / "deployment.toml"
+    path.write_text("\n".join(f"{key} = {json.dumps(value)}" for key, value in fields.items()) + "\n")
+    with pytest.raises(ConfigError, match=r"routed_experts with .*KV connectors.*set routed_experts=false") as info:
+        load_config(InferenceConfig, str(path))
+    assert "\n" not in str(info.value)
+    assert not load_config(InferenceConfig, str(path), overrides=["routed_experts=false"]).routed_experts
