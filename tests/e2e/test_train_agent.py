@@ -16,7 +16,7 @@ rollouts; at the warm start's solve rate (about 0.2) the paired difference has a
 so 0.25 is 3 of them (a false failure about once in 700 runs). The bound was 0.15 over unpaired halves (12 tasks
 drawn at random, whose own difficulty made the standard error larger than 0.1), and failed CI runs without any
 fall of the policy. A collapse, e.g. a broken tool-call format, shows in the tool-call checks below first.
-Whether the recipe learns is its full run's question (`cookbook/cpu-agent/README.md`: +12.5 held-out points), not this test's.
+Whether the recipe learns is its full run's question (`cookbook/cpu-agent/README.md`: +16 held-out points), not this test's.
 """
 
 from __future__ import annotations
