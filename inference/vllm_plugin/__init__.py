@@ -13,7 +13,8 @@ never changes servers that did not ask for it:
   refuses (`vllm_plugin.cpu_nongated_moe`), and serve float32 MLA models with vLLM's reference
   CPU MLA backend instead of the bf16-only AMX one (`vllm_plugin.cpu_mla_float32`), and keep the
   linear layers' weights readable beside their packed GEMM handles, so the weight check can read
-  what the server loaded (`vllm_plugin.cpu_keep_linear_weights`).
+  what the server loaded (`vllm_plugin.cpu_keep_linear_weights`), and keep vLLM's CPU experts kernel
+  when LoRA is enabled (`vllm_plugin.cpu_lora_moe`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.cpu_keep_linear_weights import install as install_keep_weights
 
             install_keep_weights()
+            from agentrl.inference.vllm_plugin.cpu_lora_moe import install as install_lora_moe
+
+            install_lora_moe()
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 
