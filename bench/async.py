@@ -81,6 +81,8 @@ def run(name: str, *, steps: int, overrides: list[str], workdir: Path) -> dict:
     window = rows[1 : max(2, len(rows) - ASYNC_AHEAD)]
     span_s = window[-1]["time"] - window[0]["time"]
     kls = [r["mismatch_kl"] for r in rows if r.get("mismatch_kl") is not None]
+    large = [r["train/mismatch_large_fraction"] for r in rows if r.get("train/mismatch_large_fraction") is not None]
+    largest = [r["train/mismatch_max_log_ratio"] for r in rows if r.get("train/mismatch_max_log_ratio") is not None]
     return {
         "name": name,
         "steps": len(rows),
@@ -88,6 +90,8 @@ def run(name: str, *, steps: int, overrides: list[str], workdir: Path) -> dict:
         "mean_step_s": span_s / max(1, len(window) - 1),
         "mismatch_kl": sum(kls) / len(kls) if kls else float("nan"),
         "step_kls": kls,
+        "mismatch_large_fraction": sum(large) / len(large) if large else float("nan"),
+        "mismatch_max_log_ratio": max(largest) if largest else float("nan"),
         **_live_routing(rows),
         "reward_first": rows[0]["reward"],
         "reward_last": rows[-1]["reward"],
@@ -103,7 +107,10 @@ def _live_routing(rows: list[dict]) -> dict:
     live = [r["train/mismatch_kl_live_routing"] for r in rows if r.get("train/mismatch_kl_live_routing") is not None]
     if not live:
         return {}
-    return {"mismatch_kl_live_routing": sum(live) / len(live), "step_kls_live_routing": live}
+    large = [r.get("train/mismatch_large_fraction_live_routing") for r in rows]
+    large = [value for value in large if value is not None]
+    return {"mismatch_kl_live_routing": sum(live) / len(live), "step_kls_live_routing": live,
+            "mismatch_large_fraction_live_routing": sum(large) / len(large) if large else float("nan")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,9 @@ KL reported every step is the mean of ``k3_t`` over all loss tokens, masked ones
 ``on_policy`` (the tokens of samples generated wholly by the trainer's current weights), also over
 those alone: in an async run the KL of the others carries the policy's own change since they were
 sampled, so only the on-policy share measures how far inference's numerics are from the trainer's.
+Beside the mean, the R3 paper's and prime-rl's figures of the same samples: the share of loss tokens whose
+trainer and inference probabilities differ by more than 2x (``|lp_t - lp_inf_t| > ln 2``), and the
+largest ``|lp_t - lp_inf_t|`` (``mismatch_max`` stats are maxima, reduced with max, not summed).
 SFT (``mode="sft"``): ``loss = -sum_t lp_t / N`` over loss tokens.
 
 Every statistic is returned as a *sum* so the trainer can add them over micro-batches
@@ -24,13 +27,22 @@ and ranks before dividing by the global token count.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from agentrl.trainer.config import LossConfig
 
-__all__ = ["LossConfig", "LossScale", "compute_loss"]
+__all__ = ["LARGE_LOG_RATIO", "LossConfig", "LossScale", "compute_loss", "is_max_stat"]
 
 _MAX_LOG_RATIO = 20.0
+LARGE_LOG_RATIO = math.log(2.0)
+"""A token whose trainer and inference probabilities differ by more than 2x, either way, is a large deviation."""
+
+
+def is_max_stat(name: str) -> bool:
+    """Whether a `compute_loss` stat is a maximum (combined with max over micro-batches and ranks), not a sum."""
+    return name.startswith("mismatch_max")
 
 
 def compute_loss(
@@ -46,8 +58,10 @@ def compute_loss(
     """Loss of one micro-batch (already divided by the global loss-token count) and summed stats.
 
     Stats: ``loss_tokens``, ``masked_tokens`` (outside the trust region),
-    ``mismatch_kl_sum``, ``pg_loss_sum``, ``kl_sum``, ``ratio_sum``; with ``on_policy`` (bool per token)
-    also ``on_policy_tokens`` and ``mismatch_kl_on_policy_sum``.
+    ``mismatch_kl_sum``, ``mismatch_large_tokens`` (probabilities more than 2x apart),
+    ``mismatch_max_log_ratio`` (a maximum), ``pg_loss_sum``, ``kl_sum``, ``ratio_sum``; with ``on_policy``
+    (bool per token) also ``on_policy_tokens``, ``mismatch_kl_on_policy_sum`` and
+    ``mismatch_large_on_policy_tokens``.
     """
     mask = loss_mask.bool()
     denominator = max(float(total_loss_tokens), 1.0)
@@ -78,6 +92,8 @@ def compute_loss(
             "loss_tokens": mask.sum().float(),
             "masked_tokens": (mask & ~in_region).sum().float(),
             "mismatch_kl_sum": torch.where(mask, k3.clamp_min(0.0), zero).sum(),
+            "mismatch_large_tokens": (mask & (log_ratio.abs() > LARGE_LOG_RATIO)).sum().float(),
+            "mismatch_max_log_ratio": torch.where(mask, log_ratio.abs(), zero).max(),
             "pg_loss_sum": torch.where(keep, pg, zero).sum(),
             "kl_sum": torch.where(keep, k3, zero).sum(),
             "ratio_sum": torch.where(mask, ratio, zero).sum(),
@@ -86,6 +102,7 @@ def compute_loss(
             current = mask & on_policy.bool()
             stats["on_policy_tokens"] = current.sum().float()
             stats["mismatch_kl_on_policy_sum"] = torch.where(current, k3.clamp_min(0.0), zero).sum()
+            stats["mismatch_large_on_policy_tokens"] = (current & (log_ratio.abs() > LARGE_LOG_RATIO)).sum().float()
     return loss, stats
 
 

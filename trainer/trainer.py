@@ -13,7 +13,9 @@ loss is normalised by the number of loss tokens summed over all ranks, and gradi
 are summed across ranks, so the step equals a single-process step on the whole batch.
 
 Metrics: ``loss`` (the step's objective), ``mismatch_kl`` (mean KL(inference || trainer)
-estimate over loss tokens), ``masked_fraction`` (loss tokens outside the trust region),
+over loss tokens, the k3 estimator), ``mismatch_large_fraction`` (loss tokens whose probabilities differ
+more than 2x) and ``mismatch_max_log_ratio`` (the largest |log ratio|), each also ``_on_policy``
+where a share is, ``masked_fraction`` (loss tokens outside the trust region),
 ``grad_norm`` (before clipping), ``tokens`` (non-padding tokens), ``loss_tokens``,
 ``importance_ratio`` (mean), ``skipped`` (1 when a non-finite gradient norm skipped the
 update), ``replayed_fraction`` (loss tokens whose experts were replayed
@@ -22,7 +24,8 @@ from inference, R3), ``step``, ``policy_version``; when the samples carried rout
 `agentrl.trainer.packing.REPLAY_SKIP_REASONS`: ``no_experts``, ``layout``, ``unknown``,
 ``router_replay_off``); with ``router_replay_diagnostics``,
 ``mismatch_kl_live_routing`` (the mismatch KL of the trainer's own routing on the same
-samples) and ``live_routing_agreement`` (the share of the (token, MoE layer) expert sets
+samples, also as ``mismatch_large_fraction_live_routing`` and ``mismatch_max_log_ratio_live_routing``)
+and ``live_routing_agreement`` (the share of the (token, MoE layer) expert sets
 inference reported that the trainer's own routers chose alike); with float16 compute,
 ``loss_scale``.
 
@@ -51,7 +54,7 @@ from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.gpu_memory import GIB, process_gpu_bytes
 from agentrl.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from agentrl.trainer.config import TrainerConfig
-from agentrl.trainer.loss import LossScale, compute_loss
+from agentrl.trainer.loss import LossScale, compute_loss, is_max_stat
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments, cp_token_index, query_tail
 from agentrl.trainer.models.build import build_model, init_weights
@@ -253,8 +256,10 @@ class Trainer:
                 if replay:
                     live, agree, compared = self._live_routing_kl(row, window, segments)
                 else:  # the same keys on every rank (they are reduced together)
-                    live, agree, compared = stats["mismatch_kl_sum"], torch.zeros(()), torch.zeros(())
-                stats["mismatch_kl_live_routing_sum"] = live
+                    live, agree, compared = stats, torch.zeros(()), torch.zeros(())
+                stats["mismatch_kl_live_routing_sum"] = live["mismatch_kl_sum"]
+                stats["mismatch_large_live_routing_tokens"] = live["mismatch_large_tokens"]
+                stats["mismatch_max_log_ratio_live_routing"] = live["mismatch_max_log_ratio"]
                 stats["live_routing_agree_sets"] = agree.to(self.device)
                 stats["live_routing_compared_sets"] = compared.to(self.device)
             (loss * self.loss_scale.value if self.loss_scale else loss).backward()
@@ -262,7 +267,10 @@ class Trainer:
             replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
             stats["replayed_tokens"] = torch.tensor(float(replayed), device=self.device)
             for key, value in stats.items():
-                sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value
+                if is_max_stat(key):
+                    sums[key] = torch.maximum(sums[key], value) if key in sums else value
+                else:
+                    sums[key] = sums.get(key, torch.zeros((), device=self.device)) + value
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         if self.loss_scale:
             for param in params:
@@ -280,11 +288,17 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
-        keys = sorted(sums)
+        keys = sorted(key for key in sums if not is_max_stat(key))
+        maxima = sorted(key for key in sums if is_max_stat(key))
         packed = torch.stack([objective] + [sums[k] for k in keys]).float()
+        largest = torch.stack([sums[k] for k in maxima]).float() if maxima else None
         if self.world > 1:
             dist.all_reduce(packed)
+            if largest is not None:  # every rank has the same keys (RL steps on every rank)
+                dist.all_reduce(largest, op=dist.ReduceOp.MAX)
         reduced = dict(zip(["loss"] + keys, packed.tolist()))
+        if largest is not None:
+            reduced.update(zip(maxima, largest.tolist()))
         loss_tokens = max(reduced.get("loss_tokens", 0.0), 1.0)
         metrics = {
             "loss": reduced["loss"],
@@ -302,11 +316,18 @@ class Trainer:
             metrics["loss_scale"] = self.loss_scale.value
         if self.config.loss.mode == "rl":
             metrics["mismatch_kl"] = reduced["mismatch_kl_sum"] / loss_tokens
+            metrics["mismatch_large_fraction"] = reduced["mismatch_large_tokens"] / loss_tokens
+            metrics["mismatch_max_log_ratio"] = reduced["mismatch_max_log_ratio"]
             if reduced.get("on_policy_tokens"):  # only the on-policy tokens: inference's numerics against ours
                 metrics["mismatch_kl_on_policy"] = reduced["mismatch_kl_on_policy_sum"] / reduced["on_policy_tokens"]
+                metrics["mismatch_large_fraction_on_policy"] = (reduced["mismatch_large_on_policy_tokens"]
+                                                                / reduced["on_policy_tokens"])
             metrics["on_policy_fraction"] = reduced.get("on_policy_tokens", 0.0) / loss_tokens
             if "mismatch_kl_live_routing_sum" in reduced:
                 metrics["mismatch_kl_live_routing"] = reduced["mismatch_kl_live_routing_sum"] / loss_tokens
+                metrics["mismatch_large_fraction_live_routing"] = (reduced["mismatch_large_live_routing_tokens"]
+                                                                   / loss_tokens)
+                metrics["mismatch_max_log_ratio_live_routing"] = reduced["mismatch_max_log_ratio_live_routing"]
             if reduced.get("live_routing_compared_sets"):
                 metrics["live_routing_agreement"] = (reduced["live_routing_agree_sets"]
                                                      / reduced["live_routing_compared_sets"])
@@ -338,8 +359,8 @@ class Trainer:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
 
-    def _live_routing_kl(self, row: PackedRow, window, segments) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The row under the trainer's own routing (no replay, no gradient): its summed mismatch KL, and of the
+    def _live_routing_kl(self, row: PackedRow, window, segments) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """The row under the trainer's own routing (no replay, no gradient): its mismatch stats, and of the
         (token, MoE layer) expert sets inference reported (replay_mask tokens), how many the trainer's routers
         chose alike, out of how many."""
         blocks = self.model.moe_blocks()
@@ -371,7 +392,7 @@ class Trainer:
             advantages=row.advantages[window].to(self.device), loss_mask=row.loss_mask[window].to(self.device),
             total_loss_tokens=1.0, config=self.config.loss,
         )
-        return stats["mismatch_kl_sum"], agree, compared
+        return stats, agree, compared
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, path: str | Path) -> Path:

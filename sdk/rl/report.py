@@ -284,6 +284,17 @@ def _tool_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"| rollouts without a tool call / tool-call parse failures, all steps | {without} / {failures} |"]
 
 
+def _large_deviation_line(rows: list[dict]) -> str:
+    """The peers' figures of the mismatch, over the steps: tokens whose probabilities differ more than 2x, and
+    the largest |log ratio| (the trainer's `mismatch_large_fraction` and `mismatch_max_log_ratio`)."""
+    _, share = _series(rows, "train/mismatch_large_fraction")
+    _, largest = _series(rows, "train/mismatch_max_log_ratio")
+    if not share or not largest:
+        return ""
+    return (f"| tokens more than 2x apart, mean share / largest log ratio | {_mean(share):.2e} /"
+            f" {max(largest):.3f} |")
+
+
 def write_report(
     rows: list[dict[str, Any]], path: Path, *, title: str, plots: list[Path] = (), base: Path | None = None
 ) -> Path:
@@ -311,7 +322,8 @@ def write_report(
         f"| reward at the first step | {reward[0]:.4f} |" if reward else "| reward | n/a |",
         f"| reward, mean of the last {window} steps | {_mean(reward[-window:]):.4f} |" if reward else "",
         f"| reward, mean of the first {window} steps | {_mean(reward[:window]):.4f} |" if reward else "",
-        f"| mismatch KL, mean / max | {_mean(kl):.5f} / {max(kl):.5f} |" if kl else "| mismatch KL | n/a |",
+        f"| mismatch KL (k3), mean / max | {_mean(kl):.5f} / {max(kl):.5f} |" if kl else "| mismatch KL | n/a |",
+        _large_deviation_line(rows),
         f"| staleness (groups per steps behind) | {json.dumps(dict(sorted(staleness.items())))} |",
         f"| groups dropped as too stale | {dropped} |",
         f"| completion tokens/s, mean | {_mean(tps):.1f} |",

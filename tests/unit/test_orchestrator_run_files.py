@@ -156,9 +156,11 @@ def test_report_and_plots(tmp_path):
         run.append_metrics({**_row(step, 0.1 * step), "wait_s": 1.0, "train_s": 0.5, "rollout_s": 2.0,
                             "rollout_generation_s": 1.5, "rollout_sandbox_s": 0.25 * step,
                             "tool_calls_per_rollout": 3.0, "rollouts_without_tool_calls": step % 2,
-                            "tool_call_parse_failures": 1})
+                            "tool_call_parse_failures": 1, "train/mismatch_large_fraction": 1e-3 * step,
+                            "train/mismatch_max_log_ratio": 0.1 * step})
     report = run.finish(title="test run")
     text = report.read_text()
+    assert "| tokens more than 2x apart, mean share / largest log ratio | 2.50e-03 / 0.500 |" in text
     assert "| reward at the first step | 0.0000 |" in text
     assert "trainer-bound / inference-bound steps | 3 / 3" in text
     assert "| training (s), mean | 0.50 |" in text and "| one rollout: sandbox (s), mean | 0.62 |" in text

@@ -11,7 +11,7 @@ import torch
 from agentrl.config import config_from_dict
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.rl.advantages import batch_advantages, group_advantages
-from agentrl.trainer.loss import LossConfig, compute_loss
+from agentrl.trainer.loss import LossConfig, compute_loss, is_max_stat
 from agentrl.trainer.packing import pack_samples
 from agentrl.types import TrainingSample
 
@@ -189,6 +189,18 @@ def test_mismatch_kl_of_the_on_policy_tokens_alone():
     _, plain = compute_loss(logprobs, inference_logprobs=inference, advantages=advantages, loss_mask=mask,
                             total_loss_tokens=10, config=LossConfig())
     assert "on_policy_tokens" not in plain
+
+
+def test_large_deviations_and_the_largest_log_ratio():
+    inference = torch.tensor([-1.0, -1.0, -2.0, -0.5, -0.3])
+    log_ratio = torch.tensor([0.1, 0.8, -1.2, -0.5, 4.0])  # 2x is ln 2 = 0.69: tokens 1 and 2; the last is no loss token
+    mask = torch.tensor([True, True, True, True, False])
+    on_policy = torch.tensor([True, False, True, True, True])
+    _, stats = compute_loss(inference + log_ratio, inference_logprobs=inference, advantages=torch.ones(5),
+                            loss_mask=mask, total_loss_tokens=4, config=LossConfig(), on_policy=on_policy)
+    assert stats["mismatch_large_tokens"].item() == 2 and stats["mismatch_large_on_policy_tokens"].item() == 1
+    assert stats["mismatch_max_log_ratio"].item() == pytest.approx(1.2, abs=1e-6)
+    assert is_max_stat("mismatch_max_log_ratio") and not is_max_stat("mismatch_large_tokens")
 
 
 def test_packing_marks_each_token_with_its_samples_oldest_version():

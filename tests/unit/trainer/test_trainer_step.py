@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from trainer_helpers import make_samples
@@ -218,6 +220,10 @@ def test_router_replay_diagnostics_measure_live_routing_on_the_same_samples(tiny
     assert replayed["replayed_fraction"] > 0 and "mismatch_kl_live_routing" not in live
     assert replayed["mismatch_kl_live_routing"] == pytest.approx(live["mismatch_kl"], rel=1e-5)
     assert abs(replayed["mismatch_kl"] - live["mismatch_kl"]) > 1e-3
+    # the peers' figures of the same samples, live routing's equal to a step without replay
+    assert replayed["mismatch_large_fraction_live_routing"] == pytest.approx(live["mismatch_large_fraction"])
+    assert replayed["mismatch_max_log_ratio_live_routing"] == pytest.approx(live["mismatch_max_log_ratio"], rel=1e-5)
+    assert 0 < live["mismatch_large_fraction"] <= 1 and live["mismatch_max_log_ratio"] > math.log(2)
     plain = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(make_samples(with_experts=False))
     assert plain["mismatch_kl_live_routing"] == pytest.approx(plain["mismatch_kl"], rel=1e-6)
 

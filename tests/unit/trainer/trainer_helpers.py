@@ -137,7 +137,8 @@ def assert_matches_single_process(result, single, label) -> None:
     import pytest
 
     for step, (got, want) in enumerate(zip(result["metrics"], single["metrics"], strict=True)):
-        for key in ("loss", "mismatch_kl", "masked_fraction", "loss_tokens", "tokens"):
+        for key in ("loss", "mismatch_kl", "mismatch_large_fraction", "mismatch_max_log_ratio", "masked_fraction",
+                    "loss_tokens", "tokens"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (label, step, key)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5), (label, step)
     assert set(result["state"]) == set(single["state"])
