@@ -97,6 +97,11 @@ class InferenceConfig(BaseConfig):
     files to Ray's object store and each server's node writes them locally (no shared filesystem); 'nccl':
     trainer rank 0 broadcasts into vLLM's NCCL weight-transfer engine (GPUs); 'ipc': CUDA IPC handles into
     vLLM's ipc engine (trainer and vLLM on one GPU). None: nccl on GPU, filesystem on CPU."""
+    lora_adapters: bool = False
+    """A LoRA run (`trainer.lora`) serves its adapter by name (`agentrl.inference.lora_serving`): vLLM holds the
+    base with `--enable-lora`, and after each step the new adapter (megabytes) is loaded in place, through the
+    run's folder (`weight_transfer` filesystem or object_store). False: the merged weights are pushed as for
+    full fine-tuning. On the CPU, adapters on routed experts cannot be served (vLLM's MoE LoRA needs CUDA)."""
     recompute_kv_on_weight_update: bool = False
     """Requests in flight during a weight update: False keeps their KV cache (later tokens
     attend to context computed with the old weights, as PipelineRL's in-flight updates);
@@ -114,6 +119,13 @@ class InferenceConfig(BaseConfig):
     """Extra vLLM arguments appended to every server command."""
 
     @model_validator(mode="after")
+    def _adapters_travel_as_folders(self) -> InferenceConfig:
+        if self.lora_adapters and self.weight_transfer in ("nccl", "ipc"):
+            raise ValueError(f"lora_adapters with weight_transfer={self.weight_transfer!r}: an adapter is loaded from"
+                             " a folder; set weight_transfer='filesystem' (or 'object_store') or leave it unset")
+        return self
+
+    @model_validator(mode="after")
     def _router_replay_needs_no_kv_connector(self) -> InferenceConfig:
         """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector, so a GPU
         deployment asking for both is refused here, in one line, not at the server's start-up."""
@@ -126,6 +138,8 @@ class InferenceConfig(BaseConfig):
 
     def transport(self) -> WeightTransport:
         """The `weight_transfer` transport (`agentrl.inference.transfer`), or its default for `device`."""
+        if self.lora_adapters and self.weight_transfer is None:  # an adapter travels as a folder
+            return transport_for("filesystem", device=self.device)
         return transport_for(self.weight_transfer, device=self.device)
 
     def uses_fp8(self) -> bool:

@@ -10,28 +10,27 @@ base with `--enable-lora` and the adapter by name: a request whose `model` is th
   for the routed ones; `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, which enables the load endpoint).
   Routed-expert adapters are refused for CPU servers in one line: vLLM runs MoE LoRA only in its
   Triton/CUDA kernels (`vllm_plugin.cpu_lora_moe` keeps the CPU experts kernel for the rest).
-- `AdapterPublisher(urls, staging_dir=...)`: `publish(adapter_folder, version)` copies a PEFT
-  folder (`Trainer.export_adapter`) to `staging_dir/v<version>` and has every server load it
-  under `ADAPTER_NAME` (`POST /v1/load_lora_adapter`; after the first version with
-  `load_inplace`, which replaces the weights of the adapter of that name: requests already
-  running finish with the adapter they started with, new ones get the new one). Each version
-  has its own folder, since vLLM caches adapters by path; the last `keep_last` are kept.
+- `AdapterPublisher(urls, staging_dir=...)`: a `FilesystemWeightPublisher` whose `publish(folder,
+  version)` takes a PEFT folder (`Trainer.export_adapter`, one folder per version: vLLM caches
+  adapters by path) and has every server load it under `ADAPTER_NAME` (`POST
+  /v1/load_lora_adapter` with `load_inplace`, inside the usual pause .. resume of an update).
 
-torch-free; the HTTP calls go through httpx.
+A run serves adapters with `inference.lora_adapters = true` (`trainer.lora` set): the trainer's
+rank 0 exports the adapter into the run's `weights/v<N>` after each step (megabytes, not the
+merged weights), each server's actor loads it, and the rollouts name the adapter.
+
+torch-free.
 """
 
 from __future__ import annotations
 
-import shutil
-import time
 from pathlib import Path
+from typing import Any
 
-import httpx
+from agentrl.errors import ConfigError, WeightUpdateError
+from agentrl.inference.weights import FilesystemWeightPublisher, ServerControl
 
-from agentrl.errors import AgentrlError, ConfigError
-
-__all__ = ["ADAPTER_NAME", "VLLM_LORA_RANKS", "AdapterPublisher", "AdapterUpdateError", "lora_server_options",
-           "vllm_lora_modules"]
+__all__ = ["ADAPTER_NAME", "VLLM_LORA_RANKS", "AdapterPublisher", "lora_server_options", "vllm_lora_modules"]
 
 ADAPTER_NAME = "policy-lora"
 """The name the servers load the run's adapter under; requests name it as their `model`."""
@@ -41,10 +40,6 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 _MODULES = {"attention": ("qkv_proj", "o_proj"), "shared_experts": ("gate_up_proj", "down_proj"),
             "experts": ("experts",)}
-
-
-class AdapterUpdateError(AgentrlError):
-    """A server did not take the new adapter."""
 
 
 def vllm_lora_modules(targets: list[str]) -> list[str]:
@@ -71,58 +66,34 @@ def lora_server_options(lora: object, *, device: str) -> tuple[list[str], dict[s
     return args, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 
 
-class AdapterPublisher:
-    """Replaces the adapter `ADAPTER_NAME` in running servers with each new version's PEFT folder."""
+class AdapterPublisher(FilesystemWeightPublisher):
+    """Loads each new version's PEFT folder into every server as the adapter `name`, in place.
 
-    def __init__(self, urls: list[str], *, staging_dir: str | Path, keep_last: int = 2, timeout_s: float = 120.0,
-                 name: str = ADAPTER_NAME) -> None:
-        self.urls = list(urls)
-        self.staging_dir = Path(staging_dir)
-        self.keep_last = max(1, keep_last)
-        self.timeout_s = timeout_s
+    A publish runs as every update does (`WeightPublisher`: pause with the requests kept, load, weight
+    version, resume), so the tokens a server generates after it come from the new adapter and carry the
+    new version; `restore` loads the latest one into a restarted server. The adapter's weights are not
+    digested (vLLM keeps them in its LoRA manager, not as the model's parameters): `PublishResult.checks`
+    is empty, and the run's `weights/verified` says 0.
+    """
+
+    def __init__(self, urls: list[str], *, staging_dir: str | Path, name: str = ADAPTER_NAME, keep_last: int = 2,
+                 timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
+        super().__init__(urls, staging_dir=staging_dir, keep_last=keep_last, timeout_s=timeout_s,
+                         recompute_kv=recompute_kv, verify=False)
         self.name = name
-        self.version: int | None = None
-        self._loaded: set[str] = set()  # servers that hold the adapter already (later loads replace it in place)
 
-    def publish(self, adapter_dir: str | Path, version: int) -> float:
-        """Stage `adapter_dir` as `version` and load it into every server; the seconds the loads took."""
-        source = Path(adapter_dir)
-        if not (source / "adapter_config.json").is_file():
-            raise AdapterUpdateError(f"publish: {source} has no adapter_config.json; pass a PEFT adapter folder"
-                                     " (Trainer.export_adapter)")
-        if self.version is not None and version <= self.version:
-            raise AdapterUpdateError(f"publish: version {version} is not newer than the served {self.version}")
-        folder = self.staging_dir / f"v{version}"
-        if folder.exists():
-            shutil.rmtree(folder)
-        shutil.copytree(source, folder)
-        started = time.monotonic()
-        with httpx.Client(timeout=self.timeout_s) as client:
-            for url in self.urls:
-                self._load(client, url, folder)
-        took = time.monotonic() - started
-        self.version = version
-        self._prune()
-        return took
+    def _prepare(self, weights: Any, version: int, served: dict | None) -> Path:
+        folder = Path(weights).expanduser().resolve() if isinstance(weights, (str, Path)) else None
+        if folder is None or not (folder / "adapter_config.json").is_file():
+            raise WeightUpdateError(f"publish: {weights if folder is None else folder} is not a PEFT adapter folder"
+                                    " (no adapter_config.json); pass what Trainer.export_adapter writes")
+        return folder
 
-    def _load(self, client: httpx.Client, url: str, folder: Path) -> None:
-        body = {"lora_name": self.name, "lora_path": str(folder)}
-        if url in self._loaded:
-            body["load_inplace"] = True
-        try:
-            response = client.post(f"{url}/v1/load_lora_adapter", json=body)
-        except httpx.HTTPError as error:
-            raise AdapterUpdateError(f"load_lora_adapter on {url}: {type(error).__name__}: {error}") from None
-        if response.status_code != 200:
-            detail = " ".join(response.text.split())[:300]
-            raise AdapterUpdateError(f"load_lora_adapter on {url}: HTTP {response.status_code}: {detail}")
-        self._loaded.add(url)
+    def _expected_digest(self, weights: Any, prepared: Any) -> Any:
+        return None
 
-    def forget(self, url: str) -> None:
-        """A restarted server holds no adapter: its next load is a first load, not a replacement."""
-        self._loaded.discard(url)
-
-    def _prune(self) -> None:
-        versions = sorted((int(path.name[1:]), path) for path in self.staging_dir.glob("v*") if path.name[1:].isdigit())
-        for _, path in versions[:-self.keep_last]:
-            shutil.rmtree(path, ignore_errors=True)
+    async def _load(self, control: ServerControl, prepared: Path, *, version: int) -> None:
+        # load_inplace replaces an adapter of that name and loads one the server does not hold yet (a first
+        # load, a restarted server) alike; each version has its own folder, as vLLM caches adapters by path.
+        await control._post("/v1/load_lora_adapter", what=f"load_lora_adapter {self.name} from {prepared}",
+                            json={"lora_name": self.name, "lora_path": str(prepared), "load_inplace": True})

@@ -246,6 +246,13 @@ def load_run_config(
         raise ConfigError(f"eval.split={config.eval.split!r} is the split the run trains on (orchestrator.task_split);"
                           " evaluate on a held-out split")
     apply_gpu_defaults(config)
+    if config.inference.lora_adapters:
+        if config.trainer.lora is None:
+            raise ConfigError("inference.lora_adapters: the run trains no adapters; set trainer.lora (rank, alpha,"
+                              " targets) or leave lora_adapters false")
+        from agentrl.inference.lora_serving import lora_server_options
+
+        lora_server_options(config.trainer.lora, device=config.inference.device)  # one line if it cannot be served
     if config.model.init_checkpoint is None and config.env.name == "reverse-text":
         warm = _DEFAULTS_BY_MODEL.get(config.model.name)  # warm starts are per environment
         if warm is not None and (warm / "config.json").is_file():

@@ -87,7 +87,8 @@ class TrainerGroup:
         try:
             master = ray.get(ranks[0].rendezvous.remote())
             infos = ray.get([rank.setup.remote(master=master, trainer_config=config.trainer, model_dir=model_dir,
-                                               model_files=model_files) for rank in ranks])
+                                               model_files=model_files,
+                                               export_adapters=config.inference.lora_adapters) for rank in ranks])
         except BaseException:
             _kill(ranks)
             raise
@@ -211,7 +212,8 @@ class InferenceGroup:
                     served_name=config.model.name, deployment=serving,
                     startup_timeout_s=config.launch.startup_timeout_s, dtype=config.inference_dtype(),
                     nice=config.generation_nice(),
-                    weights_from_trainer=config.weight_transfer().direct))
+                    weights_from_trainer=config.weight_transfer().direct,
+                    lora=config.trainer.lora if config.inference.lora_adapters else None))
             urls = ray.get([actor.start.remote() for actor in actors])
         router = None
         if deployment.router is not None and len(urls) > 1:

@@ -64,17 +64,23 @@ def local_folder(path: str, files: Folder | None, *, name: str) -> Path:
 
 
 def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str, nice: int = 0,
-                   log_path: Path | None = None, startup_timeout_s: float = 600.0):
+                   log_path: Path | None = None, startup_timeout_s: float = 600.0, lora: Any = None):
     """The (not started) `VLLMServer` of one `single`/`replicas` server of `deployment` (a InferenceConfig).
 
     agentrl's server flags (`VLLMServer`) plus the deployment's own (`plans.server_overrides`:
     tensor parallel, memory share, routed experts, the weight-transfer engine, FP8, KV offload,
-    `extra_args` last, so the user's word wins).
+    `extra_args` last, so the user's word wins); with `lora` (a `LoraConfig`), the flags that serve its
+    adapters by name (`lora_serving.lora_server_options`).
     """
     from agentrl.inference.plans import server_overrides
     from agentrl.inference.server import VLLMServer
 
     args, env = server_overrides(deployment, str(model))
+    if lora is not None:
+        from agentrl.inference.lora_serving import lora_server_options
+
+        lora_args, lora_env = lora_server_options(lora, device=deployment.device)
+        args, env = lora_args + args, {**env, **lora_env}
     if deployment.max_model_len and deployment.max_model_len > _max_positions(model):
         # A longer context than the checkpoint was trained for (e.g. tiny-moe with SWE's tool
         # schemas): RoPE extrapolates; vLLM asks for this opt-in.
@@ -138,7 +144,8 @@ class InferenceActor:
 
     def __init__(self, *, run_id: str, index: int, model_dir: str, model_files: Folder | None, served_name: str,
                  deployment: Any, startup_timeout_s: float, dtype: str = "auto", nice: int = 0,
-                 max_restarts: int = 3, weights_from_trainer: bool = False) -> None:
+                 max_restarts: int = 3, weights_from_trainer: bool = False, lora: Any = None) -> None:
+        from agentrl.inference.lora_serving import AdapterPublisher
         from agentrl.inference.supervisor import ServerSupervisor
         from agentrl.inference.weights import FilesystemWeightPublisher
 
@@ -147,13 +154,18 @@ class InferenceActor:
         self.folder = node_dir("runs", run_id, f"inference-{index}")
         model = local_folder(model_dir, model_files, name=f"{run_id}-start")
         self.server = replica_server(deployment, model, served_name=served_name, dtype=dtype, nice=nice,
-                                     log_path=self.folder / "vllm.log", startup_timeout_s=startup_timeout_s)
+                                     log_path=self.folder / "vllm.log", startup_timeout_s=startup_timeout_s,
+                                     lora=lora)
         # From the moment it is launched (start-up takes minutes), not once healthy: an actor killed while
         # its server starts would otherwise leave it running (it is started from a thread: no pdeathsig).
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
-        self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
-                                                   recompute_kv=deployment.recompute_kv_on_weight_update,
-                                                   verify=deployment.verify_weights)
+        if lora is not None:  # a LoRA run's adapter, loaded by name (`lora_serving`)
+            self.publisher = AdapterPublisher([self.server.url], staging_dir=self.folder / "staged",
+                                              recompute_kv=deployment.recompute_kv_on_weight_update)
+        else:
+            self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
+                                                       recompute_kv=deployment.recompute_kv_on_weight_update,
+                                                       verify=deployment.verify_weights)
         self.supervisor = ServerSupervisor(self.server, after_restart=self._after_restart,
                                            max_restarts=max_restarts, on_event=self._on_event)
         self.startup_timeout_s = startup_timeout_s

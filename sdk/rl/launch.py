@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentrlError, require
+from agentrl.inference.lora_serving import ADAPTER_NAME
 from agentrl.rl.config import RunConfig
 from agentrl.rl.heldout import HeldOutEval
 from agentrl.rl.loggers import make_loggers
@@ -265,7 +266,8 @@ def run_training(
                                                      max_task_retries=-1 if restarts else 0).remote(
                        config.env.name, config.env.args, url=inference.endpoint, model=config.model.name,
                        nice=config.generation_nice(), recovery_timeout_s=config.launch.startup_timeout_s,
-                       tokenizer_dir=str(start_weights), tokenizer_files=tokenizer_files)
+                       tokenizer_dir=str(start_weights), tokenizer_files=tokenizer_files,
+                       adapter=ADAPTER_NAME if config.inference.lora_adapters else None)
                    for slot in spec.rollout]
         placement = {f"trainer-{rank}": node for rank, node in enumerate(trainer.nodes)}
         placement.update({f"inference-{index}": node for index, node in enumerate(inference.nodes)})
@@ -302,7 +304,8 @@ def run_training(
             config=config.orchestrator, environment=environment, client=None,  # type: ignore[arg-type]
             trainer=trainer, weight_sync=WeightPush(trainer, inference, transport=config.weight_transfer(),
                                                     staging_dir=folder.path / "weights",
-                                                    verify=config.inference.verify_weights),
+                                                    verify=config.inference.verify_weights,
+                                                    push_at_start=config.inference.lora_adapters),
             sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
             on_groups=rollout_log, heldout=heldout if heldout.enabled else None,
         )

@@ -275,8 +275,9 @@ class Orchestrator:
         rollout (their metrics were delivered to `on_step` first).
         """
         history: list[dict[str, Any]] = []
-        if self.state.step > 0:
-            # Resumed: inference must serve the checkpoint's weights, tagged with its step.
+        if self.state.step > 0 or getattr(self.weight_sync, "push_at_start", False):
+            # Resumed: inference must serve the checkpoint's weights, tagged with its step (and a policy the
+            # servers do not hold until pushed, a LoRA adapter, is pushed before the first step).
             loading = await self.weight_sync.push(version=self.state.step)
             if loading is not None:
                 await loading

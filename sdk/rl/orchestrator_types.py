@@ -121,7 +121,9 @@ class WeightSync(Protocol):
         (cancelled at its end): it keeps servers that restart between pushes on the pushed
         version (`agentrl.rl.transport.WeightPush.watch`); if it raises, the run ends with its error.
         It may also have `metrics() -> dict[str, float]`: the latest completed update's figures (the weight
-        check, the servers' memory), added to each step's metrics.
+        check, the servers' memory), added to each step's metrics; and `push_at_start` (True: the servers
+        hold nothing of the policy until a push, e.g. a LoRA adapter served by name; the run pushes its
+        starting version before the first step).
         """
         ...
 

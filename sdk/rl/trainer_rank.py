@@ -47,6 +47,7 @@ class TrainerRank:
         self.trainer = None
         self.folder = node_dir("runs", run_id, "trainer")  # shared by the ranks of this node
         self.direct_publisher = None
+        self.export_adapters = False
         self.pushed_version: int | None = None
         """The version the last direct push sent (the trainer's weights until the next step)."""
         self.stepped_since_push = False
@@ -67,8 +68,10 @@ class TrainerRank:
         return ray.get_runtime_context().get_node_id()
 
     def setup(self, *, master: tuple[str, int], trainer_config: Any, model_dir: str,
-              model_files: Folder | None) -> dict[str, Any]:
-        """Join the process group (several ranks) and build the trainer; its layout and node."""
+              model_files: Folder | None, export_adapters: bool = False) -> dict[str, Any]:
+        """Join the process group (several ranks) and build the trainer; its layout and node. `export_adapters`:
+        the servers serve the LoRA adapter by name (`inference.lora_adapters`), so `export` writes it alone."""
+        self.export_adapters = export_adapters
         import torch
         import torch.distributed as dist
 
@@ -116,13 +119,17 @@ class TrainerRank:
                                    row_tokens=self.trainer.config.row_tokens)
 
     def export(self, version: int, *, dest: str | None, ship: bool) -> str | Folder | None:
-        """HF export of the current weights (collective; rank 0 writes).
+        """HF export of the current weights, or the LoRA adapter alone (`export_adapters`) (collective; rank 0
+        writes).
 
         Rank 0 writes into `dest` (a folder the servers read) or, with `ship`, into this node's
         folder and returns the files; other ranks return None.
         """
         target = Path(dest) if dest is not None else self.folder / "staged" / f"v{version}"
-        self.trainer.export_hf(target, digest=True)  # the servers are checked against it after they load
+        if self.export_adapters:
+            self.trainer.export_adapter(target)  # a PEFT folder the servers load by name
+        else:
+            self.trainer.export_hf(target, digest=True)  # the servers are checked against it after they load
         if self.rank != 0:
             return None
         prune_versions(target.parent, newest=version)

@@ -37,7 +37,7 @@ class WeightPush:
     """`WeightSync` over a `TrainerGroup` and an `InferenceGroup` with one `WeightTransport` (a `transfer.Delivery`)."""
 
     def __init__(self, trainer: Any, inference: Any, *, transport: WeightTransport, staging_dir: Path,
-                 watch_interval_s: float = 2.0, verify: bool = True) -> None:
+                 watch_interval_s: float = 2.0, verify: bool = True, push_at_start: bool = False) -> None:
         self.trainer = trainer
         self.inference = inference
         self.transport = transport
@@ -45,6 +45,9 @@ class WeightPush:
         self.watch_interval_s = watch_interval_s
         self.verify = verify
         """Each server's weights are checked after every update (`inference.verify_weights`)."""
+        self.push_at_start = push_at_start
+        """The servers serve nothing of the policy before a push (a LoRA adapter loaded by name): the run pushes
+        its starting version before the first step."""
         self.lock = asyncio.Lock()  # a push and a re-send never overlap
         self.restarts: list[int] | None = None  # each server's restart count at the last direct delivery
         self._report: dict[str, float] = {}  # the step metrics of the latest completed update
