@@ -24,13 +24,16 @@ torch-free.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, WeightUpdateError
+from agentrl.inference.weight_check import WeightCheck, WeightMismatchError
 from agentrl.inference.weights import FilesystemWeightPublisher, ServerControl
 
-__all__ = ["ADAPTER_NAME", "VLLM_LORA_RANKS", "AdapterPublisher", "lora_server_options", "vllm_lora_modules"]
+__all__ = ["ADAPTER_NAME", "ADAPTER_TOLERANCE", "VLLM_LORA_RANKS", "AdapterPublisher", "adapter_digest",
+           "lora_server_options", "vllm_lora_modules"]
 
 ADAPTER_NAME = "policy-lora"
 """The name the servers load the run's adapter under; requests name it as their `model`."""
@@ -71,29 +74,83 @@ class AdapterPublisher(FilesystemWeightPublisher):
 
     A publish runs as every update does (`WeightPublisher`: pause with the requests kept, load, weight
     version, resume), so the tokens a server generates after it come from the new adapter and carry the
-    new version; `restore` loads the latest one into a restarted server. The adapter's weights are not
-    digested (vLLM keeps them in its LoRA manager, not as the model's parameters): `PublishResult.checks`
-    is empty, and the run's `weights/verified` says 0.
+    new version; `restore` loads the latest one into a restarted server. With `verify`, before the server
+    resumes, the adapter it holds (vLLM's LoRA manager: `WorkerChecks.agentrl_lora_digest`) must equal the
+    folder's: float64 sums of every A and every scaled B within float32 rounding (`ADAPTER_TOLERANCE`), else
+    `WeightMismatchError`; an adapter not loaded, or a stale one, differs far beyond it.
     """
 
     def __init__(self, urls: list[str], *, staging_dir: str | Path, name: str = ADAPTER_NAME, keep_last: int = 2,
-                 timeout_s: float = 600.0, recompute_kv: bool = False) -> None:
+                 timeout_s: float = 600.0, recompute_kv: bool = False, verify: bool = True) -> None:
         super().__init__(urls, staging_dir=staging_dir, keep_last=keep_last, timeout_s=timeout_s,
-                         recompute_kv=recompute_kv, verify=False)
+                         recompute_kv=recompute_kv, verify=verify)
         self.name = name
+        self._last_folder: Path | None = None
 
     def _prepare(self, weights: Any, version: int, served: dict | None) -> Path:
         folder = Path(weights).expanduser().resolve() if isinstance(weights, (str, Path)) else None
         if folder is None or not (folder / "adapter_config.json").is_file():
             raise WeightUpdateError(f"publish: {weights if folder is None else folder} is not a PEFT adapter folder"
                                     " (no adapter_config.json); pass what Trainer.export_adapter writes")
+        self._last_folder = folder
         return folder
 
-    def _expected_digest(self, weights: Any, prepared: Any) -> Any:
-        return None
+    def _expected_digest(self, weights: Any, prepared: Path) -> list[float]:
+        """[sum, sum of squares of every lora_A; the same of every lora_B times its scaling; tensors] of the PEFT
+        folder `prepared`, as `vllm_worker_ext.WorkerChecks.agentrl_lora_digest` digests a loaded adapter."""
+        return adapter_digest(prepared)
+
+    async def _check(self, control: ServerControl, expected: list[float], version: int) -> WeightCheck:
+        held = {}
+        for result in await control.worker_call("agentrl_lora_digest"):
+            held.update(result)
+        errors = {lora_id: _relative_difference(sums, expected) for lora_id, sums in held.items()}
+        best = min(errors, key=errors.get, default=None)
+        if best is None or errors[best] >= 1.0:
+            closest = f"; the closest holds sums {held[best][:4]}" if best is not None else ""
+            raise WeightMismatchError(f"version {version} on {control.url}: no LoRA adapter the server holds equals"
+                                      f" the one loaded from {self._last_folder} (sums {expected[:4]}){closest}")
+        return WeightCheck(checked=int(held[best][4]), trainer_tensors=int(expected[4]), max_error=errors[best])
 
     async def _load(self, control: ServerControl, prepared: Path, *, version: int) -> None:
         # load_inplace replaces an adapter of that name and loads one the server does not hold yet (a first
         # load, a restarted server) alike; each version has its own folder, as vLLM caches adapters by path.
         await control._post("/v1/load_lora_adapter", what=f"load_lora_adapter {self.name} from {prepared}",
                             json={"lora_name": self.name, "lora_path": str(prepared), "load_inplace": True})
+
+
+ADAPTER_TOLERANCE = 1e-6
+"""Relative, of the sums of an adapter's A and scaled B matrices: vLLM scales B in float32 (a rounding of
+about 6e-8 relative per value); an adapter one training step older differs by far more."""
+
+
+def adapter_digest(folder: Path) -> list[float]:
+    """[sum and sum of squares of every lora_A, the same of every lora_B times the adapter's scaling, tensors]
+    of a PEFT adapter folder, in float64 (torch, safetensors)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    config = json.loads((Path(folder) / "adapter_config.json").read_text())
+    rank, alpha = float(config["r"]), float(config["lora_alpha"])
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    sums = [0.0, 0.0, 0.0, 0.0]
+    count = 0
+    for name, tensor in load_file(str(Path(folder) / "adapter_model.safetensors")).items():
+        values = tensor.double() * (scale if "lora_B" in name else 1.0)
+        offset = 2 if "lora_B" in name else 0
+        sums[offset] += float(values.sum())
+        sums[offset + 1] += float(values.square().sum())
+        count += "lora_A" in name
+    return [*sums, float(count)]
+
+
+def _relative_difference(held: list[float], expected: list[float]) -> float:
+    """The largest difference of the four sums, each over ADAPTER_TOLERANCE of its scale (the sum's: the square
+    root of its sum of squares times the count of values is unknown here, so the sum of squares bounds it)."""
+    worst = 0.0
+    for index in range(4):
+        scale = max(abs(expected[index]), abs(held[index]), math.sqrt(max(expected[1 + 2 * (index // 2)], 0.0)),
+                    1e-30)
+        worst = max(worst, abs(held[index] - expected[index]) / (ADAPTER_TOLERANCE * scale))
+    return worst

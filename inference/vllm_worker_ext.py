@@ -12,6 +12,8 @@ method on every worker and answers `{"results": [one per worker]}` (JSON values 
   values times its scale (`X_scale` or `X_scale_inv` beside it; dtype `float8_e4m3fn-unscaled` when there
   is none). `agentrl.inference.weight_check` compares them with the trainer's tensors after every weight
   update.
+- `agentrl_lora_digest()`: per LoRA adapter the worker holds, the float64 sums of its A and (scaled) B
+  matrices, which `lora_serving.AdapterPublisher` compares with the PEFT folder it loaded.
 - `agentrl_memory(release=...)`: this worker's GPU memory (torch's allocated / reserved / peak, the
   process's own use as the driver counts it, the device's free and total); with `release`, the
   allocator's cached blocks are given back first (a checkpoint-format weight update leaves up to two
@@ -63,6 +65,31 @@ class WorkerChecks:
             dtypes[name] = dtype
         values = torch.stack([item.to(stats[0].device) for item in stats]).tolist()
         return {name: [dtypes[name], params[name].numel(), *row] for name, row in zip(params, values)}
+
+    def agentrl_lora_digest(self) -> dict[str, list[float]]:
+        """{adapter id: [sum, sum of squares of every lora_A; the same of every lora_B times its scaling; modules]}
+        of each LoRA adapter the worker holds (vLLM's LoRA manager, as loaded: packed modules' slices each
+        counted), in float64; {} without LoRA."""
+        import torch
+
+        manager = getattr(getattr(self, "model_runner", None), "lora_manager", None)
+        adapters = getattr(getattr(manager, "_adapter_manager", None), "_registered_adapters", None)
+        out: dict[str, list[float]] = {}
+        for lora_id, adapter in dict(adapters or {}).items():
+            sums = torch.zeros(4, dtype=torch.float64)
+            modules = 0
+            for weights in adapter.loras.values():
+                parts_a = weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]
+                parts_b = weights.lora_b if isinstance(weights.lora_b, list) else [weights.lora_b]
+                scales = weights.scaling if isinstance(weights.scaling, list) else [weights.scaling] * len(parts_a)
+                for part_a, part_b, scale in zip(parts_a, parts_b, scales, strict=True):
+                    if part_a is None or part_b is None:
+                        continue
+                    sums[:2] += float64_sums(part_a)[:2].cpu()
+                    sums[2:] += float64_sums(part_b.double() * float(scale))[:2].cpu()
+                    modules += 1
+            out[str(lora_id)] = [*sums.tolist(), float(modules)]
+        return out
 
     def agentrl_memory(self, release: str = "false") -> dict[str, Any]:
         """This worker's GPU memory in bytes (None on the CPU); `release="true"` empties the allocator's cache first."""

@@ -453,9 +453,7 @@ class WeightPublisher(ABC):
             await self._load(control, prepared, version=version)
             if expected is not None:  # before any token is generated with these weights
                 digest = await expected if isinstance(expected, asyncio.Future) else expected
-                updated.check = compare_digests(digest, await control.weight_digest(),
-                                                where=f"version {version} on {control.url}",
-                                                checkpoint=set(self._served or ()))
+                updated.check = await self._check(control, digest, version)
             if self.verify:
                 # A load leaves its buffers in the server's allocator cache: give them back (a trainer may
                 # share the GPU), and report what the server holds.
@@ -466,6 +464,11 @@ class WeightPublisher(ABC):
             await control.resume()
         updated.seconds = time.monotonic() - started
         return updated
+
+    async def _check(self, control: ServerControl, expected: Any, version: int) -> WeightCheck:
+        """The server's weights after a load against `expected` (`WeightMismatchError` when they differ)."""
+        return compare_digests(expected, await control.weight_digest(), where=f"version {version} on {control.url}",
+                               checkpoint=set(self._served or ()))
 
     def _expected_digest(self, weights: Mapping[str, Any] | str | Path, prepared: Any) -> Any:
         """The digest of what the servers must hold after loading `prepared` (`weight_check`): the exporter's

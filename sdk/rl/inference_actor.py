@@ -161,7 +161,8 @@ class InferenceActor:
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
         if lora is not None:  # a LoRA run's adapter, loaded by name (`lora_serving`)
             self.publisher = AdapterPublisher([self.server.url], staging_dir=self.folder / "staged",
-                                              recompute_kv=deployment.recompute_kv_on_weight_update)
+                                              recompute_kv=deployment.recompute_kv_on_weight_update,
+                                              verify=deployment.verify_weights)
         else:
             self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
                                                        recompute_kv=deployment.recompute_kv_on_weight_update,

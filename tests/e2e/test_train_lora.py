@@ -5,7 +5,8 @@ Synchronous (every sample from the weights the trainer holds), at a learning rat
 (lr 2e-2; the reward falls from about 0.9 to 0.7 in 4 steps), so the mismatch KL says whether the server
 serves the trainer's adapter: about 1e-12 at every step here (float32 on both sides), against 5.5e-2, 2.1e-1
 and 6.4e-1 at steps 1-3 when the rollouts named the base instead (a control run on 2026-12-04). Each version's
-folder is a PEFT adapter (kilobytes), not the merged weights, and the server reports each version.
+folder is a PEFT adapter (kilobytes), not the merged weights, the server reports each version, and every load
+was checked (the adapter vLLM holds against the folder's sums) before the server resumed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def test_a_lora_run_serves_its_adapter_after_every_step(tmp_path):
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
     for row in rows:
         assert row["train/on_policy_fraction"] == 1.0 and row["train/mismatch_kl"] < 1e-6, row
+        assert row["weights/verified"] == 1.0  # the adapter the server holds was checked equal to the folder's
     updates = [json.loads(line) for line in (run_dir / "weight_updates.jsonl").read_text().splitlines()]
     assert [update["version"] for update in updates] == [0, 1, 2, 3, 4]  # the starting adapter, then each step's
     assert all(set(update["served"].values()) == {str(update["version"])} for update in updates)

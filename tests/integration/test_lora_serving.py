@@ -5,8 +5,9 @@ experts; `Trainer.export_adapter` writes the PEFT folder, `AdapterPublisher` loa
 started with `lora_server_options` (and agentrl's CPU fixes, whose `cpu_lora_moe` keeps the CPU
 experts kernel with LoRA on). Requests naming the adapter then give the trainer's own logprobs
 (base + adapter) within float32 tolerance, with routed experts still returned, while the base name
-keeps the base's; after one more step the adapter replaced in place gives the new logprobs. The
-one-line refusals (routed-expert adapters on a CPU server, a folder without an adapter, a version
+keeps the base's; after one more step the adapter replaced in place gives the new logprobs. Every load is
+checked (the sums of the adapter vLLM holds against the folder's), and a stale adapter loaded in place of
+the new one is refused in one line. The one-line refusals (routed-expert adapters on a CPU server, a folder without an adapter, a version
 that is not newer) are checked without a server.
 """
 
@@ -17,6 +18,7 @@ import pytest
 
 from agentrl.errors import ConfigError, WeightUpdateError
 from agentrl.inference.lora_serving import ADAPTER_NAME, AdapterPublisher, lora_server_options, vllm_lora_modules
+from agentrl.inference.weight_check import WeightMismatchError
 
 torch = pytest.importorskip("torch")
 TOKENS = [3, 20, 35, 41, 50, 62, 70, 88, 90, 101, 15, 27, 44, 9]
@@ -116,17 +118,34 @@ def test_the_adapter_serves_the_trainers_logprobs_and_is_replaced_in_place(tmp_p
         trainer.step(trainer.pack(make_samples(seed=1, **shape)))
         second = _trainer_logprobs(trainer)
         trainer.export_adapter(tmp_path / "step-3")
-        took = publisher.publish(tmp_path / "step-3", 2).update_s
+        second_result = publisher.publish(tmp_path / "step-3", 2)
+        took = second_result.update_s
         served_second, _ = _served(server.url, ADAPTER_NAME)
         served_base_after, _ = _served(server.url, None)
+
+        class Stale(AdapterPublisher):  # loads the step-2 adapter again while the trainer sent step 3's
+            async def _load(self, control, prepared, *, version):
+                await super()._load(control, tmp_path / "step-2", version=version)
+
+        stale = Stale([server.url], staging_dir=tmp_path / "staging")
+        stale.version = publisher.version
+        with pytest.raises(WeightMismatchError, match=r"version 3 on .*: no LoRA adapter the server holds equals"
+                                                      r" the one loaded from .*step-3") as refused:
+            stale.publish(tmp_path / "step-3", 3)
+        assert "\n" not in str(refused.value)
+        still, _ = _served(server.url, ADAPTER_NAME)  # the refused update resumed the server
     moved = max(abs(a - b) for a, b in zip(first, base))
     moved_again = max(abs(a - b) for a, b in zip(second, first))
     errors = [max(abs(a - b) for a, b in zip(ours, theirs))
               for ours, theirs in ((base, served_base), (first, served_first), (second, served_second),
                                    (base, served_base_after))]
     print(f"lora serving: moved {moved:.3f} then {moved_again:.3f}; served vs trainer {errors}; in-place update "
-          f"(pause to resume) {took * 1000:.0f} ms")
+          f"(pause to resume) {took * 1000:.0f} ms; adapter checks "
+          f"{[r.checks[server.url].max_error for r in (first_result, second_result)]} of the tolerance; refused: {refused.value}")
     assert moved > 0.05 and moved_again > 0.02, (moved, moved_again)  # the adapters changed the model
     assert max(errors) < TOLERANCE, errors  # base, adapter v1, adapter v2 replaced in place, base again
     assert routed, "routed experts are returned with the adapter"
-    assert first_result.checks == {}  # vLLM holds the adapter in its LoRA manager: not digested
+    for result in (first_result, second_result):  # the adapter vLLM holds equals the folder, checked before resume
+        check = result.checks[server.url]
+        assert check.max_error < 1.0 and check.checked > 0 and check.trainer_tensors > 0, check
+    assert len(still) == len(TOKENS) - 1
