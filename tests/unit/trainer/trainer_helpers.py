@@ -170,7 +170,12 @@ def lora_steps(model_dir, *, cp: int = 1, steps: int = 3) -> dict:
     from agentrl.trainer.config import LoraConfig, TrainerConfig
     from agentrl.trainer.trainer import Trainer
 
-    config = TrainerConfig(optimizer={"lr": 5e-2}, row_tokens=64, parallel={"cp": cp}, lora=LoraConfig(rank=4, alpha=8))
+    # Adam eps 1e-6, not 1e-8: an adapter element whose gradient is at float32 noise level (B's elements right after
+    # their zero start) would take a step near lr in a direction the ranks' summation order decides (3.5e-4 apart
+    # between CP=2 and one process on the 2-core machine, 2026-12-04), which no tolerance of the layouts' own
+    # rounding covers.
+    config = TrainerConfig(optimizer={"lr": 5e-2, "eps": 1e-6}, row_tokens=64, parallel={"cp": cp},
+                           lora=LoraConfig(rank=4, alpha=8))
     trainer = Trainer(config, model_dir=model_dir)
     batch = trainer.pack(make_samples())
     losses = [trainer.step(batch)["loss"] for _ in range(steps)]
