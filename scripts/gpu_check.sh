@@ -4,7 +4,8 @@
 # .gpu-extra/ from scripts/gpu_extra.sh and .gpu-bundle/assemble.sh):
 #   source .gpu-bundle/assemble.sh && OUT=$OUT GPU_CHECK_COMMIT=<commit> bash scripts/gpu_check.sh [PHASE ...]
 # Phases, in the order given (default: extra sft tests train compare), each under its own timeout:
-#   extra    the wheels the image and the bundle lack (.gpu-extra/) into /tmp/site, once per machine
+#   extra    the wheels the image and the bundle lack (scripts/gpu_extra.sh: .gpu-extra/, and the groups whose
+#            parts were carried to /tmp/acc-GROUP/) into /tmp/site, once per machine and group
 #   sft      the recipe's SFT warm start (cookbook/gpu-1xh200/sft.toml), only when runs/gpu-1xh200/glm-air-5b-sft
 #            is missing (it stays on a warm machine between calls)
 #   tests    python3 -m pytest tests/gpu (all of it; tests needing two GPUs skip on one) -> tests.log
@@ -47,10 +48,8 @@ sample_memory() {  # file: every 5 s, the time and each GPU process's memory (Mi
 for phase in "${phases[@]}"; do
   case "$phase" in
     extra)
-      if [ ! -f /tmp/site/.gpu-extra-ok ]; then
-        run_phase extra "${EXTRA_TIMEOUT:-60}" "$work/extra.log" python3 -m pip install -q --no-index --no-deps \
-          --no-compile --no-cache-dir --target /tmp/site .gpu-extra/*.whl && touch /tmp/site/.gpu-extra-ok
-      fi ;;
+      run_phase extra "${EXTRA_TIMEOUT:-120}" "$work/extra.log" bash -c 'source scripts/gpu_extra_install.sh &&
+        gpu_extra_install' ;;
     sft)
       if [ -f runs/gpu-1xh200/glm-air-5b-sft/agentrl_sft.json ]; then
         echo "sft: warm start already here"

@@ -1,13 +1,36 @@
 #!/usr/bin/env bash
-# The wheels the lent H200's image and the GPU bundle (../shared/gpu/) both lack that agentrl's GPU runs import
-# (datasets for the environments' rows, and multiprocess, which datasets needs), into the git-ignored
-# .gpu-extra/ that the last carry call takes along (scripts/gpu_check.sh, scripts/gpu_run.sh: phase extra).
-#   bash scripts/gpu_extra.sh
+# Fetch the wheels the lent H200's image and the GPU bundle (../shared/gpu/) lack (scripts/gpu-extra-wheels.txt),
+# for Python 3.12 / manylinux x86_64, into git-ignored folders the device calls carry:
+#   bash scripts/gpu_extra.sh [GROUP ...]     # default: base
+# base -> .gpu-extra/*.whl (the last carry call takes the folder whole); any other group -> .gpu-extra-GROUP/pNN,
+# 46 MiB parts of one tar, each carried by one call (`mkdir -p /tmp/acc-GROUP && cp .gpu-extra-GROUP/pNN
+# /tmp/acc-GROUP/`, the last part may stay in .gpu-extra-GROUP/). The `extra` phase of scripts/gpu_check.sh and
+# scripts/gpu_run.sh installs them all into /tmp/site (scripts/gpu_extra_install.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.gpu-extra/' .git/info/exclude 2>/dev/null || echo '/.gpu-extra/' >> .git/info/exclude
-rm -rf .gpu-extra && mkdir -p .gpu-extra
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .gpu-extra datasets==4.7.0 multiprocess==0.70.18
-ls -la .gpu-extra
+list=scripts/gpu-extra-wheels.txt
+groups=("$@")
+[ ${#groups[@]} -gt 0 ] || groups=(base)
+for group in "${groups[@]}"; do
+  mapfile -t wanted < <(sed 's/#.*//' "$list" | awk -v g="$group" '$1 == g {print $2}')
+  if [ ${#wanted[@]} -eq 0 ]; then
+    echo "gpu_extra: no group '$group' in $list; groups: $(sed 's/#.*//' "$list" | awk 'NF {print $1}' | sort -u | xargs)" >&2
+    exit 2
+  fi
+  folder=.gpu-extra
+  [ "$group" = base ] || folder=".gpu-extra-$group"
+  grep -qx "/$folder/" .git/info/exclude 2>/dev/null || echo "/$folder/" >> .git/info/exclude
+  work=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_27_x86_64 -d "$work" "${wanted[@]}"
+  rm -rf "$folder" && mkdir -p "$folder"
+  if [ "$group" = base ]; then
+    mv "$work"/*.whl "$folder"/
+  else
+    (cd "$work" && tar cf wheels.tar ./*.whl)
+    split -b 46M -d -a 2 "$work/wheels.tar" "$folder/p"
+  fi
+  rm -rf "$work"
+  ls -la "$folder"
+done

@@ -4,7 +4,7 @@
 #   source .gpu-bundle/assemble.sh && OUT=$OUT bash scripts/gpu_run.sh [PHASE ...]
 # Phases, in the order given (default: extra fixtures tests sft train), each under its own timeout and
 # each writing into $OUT; a failed phase is reported and the next one still runs:
-#   extra     the wheels the image and the bundle lack (datasets, multiprocess) from .gpu-extra/ into /tmp/site
+#   extra     the wheels the image and the bundle lack (scripts/gpu_extra.sh) into /tmp/site (gpu_extra_install.sh)
 #   fixtures  CUDA vLLM's answers to agentrl's requests -> $OUT/fixtures/vllm-<version>/ (scripts/record_vllm_fixtures.py)
 #   tests     tests/gpu/test_loop_gpu.py (routed experts vs the trainer's router, IPC update logprobs)
 #   sft       agentrl sft --config cookbook/gpu-1xh200/sft.toml (creates glm-air-5b on the GPU first)
@@ -73,8 +73,7 @@ done
 for phase in "${expanded[@]}"; do
   case "$phase" in
     extra)
-      run_phase extra "${EXTRA_TIMEOUT:-60}" python3 -m pip install -q --no-index --no-deps --no-compile \
-        --no-cache-dir --target /tmp/site .gpu-extra/*.whl ;;
+      run_phase extra "${EXTRA_TIMEOUT:-120}" bash -c 'source scripts/gpu_extra_install.sh && gpu_extra_install' ;;
     fixtures)
       version=$(python3 -c "import vllm; print(vllm.__version__)" 2>/dev/null || echo unknown)
       run_phase fixtures "${FIXTURES_TIMEOUT:-150}" python3 scripts/record_vllm_fixtures.py \

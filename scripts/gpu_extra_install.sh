@@ -1,0 +1,34 @@
+# Sourced by the `extra` phase of scripts/gpu_check.sh and scripts/gpu_run.sh, from the repository root: install
+# into /tmp/site (once per machine and group) the wheels scripts/gpu_extra.sh fetched: .gpu-extra/*.whl, and each
+# group whose parts were carried to /tmp/acc-GROUP/ (any part may travel in .gpu-extra-GROUP/ instead).
+# GPU_EXTRA_SITE and GPU_EXTRA_ACC move /tmp/site and /tmp (the tests' own folders).
+gpu_extra_install() {
+  local status=0 folder group n seen=" " site=${GPU_EXTRA_SITE:-/tmp/site} acc=${GPU_EXTRA_ACC:-/tmp}
+  local -a parts
+  if [ ! -f "$site/.gpu-extra-ok" ] && compgen -G ".gpu-extra/*.whl" > /dev/null; then
+    if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .gpu-extra/*.whl
+    then touch "$site/.gpu-extra-ok"; else status=1; fi
+  fi
+  for folder in "$acc"/acc-* .gpu-extra-*; do
+    [ -d "$folder" ] || continue
+    group=${folder##*/}; group=${group#acc-}; group=${group#.gpu-extra-}
+    case "$seen" in *" $group "*) continue ;; esac
+    seen="$seen$group "
+    [ -f "$site/.gpu-extra-$group-ok" ] && continue
+    parts=()
+    for n in $(seq -f %02g 0 99); do  # p00, p01, ... from wherever each was carried, until one is missing
+      if [ -f "$acc/acc-$group/p$n" ]; then parts+=("$acc/acc-$group/p$n")
+      elif [ -f ".gpu-extra-$group/p$n" ]; then parts+=(".gpu-extra-$group/p$n")
+      else break; fi
+    done
+    rm -rf "$acc/gpu-extra-$group" && mkdir -p "$acc/gpu-extra-$group"
+    if [ ${#parts[@]} -gt 0 ] && cat "${parts[@]}" | tar x -C "$acc/gpu-extra-$group" 2> /dev/null; then
+      if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+        "$acc/gpu-extra-$group"/*.whl; then touch "$site/.gpu-extra-$group-ok"; else status=1; fi
+    else
+      echo "gpu_extra: the parts of '$group' (${parts[*]:-none}) are not a whole archive: carry every part first" >&2
+      status=1
+    fi
+  done
+  return $status
+}

@@ -1,0 +1,64 @@
+"""The extra GPU wheels (scripts/gpu-extra-wheels.txt): groups carried in parts are joined and installed, a missing
+part is one line, and an unknown group is refused before any download."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL = ROOT / "scripts" / "gpu_extra_install.sh"
+
+
+def _wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel pip installs offline."""
+    path = folder / "agentrl_probe-1.0-py3-none-any.whl"
+    files = {"agentrl_probe/__init__.py": "VALUE = 7\n",
+             "agentrl_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: agentrl-probe\nVersion: 1.0\n",
+             "agentrl_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                  "Tag: py3-none-any\n"}
+    files["agentrl_probe-1.0.dist-info/RECORD"] = "".join(f"{name},,\n" for name in files) + \
+        "agentrl_probe-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return path
+
+
+def _install(repo: Path, site: Path, acc: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GPU_EXTRA_SITE": str(site), "GPU_EXTRA_ACC": str(acc)}
+    return subprocess.run(["bash", "-c", f"source {INSTALL} && gpu_extra_install"], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_parts_carried_to_two_places_are_joined_and_installed_once(tmp_path):
+    wheel = _wheel(tmp_path)
+    subprocess.run(["tar", "cf", str(tmp_path / "wheels.tar"), "-C", str(tmp_path), wheel.name], check=True)
+    data = (tmp_path / "wheels.tar").read_bytes()
+    repo, acc = tmp_path / "repo", tmp_path / "acc"
+    (repo / ".gpu-extra-probe").mkdir(parents=True)
+    (acc / "acc-probe").mkdir(parents=True)
+    (acc / "acc-probe" / "p00").write_bytes(data[:3000])  # carried by an earlier call
+    (repo / ".gpu-extra-probe" / "p01").write_bytes(data[3000:])  # the last part, in the checkout
+    missing = _install(repo, tmp_path / "site-missing", tmp_path / "nothing-carried")  # p00 is not there
+    assert missing.returncode == 1 and missing.stderr == (
+        "gpu_extra: the parts of 'probe' (none) are not a whole archive: carry every part first\n"), missing.stderr
+    done = _install(repo, tmp_path / "site", acc)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "agentrl_probe" / "__init__.py").read_text() == "VALUE = 7\n"
+    assert (tmp_path / "site" / ".gpu-extra-probe-ok").is_file()
+    (acc / "acc-probe" / "p00").unlink()  # installed once per machine: the parts are not read again
+    assert _install(repo, tmp_path / "site", acc).returncode == 0
+
+
+def test_the_wheel_list_and_an_unknown_group():
+    lines = [line.split("#")[0].split() for line in (ROOT / "scripts" / "gpu-extra-wheels.txt").read_text().splitlines()]
+    entries = [line for line in lines if line]
+    assert entries and all(len(line) == 2 and "==" in line[1] for line in entries), entries
+    assert {"base", "kv"} <= {group for group, _ in entries}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_extra.sh"), "bogus"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "gpu_extra: no group 'bogus' in scripts/gpu-extra-wheels.txt; groups: base kv")
