@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3")
 _IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.pyc",
                                   "runs", ".pytest_cache", ".ruff_cache", ".cache", ".whl", ".gpu-bundle",
-                                  ".gpu-extra")
+                                  ".gpu-extra", ".gpu-extra-*", ".gpu-b*")
 
 
 def _source_files() -> list[str]:
