@@ -73,25 +73,25 @@ def fp8_stats(weight: Any, scale: Any) -> Any:
         if scale.shape[0] != weight.shape[0]:
             raise ValueError(f"FP8 scale of shape {list(scale.shape)} for a weight of {list(weight.shape)}")
         for expert in range(weight.shape[0]):
-            part = fp8_stats(weight[expert], scale[expert])
-            out[0] += part[0]
-            out[1] += part[1]
-            out[2] = torch.maximum(out[2], part[2])
-        return out
+            _accumulate_fp8(out, weight[expert], scale[expert])
+    else:
+        _accumulate_fp8(out, weight, scale)
+    return out
+
+
+def _accumulate_fp8(out: Any, weight: Any, scale: Any) -> None:
+    """Add the values of `weight` (float8, 2-D or flattened to its last dimension) times `scale` to `out`."""
     matrix = weight.reshape(-1, weight.shape[-1]) if weight.dim() != 2 else weight
     rows, cols = matrix.shape
     grid = _scale_grid(scale, rows, cols, weight_shape=list(weight.shape))
     row_block = _block(grid.shape[0], rows, what="rows", scale=scale, weight=weight)
     col_block = _block(grid.shape[1], cols, what="columns", scale=scale, weight=weight)
     expanded_cols = grid.float().repeat_interleave(col_block, dim=1)[:, :cols]
-    step = max(row_block, (_CHUNK // max(cols, 1)) // row_block * row_block)
+    step = max(row_block, (_CHUNK // max(cols, 1)) // row_block * row_block)  # whole row blocks per chunk
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         row_scales = expanded_cols[start // row_block:(stop - 1) // row_block + 1].repeat_interleave(row_block, dim=0)
-        offset = start - (start // row_block) * row_block
-        part = matrix[start:stop].float() * row_scales[offset:offset + stop - start]
-        _accumulate(out, part.double())
-    return out
+        _accumulate(out, (matrix[start:stop].float() * row_scales[:stop - start]).double())
 
 
 def _scale_grid(scale: Any, rows: int, cols: int, *, weight_shape: list[int]) -> Any:

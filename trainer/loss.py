@@ -88,11 +88,12 @@ def compute_loss(
     token_loss = torch.where(keep, token_loss, zero)
     loss = token_loss.sum() / denominator
     with torch.no_grad():
+        large = log_ratio.abs() > LARGE_LOG_RATIO
         stats = {
             "loss_tokens": mask.sum().float(),
             "masked_tokens": (mask & ~in_region).sum().float(),
             "mismatch_kl_sum": torch.where(mask, k3.clamp_min(0.0), zero).sum(),
-            "mismatch_large_tokens": (mask & (log_ratio.abs() > LARGE_LOG_RATIO)).sum().float(),
+            "mismatch_large_tokens": (mask & large).sum().float(),
             "mismatch_max_log_ratio": torch.where(mask, log_ratio.abs(), zero).max(),
             "pg_loss_sum": torch.where(keep, pg, zero).sum(),
             "kl_sum": torch.where(keep, k3, zero).sum(),
@@ -102,7 +103,7 @@ def compute_loss(
             current = mask & on_policy.bool()
             stats["on_policy_tokens"] = current.sum().float()
             stats["mismatch_kl_on_policy_sum"] = torch.where(current, k3.clamp_min(0.0), zero).sum()
-            stats["mismatch_large_on_policy_tokens"] = (current & (log_ratio.abs() > LARGE_LOG_RATIO)).sum().float()
+            stats["mismatch_large_on_policy_tokens"] = (current & large).sum().float()
     return loss, stats
 
 
