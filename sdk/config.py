@@ -28,7 +28,8 @@ from pydantic.fields import FieldInfo
 
 from agentrl.errors import ConfigError
 
-__all__ = ["BaseConfig", "load_config", "dump_config", "parse_override", "apply_overrides", "config_from_dict"]
+__all__ = ["BaseConfig", "load_config", "dump_config", "parse_override", "apply_overrides", "config_from_dict",
+           "over_defaults"]
 
 ConfigT = TypeVar("ConfigT", bound="BaseConfig")
 
@@ -37,6 +38,26 @@ class BaseConfig(BaseModel):
     """Base of every agentrl config: unknown keys are errors, field docstrings are descriptions."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+def _merged(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(defaults)
+    for key, value in given.items():
+        base = merged.get(key)
+        merged[key] = _merged(base, value) if isinstance(base, dict) and isinstance(value, dict) else value
+    return merged
+
+
+def over_defaults(defaults: dict[str, Any]):
+    """A `field_validator(..., mode="before")` body: a table given for the field is laid over `defaults`.
+
+    For a sub-config whose defaults differ by role (the SFT trainer's loss mode): setting one key
+    (`--set trainer.row_tokens=256`) keeps the role's other defaults instead of the sub-config's own.
+    """
+    def validate(cls: type, value: Any) -> Any:
+        return _merged(defaults, value) if isinstance(value, dict) else value
+
+    return validate
 
 
 _TABLE_RE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")

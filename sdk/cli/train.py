@@ -228,3 +228,45 @@ def register(app: typer.Typer) -> None:
 
         output = run_sft(resolved, on_step=on_step)
         console.print(f"exported: {output}")
+
+    @app.command("pretrain")
+    def pretrain_command(
+        config: Path | None = typer.Option(
+            None, "--config", "-c", help="TOML pretraining config (e.g. cookbook/cpu-default/pretrain.toml)."
+        ),
+        overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. steps=100."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+    ) -> None:
+        """Pretrain MODEL on raw text found on this machine until its experts specialise (Router Replay studies).
+
+        Reports the held-out NLL and the routing figures (router entropy, load balance, expert/token
+        mutual information, the cost of a routing flip) at initialisation and at the end.
+        """
+        from rich.console import Console
+
+        from agentrl.config import dump_config, load_config
+        from agentrl.rl.pretrain import PretrainConfig, run_pretrain
+
+        console = Console()
+        resolved = load_config(PretrainConfig, config, overrides=list(overrides))
+        if dry_run:
+            console.print(dump_config(resolved), markup=False, highlight=False)
+            raise typer.Exit(0)
+        every = max(1, resolved.steps // 20)
+
+        def on_step(record: dict) -> None:
+            if record["step"] % every == 0 or "heldout_nll" in record:
+                held = f"  held-out {record['heldout_nll']:.4f}" if "heldout_nll" in record else ""
+                console.print(f"pretrain step {record['step']:>5}  nll {record['nll']:.4f}{held}  "
+                              f"{record['elapsed_s']:.0f}s", markup=False, highlight=False)
+
+        output = run_pretrain(resolved, on_step=on_step)
+        import json
+
+        change = json.loads((output / "pretrain.json").read_text())["change"]
+        console.print("figure               init      final", markup=False, highlight=False)
+        for key, (before, after) in change.items():
+            if before is not None and after is not None:
+                console.print(f"{key:<18} {before:>8.4f}  {after:>8.4f}", markup=False, highlight=False)
+        console.print(f"run folder: {output} (model/, pretrain.json, metrics.jsonl, plots/)", markup=False,
+                      highlight=False)

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from agentrl.config import BaseConfig
+from agentrl.config import BaseConfig, over_defaults
 from agentrl.errors import AgentrlError
 from agentrl.sampling import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
@@ -34,9 +34,9 @@ from agentrl.types import Completion, Message, Task, TrainingSample, Turn
 __all__ = ["SFTConfig", "TeacherClient", "demonstrations", "run_sft"]
 
 
-def _sft_trainer() -> TrainerConfig:
-    return TrainerConfig.model_validate({"loss": {"mode": "sft"}, "optimizer": {"lr": 3e-3},
-                                         "row_tokens": 2048, "parallel": {"activation_checkpointing": False}})
+_SFT_TRAINER: dict[str, Any] = {"loss": {"mode": "sft"}, "optimizer": {"lr": 3e-3},
+                                "row_tokens": 2048, "parallel": {"activation_checkpointing": False}}
+"""The trainer defaults of this role; a [trainer] table given is laid over them."""
 
 
 class SFTConfig(BaseConfig):
@@ -60,8 +60,9 @@ class SFTConfig(BaseConfig):
     """Seed of the demonstration order."""
     output: str = "cookbook/cpu-default/tiny-moe-sft"
     """Folder the HF export is written to."""
-    trainer: TrainerConfig = Field(default_factory=_sft_trainer)
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig.model_validate(_SFT_TRAINER))
     """Trainer settings (loss.mode must be 'sft')."""
+    _trainer_defaults = field_validator("trainer", mode="before")(over_defaults(_SFT_TRAINER))
     export_every: int = Field(default=0, ge=0)
     """Also export (overwriting `output`) every this many steps, so long runs leave usable weights (0: only at end)."""
     torch_threads: int = Field(default=1, ge=0)

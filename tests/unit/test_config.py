@@ -195,3 +195,17 @@ def test_each_toml_section_is_named_by_its_class():
     for section, model in found.items():
         camel = "".join(part.capitalize() for part in section.rsplit(".", 1)[-1].split("_"))
         assert model.__name__ in (f"{camel}Config", f"{camel}Section"), (section, model.__name__)
+
+
+def test_a_roles_trainer_defaults_stay_under_a_partial_trainer_table():
+    from agentrl.rl.pretrain import PretrainConfig
+    from agentrl.rl.sft import SFTConfig
+
+    sft = load_config(SFTConfig, overrides=["trainer.row_tokens=256"])
+    assert (sft.trainer.loss.mode, sft.trainer.row_tokens, sft.trainer.optimizer.lr) == ("sft", 256, 3e-3)
+    assert sft.trainer.parallel.activation_checkpointing is False
+    pretrain = load_config(PretrainConfig, overrides=["trainer.optimizer.lr=1e-3"])
+    assert pretrain.trainer.loss.mode == "sft" and pretrain.trainer.optimizer.weight_decay == 0.01
+    assert pretrain.trainer.optimizer.lr == 1e-3 and pretrain.trainer.row_tokens == 512
+    with pytest.raises(ConfigError, match="row_tokenz"):
+        load_config(SFTConfig, overrides=["trainer.row_tokenz=1"])
