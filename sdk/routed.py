@@ -12,6 +12,11 @@ top_k), uint8/uint16 (layers without experts, e.g. GLM's dense first layers, hol
 prompt rows and completion rows aligned with the tokens (the last sampled token has no row: it
 was never forwarded; -1 there).
 
+Gate weights (the third Router Replay arm) travel beside the ids when the server records them
+(`inference.routed_weights`): `RoutedExperts.weights` is then a float32 array of the same shape,
+NaN where unknown, and vLLM's array is float32 shaped (tokens, layers, top_k, 2), ids then weights
+(`routing_arrays` separates them).
+
 `RoutedExpertsField` is the pydantic field type: it validates from a `RoutedExperts`, a
 numpy array or nested lists (also the older ragged form where an unknown token is
 `[[], [], ...]` or `[]`), and serializes to nested lists with unknown tokens as
@@ -30,7 +35,7 @@ from pydantic import PlainSerializer, PlainValidator, WithJsonSchema
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["EXPERT_DTYPE", "RoutedExperts", "RoutedExpertsField", "decode_routed_experts_array",
+__all__ = ["EXPERT_DTYPE", "RoutedExperts", "RoutedExpertsField", "decode_routed_experts_array", "routing_arrays",
            "split_routed_experts"]
 
 EXPERT_DTYPE = np.int16
@@ -39,13 +44,20 @@ _MAX_ID = int(np.iinfo(EXPERT_DTYPE).max)
 
 
 class RoutedExperts:
-    """(tokens, layers, top_k) int16 expert ids, -1 where unknown; compares equal by value."""
+    """(tokens, layers, top_k) int16 expert ids, -1 where unknown, and optionally their gate weights (float32,
+    NaN where unknown); compares equal by value."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "weights")
     __hash__ = None  # type: ignore[assignment]  # equal by value, like the lists it replaces
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, weights: np.ndarray | None = None) -> None:
         self.array = _checked(np.asarray(array))
+        if weights is not None:
+            weights = np.asarray(weights, dtype=np.float32)
+            if weights.shape != self.array.shape:
+                raise ValueError(f"routed experts: gate weights shaped {weights.shape} for ids shaped "
+                                 f"{self.array.shape}")
+        self.weights = weights
 
     @classmethod
     def validate(cls, value: Any) -> RoutedExperts:
@@ -68,21 +80,30 @@ class RoutedExperts:
         return cls(array)
 
     @classmethod
-    def assemble(cls, tokens: int, parts: Sequence[tuple[int, np.ndarray]]) -> RoutedExperts:
+    def assemble(cls, tokens: int, parts: Sequence[tuple[int, RoutedExperts]]) -> RoutedExperts:
         """One (tokens, layers, top_k) array from `(start, rows)` parts; rows no part covers are -1.
 
-        Parts without rows are skipped; the others must agree on (layers, top_k).
+        Parts without rows are skipped; the others must agree on (layers, top_k). Gate weights are kept
+        when every part has them (NaN where no part covers a token).
         """
         filled = [(start, rows) for start, rows in parts if len(rows)]
         layout = filled[0][1].shape[1:] if filled else (0, 0)
         out = np.full((tokens, *layout), -1, dtype=EXPERT_DTYPE)
+        weighted = bool(filled) and all(rows.weights is not None for _, rows in filled)
+        weights = np.full((tokens, *layout), np.nan, dtype=np.float32) if weighted else None
         for start, rows in filled:
             if rows.shape[1:] != layout:
                 raise ValueError(f"routed experts: rows shaped {rows.shape[1:]} after rows shaped {layout}")
             if start + len(rows) > tokens:
                 raise ValueError(f"routed experts: rows {start}..{start + len(rows)} past {tokens} tokens")
-            out[start: start + len(rows)] = rows
-        return cls(out)
+            out[start: start + len(rows)] = rows.array
+            if weights is not None:
+                weights[start: start + len(rows)] = rows.weights
+        return cls(out, weights)
+
+    def __getitem__(self, rows: slice) -> RoutedExperts:
+        """The rows of a slice of tokens (ids and weights)."""
+        return RoutedExperts(self.array[rows], None if self.weights is None else self.weights[rows])
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -110,10 +131,14 @@ class RoutedExperts:
                 other = RoutedExperts.validate(other)
             except ValueError:
                 return NotImplemented
+        if (self.weights is None) != (other.weights is None):
+            return False
+        if self.weights is not None and not np.array_equal(self.weights, other.weights, equal_nan=True):
+            return False
         return self.array.shape == other.array.shape and bool(np.array_equal(self.array, other.array))
 
-    def __reduce__(self) -> tuple[type, tuple[np.ndarray]]:
-        return RoutedExperts, (self.array,)
+    def __reduce__(self) -> tuple[type, tuple[np.ndarray, np.ndarray | None]]:
+        return RoutedExperts, (self.array, self.weights)
 
     def __repr__(self) -> str:
         return f"RoutedExperts(shape={self.shape}, known={int(self.known().sum())})"
@@ -167,18 +192,27 @@ def decode_routed_experts_array(encoded: str | None) -> np.ndarray | None:
         array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
     except (ValueError, OSError) as error:
         raise AgentrlError(f"routed_experts: not a base64 .npy array ({error})") from None
-    if array.ndim != 3:
-        raise AgentrlError(f"routed_experts: expected 3 dimensions (tokens, layers, top_k), got shape {array.shape}")
+    if array.ndim != 3 and not (array.ndim == 4 and array.shape[-1] == 2 and array.dtype.kind == "f"):
+        raise AgentrlError(f"routed_experts: expected (tokens, layers, top_k) ids or (tokens, layers, top_k, 2) ids "
+                           f"and gate weights, got shape {array.shape}")
     return array
+
+
+def routing_arrays(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """vLLM's rows -> (expert ids, gate weights or None): a 4-dimensional float array is ids then weights."""
+    if rows.ndim == 4:
+        return np.rint(rows[..., 0]).astype(EXPERT_DTYPE), rows[..., 1].astype(np.float32)
+    return rows, None
 
 
 def split_routed_experts(
     rows: np.ndarray, *, prompt_len: int, completion_len: int, strict: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Split vLLM's rows into prompt rows and completion rows (one per completion token), int16.
+    """Split vLLM's rows into prompt rows and completion rows (one per completion token): ids as int16, gate
+    weights (float rows) as float32.
 
     The last completion token was sampled but never forwarded, so it has no row; its row is
-    filled with -1 so both arrays line up with the tokens. `strict=False` accepts any row
+    filled with -1 (weights: NaN) so both arrays line up with the tokens. `strict=False` accepts any row
     count instead of raising: missing rows are -1; with more rows than tokens nobody knows
     which row belongs to which token, so every row is -1 (Router Replay then routes those
     tokens live rather than replaying another token's experts).
@@ -191,7 +225,9 @@ def split_routed_experts(
         )
     if len(rows) > expected:
         rows = rows[:0]
-    out = np.full((prompt_len + completion_len, *rows.shape[1:]), -1, dtype=EXPERT_DTYPE)
+    ids = rows.dtype.kind in "iu"
+    out = np.full((prompt_len + completion_len, *rows.shape[1:]), -1 if ids else np.nan,
+                  dtype=EXPERT_DTYPE if ids else np.float32)
     count = min(len(rows), len(out))
     out[:count] = rows[:count]
     return out[:prompt_len], out[prompt_len:]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from agentrl.routed import RoutedExperts, RoutedExpertsField
@@ -206,7 +205,7 @@ class Rollout(_Model):
         mask: list[bool] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        parts: list[tuple[int, np.ndarray]] | None = []  # (first token, rows); uncovered tokens: -1
+        parts: list[tuple[int, RoutedExperts]] | None = []  # (first token, rows); uncovered tokens: -1
         for index, turn in enumerate(self.turns):
             prompt = turn.prompt_token_ids
             if prompt[: len(tokens)] != tokens:
@@ -222,8 +221,8 @@ class Rollout(_Model):
                                          f"{len(completion.token_ids)} completion tokens")
                     prompt_experts = turn.prompt_routed_experts
                     if prompt_experts is not None and len(prompt_experts) >= len(prompt):
-                        parts.append((len(tokens), prompt_experts.array[len(tokens): len(prompt)]))
-                    parts.append((len(prompt), completion.routed_experts.array))
+                        parts.append((len(tokens), prompt_experts[len(tokens): len(prompt)]))
+                    parts.append((len(prompt), completion.routed_experts))
             tokens += new_prompt
             mask += [False] * len(new_prompt)
             logprobs += [0.0] * len(new_prompt)

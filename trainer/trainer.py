@@ -231,12 +231,14 @@ class Trainer:
             segments = build_segments(row.positions if cp > 1 else row.positions[window], cp_rank=cp_rank,
                                       cp_size=cp, cp_group=self.meshes.cp_group).to(self.device)
             replay = self.config.router_replay and row.routed_experts is not None
+            weighted = replay and self.config.router_replay_weights and row.routed_weights is not None
             with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
                 logprobs = self.model(
                     row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
                     targets_T=row.targets[window].to(self.device),
                     replay_experts_TLK=row.routed_experts[window].to(self.device) if replay else None,
                     replay_mask_T=row.replay_mask[window].to(self.device) if replay else None,
+                    replay_weights_TLK=row.routed_weights[window].to(self.device) if weighted else None,
                     needed_T=row.loss_mask[window].to(self.device),
                 )
             loss, stats = compute_loss(
@@ -262,10 +264,24 @@ class Trainer:
                 stats["mismatch_max_log_ratio_live_routing"] = live["mismatch_max_log_ratio"]
                 stats["live_routing_agree_sets"] = agree.to(self.device)
                 stats["live_routing_compared_sets"] = compared.to(self.device)
+                # The two replay arms on the same samples (rows without gate weights add zeros and no tokens,
+                # so every rank reduces the same keys).
+                armed = replay and row.routed_weights is not None
+                other = self._replay_arm_stats(row, window, segments, weights=not weighted) if armed else None
+                for arm, arm_stats in (("replay_ids", other if weighted else stats),
+                                       ("replay_ids_weights", stats if weighted else other)):
+                    for key, name in (("mismatch_kl_sum", f"mismatch_kl_{arm}_sum"),
+                                      ("mismatch_large_tokens", f"mismatch_large_{arm}_tokens"),
+                                      ("mismatch_max_log_ratio", f"mismatch_max_log_ratio_{arm}")):
+                        stats[name] = arm_stats[key] if armed else torch.zeros((), device=self.device)
+                stats["replay_arm_tokens"] = stats["loss_tokens"] if armed else torch.zeros((), device=self.device)
             (loss * self.loss_scale.value if self.loss_scale else loss).backward()
             objective += loss.detach()
             replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
             stats["replayed_tokens"] = torch.tensor(float(replayed), device=self.device)
+            weights_known = (row.replay_mask[window] & torch.isfinite(row.routed_weights[window]).all(-1).all(-1)
+                             & row.loss_mask[window]).sum() if weighted else 0
+            stats["replayed_weights_tokens"] = torch.tensor(float(weights_known), device=self.device)
             for key, value in stats.items():
                 if is_max_stat(key):
                     sums[key] = torch.maximum(sums[key], value) if key in sums else value
@@ -310,6 +326,7 @@ class Trainer:
             "policy_version": float(batch.policy_version),
         }
         metrics["replayed_fraction"] = reduced.get("replayed_tokens", 0.0) / loss_tokens
+        metrics["replayed_weights_fraction"] = reduced.get("replayed_weights_tokens", 0.0) / loss_tokens
         # the batch is the same on every rank: its counts need no reduction
         metrics.update({f"replay_skipped_{reason}": float(count) for reason, count in batch.replay_skipped.items()})
         if self.loss_scale:
@@ -328,6 +345,12 @@ class Trainer:
                 metrics["mismatch_large_fraction_live_routing"] = (reduced["mismatch_large_live_routing_tokens"]
                                                                    / loss_tokens)
                 metrics["mismatch_max_log_ratio_live_routing"] = reduced["mismatch_max_log_ratio_live_routing"]
+            if reduced.get("replay_arm_tokens"):  # over the loss tokens of rows that carried gate weights
+                arm_tokens = reduced["replay_arm_tokens"]
+                for arm in ("replay_ids", "replay_ids_weights"):
+                    metrics[f"mismatch_kl_{arm}"] = reduced[f"mismatch_kl_{arm}_sum"] / arm_tokens
+                    metrics[f"mismatch_large_fraction_{arm}"] = reduced[f"mismatch_large_{arm}_tokens"] / arm_tokens
+                    metrics[f"mismatch_max_log_ratio_{arm}"] = reduced[f"mismatch_max_log_ratio_{arm}"]
             if reduced.get("live_routing_compared_sets"):
                 metrics["live_routing_agreement"] = (reduced["live_routing_agree_sets"]
                                                      / reduced["live_routing_compared_sets"])
@@ -393,6 +416,25 @@ class Trainer:
             total_loss_tokens=1.0, config=self.config.loss,
         )
         return stats, agree, compared
+
+    def _replay_arm_stats(self, row: PackedRow, window, segments, *, weights: bool) -> dict:
+        """The row's mismatch stats under Router Replay of the expert ids, with inference's gate weights or
+        without them (no gradient): the replay arm the step does not train on."""
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
+            logprobs = self.model(
+                row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
+                targets_T=row.targets[window].to(self.device),
+                replay_experts_TLK=row.routed_experts[window].to(self.device),
+                replay_mask_T=row.replay_mask[window].to(self.device),
+                replay_weights_TLK=row.routed_weights[window].to(self.device) if weights else None,
+                needed_T=row.loss_mask[window].to(self.device),
+            )
+        _, stats = compute_loss(
+            logprobs.float(), inference_logprobs=row.inference_logprobs[window].to(self.device),
+            advantages=row.advantages[window].to(self.device), loss_mask=row.loss_mask[window].to(self.device),
+            total_loss_tokens=1.0, config=self.config.loss,
+        )
+        return stats
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, path: str | Path) -> Path:

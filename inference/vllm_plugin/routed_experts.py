@@ -25,6 +25,12 @@ Rows have one column per decoder layer (vLLM's MoE `layer_id`); layers without e
 dense first layers; NemotronH's Mamba-2, attention and MLP layers) hold zeros. The trainer's MoE
 layer k is the k-th decoder layer with experts, in layer order (`trainer.packing` selects them).
 
+With `AGENTRL_ROUTED_WEIGHTS=1` as well, each router's final gate weights (what `_select_experts`
+returns beside the ids: renormalised and scaled as the experts apply them) are recorded into a
+float32 buffer of the same layout, and a request's rows become float32 (tokens, layers, top_k, 2),
+ids then weights (`agentrl.routed.routing_arrays` separates them); vLLM's output path passes any
+array through. This is Router Replay's third arm (replaying ids and gate weights).
+
 The rows of prefix-cached tokens are never computed, so the plan turns prefix caching off
 on servers that use this (`--no-enable-prefix-caching`); a server started with it on fails
 as soon as its engine config is built, with a one-line message.
@@ -156,7 +162,49 @@ def _patch_engine_args() -> None:
     EngineArgs.create_engine_config = create_engine_config
 
 
-def _patch_cpu_model_runner() -> None:
+class _GateWeights:
+    """Per forward pass, every MoE layer's final gate weights in a (tokens, layers, top_k) float32 buffer."""
+
+    def __init__(self, max_tokens: int, shape_per_token: tuple[int, ...]) -> None:
+        import torch
+
+        self.buffer = torch.zeros((max_tokens, *shape_per_token), dtype=torch.float32)
+
+    def capture(self, layer_id: int, topk_weights) -> None:
+        self.buffer[: topk_weights.shape[0], layer_id] = topk_weights.float()
+
+
+def _patch_routers() -> None:
+    """`BaseRouter._select_experts` hands its gate weights to a router's `_agentrl_weights_fn` when it has one."""
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+
+    original = BaseRouter._select_experts
+
+    def _select_experts(self, *args, **kwargs):
+        topk_weights, topk_ids = original(self, *args, **kwargs)
+        capture = getattr(self, "_agentrl_weights_fn", None)
+        if capture is not None:
+            capture(topk_weights)
+        return topk_weights, topk_ids
+
+    BaseRouter._select_experts = _select_experts
+
+
+def _bind_gate_weights(model, weights: _GateWeights) -> int:
+    from functools import partial
+
+    from vllm.model_executor.layers.fused_moe.layer import MoERunner
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+
+    bound = 0
+    for module in model.modules():
+        if isinstance(module, MoERunner) and isinstance(getattr(module, "router", None), BaseRouter):
+            module.router._agentrl_weights_fn = partial(weights.capture, module.layer_id)
+            bound += 1
+    return bound
+
+
+def _patch_cpu_model_runner(*, gate_weights: bool) -> None:
     from vllm.distributed.aux_output_connector.connector import AuxRequestOutput
     from vllm.model_executor.layers.fused_moe.routed_experts_capturer import (
         RoutedExpertsCapturer,
@@ -176,6 +224,13 @@ def _patch_cpu_model_runner() -> None:
         )
         bind_routed_experts_capturer(self.model, capturer)
         self._agentrl_capturer = capturer
+        self._agentrl_gate_weights = None
+        if gate_weights:
+            weights = _GateWeights(self.vllm_config.scheduler_config.max_num_batched_tokens,
+                                   tuple(capturer.shape_per_token))
+            if _bind_gate_weights(self.model, weights) == 0:
+                raise RuntimeError("AGENTRL_ROUTED_WEIGHTS=1: no MoE router of this model reports gate weights")
+            self._agentrl_gate_weights = weights
         self._agentrl_step_rows = None
         logger.info("agentrl: recording routed experts in the CPU model runner, shape per token %s",
                     capturer.shape_per_token)
@@ -192,6 +247,9 @@ def _patch_cpu_model_runner() -> None:
         if total <= 0:
             return None
         buffer = capturer.snapshot_routing_data(total).numpy().copy()
+        weights = getattr(self, "_agentrl_gate_weights", None)
+        if weights is not None:  # (tokens, layers, top_k, 2): ids, then gate weights
+            buffer = np.stack([buffer.astype(np.float32), weights.buffer[:total].numpy()], axis=-1)
         computed = self.input_batch.num_computed_tokens_cpu
         return {
             request_id: AuxRequestOutput(int(computed[index]), buffer[int(starts[index]): int(starts[index + 1])])
@@ -234,8 +292,9 @@ def _patch_cpu_model_runner() -> None:
     CPUModelRunner.sample_tokens = sample_tokens
 
 
-def install() -> None:
-    """Patch the scheduler and the CPU model runner (idempotent; called by the plugin hook)."""
+def install(*, gate_weights: bool = False) -> None:
+    """Patch the scheduler and the CPU model runner, with `gate_weights` the routers too (idempotent; called by
+    the plugin hook)."""
     global _INSTALLED
     if _INSTALLED:
         return
@@ -248,4 +307,6 @@ def install() -> None:
         return
     _patch_engine_args()
     _patch_scheduler()
-    _patch_cpu_model_runner()
+    if gate_weights:
+        _patch_routers()
+    _patch_cpu_model_runner(gate_weights=gate_weights)

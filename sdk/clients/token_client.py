@@ -36,7 +36,7 @@ from agentrl.clients.http_pool import ShardedAsyncClient
 from agentrl.clients.openai_client import OpenAIClient
 from agentrl.clients.session import current_trajectory
 from agentrl.errors import ContextLengthError, InferenceError
-from agentrl.routed import RoutedExperts, decode_routed_experts_array, split_routed_experts
+from agentrl.routed import RoutedExperts, decode_routed_experts_array, routing_arrays, split_routed_experts
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Completion, Message, Turn
 
@@ -90,7 +90,7 @@ def _context_in_refusal(text: str) -> int | None:
 def decode_routed_experts(encoded: str | None) -> RoutedExperts | None:
     """vLLM's base64 `.npy` routed experts -> `RoutedExperts` (tokens, layers, top_k); None stays None."""
     rows = decode_routed_experts_array(encoded)
-    return None if rows is None else RoutedExperts(rows)
+    return None if rows is None else RoutedExperts(*routing_arrays(rows))
 
 
 def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[str, Any]:
@@ -313,10 +313,16 @@ class TokenClient:
         completion_experts = None
         if rows is not None:
             # vLLM covers every forwarded token: prompt + completion minus the last sampled one (-1 here).
+            ids, weights = routing_arrays(rows)
             prompt_rows, completion_rows = split_routed_experts(
-                rows, prompt_len=len(prompt_ids), completion_len=len(token_ids), strict=False,
+                ids, prompt_len=len(prompt_ids), completion_len=len(token_ids), strict=False,
             )
-            prompt_experts, completion_experts = RoutedExperts(prompt_rows), RoutedExperts(completion_rows)
+            prompt_weights = completion_weights = None
+            if weights is not None:
+                prompt_weights, completion_weights = split_routed_experts(
+                    weights, prompt_len=len(prompt_ids), completion_len=len(token_ids), strict=False)
+            prompt_experts = RoutedExperts(prompt_rows, prompt_weights)
+            completion_experts = RoutedExperts(completion_rows, completion_weights)
         completion = Completion(
             text=self.renderer.decode(token_ids, skip_special_tokens=True),
             token_ids=token_ids,

@@ -246,6 +246,11 @@ def load_run_config(
         raise ConfigError(f"eval.split={config.eval.split!r} is the split the run trains on (orchestrator.task_split);"
                           " evaluate on a held-out split")
     apply_gpu_defaults(config)
+    if config.trainer.router_replay_weights and (config.inference.device == "gpu" or not config.trainer.router_replay
+                                                 or not config.inference.routed_experts):
+        raise ConfigError("trainer.router_replay_weights: replaying gate weights needs Router Replay on "
+                          "(trainer.router_replay, inference.routed_experts) and the CPU runner (CUDA vLLM returns "
+                          "expert ids only); set router_replay_weights=false")
     if config.inference.lora_adapters:
         if config.trainer.lora is None:
             raise ConfigError("inference.lora_adapters: the run trains no adapters; set trainer.lora (rank, alpha,"

@@ -203,8 +203,12 @@ class InferenceGroup:
             urls = [url for found in ray.get([actor.start.remote() for actor in actors]) for url in found]
         else:
             # Routed experts only when the trainer replays them (the CPU plugin turns prefix caching off).
-            serving = config.inference.model_copy(
-                update={"routed_experts": config.inference.routed_experts and config.trainer.router_replay})
+            replaying = config.inference.routed_experts and config.trainer.router_replay
+            serving = config.inference.model_copy(update={
+                "routed_experts": replaying,
+                "routed_weights": replaying and (config.inference.routed_weights
+                                                 or config.trainer.router_replay_weights),
+            })
             for index, slot in enumerate(spec.inference):
                 actors.append(ray.remote(InferenceActor).options(
                     **reservation.options(slot), max_concurrency=4, name=f"{run_id}-inference-{index}").remote(

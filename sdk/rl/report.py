@@ -295,6 +295,19 @@ def _large_deviation_line(rows: list[dict]) -> str:
             f" {max(largest):.3f} |")
 
 
+def _replay_arms_line(rows: list[dict]) -> str:
+    """Router Replay's three arms on the same samples (runs with gate weights and the diagnostics): mean KL of
+    each."""
+    means = []
+    for arm in ("live_routing", "replay_ids", "replay_ids_weights"):
+        _, values = _series(rows, f"train/mismatch_kl_{arm}")
+        if not values:
+            return ""
+        means.append(_mean(values))
+    return (f"| mismatch KL by routing: live / replayed ids / replayed ids + gate weights | {means[0]:.2e} /"
+            f" {means[1]:.2e} / {means[2]:.2e} |")
+
+
 def write_report(
     rows: list[dict[str, Any]], path: Path, *, title: str, plots: list[Path] = (), base: Path | None = None
 ) -> Path:
@@ -324,6 +337,7 @@ def write_report(
         f"| reward, mean of the first {window} steps | {_mean(reward[:window]):.4f} |" if reward else "",
         f"| mismatch KL (k3), mean / max | {_mean(kl):.5f} / {max(kl):.5f} |" if kl else "| mismatch KL | n/a |",
         _large_deviation_line(rows),
+        _replay_arms_line(rows),
         f"| staleness (groups per steps behind) | {json.dumps(dict(sorted(staleness.items())))} |",
         f"| groups dropped as too stale | {dropped} |",
         f"| completion tokens/s, mean | {_mean(tps):.1f} |",

@@ -182,3 +182,17 @@ def test_router_replay_with_a_kv_connector_is_refused_in_one_line(fields, tmp_pa
         load_config(InferenceConfig, str(path))
     assert "\n" not in str(info.value)
     assert not load_config(InferenceConfig, str(path), overrides=["routed_experts=false"]).routed_experts
+
+
+def test_gate_weights_are_recorded_by_the_cpu_plugin_and_refused_on_gpus_in_one_line(tmp_path):
+    from agentrl.config import load_config
+    from agentrl.inference.plans import ROUTED_WEIGHTS_ENV, cpu_server_options
+
+    _, env = cpu_server_options(routed_experts=True, routed_weights=True)
+    assert env[ROUTED_WEIGHTS_ENV] == "1"
+    assert ROUTED_WEIGHTS_ENV not in cpu_server_options(routed_experts=True)[1]
+    assert ROUTED_WEIGHTS_ENV not in cpu_server_options(routed_experts=False, routed_weights=True)[1]
+    with pytest.raises(ConfigError, match=r"routed_weights: CUDA vLLM returns the routed expert ids only") as info:
+        load_config(InferenceConfig, overrides=["device=gpu", "routed_weights=true"])
+    assert "\n" not in str(info.value)
+    assert load_config(InferenceConfig, overrides=["device=cpu", "routed_weights=true"]).routed_weights

@@ -227,9 +227,11 @@ class MoEBlock(nn.Module):
         x_TD: torch.Tensor,
         replay_expert_ids_TK: torch.Tensor | None = None,
         replay_mask_T: torch.Tensor | None = None,
+        replay_weights_TK: torch.Tensor | None = None,
     ) -> torch.Tensor:
         weights_TK, expert_ids_TK = self.router(
-            x_TD, self.expert_bias, replay_expert_ids_TK=replay_expert_ids_TK, replay_mask_T=replay_mask_T
+            x_TD, self.expert_bias, replay_expert_ids_TK=replay_expert_ids_TK, replay_mask_T=replay_mask_T,
+            replay_weights_TK=replay_weights_TK,
         )
         if self.record_routing:
             self.last_expert_ids = expert_ids_TK.detach().clone()
@@ -361,7 +363,8 @@ class DecoderLayer(nn.Module):
         self.is_moe = layer_index in set(args.moe_layers)
         self.mlp: nn.Module = MoEBlock(args) if self.is_moe else _swiglu(args.hidden_size, args.intermediate_size)
 
-    def forward(self, x_TD, rope, segments, replay_TK=None, replay_mask_T=None, *, query_index=None):
+    def forward(self, x_TD, rope, segments, replay_TK=None, replay_mask_T=None, *, query_index=None,
+                replay_weights_TK=None):
         """The layer's output for every token, or (with ``query_index``) only for those tokens.
 
         With `rounding`, the residual stream is kept rounded while each norm sees the sum
@@ -372,7 +375,7 @@ class DecoderLayer(nn.Module):
             x_TD = x_TD.index_select(0, query_index)
         x_TD = round_to(x_TD, self.rounding) + attention
         h = self.post_attention_layernorm(x_TD)
-        mlp_out = self.mlp(h, replay_TK, replay_mask_T) if self.is_moe else self.mlp(h)
+        mlp_out = self.mlp(h, replay_TK, replay_mask_T, replay_weights_TK) if self.is_moe else self.mlp(h)
         return round_to(x_TD, self.rounding) + mlp_out
 
 
@@ -432,8 +435,12 @@ class MoEDecoder(nn.Module):
         replay_experts_TLK: torch.Tensor | None = None,
         replay_mask_T: torch.Tensor | None = None,
         needed_T: torch.Tensor | None = None,
+        replay_weights_TLK: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logprobs of ``targets_T`` (shape ``(T,)``), or logits ``(T, vocab)`` without targets.
+
+        ``replay_experts_TLK`` (and ``replay_weights_TLK``, inference's gate weights): Router Replay per MoE
+        layer for the tokens of ``replay_mask_T``.
 
         ``needed_T`` (bool, ``(T,)``, with targets): the tokens whose log-probability is used
         (the loss tokens). The last layer then computes only from each sample's first needed
@@ -447,18 +454,19 @@ class MoEDecoder(nn.Module):
         layers = list(self.layers.values())
         moe_index = 0
         for number, layer in enumerate(layers, start=1):
-            replay = replay_mask = query_index = None
+            replay = replay_mask = replay_weights = query_index = None
             if layer.is_moe and replay_experts_TLK is not None:
                 replay, replay_mask = replay_experts_TLK[:, moe_index], replay_mask_T
+                if replay_weights_TLK is not None:
+                    replay_weights = replay_weights_TLK[:, moe_index]
             if layer.is_moe:
                 moe_index += 1
             if tail is not None and number == len(layers):
                 segments, query_index = tail
-                if replay is not None:
-                    replay = replay.index_select(0, query_index)
-                if replay_mask is not None:
-                    replay_mask = replay_mask.index_select(0, query_index)
-            x_TD = layer(x_TD, rope, segments, replay, replay_mask, query_index=query_index)
+                replay, replay_mask, replay_weights = (None if tensor is None else tensor.index_select(0, query_index)
+                                                       for tensor in (replay, replay_mask, replay_weights))
+            x_TD = layer(x_TD, rope, segments, replay, replay_mask, query_index=query_index,
+                         replay_weights_TK=replay_weights)
         return self._output(x_TD, tokens_T, targets_T, None if tail is None else tail[1])
 
     def _output(self, x_TD: torch.Tensor, tokens_T: torch.Tensor, targets_T: torch.Tensor | None,

@@ -62,14 +62,14 @@ class NemotronHBlock(nn.Module):
         """The MoE block of an MoE layer (the name `parallel.apply_parallelism` shards experts by)."""
         return self.mixer
 
-    def forward(self, x_TD, segments, sequences, replay_TK=None, replay_mask_T=None):
+    def forward(self, x_TD, segments, sequences, replay_TK=None, replay_mask_T=None, replay_weights_TK=None):
         h = self.norm(x_TD)
         if self.kind == "mamba":
             out = self.mixer(h, sequences)
         elif self.kind == "attention":
             out = self.mixer(h, segments)
         elif self.kind == "moe":
-            out = self.mixer(h, replay_TK, replay_mask_T)
+            out = self.mixer(h, replay_TK, replay_mask_T, replay_weights_TK)
         else:
             out = self.mixer(h)
         return x_TD + out
@@ -96,6 +96,7 @@ class NemotronHDecoder(MoEDecoder):
         replay_experts_TLK: torch.Tensor | None = None,
         replay_mask_T: torch.Tensor | None = None,
         needed_T: torch.Tensor | None = None,
+        replay_weights_TLK: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logprobs of ``targets_T``, or logits without targets (as `MoEDecoder.forward`).
 
@@ -113,14 +114,16 @@ class NemotronHDecoder(MoEDecoder):
             tail_index = None if tail is None else tail[1]
         moe_index = 0
         for number, layer in enumerate(layers, start=1):
-            replay = replay_mask = None
+            replay = replay_mask = replay_weights = None
             if layer.is_moe:
                 if replay_experts_TLK is not None:
                     replay, replay_mask = replay_experts_TLK[:, moe_index], replay_mask_T
+                    if replay_weights_TLK is not None:
+                        replay_weights = replay_weights_TLK[:, moe_index]
                 moe_index += 1
             if tail_index is not None and number == len(layers):
                 x_TD = x_TD.index_select(0, tail_index)
-                replay = None if replay is None else replay.index_select(0, tail_index)
-                replay_mask = None if replay_mask is None else replay_mask.index_select(0, tail_index)
-            x_TD = layer(x_TD, segments, sequences, replay, replay_mask)
+                replay, replay_mask, replay_weights = (None if tensor is None else tensor.index_select(0, tail_index)
+                                                       for tensor in (replay, replay_mask, replay_weights))
+            x_TD = layer(x_TD, segments, sequences, replay, replay_mask, replay_weights)
         return self._output(x_TD, tokens_T, targets_T, tail_index)

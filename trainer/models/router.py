@@ -14,6 +14,11 @@ Router Replay: when the caller passes the experts inference routed each token to
 (``replay_expert_ids``), those ids replace the router's own choice for every token whose
 ``replay_mask`` is True. Gate weights are still gathered from the live scores, so the
 gate receives gradients exactly as it would had it chosen those experts itself.
+
+Replaying the gate weights too (``replay_weights``, the third arm, prime-rl's "full recall"):
+for replayed tokens whose weights are known (finite), the forward uses inference's final gate
+weights (renormalised and scaled as inference applied them) and the backward the live ones'
+gradient (a straight-through estimate: ``replayed + live - live.detach()``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class MoERouter(TokenChoiceTopKRouter):
         *,
         replay_expert_ids_TK: torch.Tensor | None = None,
         replay_mask_T: torch.Tensor | None = None,
+        replay_weights_TK: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Route ``(T, D)`` tokens; returns ``(gate weights (T, K) float32, expert ids (T, K))``."""
         with torch.autocast(x_TD.device.type, enabled=False):  # float32 gate, as vLLM's and HF's GLM-4.5
@@ -59,7 +65,12 @@ class MoERouter(TokenChoiceTopKRouter):
         weights_TK = scores_TE.gather(-1, expert_ids_TK)
         if self.route_norm:
             weights_TK = weights_TK / (weights_TK.sum(dim=-1, keepdim=True) + 1e-20)
-        return weights_TK * self.route_scale, expert_ids_TK
+        weights_TK = weights_TK * self.route_scale
+        if replay_weights_TK is not None and replay_mask_T is not None:
+            known_T = replay_mask_T & torch.isfinite(replay_weights_TK).all(dim=-1)
+            replayed_TK = torch.nan_to_num(replay_weights_TK.to(weights_TK.dtype))
+            weights_TK = torch.where(known_T[:, None], replayed_TK + (weights_TK - weights_TK.detach()), weights_TK)
+        return weights_TK, expert_ids_TK
 
 
 def build_router(

@@ -99,3 +99,29 @@ def test_router_logits_stay_float32_under_bf16_autocast():
     assert weights.dtype == torch.float32
     assert torch.equal(ids, full_ids)
     torch.testing.assert_close(weights, full_weights, atol=1e-6, rtol=1e-6)  # bf16 logits would be ~1e-3 off
+
+
+def test_replayed_gate_weights_are_used_forward_and_the_gate_keeps_the_live_gradient():
+    router = build_router(hidden_size=2, num_experts=4, top_k=2, score_func="sigmoid", num_expert_groups=1,
+                          num_limited_groups=1, route_norm=True, route_scale=2.0)
+    with torch.no_grad():
+        router.gate.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0]]))
+    x = torch.tensor([[1.0, 2.0], [0.5, -1.0]])
+    ids = torch.tensor([[3, 0], [1, 2]])
+    mask = torch.tensor([True, True])
+    inference = torch.tensor([[0.25, 1.75], [float("nan"), float("nan")]])  # the second token's are unknown
+    live, _ = router(x, replay_expert_ids_TK=ids, replay_mask_T=mask)
+    router.gate.weight.grad = None
+    (live * torch.tensor([[1.0, 3.0], [2.0, 1.0]])).sum().backward()
+    live_grad = router.gate.weight.grad.clone()
+    router.gate.weight.grad = None
+    weights, chosen = router(x, replay_expert_ids_TK=ids, replay_mask_T=mask, replay_weights_TK=inference)
+    assert chosen.tolist() == ids.tolist()
+    torch.testing.assert_close(weights[0], inference[0])  # replayed where known
+    torch.testing.assert_close(weights[1], live[1].detach())  # live where unknown
+    (weights * torch.tensor([[1.0, 3.0], [2.0, 1.0]])).sum().backward()
+    torch.testing.assert_close(router.gate.weight.grad, live_grad)  # straight-through: the live gradient
+    # a token outside the replay mask keeps its own weights even when some were sent
+    weights, _ = router(x, replay_expert_ids_TK=ids, replay_mask_T=torch.tensor([False, True]),
+                        replay_weights_TK=inference)
+    torch.testing.assert_close(weights[0], router(x)[0][0])

@@ -323,3 +323,40 @@ def test_repeated_steps_and_pushes_do_not_grow_what_the_trainer_keeps(tiny_glm_d
         kept.append(_live_tensor_bytes())
     assert kept[1:] == [kept[1]] * 4, kept  # flat from the second step on
     assert buffer.allocations == 1
+
+
+def _with_gate_weights(samples, *, seed: int = 3):
+    """The samples that carry routed experts, each given random gate weights beside its ids."""
+    import numpy as np
+
+    from agentrl.routed import RoutedExperts
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for sample in samples:
+        if sample.routed_experts is None:
+            continue
+        ids = sample.routed_experts.array
+        weights = rng.random(ids.shape).astype(np.float32)
+        out.append(sample.model_copy(update={"routed_experts": RoutedExperts(ids, weights)}))
+    return out
+
+
+def test_the_three_router_replay_arms_are_measured_on_the_same_samples(tiny_glm_dir):
+    """Live routing, replayed ids, replayed ids + gate weights: whichever arm trains, all three are reported."""
+    samples = _with_gate_weights(make_samples())
+    ids_arm = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(samples)
+    weights_arm = _trainer(tiny_glm_dir, router_replay_diagnostics=True,
+                           router_replay_weights=True).train_on_samples(samples)
+    assert ids_arm["replayed_weights_fraction"] == 0.0 and weights_arm["replayed_weights_fraction"] == 1.0
+    for metrics in (ids_arm, weights_arm):
+        assert {"mismatch_kl_live_routing", "mismatch_kl_replay_ids", "mismatch_kl_replay_ids_weights",
+                "mismatch_large_fraction_replay_ids_weights", "mismatch_max_log_ratio_replay_ids"} <= set(metrics)
+    assert ids_arm["mismatch_kl_replay_ids"] == pytest.approx(ids_arm["mismatch_kl"], rel=1e-6)
+    assert weights_arm["mismatch_kl_replay_ids_weights"] == pytest.approx(weights_arm["mismatch_kl"], rel=1e-6)
+    # the arm a step does not train on is the one the other step trains on
+    assert ids_arm["mismatch_kl_replay_ids_weights"] == pytest.approx(weights_arm["mismatch_kl"], rel=1e-5)
+    assert weights_arm["mismatch_kl_replay_ids"] == pytest.approx(ids_arm["mismatch_kl"], rel=1e-5)
+    assert abs(weights_arm["mismatch_kl"] - ids_arm["mismatch_kl"]) > 1e-3  # random weights move the logprobs
+    without = _trainer(tiny_glm_dir, router_replay_diagnostics=True).train_on_samples(make_samples())
+    assert "mismatch_kl_replay_ids_weights" not in without  # no sample carried gate weights
