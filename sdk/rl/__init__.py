@@ -24,6 +24,7 @@ The run folder:
 - `report.py`: config, metrics, plots, report; `resume.py`: checkpoints and `--resume`;
 - `rollout_log.py`: the sampled rollouts; `loggers.py`: TensorBoard and W&B;
 - `sft.py`: the supervised warm start (`agentrl sft`).
+- `pretrain.py`: next-token pretraining on raw text with the routing figures (`agentrl pretrain`).
 
 Everything here imports without torch, vllm or ray; the launcher reaches `agentrl.trainer`,
 `agentrl.inference` and Ray inside the functions that start them.

@@ -91,7 +91,8 @@ def token_stream(documents: list[str], tokenizer: Any, *, separator: int | None,
     while len(ids) < needed and (repeat or passes == 0):
         passes += 1
         for start in range(0, len(documents), batch):
-            for encoded in tokenizer(documents[start: start + batch], add_special_tokens=False)["input_ids"]:
+            encoded_batch = tokenizer(documents[start: start + batch], add_special_tokens=False, verbose=False)
+            for encoded in encoded_batch["input_ids"]:
                 ids += encoded
                 if separator is not None:
                     ids.append(separator)
