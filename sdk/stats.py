@@ -8,7 +8,9 @@ with its interval:
 - `window_delta(series, window)`: the mean of the first and of the last `window` values of a run's
   series and the interval of their difference (each window resampled on its own);
 - `paired_delta(before, after)`: per-item pairs (the same tasks evaluated twice), the mean of
-  `after - before` and its interval (pairs resampled together).
+  `after - before` and its interval (pairs resampled together);
+- `paired_ratio(numerator, denominator)`: the ratio of the sums of two paired series (e.g. each
+  step's mismatch KL under live routing and under Router Replay) and its interval (pairs resampled).
 
 Deterministic: each takes a seed. numpy only.
 """
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Delta", "bootstrap_interval", "paired_delta", "window_delta"]
+__all__ = ["Delta", "bootstrap_interval", "paired_delta", "paired_ratio", "window_delta"]
 
 RESAMPLES = 2000
 LEVEL = 0.95
@@ -101,3 +103,20 @@ def paired_delta(before: Sequence[float], after: Sequence[float], *, seed: int =
     low, high = bootstrap_interval(b - a, seed=seed)
     return Delta(before=float(a.mean()), after=float(b.mean()), delta=float((b - a).mean()), low=low, high=high,
                  n=int(a.size))
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float], *,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """sum(numerator) / sum(denominator) over pairs, and its percentile bootstrap interval (pairs resampled
+    together): (ratio, low, high)."""
+    import numpy as np
+
+    a, b = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    if a.shape != b.shape or a.size == 0 or b.sum() <= 0:
+        raise ValueError(f"paired_ratio: {a.size} and {b.size} values with a positive denominator sum are needed")
+    picks = _rng(seed).integers(0, a.size, size=(RESAMPLES, a.size))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = a[picks].sum(axis=1) / b[picks].sum(axis=1)
+    ratios = ratios[np.isfinite(ratios)]
+    tail = (1 - LEVEL) / 2
+    return float(a.sum() / b.sum()), float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))

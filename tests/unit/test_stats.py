@@ -75,3 +75,18 @@ def test_a_checkpoint_against_its_base_gets_paired_intervals_per_metric():
     console.print(comparison_table(comparison))
     text = console.export_text()
     assert "delta (checkpoint - baseline)" in text and "95% CI of the delta" in text and "+0.3333" in text
+
+
+def test_a_paired_ratio_and_its_interval():
+    import numpy as np
+
+    from agentrl.stats import paired_ratio
+
+    rng = np.random.default_rng(1)
+    denominator = rng.uniform(1.0, 2.0, 40)
+    ratio, low, high = paired_ratio(denominator * 10 + rng.normal(0, 0.5, 40), denominator)
+    assert low < ratio < high and 9.0 < low and high < 11.0  # about 10x, and the interval says so
+    noisy = paired_ratio(rng.uniform(0, 2, 6), rng.uniform(0, 2, 6))
+    assert noisy[2] - noisy[1] > 0.3  # six noisy pairs: a wide interval
+    with pytest.raises(ValueError, match="paired_ratio"):
+        paired_ratio([1.0], [0.0])
