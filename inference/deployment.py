@@ -104,6 +104,9 @@ class InferenceConfig(BaseConfig):
     files to Ray's object store and each server's node writes them locally (no shared filesystem); 'nccl':
     trainer rank 0 broadcasts into vLLM's NCCL weight-transfer engine (GPUs); 'ipc': CUDA IPC handles into
     vLLM's ipc engine (trainer and vLLM on one GPU). None: nccl on GPU, filesystem on CPU."""
+    base_url: str | None = None
+    """A running server this run shares with other runs instead of starting its own (`agentrl serve --lora`): the
+    run's LoRA adapter is loaded there under a name per version (needs trainer.lora and lora_adapters)."""
     lora_adapters: bool = False
     """A LoRA run (`trainer.lora`) serves its adapter by name (`agentrl.inference.lora_serving`): vLLM holds the
     base with `--enable-lora`, and after each step the new adapter (megabytes) is loaded in place, through the

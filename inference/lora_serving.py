@@ -18,6 +18,10 @@ base with `--enable-lora` and the adapter by name: a request whose `model` is th
 A run serves adapters with `inference.lora_adapters = true` (`trainer.lora` set): the trainer's
 rank 0 exports the adapter into the run's `weights/v<N>` after each step (megabytes, not the
 merged weights), each server's actor loads it, and the rollouts name the adapter.
+- `SharedAdapterPublisher(url, run=...)`: for a server several runs share (`inference.base_url`, a server
+  `agentrl serve --lora` started): each version is loaded under a name of its own, `<run>-v<N>`, without
+  pausing the server or setting its weight version (other runs' requests go on; the server's version is
+  no run's), and the run's rollouts name the newest; the names older than the last `keep` are unloaded.
 
 torch-free.
 """
@@ -32,8 +36,8 @@ from agentrl.errors import ConfigError, WeightUpdateError
 from agentrl.inference.weight_check import WeightCheck, WeightMismatchError
 from agentrl.inference.weights import FilesystemWeightPublisher, ServerControl
 
-__all__ = ["ADAPTER_NAME", "ADAPTER_TOLERANCE", "VLLM_LORA_RANKS", "AdapterPublisher", "adapter_digest",
-           "lora_server_options", "vllm_lora_modules"]
+__all__ = ["ADAPTER_NAME", "ADAPTER_TOLERANCE", "VLLM_LORA_RANKS", "AdapterPublisher", "SharedAdapterPublisher",
+           "adapter_digest", "lora_server_options", "vllm_lora_modules"]
 
 ADAPTER_NAME = "policy-lora"
 """The name the servers load the run's adapter under; requests name it as their `model`."""
@@ -50,8 +54,9 @@ def vllm_lora_modules(targets: list[str]) -> list[str]:
     return list(dict.fromkeys(name for target in targets for name in _MODULES[target]))
 
 
-def lora_server_options(lora: object, *, device: str) -> tuple[list[str], dict[str, str]]:
-    """Extra vLLM flags and environment of a server that serves `lora`'s adapters (a `LoraConfig`)."""
+def lora_server_options(lora: object, *, device: str, max_loras: int = 1) -> tuple[list[str], dict[str, str]]:
+    """Extra vLLM flags and environment of a server that serves `lora`'s adapters (a `LoraConfig`), `max_loras` of
+    them in one batch."""
     targets = list(lora.targets)
     rank = int(lora.rank)
     if device == "cpu" and "experts" in targets:
@@ -61,7 +66,7 @@ def lora_server_options(lora: object, *, device: str) -> tuple[list[str], dict[s
     slot = next((size for size in VLLM_LORA_RANKS if size >= rank), None)
     if slot is None:
         raise ConfigError(f"trainer.lora.rank {rank}: vLLM serves adapters up to rank {VLLM_LORA_RANKS[-1]}")
-    args = ["--enable-lora", "--max-lora-rank", str(slot), "--max-loras", "1",
+    args = ["--enable-lora", "--max-lora-rank", str(slot), "--max-loras", str(max_loras),
             "--lora-target-modules", *vllm_lora_modules(targets)]
     return args, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 
@@ -114,6 +119,53 @@ class AdapterPublisher(FilesystemWeightPublisher):
         # load, a restarted server) alike; each version has its own folder, as vLLM caches adapters by path.
         await control._post("/v1/load_lora_adapter", what=f"load_lora_adapter {self.name} from {prepared}",
                             json={"lora_name": self.name, "lora_path": str(prepared), "load_inplace": True})
+
+
+class SharedAdapterPublisher(AdapterPublisher):
+    """An `AdapterPublisher` for a server other runs use too: every version under its own name, no pause.
+
+    `publish(folder, version)` loads the folder as `name_for(version)` (`<run>-v<N>`), checks it as the
+    in-place publisher does (the server may hold other runs' adapters: the one equal to the folder must be
+    among them), then unloads this run's names older than the last `keep` versions. Requests in flight keep
+    the adapter they named, so a request's tokens all come from one version.
+    """
+
+    def __init__(self, url: str, *, run: str, staging_dir: str | Path, keep: int = 3, timeout_s: float = 600.0,
+                 verify: bool = True) -> None:
+        super().__init__([url], staging_dir=staging_dir, name=run, keep_last=keep, timeout_s=timeout_s,
+                         verify=verify)
+        self.keep = keep
+        self.loaded: list[int] = []
+        """This run's versions the server holds, oldest first."""
+
+    def name_for(self, version: int) -> str:
+        return f"{self.name}-v{version}"
+
+    async def _load(self, control: ServerControl, prepared: Path, *, version: int) -> None:
+        name = self.name_for(version)
+        await control._post("/v1/load_lora_adapter", what=f"load_lora_adapter {name} from {prepared}",
+                            json={"lora_name": name, "lora_path": str(prepared)})
+
+    async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any) -> Any:
+        import time
+
+        from agentrl.inference.weights import _Updated
+
+        started = time.monotonic()
+        updated = _Updated()
+        await self._load(control, prepared, version=version)
+        self.loaded.append(version)
+        if expected is not None:
+            digest = await expected if hasattr(expected, "__await__") else expected
+            updated.check = await self._check(control, digest, version)
+        while len(self.loaded) > self.keep:
+            await self.unload(control, self.loaded.pop(0))
+        updated.seconds = time.monotonic() - started
+        return updated
+
+    async def unload(self, control: ServerControl, version: int) -> None:
+        name = self.name_for(version)
+        await control._post("/v1/unload_lora_adapter", what=f"unload_lora_adapter {name}", json={"lora_name": name})
 
 
 ADAPTER_TOLERANCE = 1e-6

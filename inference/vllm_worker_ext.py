@@ -66,6 +66,10 @@ class WorkerChecks:
         values = torch.stack([item.to(stats[0].device) for item in stats]).tolist()
         return {name: [dtypes[name], params[name].numel(), *row] for name, row in zip(params, values)}
 
+    def agentrl_model_dtype(self) -> str:
+        """The dtype the worker computes in ("float32", "bfloat16", ...): a run that shares this server checks it."""
+        return str(self.model_runner.model_config.dtype).removeprefix("torch.")
+
     def agentrl_lora_digest(self) -> dict[str, list[float]]:
         """{adapter id: [sum, sum of squares of every lora_A; the same of every lora_B times its scaling; modules]}
         of each LoRA adapter the worker holds (vLLM's LoRA manager, as loaded: packed modules' slices each

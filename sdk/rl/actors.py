@@ -46,6 +46,7 @@ class RolloutWorker:
         client = TokenClient(url, model=model, renderer=_renderer(tokenizer_dir, tokenizer_files),
                              served_model_name=adapter)
         attach_session_affinity(client.http)
+        self.token_client = client
         watch = EndpointWatch(url)
         self.client = SupervisedClient(
             client,
@@ -56,6 +57,11 @@ class RolloutWorker:
 
     def node(self) -> str:
         return _node_id()
+
+    def use_adapter(self, name: str, version: int) -> None:
+        """Requests from now on name adapter `name`, their tokens of policy `version` (a shared server:
+        `agentrl.inference.shared_server`)."""
+        self.token_client.use_adapter(name, version)
 
     def retried(self) -> int:
         """Requests retried because a server was down (a restart behind the endpoint)."""

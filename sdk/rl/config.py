@@ -251,6 +251,17 @@ def load_run_config(
         raise ConfigError("trainer.router_replay_weights: replaying gate weights needs Router Replay on "
                           "(trainer.router_replay, inference.routed_experts) and the CPU runner (CUDA vLLM returns "
                           "expert ids only); set router_replay_weights=false")
+    if config.inference.base_url is not None:
+        if not config.inference.lora_adapters or config.trainer.lora is None:
+            raise ConfigError("inference.base_url: a shared server serves each run's LoRA adapter by name; set "
+                              "trainer.lora and inference.lora_adapters = true (full weights would change every "
+                              "run's model)")
+        if not config.inference.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"inference.base_url: {config.inference.base_url!r} is not an http(s) URL; pass the URL "
+                              "`agentrl serve` printed, e.g. http://127.0.0.1:8000")
+        if config.launch.colocate:
+            raise ConfigError("inference.base_url: the run starts no server to colocate with; set "
+                              "launch.colocate = false")
     if config.inference.lora_adapters:
         if config.trainer.lora is None:
             raise ConfigError("inference.lora_adapters: the run trains no adapters; set trainer.lora (rank, alpha,"

@@ -187,6 +187,10 @@ def run_training(
     folder = RunDir(run_dir)
     state = OrchestratorState()
     start_weights = config.starting_weights()
+    if config.inference.base_url:
+        from agentrl.rl.shared_server import check_shared_server
+
+        check_shared_server(config.inference.base_url, dtype=config.inference_dtype(), model_dir=start_weights)
     checkpoint_root = folder.checkpoints
     info = None
     if resume:
@@ -217,7 +221,7 @@ def run_training(
     started_ray = _init_ray(config)
     reservation = None
     trainer: TrainerGroup | None = None
-    inference: InferenceGroup | None = None
+    inference: Any = None  # an InferenceGroup, or a SharedServer (inference.base_url)
     workers: list[Any] = []
     loggers: list[Any] = []
     signals = ExitStack()
@@ -231,7 +235,16 @@ def run_training(
         reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
         model_files = _model_files(start_weights, reservation)
         status("starting the vLLM server(s) and the trainer")
-        if config.launch.colocate:  # vLLM sizes its share of the GPU from what is free: it starts first
+        if config.inference.base_url:  # a server other runs share: this run loads its adapter there by name
+            from agentrl.rl.shared_server import SharedServer
+
+            inference = SharedServer(config.inference.base_url, run=run_id, staging_dir=folder.path / "weights",
+                                     keep=config.orchestrator.max_off_policy_steps + 2,
+                                     verify=config.inference.verify_weights,
+                                     updates_log=folder.path / "weight_updates.jsonl")
+            trainer = TrainerGroup.start(reservation, run_id=run_id, config=config, model_dir=str(start_weights),
+                                         model_files=model_files)
+        elif config.launch.colocate:  # vLLM sizes its share of the GPU from what is free: it starts first
             inference = InferenceGroup.start(reservation, run_id=run_id, config=config, deployment=deployment,
                                              model_dir=str(start_weights), model_files=model_files,
                                              log_dir=folder.path / "logs")
@@ -267,8 +280,11 @@ def run_training(
                        config.env.name, config.env.args, url=inference.endpoint, model=config.model.name,
                        nice=config.generation_nice(), recovery_timeout_s=config.launch.startup_timeout_s,
                        tokenizer_dir=str(start_weights), tokenizer_files=tokenizer_files,
-                       adapter=ADAPTER_NAME if config.inference.lora_adapters else None)
+                       adapter=ADAPTER_NAME if config.inference.lora_adapters and not config.inference.base_url
+                       else None)
                    for slot in spec.rollout]
+        if config.inference.base_url:
+            inference.workers = workers
         placement = {f"trainer-{rank}": node for rank, node in enumerate(trainer.nodes)}
         placement.update({f"inference-{index}": node for index, node in enumerate(inference.nodes)})
         placement.update({f"rollout-{index}": node for index, node in enumerate(ray.get(
