@@ -48,6 +48,7 @@ sample_memory() {  # file: every 5 s, the time and each GPU process's memory (Mi
 for phase in "${phases[@]}"; do
   case "$phase" in
     extra)
+      bash scripts/machine_facts.sh > "$work/machine_facts.txt" 2>&1  # for the sandboxes' plan (bwrap, no Docker)
       run_phase extra "${EXTRA_TIMEOUT:-120}" "$work/extra.log" bash -c 'source scripts/gpu_extra_install.sh &&
         gpu_extra_install' ;;
     sft)
@@ -88,4 +89,5 @@ for phase in "${phases[@]}"; do
   esac
 done
 cp "$work/phases.txt" "$dest/" 2>/dev/null
+cp "$work/machine_facts.txt" "$dest/" 2>/dev/null
 true

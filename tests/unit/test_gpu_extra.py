@@ -62,3 +62,12 @@ def test_the_wheel_list_and_an_unknown_group():
                             timeout=60)
     assert result.returncode == 2 and result.stderr.strip() == (
         "gpu_extra: no group 'bogus' in scripts/gpu-extra-wheels.txt; groups: base kv")
+
+
+def test_machine_facts_say_what_the_sandboxes_can_use():
+    said = subprocess.run(["bash", str(ROOT / "scripts" / "machine_facts.sh")], capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+    facts = dict(line.split(": ", 1) for line in said.splitlines())
+    assert {"os", "kernel", "user", "bwrap", "docker", "cgroup", "cpus", "memory"} <= set(facts), said
+    assert facts["cpus"].isdigit() and int(facts["cpus"]) >= 1
+    assert facts["user namespaces"] in ("yes", "no")
