@@ -9,6 +9,7 @@ import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -75,6 +76,26 @@ def _summary_lines(history: list[dict]) -> list[str]:
             f"-{last['eval/mean_reward_high']:.3f})"
         )
     return lines
+
+
+_SET_OPTION = typer.Option([], "--set", help="Override a config key, e.g. steps=100.")
+_DRY_RUN_OPTION = typer.Option(False, "--dry-run", help="Print the resolved config and exit.")
+"""The `--set` and `--dry-run` options of `agentrl sft` and `agentrl pretrain`."""
+
+
+def _config_or_dry_run(model: type, config: Path | None, overrides: list[str], *, dry_run: bool) -> tuple[Any, Any]:
+    """A command's console and its config loaded with `--set` overrides; with `--dry-run`, the config printed and
+    the command ended."""
+    from rich.console import Console
+
+    from agentrl.config import dump_config, load_config
+
+    console = Console()
+    resolved = load_config(model, config, overrides=list(overrides))
+    if dry_run:
+        console.print(dump_config(resolved), markup=False, highlight=False)
+        raise typer.Exit(0)
+    return console, resolved
 
 
 def register(app: typer.Typer) -> None:
@@ -201,24 +222,17 @@ def register(app: typer.Typer) -> None:
         config: Path | None = typer.Option(
             None, "--config", "-c", help="TOML SFT config (e.g. cookbook/cpu-default/sft.toml)."
         ),
-        overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. steps=100."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+        overrides: list[str] = _SET_OPTION,
+        dry_run: bool = _DRY_RUN_OPTION,
     ) -> None:
         """Supervised warm start: train MODEL on ENV's demonstrations and export an HF folder.
 
         Demonstrations are the environment's oracle answers played through its own rollout
         and rendered with the model's chat template; the trainer runs in SFT mode.
         """
-        from rich.console import Console
-
-        from agentrl.config import dump_config, load_config
         from agentrl.rl.sft import SFTConfig, run_sft
 
-        console = Console()
-        resolved = load_config(SFTConfig, config, overrides=list(overrides))
-        if dry_run:
-            console.print(dump_config(resolved), markup=False, highlight=False)
-            raise typer.Exit(0)
+        console, resolved = _config_or_dry_run(SFTConfig, config, overrides, dry_run=dry_run)
         every = max(1, resolved.steps // 20)
 
         def on_step(metrics: dict) -> None:
@@ -232,26 +246,19 @@ def register(app: typer.Typer) -> None:
     @app.command("pretrain")
     def pretrain_command(
         config: Path | None = typer.Option(
-            None, "--config", "-c", help="TOML pretraining config (e.g. cookbook/cpu-default/pretrain.toml)."
+            None, "--config", "-c", help="TOML pretraining config (e.g. cookbook/r3-specialised/cpu.toml)."
         ),
-        overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. steps=100."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+        overrides: list[str] = _SET_OPTION,
+        dry_run: bool = _DRY_RUN_OPTION,
     ) -> None:
         """Pretrain MODEL on raw text found on this machine until its experts specialise (Router Replay studies).
 
         Reports the held-out NLL and the routing figures (router entropy, load balance, expert/token
         mutual information, the cost of a routing flip) at initialisation and at the end.
         """
-        from rich.console import Console
-
-        from agentrl.config import dump_config, load_config
         from agentrl.rl.pretrain import PretrainConfig, run_pretrain
 
-        console = Console()
-        resolved = load_config(PretrainConfig, config, overrides=list(overrides))
-        if dry_run:
-            console.print(dump_config(resolved), markup=False, highlight=False)
-            raise typer.Exit(0)
+        console, resolved = _config_or_dry_run(PretrainConfig, config, overrides, dry_run=dry_run)
         every = max(1, resolved.steps // 20)
 
         def on_step(record: dict) -> None:

