@@ -98,12 +98,34 @@ def summarise(run_dir: Path, *, ahead: int) -> dict:
         "r3_kl_reduction": live_mean / replayed_mean if pairs else None,  # pooled over the same steps
         "r3_step_ratio_median": statistics.median(lv / rp for lv, rp in pairs) if pairs else None,
         "r3_replayed_fraction": sorted({r.get("r3/replayed_fraction") for r in rows if r.get("r3/replayed_fraction")}),
+        # the peers' figures, per arm: tokens 2x apart (mean share), the largest log ratio; the third arm's KL
+        **_arm_figures(rows),
         # the share of inference's (token, MoE layer) expert sets the trainer's own routers chose alike
         # (runs from before this metric existed have none)
         "live_routing_agreement": statistics.mean(agreement) if (agreement := [
             r["train/live_routing_agreement"] for r in rows if r.get("train/live_routing_agreement") is not None
         ]) else None,
     }
+
+
+def _arm_figures(rows: list[dict]) -> dict:
+    """Means of the 2x-apart shares and the largest |log ratio| of the replayed and live-routing arms, and the
+    replayed ids + gate weights arm's KL, over the steps that report them (older runs report none)."""
+    out: dict = {}
+    for suffix in ("", "_live_routing", "_replay_ids_weights"):
+        shares = [r[f"train/mismatch_large_fraction{suffix}"] for r in rows
+                  if r.get(f"train/mismatch_large_fraction{suffix}") is not None]
+        largest = [r[f"train/mismatch_max_log_ratio{suffix}"] for r in rows
+                   if r.get(f"train/mismatch_max_log_ratio{suffix}") is not None]
+        if shares:
+            out[f"mismatch_large_fraction{suffix or '_replayed'}"] = statistics.mean(shares)
+        if largest:
+            out[f"mismatch_max_log_ratio{suffix or '_replayed'}"] = max(largest)
+    weighted = [r["train/mismatch_kl_replay_ids_weights"] for r in rows
+                if r.get("train/mismatch_kl_replay_ids_weights") is not None]
+    if weighted:
+        out["mismatch_kl_replay_ids_weights"] = statistics.mean(weighted)
+    return out
 
 
 def eval_throughput(base_url: str, out: Path, *, model: str = "glm-air-5b") -> dict:
