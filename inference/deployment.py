@@ -93,7 +93,8 @@ class InferenceConfig(BaseConfig):
     """Return the routed experts of every token (Router Replay)."""
     prefix_caching: bool = False
     """CPU servers returning routed experts: serve with vLLM's prefix cache too, the experts of cached tokens
-    stitched from the blocks that computed them (agentrl's plugin). GPU servers keep vLLM's default."""
+    stitched from the blocks that computed them (agentrl's plugin); every weight update then drops the cache
+    (`recomputes_on_update`). GPU servers keep vLLM's default."""
     routed_weights: bool = False
     """Also return each token's gate weights beside its experts (Router Replay's third arm; on the CPU runner,
     through agentrl's vLLM plugin; CUDA vLLM returns expert ids only). `trainer.router_replay_weights` turns it
@@ -155,6 +156,13 @@ class InferenceConfig(BaseConfig):
         if self.lora_adapters and self.weight_transfer is None:  # an adapter travels as a folder
             return transport_for("filesystem", device=self.device)
         return transport_for(self.weight_transfer, device=self.device)
+
+    def recomputes_on_update(self) -> bool:
+        """Whether a weight update drops the servers' KV and prefix cache (`recompute_kv_on_weight_update`), as it
+        must on CPU servers with the prefix cache on: a block computed with the old weights was reused after an
+        update (synchronous runs of the CPU agent recipe: mismatch KL 3e-6..7e-4 after the first update, against
+        1e-12 with the cache off)."""
+        return self.recompute_kv_on_weight_update or (self.device == "cpu" and self.prefix_caching)
 
     def uses_fp8(self) -> bool:
         """Whether the servers get FP8 weights and KV cache with DeepGEMM (`fp8`, or the GPU kind's default).

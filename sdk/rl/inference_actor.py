@@ -161,11 +161,11 @@ class InferenceActor:
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
         if lora is not None:  # a LoRA run's adapter, loaded by name (`lora_serving`)
             self.publisher = AdapterPublisher([self.server.url], staging_dir=self.folder / "staged",
-                                              recompute_kv=deployment.recompute_kv_on_weight_update,
+                                              recompute_kv=deployment.recomputes_on_update(),
                                               verify=deployment.verify_weights)
         else:
             self.publisher = FilesystemWeightPublisher([self.server.url], staging_dir=self.folder / "staged",
-                                                       recompute_kv=deployment.recompute_kv_on_weight_update,
+                                                       recompute_kv=deployment.recomputes_on_update(),
                                                        verify=deployment.verify_weights)
         self.supervisor = ServerSupervisor(self.server, after_restart=self._after_restart,
                                            max_restarts=max_restarts, on_event=self._on_event)

@@ -201,3 +201,10 @@ def test_gate_weights_are_recorded_by_the_cpu_plugin_and_refused_on_gpus_in_one_
         load_config(InferenceConfig, overrides=["device=gpu", "routed_weights=true"])
     assert "\n" not in str(info.value)
     assert load_config(InferenceConfig, overrides=["device=cpu", "routed_weights=true"]).routed_weights
+
+
+def test_updates_drop_the_cache_of_cpu_servers_that_keep_a_prefix_cache():
+    assert not InferenceConfig(device="cpu").recomputes_on_update()
+    assert InferenceConfig(device="cpu", prefix_caching=True).recomputes_on_update()
+    assert InferenceConfig(device="cpu", recompute_kv_on_weight_update=True).recomputes_on_update()
+    assert not InferenceConfig(device="gpu", prefix_caching=True).recomputes_on_update()  # GPUs: vLLM's default
