@@ -28,6 +28,7 @@ torch-free.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,6 @@ class SharedAdapterPublisher(AdapterPublisher):
                  verify: bool = True) -> None:
         super().__init__([url], staging_dir=staging_dir, name=run, keep_last=keep, timeout_s=timeout_s,
                          verify=verify)
-        self.keep = keep
         self.loaded: list[int] = []
         """This run's versions the server holds, oldest first."""
 
@@ -156,9 +156,9 @@ class SharedAdapterPublisher(AdapterPublisher):
         await self._load(control, prepared, version=version)
         self.loaded.append(version)
         if expected is not None:
-            digest = await expected if hasattr(expected, "__await__") else expected
+            digest = await expected if isinstance(expected, asyncio.Future) else expected
             updated.check = await self._check(control, digest, version)
-        while len(self.loaded) > self.keep:
+        while len(self.loaded) > self.keep_last:
             await self.unload(control, self.loaded.pop(0))
         updated.seconds = time.monotonic() - started
         return updated
