@@ -1,6 +1,7 @@
 # Sourced by the `extra` phase of scripts/gpu_check.sh and scripts/gpu_run.sh, from the repository root: install
 # into /tmp/site (once per machine and group) the wheels scripts/gpu_extra.sh fetched: .gpu-extra/*.whl, and each
-# group whose parts were carried to /tmp/acc-GROUP/ (any part may travel in .gpu-extra-GROUP/ instead).
+# group whose parts were carried to /tmp/acc-GROUP/ (any part may travel in .gpu-extra-GROUP/ instead); the Debian
+# packages .gpu-extra/*.deb are unpacked into /tmp/site/debs and their programs linked into /tmp/site/bin (on PATH).
 # GPU_EXTRA_SITE and GPU_EXTRA_ACC move /tmp/site and /tmp (the tests' own folders).
 gpu_extra_install() {
   local status=0 folder group n seen=" " site=${GPU_EXTRA_SITE:-/tmp/site} acc=${GPU_EXTRA_ACC:-/tmp}
@@ -8,6 +9,17 @@ gpu_extra_install() {
   if [ ! -f "$site/.gpu-extra-ok" ] && compgen -G ".gpu-extra/*.whl" > /dev/null; then
     if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .gpu-extra/*.whl
     then touch "$site/.gpu-extra-ok"; else status=1; fi
+  fi
+  if [ ! -f "$site/.gpu-extra-debs-ok" ] && compgen -G ".gpu-extra/*.deb" > /dev/null; then
+    local deb program
+    mkdir -p "$site/debs" "$site/bin"
+    for deb in .gpu-extra/*.deb; do
+      dpkg-deb -x "$deb" "$site/debs" || { echo "gpu_extra: cannot unpack $deb" >&2; status=1; }
+    done
+    for program in "$site"/debs/usr/bin/*; do
+      [ -e "$program" ] && ln -sf "$program" "$site/bin/"
+    done
+    [ $status -eq 0 ] && touch "$site/.gpu-extra-debs-ok"
   fi
   for folder in "$acc"/acc-* .gpu-extra-*; do
     [ -d "$folder" ] || continue

@@ -20,6 +20,11 @@
 #             as created (answers run to max_tokens) -> $OUT/gpu_loop.json
 #   deepipc   bench/gpu_loop.py --measure --updates-only --created-model glm-air-deep: IPC updates packed and
 #             unpacked (over 17,000 tensors) and one through the filesystem -> $OUT/gpu_loop.json
+#   agent-sft agentrl sft of glm-air-5b on the harder key-hunt's oracle episodes (cookbook/gpu-1xh200/agent-sft.toml;
+#             the reverse-text warm start first when missing), sandboxes under bwrap over a rootfs of this machine's
+#             programs (environments/key_hunt/key_hunt_rootfs.py) -> $OUT/agent-sft.json
+#   agent-train agentrl train --config cookbook/gpu-1xh200/agent-train.toml -> $OUT/agent-run (AGENT_ARGS: extra --set)
+#   agent-eval  agentrl eval of its last checkpoint against the warm start (agent-eval.toml) -> $OUT/agent-eval
 # On nvidia-h200-x2 (issue 25: trainer on GPU 0, vLLM on GPU 1, weights through NCCL; sft first for the warm start):
 #   x2tests   tests/gpu/test_weights_nccl.py (NCCL update logprobs, a request in flight, restart + re-send)
 #   x2train   agentrl train --config cookbook/gpu-2xh200/train.toml -> $OUT/x2-run
@@ -54,6 +59,12 @@ keep_run() {  # run folder, destination: what of a run comes back (report, plots
   for item in config.toml metrics.jsonl report.md placement.json weight_updates.jsonl plots logs; do
     cp -r "$1/$item" "$2/" 2>/dev/null || true
   done
+}
+
+agent_rootfs() {  # key-hunt's sandbox root filesystem from this machine's programs (no Docker, no mirror here)
+  [ -x /tmp/agentrl-rootfs/key-hunt/bin/sh ] || python3 environments/key_hunt/key_hunt_rootfs.py \
+    /tmp/agentrl-rootfs/key-hunt > "$out/agent-rootfs.log" 2>&1
+  command -v bwrap >> "$out/agent-rootfs.log" 2>&1 || echo "no bwrap: run the extra phase (.gpu-extra/*.deb)" | tee -a "$out/phases.txt"
 }
 
 run_phase() {  # name timeout command...
@@ -118,6 +129,26 @@ for phase in "${expanded[@]}"; do
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
         --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep ${R3DEEP_ARGS:-}
       keep_run runs/gpu-1xh200/r3-deep "$out/r3-deep-run" ;;
+    agent-sft)  # issue 36 on the H200: key-hunt's warm start, sandboxes under bwrap (the .deb of `extra`)
+      agent_rootfs
+      [ -f runs/gpu-1xh200/glm-air-5b-sft/agentrl_sft.json ] || run_phase sft "${SFT_TIMEOUT:-300}" \
+        python3 -m agentrl.cli sft --config cookbook/gpu-1xh200/sft.toml
+      run_phase agent-sft "${AGENT_SFT_TIMEOUT:-420}" python3 -m agentrl.cli sft \
+        --config cookbook/gpu-1xh200/agent-sft.toml
+      cp runs/gpu-1xh200/glm-air-5b-key-hunt-sft/agentrl_sft.json "$out/agent-sft.json" 2>/dev/null ;;
+    agent-train)
+      agent_rootfs
+      rm -rf runs/gpu-1xh200/agent
+      # shellcheck disable=SC2086
+      run_phase agent-train "${AGENT_TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train \
+        --config cookbook/gpu-1xh200/agent-train.toml -o runs/gpu-1xh200/agent ${AGENT_ARGS:-}
+      keep_run runs/gpu-1xh200/agent "$out/agent-run" ;;
+    agent-eval)  # the run's last checkpoint against its warm start, 64 held-out tasks x 4
+      agent_rootfs
+      last=$(ls -d runs/gpu-1xh200/agent/checkpoints/step_* 2>/dev/null | sort -t_ -k2 -n | tail -1)
+      run_phase agent-eval "${AGENT_EVAL_TIMEOUT:-420}" python3 -m agentrl.cli eval \
+        --config cookbook/gpu-1xh200/agent-eval.toml --model "${last:-runs/gpu-1xh200/agent/checkpoints/none}" \
+        -o "$out/agent-eval" ;;
     x2tests)
       # shellcheck disable=SC2086
       run_phase x2tests "${X2TESTS_TIMEOUT:-330}" python3 -m pytest tests/gpu/test_weights_nccl.py -q -s \

@@ -53,10 +53,36 @@ def test_parts_carried_to_two_places_are_joined_and_installed_once(tmp_path):
     assert _install(repo, tmp_path / "site", acc).returncode == 0
 
 
+def test_a_debian_package_is_unpacked_and_its_programs_put_on_the_path(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text("Package: agentrl-probe\nVersion: 1.0\nArchitecture: all\n"
+                                                "Maintainer: tests\nDescription: probe\n")
+    program = package / "usr" / "bin" / "agentrl-probe"
+    program.parent.mkdir(parents=True)
+    program.write_text("#!/bin/sh\necho probe 1.0\n")
+    program.chmod(0o755)
+    repo = tmp_path / "repo"
+    (repo / ".gpu-extra").mkdir(parents=True)
+    subprocess.run(["dpkg-deb", "--build", str(package), str(repo / ".gpu-extra" / "agentrl-probe_1.0_all.deb")],
+                   check=True, capture_output=True, timeout=60)
+    site = tmp_path / "site"
+    done = _install(repo, site, tmp_path / "acc")
+    assert done.returncode == 0, done.stderr
+    said = subprocess.run(["agentrl-probe"], capture_output=True, text=True, timeout=30, check=True,
+                          env={**os.environ, "PATH": f"{site / 'bin'}:{os.environ['PATH']}"})
+    assert said.stdout == "probe 1.0\n"
+    assert (site / ".gpu-extra-debs-ok").is_file()
+    (repo / ".gpu-extra" / "broken_1.0_all.deb").write_bytes(b"not an archive")
+    broken = _install(repo, tmp_path / "site-broken", tmp_path / "acc")
+    assert broken.returncode == 1 and "gpu_extra: cannot unpack .gpu-extra/broken_1.0_all.deb" in broken.stderr
+
+
 def test_the_wheel_list_and_an_unknown_group():
     lines = [line.split("#")[0].split() for line in (ROOT / "scripts" / "gpu-extra-wheels.txt").read_text().splitlines()]
     entries = [line for line in lines if line]
-    assert entries and all(len(line) == 2 and "==" in line[1] for line in entries), entries
+    assert entries and all(len(line) == 2 and ("==" in line[1] or line[1].startswith("deb:")) for line in entries), entries
+    assert ["base", "deb:bubblewrap"] in entries  # the H200s have no Docker: key-hunt's sandboxes run under bwrap
     assert {"base", "kv"} <= {group for group, _ in entries}
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_extra.sh"), "bogus"], capture_output=True, text=True,
                             timeout=60)
