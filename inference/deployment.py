@@ -138,17 +138,17 @@ class InferenceConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _router_replay_needs_no_kv_connector(self) -> InferenceConfig:
-        """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector, so a GPU
-        deployment asking for both is refused here, in one line, not at the server's start-up."""
+        """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector. With KV offload
+        agentrl's plugin lifts that and stitches the loaded blocks' routing (`vllm_plugin.routed_offload`); P/D
+        asking for both is refused here, in one line, not at the server's start-up."""
         if self.routed_weights and self.device == "gpu":
             raise ValueError("routed_weights: CUDA vLLM returns the routed expert ids only (agentrl's plugin records "
                              "gate weights on the CPU runner); set routed_weights=false and "
                              "trainer.router_replay_weights=false on GPUs")
-        if self.device == "gpu" and self.routed_experts and (self.kv_offload != "none" or self.kind == "pd"):
-            what = "kind='pd'" if self.kind == "pd" else f"kv_offload={self.kv_offload!r}"
-            raise ValueError(f"routed_experts with {what}: vLLM returns no routed experts through KV connectors"
-                             f" (P/D, KV offload), which Router Replay needs; set routed_experts=false (no Router"
-                             f" Replay) or leave out {what}")
+        if self.device == "gpu" and self.routed_experts and self.kind == "pd":
+            raise ValueError("routed_experts with kind='pd': the decode server returns no routing for the prompt its"
+                             " prefill server computed, which Router Replay needs; set routed_experts=false (no"
+                             " Router Replay) or leave out kind='pd'")
         return self
 
     def transport(self) -> WeightTransport:

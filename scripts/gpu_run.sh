@@ -20,6 +20,8 @@
 #             as created (answers run to max_tokens) -> $OUT/gpu_loop.json
 #   deepipc   bench/gpu_loop.py --measure --updates-only --created-model glm-air-deep: IPC updates packed and
 #             unpacked (over 17,000 tensors) and one through the filesystem -> $OUT/gpu_loop.json
+#   kvoffload tests/gpu/test_kv_offload_gpu.py: routed experts through native KV offload equal the routing computed
+#             whole (agentrl's plugin, inference/vllm_plugin/routed_offload.py)
 #   agent-sft agentrl sft of glm-air-5b on the harder key-hunt's oracle episodes (cookbook/gpu-1xh200/agent-sft.toml;
 #             the reverse-text warm start first when missing), sandboxes under bwrap over a rootfs of this machine's
 #             programs (environments/key_hunt/key_hunt_rootfs.py) -> $OUT/agent-sft.json
@@ -129,6 +131,9 @@ for phase in "${expanded[@]}"; do
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
         --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep ${R3DEEP_ARGS:-}
       keep_run runs/gpu-1xh200/r3-deep "$out/r3-deep-run" ;;
+    kvoffload)  # issue 35: Router Replay through vLLM's native KV offload (agentrl's plugin stitches the rows)
+      run_phase kvoffload "${KVOFFLOAD_TIMEOUT:-400}" python3 -m pytest tests/gpu/test_kv_offload_gpu.py -q -s \
+        -p no:cacheprovider --timeout 380 ;;
     agent-sft)  # issue 36 on the H200: key-hunt's warm start, sandboxes under bwrap (the .deb of `extra`)
       agent_rootfs
       [ -f runs/gpu-1xh200/glm-air-5b-sft/agentrl_sft.json ] || run_phase sft "${SFT_TIMEOUT:-300}" \

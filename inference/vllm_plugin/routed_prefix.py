@@ -62,12 +62,15 @@ class CachedBlockRows:
             known = block[..., 0] if block.ndim == 4 else block
             if (known < 0).any():
                 continue
-            key = block_hashes[index]
-            self._blocks[key] = block.copy()
-            self._blocks.move_to_end(key)
+            self.put(block_hashes[index], block)
+        return max(first_block, covered)
+
+    def put(self, key: Any, block: np.ndarray) -> None:
+        """Keep one full block's rows (copied) under its hash, the least recently used dropped past the bound."""
+        self._blocks[key] = block.copy()
+        self._blocks.move_to_end(key)
         while len(self._blocks) > self.max_blocks:
             self._blocks.popitem(last=False)
-        return max(first_block, covered)
 
     def lookup(self, block_hashes: list[Any], tokens: int, *, like: np.ndarray) -> np.ndarray:
         """Rows for the first `tokens` tokens of a request that hit them in the prefix cache."""

