@@ -1,0 +1,56 @@
+"""bench/inference_features.py's pieces that run without a GPU: vLLM's Prometheus counters read back, the multi-turn
+workload (fixed by a seed, each session its own context), and the KV bytes per token the KV-bound cache is sized by."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("inference_features", ROOT / "bench" / "inference_features.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_counters_sum_each_metric_over_its_labels(bench):
+    text = "\n".join([
+        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+        "# TYPE vllm:prompt_tokens_total counter",
+        'vllm:prompt_tokens_total{engine="0",model_name="policy"} 1200.0',
+        'vllm:prompt_tokens_total{engine="1",model_name="policy"} 300.0',
+        'vllm:prompt_tokens_created{engine="0",model_name="policy"} 1.7e9',
+        'vllm:prompt_tokens_cached_total{engine="0",model_name="policy"} 800.0',
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="policy"} 512.0',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="policy",source="local_compute"} 9.0',
+        "vllm:num_preemptions_total 3.0",
+    ])
+    said = bench.counters(text)
+    assert said["vllm:prompt_tokens"] == 1500.0 and said["vllm:prompt_tokens_cached"] == 800.0
+    assert said["vllm:external_prefix_cache_hits"] == 512.0 and said["vllm:num_preemptions"] == 3.0
+    assert said["vllm:generation_tokens"] == 0.0
+
+
+def test_the_multi_turn_workload_is_fixed_and_each_session_has_its_own_context(bench):
+    first = bench.multi_turn_sessions(sessions=4, context=100, turns=3, vocab=128)
+    assert first == bench.multi_turn_sessions(sessions=4, context=100, turns=3, vocab=128)
+    assert len({tuple(item["context"]) for item in first}) == 4
+    assert all(len(item["context"]) == 100 and [len(o) for o in item["outputs"]] == [32, 32, 32] for item in first)
+    assert all(3 <= token < 128 for item in first for token in item["context"])
+
+
+def test_kv_bytes_per_token_of_a_checkpoint(bench, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 4096, "num_attention_heads": 96,
+                                                      "num_key_value_heads": 8, "head_dim": 128,
+                                                      "num_hidden_layers": 3}))
+    assert bench.kv_bytes_per_token(tmp_path) == 2 * 8 * 128 * 2 * 3  # K and V, bf16, every layer
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4,
+                                                      "num_hidden_layers": 2}))
+    assert bench.kv_bytes_per_token(tmp_path) == 2 * 4 * 16 * 2 * 2
