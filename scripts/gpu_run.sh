@@ -20,6 +20,9 @@
 #             as created (answers run to max_tokens) -> $OUT/gpu_loop.json
 #   deepipc   bench/gpu_loop.py --measure --updates-only --created-model glm-air-deep: IPC updates packed and
 #             unpacked (over 17,000 tensors) and one through the filesystem -> $OUT/gpu_loop.json
+#   lora      agentrl train of the one-GPU recipe with LoRA (rank 16 on attention, routed and shared experts; the
+#             adapter served after every step) -> $OUT/lora-run; `python3 bench/lora.py --summarize` against the
+#             check's run-1 (full fine-tuning, same session) -> bench/results/lora.json
 #   kvoffload tests/gpu/test_kv_offload_gpu.py: routed experts through native KV offload equal the routing computed
 #             whole (agentrl's plugin, inference/vllm_plugin/routed_offload.py)
 #   agent-sft agentrl sft of glm-air-5b on the harder key-hunt's oracle episodes (cookbook/gpu-1xh200/agent-sft.toml;
@@ -131,6 +134,16 @@ for phase in "${expanded[@]}"; do
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
         --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep ${R3DEEP_ARGS:-}
       keep_run runs/gpu-1xh200/r3-deep "$out/r3-deep-run" ;;
+    lora)  # issue 42: the one-GPU recipe with LoRA (adapters on attention and all experts, served after every step)
+      rm -rf runs/gpu-1xh200/lora
+      # shellcheck disable=SC2086
+      run_phase lora "${LORA_TIMEOUT:-540}" python3 -m agentrl.cli train --config cookbook/gpu-1xh200/train.toml \
+        -o runs/gpu-1xh200/lora --set 'trainer.lora={rank=16, alpha=32, targets=["attention","experts","shared_experts"]}' \
+        --set inference.lora_adapters=true --set inference.weight_transfer=filesystem --set trainer.optimizer.lr=1e-4 \
+        ${LORA_ARGS:-}
+      keep_run runs/gpu-1xh200/lora "$out/lora-run"
+      last=$(ls -d runs/gpu-1xh200/lora/weights/v* 2>/dev/null | sort -t v -k2 -n | tail -1)
+      [ -n "$last" ] && mkdir -p "$out/lora-run/weights" && cp -r "$last" "$out/lora-run/weights/" ;;
     kvoffload)  # issue 35: Router Replay through vLLM's native KV offload (agentrl's plugin stitches the rows)
       run_phase kvoffload "${KVOFFLOAD_TIMEOUT:-400}" python3 -m pytest tests/gpu/test_kv_offload_gpu.py -q -s \
         -p no:cacheprovider --timeout 380 ;;
