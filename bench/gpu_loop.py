@@ -20,7 +20,9 @@ committed ones are under cookbook/gpu-1xh200/results/):
 With `--measure` (a GPU; the recipe's SFT warm start in `--model-dir`, else glm-air-5b as created):
 a vLLM server of the 5B model with the `ipc` engine beside a trainer in this process, the weight
 update timed three times through CUDA IPC packed (`IpcWeightPublisher`'s default: a buffer per 1 GiB
-chunk), three times unpacked (a handle per tensor) and twice through the filesystem (HF export +
+chunk), three times unpacked (a handle per tensor), three times packed in the served layout
+(`ipc_kernel`: `inference.weight_format = "kernel"`, fused tensors vLLM copies in, every update's weight check
+passing) and twice through the filesystem (HF export +
 `reload_weights`, `--repeats-fs`), pause to resume and end to end (`--updates-only` stops there;
 `--created-model glm-air-deep` times the 46-layer model's 17,925 tensors, under
 `weight_update_glm_air_deep`); then completion tokens/s through
@@ -183,8 +185,9 @@ def measure_updates(
         wire_bytes = sum(direct_wire_bytes(t, dtype="bfloat16") for t in state.values())
         version = 0
         errors = {}
-        for name, packed in (("ipc", True), ("ipc_unpacked", False)):
-            ipc = IpcWeightPublisher([server.url], packed=packed)
+        kernel_tensors = None
+        for name, packed, kernel in (("ipc", True, False), ("ipc_unpacked", False, False), ("ipc_kernel", True, True)):
+            ipc = IpcWeightPublisher([server.url], packed=packed, kernel_format=kernel)
             ipc.version = version or None
             runs = []
             try:
@@ -197,6 +200,8 @@ def measure_updates(
                 errors[f"{name}_error"] = f"{type(error).__name__}: {error}"[:500]
             if runs:
                 results[name] = runs
+            if kernel and ipc._layouts:
+                kernel_tensors = len(next(iter(ipc._layouts.values())))
         files = FilesystemWeightPublisher([server.url], staging_dir=scratch / "staged")
         files.version = version or None
         runs = []
@@ -214,7 +219,9 @@ def measure_updates(
             measured["eager"]["startup_s"] = server.startup_s
     params = trainer.args.param_counts().get("total")
     report = {"model": served_name, "model_params": params, "tensors": len(state), "wire_bytes": wire_bytes,
-              "ipc_layout": "ipc: packed (a buffer per 1 GiB chunk); ipc_unpacked: a handle per tensor",
+              "ipc_layout": "ipc: packed (a buffer per 1 GiB chunk); ipc_unpacked: a handle per tensor; ipc_kernel: "
+                            "packed, in the served layout (inference.weight_format = 'kernel')",
+              "kernel_tensors": kernel_tensors,
               **{f"{name}_median_s": statistics.median(r["total_s"] for r in runs_) for name, runs_ in results.items()},
               **errors, "runs": results}
     del trainer, state
@@ -446,12 +453,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{report['async']['reward_last10']:.3f}", "", "rising")
     for key in sorted(key for key in report if key.startswith("weight_update") and key != "weight_update_nccl"):
         update = report[key]
-        arms = [(name, update[f"{name}_median_s"]) for name in ("ipc", "ipc_unpacked", "filesystem")
+        arms = [(name, update[f"{name}_median_s"]) for name in ("ipc", "ipc_unpacked", "ipc_kernel", "filesystem")
                 if update.get(f"{name}_median_s") is not None]
         table.add_row(f"{key}: {' / '.join(name for name, _ in arms)} (median s)",
                       " / ".join(f"{seconds:.2f}" for _, seconds in arms)
                       + (f"; {update['tensors']} tensors" if update.get("tensors") else ""), "", "ipc < 2 s")
-        for name in ("ipc", "ipc_unpacked"):
+        for name in ("ipc", "ipc_unpacked", "ipc_kernel"):
             if update.get(f"{name}_error"):
                 table.add_row(f"{key}: {name}", f"failed: {update[f'{name}_error'][:200]}", "", "")
     graphs = report.get("async_cuda_graphs")

@@ -105,6 +105,11 @@ class InferenceConfig(BaseConfig):
     files to Ray's object store and each server's node writes them locally (no shared filesystem); 'nccl':
     trainer rank 0 broadcasts into vLLM's NCCL weight-transfer engine (GPUs); 'ipc': CUDA IPC handles into
     vLLM's ipc engine (trainer and vLLM on one GPU). None: nccl on GPU, filesystem on CPU."""
+    weight_format: Literal["checkpoint", "kernel"] = "checkpoint"
+    """How the ipc transport sends the weights: 'checkpoint' names, which vLLM's loader places tensor by tensor,
+    layer by layer; or 'kernel', the served layout (q/k/v and gate/up fused, each layer's experts stacked:
+    `agentrl.inference.kernel_format`), which vLLM copies straight in: for a deep MoE a few hundred tensors instead
+    of tens of thousands. 'kernel' needs weight_transfer='ipc', one worker per server and fp8=false."""
     base_url: str | None = None
     """A running server this run shares with other runs instead of starting its own (`agentrl serve --lora`): the
     run's LoRA adapter is loaded there under a name per version (needs trainer.lora and lora_adapters)."""
@@ -128,6 +133,14 @@ class InferenceConfig(BaseConfig):
     starts faster and keeps the graphs' memory for the KV cache). Ignored on the CPU."""
     extra_args: list[str] = []
     """Extra vLLM arguments appended to every server command."""
+
+    @model_validator(mode="after")
+    def _kernel_format_needs_ipc(self) -> InferenceConfig:
+        if self.weight_format == "kernel" and (self.weight_transfer != "ipc" or self.fp8 is not False):
+            raise ValueError(f"weight_format='kernel' with weight_transfer={self.weight_transfer!r}, fp8={self.fp8!r}:"
+                             " the served layout is copied in through the ipc transport into bf16 or float32"
+                             " weights; set weight_transfer='ipc' and fp8=false, or weight_format='checkpoint'")
+        return self
 
     @model_validator(mode="after")
     def _adapters_travel_as_folders(self) -> InferenceConfig:
@@ -155,7 +168,9 @@ class InferenceConfig(BaseConfig):
         """The `weight_transfer` transport (`agentrl.inference.transfer`), or its default for `device`."""
         if self.lora_adapters and self.weight_transfer is None:  # an adapter travels as a folder
             return transport_for("filesystem", device=self.device)
-        return transport_for(self.weight_transfer, device=self.device)
+        transport = transport_for(self.weight_transfer, device=self.device)
+        transport.kernel_format = self.weight_format == "kernel"
+        return transport
 
     def recomputes_on_update(self) -> bool:
         """Whether a weight update drops the servers' KV and prefix cache (`recompute_kv_on_weight_update`), as it

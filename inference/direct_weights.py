@@ -57,11 +57,14 @@ class _DirectWeightPublisher(WeightPublisher):
     _needs_cuda = "needs a CUDA GPU in the trainer's process"
 
     def __init__(self, urls: list[str], *, dtype: str, timeout_s: float, recompute_kv: bool,
-                 verify: bool = True) -> None:
+                 verify: bool = True, kernel_format: bool = False) -> None:
         super().__init__(urls, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify)
         if dtype not in _ITEM_BYTES:
             raise WeightUpdateError(f"{type(self).__name__}: dtype={dtype!r}; use one of {', '.join(_ITEM_BYTES)}")
         self.dtype = dtype
+        self.kernel_format = kernel_format
+        """Send the served layout (`kernel_format.KernelLayout`), which vLLM copies in, not checkpoint names."""
+        self._layouts: dict[str, Any] = {}  # url -> its KernelLayout, made at its first kernel-format update
         self._connected = False
         self._device: int | None = None  # the trainer's CUDA device, fixed when the engines are connected
 
@@ -115,10 +118,27 @@ class _DirectWeightPublisher(WeightPublisher):
         return tensor.detach().to(device="cuda", dtype=self._wire_dtype(tensor)).contiguous()
 
     async def _load(self, control: ServerControl, prepared: Mapping[str, Any], *, version: int) -> None:
-        await control._post("/start_weight_update", what="start_weight_update", json={"is_checkpoint_format": True})
-        await self._send_tensors(control, prepared)
+        if self.kernel_format:
+            sent = (await self._kernel_layout(control, prepared)).tensors(prepared)
+        else:
+            sent = prepared
+        await control._post("/start_weight_update", what="start_weight_update",
+                            json={"is_checkpoint_format": not self.kernel_format})
+        await self._send_tensors(control, sent)
         await control._post("/finish_weight_update", what="finish_weight_update",
                             json={"weight_version": str(version)})
+
+    async def _kernel_layout(self, control: ServerControl, weights: Mapping[str, Any]) -> Any:
+        """The server's kernel layout for these tensor names (made once per server from its parameters)."""
+        from agentrl.inference.kernel_format import kernel_layout
+
+        if control.url not in self._layouts:
+            workers = await control.worker_call("agentrl_weight_digest")
+            if len(workers) != 1:
+                raise WeightUpdateError(f"kernel-format weights: {control.url} runs {len(workers)} workers, whose "
+                                        "parameters are shards; use the checkpoint format (inference.weight_format)")
+            self._layouts[control.url] = kernel_layout(list(weights), workers[0])
+        return self._layouts[control.url]
 
     async def arestore(self, url: str) -> bool:
         if self.version is None:
@@ -301,8 +321,9 @@ class IpcWeightPublisher(_DirectWeightPublisher):
 
     def __init__(self, urls: list[str], *, dtype: str = "bfloat16", packed: bool = True,
                  chunk_bytes: int = 1 << 30, timeout_s: float = 600.0, recompute_kv: bool = False,
-                 verify: bool = True) -> None:
-        super().__init__(urls, dtype=dtype, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify)
+                 verify: bool = True, kernel_format: bool = False) -> None:
+        super().__init__(urls, dtype=dtype, timeout_s=timeout_s, recompute_kv=recompute_kv, verify=verify,
+                         kernel_format=kernel_format)
         self.packed = packed
         self.chunk_bytes = chunk_bytes
         self._buffer = None  # the packed IPC buffer (`ipc_buffer.PackedIpcBuffer`), made at the first update
@@ -330,6 +351,11 @@ class IpcWeightPublisher(_DirectWeightPublisher):
 
     def buffer_bytes(self, weights: Mapping[str, Any]) -> int:
         """The packed buffer's size: `chunk_bytes`, or the largest wire tensor's bytes when that is larger."""
+        from agentrl.inference.kernel_format import PackedTensors
+
+        if isinstance(weights, PackedTensors):  # sized without packing every tensor first
+            return max([self.chunk_bytes, *(numel * _ITEM_BYTES[self.dtype if dims > 1 else "float32"]
+                                            for numel, dims in weights.numel_and_dims())])
         return max([self.chunk_bytes, *(wire_bytes(tensor, dtype=self.dtype) for tensor in weights.values())])
 
     def _chunks(self, weights: Mapping[str, Any]):

@@ -94,6 +94,9 @@ class WeightTransport:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
+    kernel_format = False
+    """Send the served layout instead of checkpoint names (`inference.weight_format = "kernel"`; ipc only)."""
+
     def vllm_args(self, *, device: str) -> tuple[list[str], dict[str, str]]:
         """The server flags and environment this transport needs (none for the folder transports)."""
         return [], {}
@@ -248,7 +251,7 @@ class Ipc(_Direct):
     def publisher(self, urls: list[str], *, verify: bool = True) -> WeightPublisher:
         from agentrl.inference.direct_weights import IpcWeightPublisher  # httpx and vLLM's routes: rank 0 only
 
-        publisher = IpcWeightPublisher(urls, verify=verify)
+        publisher = IpcWeightPublisher(urls, verify=verify, kernel_format=self.kernel_format)
         publisher.connect()
         return publisher
 

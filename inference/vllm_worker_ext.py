@@ -66,6 +66,12 @@ class WorkerChecks:
         values = torch.stack([item.to(stats[0].device) for item in stats]).tolist()
         return {name: [dtypes[name], params[name].numel(), *row] for name, row in zip(params, values)}
 
+    def agentrl_parameter(self, name: str) -> dict[str, Any]:
+        """One served parameter: its shape, dtype and values as a flat float64 list (for checks on small models)."""
+        tensor = self.model_runner.get_model().get_parameter(name).detach()  # type: ignore[attr-defined]
+        return {"shape": list(tensor.shape), "dtype": str(tensor.dtype).removeprefix("torch."),
+                "values": tensor.double().flatten().tolist()}
+
     def agentrl_model_dtype(self) -> str:
         """The dtype the worker computes in ("float32", "bfloat16", ...): a run that shares this server checks it."""
         return str(self.model_runner.model_config.dtype).removeprefix("torch.")

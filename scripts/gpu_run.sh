@@ -23,8 +23,9 @@
 #   lora      agentrl train of the one-GPU recipe with LoRA (rank 16 on attention, routed and shared experts; the
 #             adapter served after every step) -> $OUT/lora-run; `python3 bench/lora.py --summarize` against the
 #             check's run-1 (full fine-tuning, same session) -> bench/results/lora.json
-#   kvoffload tests/gpu/test_kv_offload_gpu.py: routed experts through native KV offload equal the routing computed
-#             whole (agentrl's plugin, inference/vllm_plugin/routed_offload.py)
+#   features  the gpu_feature tests (tests/gpu -m gpu_feature): routed experts through native KV offload equal the
+#             routing computed whole (inference/vllm_plugin/routed_offload.py); a kernel-format ipc update gives
+#             the trainer's logprobs (inference/kernel_format.py)
 #   agent-sft agentrl sft of glm-air-5b on the harder key-hunt's oracle episodes (cookbook/gpu-1xh200/agent-sft.toml;
 #             the reverse-text warm start first when missing), sandboxes under bwrap over a rootfs of this machine's
 #             programs (environments/key_hunt/key_hunt_rootfs.py) -> $OUT/agent-sft.json
@@ -144,9 +145,10 @@ for phase in "${expanded[@]}"; do
       keep_run runs/gpu-1xh200/lora "$out/lora-run"
       last=$(ls -d runs/gpu-1xh200/lora/weights/v* 2>/dev/null | sort -t v -k2 -n | tail -1)
       [ -n "$last" ] && mkdir -p "$out/lora-run/weights" && cp -r "$last" "$out/lora-run/weights/" ;;
-    kvoffload)  # issue 35: Router Replay through vLLM's native KV offload (agentrl's plugin stitches the rows)
-      run_phase kvoffload "${KVOFFLOAD_TIMEOUT:-400}" python3 -m pytest tests/gpu/test_kv_offload_gpu.py -q -s \
-        -p no:cacheprovider --timeout 380 ;;
+    features)  # the gpu_feature tests: R3 through native KV offload (issue 35), kernel-format updates (issue 41)
+      # shellcheck disable=SC2086
+      run_phase features "${FEATURES_TIMEOUT:-540}" python3 -m pytest tests/gpu -m gpu_feature -q -s -rs \
+        -p no:cacheprovider --timeout 400 ${TESTS_ARGS:-} ;;
     agent-sft)  # issue 36 on the H200: key-hunt's warm start, sandboxes under bwrap (the .deb of `extra`)
       agent_rootfs
       [ -f runs/gpu-1xh200/glm-air-5b-sft/agentrl_sft.json ] || run_phase sft "${SFT_TIMEOUT:-300}" \

@@ -6,7 +6,7 @@ tiny-moe server with a GPU KV cache of 48 blocks and 1 GiB of CPU offload answer
 that turn's blocks out of the GPU cache, and the second turn (the first turn's tokens and more) gets its prefix
 back through the connector (vLLM's external prefix-cache hit counter moves). Its routing must agree with the
 routing a server without any connector computes for the whole sequence on at least 99.9% of (token, MoE layer)
-expert sets, with no token unknown. `scripts/gpu_run.sh kvoffload` runs it (outside the one-GPU check's tests).
+expert sets, with no token unknown. `scripts/gpu_run.sh features` runs it (outside the one-GPU check's tests).
 """
 
 from __future__ import annotations
