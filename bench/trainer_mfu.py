@@ -19,6 +19,11 @@ H200 datasheet's 989 TFLOP/s is printed too. Memory: measured peak
 
 Writes ``bench/results/trainer_mfu.json`` with ``mfu_1gpu``, ``mfu_2gpu``,
 ``tokens_per_s`` and ``peak_memory_gib`` (per sequence length and GPU count).
+
+``--fp8 linears|all`` (``trainer.fp8``: torchao's row-wise FP8 training of the projections, and with ``all`` the
+routed experts' grouped GEMMs) times every configuration twice in the same run, bf16 then FP8, and writes
+``bench/results/trainer_mfu_fp8.json`` with ``fp8_speedup`` (FP8 over bf16 tokens/s; target 1.3x at 32k) and the
+FP8 rows' MFU counted in bf16-equivalent FLOPs against the same bf16 GEMM rate (target 55%).
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ def air_args(layers: int):
 
 
 def _key(row: dict) -> str:
-    return f"{row['gpus']}gpu_{row['seq']}" + (f"_cp{row['cp']}" if row.get("cp", 1) > 1 else "")
+    return (f"{row['gpus']}gpu_{row['seq']}" + (f"_cp{row['cp']}" if row.get("cp", 1) > 1 else "")
+            + (f"_fp8_{row['fp8']}" if row.get("fp8", "off") != "off" else ""))
 
 
 def matmul_rate(*, size: int = 8192) -> float:
@@ -115,7 +121,7 @@ def _timed(fn, *, repeats: int, cuda: bool) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: list[int]) -> None:
+def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: list[int], fp8: str = "off") -> None:
     """Runs in every rank: build the trainer, time steps at each sequence length."""
     import torch
     import torch.distributed as dist
@@ -130,21 +136,23 @@ def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: li
     results = []
     configs = [(seq, 1) for seq in seq_lens] + ([(seq, 2) for seq in cp2_lens] if world > 1 else [])
     for seq, cp in configs:
-        try:
-            results.append(_measure(seq, cp, args, world, rank, steps, peak_rate))
-        except torch.OutOfMemoryError as exc:
-            results.append({"gpus": world, "seq": seq, "error": f"out of memory: {str(exc).splitlines()[0]}"})
-        import gc
+        for mode in dict.fromkeys(("off", fp8)):  # bf16, then the FP8 mode asked for, in the same run
+            try:
+                results.append(_measure(seq, cp, args, world, rank, steps, peak_rate, fp8=mode))
+            except torch.OutOfMemoryError as exc:
+                results.append({"gpus": world, "seq": seq, "fp8": mode,
+                                "error": f"out of memory: {str(exc).splitlines()[0]}"})
+            import gc
 
-        gc.collect()
-        torch.cuda.empty_cache()
+            gc.collect()
+            torch.cuda.empty_cache()
     if rank == 0:
         out.write_text(json.dumps(results, indent=2))
     if world > 1:
         dist.destroy_process_group()
 
 
-def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2) -> dict:
+def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2, fp8: str = "off") -> dict:
     """One configuration: ``seq`` tokens per packed row, each row split over ``cp`` GPUs;
     ``warmup`` untimed steps, then the median of ``steps`` timed steps."""
     import torch
@@ -160,7 +168,7 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2) -
         torch.cuda.reset_peak_memory_stats()
     config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=LOGPROB_CHUNK_TOKENS,
                            parallel={"ep": "auto", "cp": cp, "activation_checkpointing": True,
-                                     "gpu_memory_gib": 139.0})
+                                     "gpu_memory_gib": 139.0}, fp8=fp8)
     trainer = Trainer(config, model_args=args)
     generator = torch.Generator().manual_seed(rank)
     samples = []
@@ -190,7 +198,7 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2) -
     tokens = seq * (world // cp)
     flops = args.training_flops_per_token(mean_context=seq / 2) * tokens
     result = {
-        "gpus": world, "seq": seq, "cp": cp, "step_s": step_time, "tokens_per_s": tokens / step_time,
+        "gpus": world, "seq": seq, "cp": cp, "fp8": fp8, "step_s": step_time, "tokens_per_s": tokens / step_time,
         "tflops_per_gpu": flops / step_time / world / 1e12, "matmul_tflops": peak_rate / 1e12,
         "mfu": flops / step_time / world / peak_rate, "mfu_datasheet": flops / step_time / world / DATASHEET_BF16,
         "peak_memory_gib": peak / 1024**3 if cuda else None, "estimate_gib": trainer.plan.estimated_bytes / 1024**3,
@@ -209,11 +217,13 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, action="append", help="GPU counts to run (default 1 and 2 if present)")
     parser.add_argument("--cp2-seq", type=int, action="append", default=[],
                         help="also run 2 GPUs with context parallel 2 on rows of this many tokens (repeatable)")
+    parser.add_argument("--fp8", choices=("linears", "all"), default=None,
+                        help="also time trainer.fp8 in the same run (bf16 then FP8 per configuration)")
     parser.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     options = parser.parse_args()
     seqs = options.seq or [8192, 32768]
     if options.worker_out:
-        worker(seqs, options.layers, options.steps, options.worker_out, options.cp2_seq)
+        worker(seqs, options.layers, options.steps, options.worker_out, options.cp2_seq, options.fp8 or "off")
         return
     import torch
 
@@ -227,7 +237,8 @@ def main() -> None:
         out = ROOT / "bench" / "results" / f".trainer_mfu_{gpus}gpu.json"
         out.unlink(missing_ok=True)
         base = [str(Path(__file__).resolve()), "--layers", str(options.layers), "--steps", str(options.steps),
-                "--worker-out", str(out)] + [x for s in seqs for x in ("--seq", str(s))] \
+                "--worker-out", str(out)] + (["--fp8", options.fp8] if options.fp8 else []) \
+            + [x for s in seqs for x in ("--seq", str(s))] \
             + [x for s in options.cp2_seq for x in ("--cp2-seq", str(s))]
         command, env = gpu_launch(gpus, base)
         proc = subprocess.run(command, env=env)
@@ -240,21 +251,23 @@ def main() -> None:
     from rich.table import Table
 
     table = Table(title=f"trainer MFU, GLM-4.5-Air-shaped ({options.layers} MoE layers)")
-    for column in ("GPUs", "row tokens", "step s", "tokens/s", "TFLOP/s/GPU", "matmul TFLOP/s", "MFU",
+    for column in ("GPUs", "row tokens", "FP8", "step s", "tokens/s", "TFLOP/s/GPU", "matmul TFLOP/s", "MFU",
                    "MFU (989T)", "peak GiB", "est. GiB", "est/peak"):
         table.add_column(column, justify="right")
     for r in rows:
         if "error" in r:
-            table.add_row(str(r["gpus"]), str(r["seq"]), r["error"][:40], *[""] * 8)
+            table.add_row(str(r["gpus"]), str(r["seq"]), r.get("fp8", "off"), r["error"][:40], *[""] * 8)
             continue
         table.add_row(f"{r['gpus']}" + (f" cp{r['cp']}" if r.get("cp", 1) > 1 else ""), str(r["seq"]),
+                      r.get("fp8", "off"),
                       f"{r['step_s']:.3f}", f"{r['tokens_per_s']:.0f}",
                       f"{r['tflops_per_gpu']:.0f}", f"{r['matmul_tflops']:.0f}", f"{r['mfu']:.1%}",
                       f"{r['mfu_datasheet']:.1%}", f"{r['peak_memory_gib']:.1f}", f"{r['estimate_gib']:.1f}",
                       f"{r['estimate_gib'] / r['peak_memory_gib']:.2f}")
     Console().print(table)
     def best(gpus: int) -> float | None:
-        values = [r["mfu"] for r in rows if r["gpus"] == gpus and "mfu" in r and r.get("cp", 1) == 1]
+        values = [r["mfu"] for r in rows if r["gpus"] == gpus and "mfu" in r and r.get("cp", 1) == 1
+                  and r.get("fp8", "off") == "off"]
         return max(values) if values else None
     rows_ok = [r for r in rows if "error" not in r]
     summary = {
@@ -268,9 +281,23 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=2))
-    print(f"wrote {RESULTS}")
+    results = RESULTS
+    if options.fp8:
+        results = RESULTS.with_name("trainer_mfu_fp8.json")
+        summary["fp8"] = options.fp8
+        summary["fp8_speedup"] = fp8_speedups(rows_ok)
+        summary["mfu_fp8_1gpu"] = max([r["mfu"] for r in rows_ok if r["gpus"] == 1 and r.get("fp8", "off") != "off"],
+                                      default=None)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(summary, indent=2))
+    print(f"wrote {results}")
+
+
+def fp8_speedups(rows: list[dict]) -> dict[str, float]:
+    """{configuration: FP8 tokens/s over bf16 tokens/s} for every configuration measured both ways."""
+    bf16 = {_key({**r, "fp8": "off"}): r["tokens_per_s"] for r in rows if r.get("fp8", "off") == "off"}
+    return {_key({**r, "fp8": "off"}): r["tokens_per_s"] / bf16[_key({**r, "fp8": "off"})]
+            for r in rows if r.get("fp8", "off") != "off" and _key({**r, "fp8": "off"}) in bf16}
 
 
 if __name__ == "__main__":

@@ -118,6 +118,10 @@ class TrainerConfig(BaseConfig):
     """FSDP / EP / CP layout and activation checkpointing."""
     lora: LoraConfig | None = None
     """LoRA adapters on a frozen base; None (the default) trains every weight."""
+    fp8: Literal["off", "linears", "all"] = "off"
+    """FP8 training (torchao, row-wise scales, bf16/float32 master weights): 'linears' the attention projections and
+    dense and shared MLPs, 'all' the routed experts' grouped GEMMs too (CUDA only); the routers and the output head
+    stay in their dtype (`trainer.models.build.train_in_float8`)."""
     row_tokens: int = Field(default=4096, ge=2)
     """Token budget of one packed row (a micro-batch)."""
     router_replay: bool = True
@@ -148,6 +152,13 @@ class TrainerConfig(BaseConfig):
             raise ValueError(f"trainer.lora.targets includes 'experts' with trainer.parallel.ep={self.parallel.ep}: "
                              "expert adapters under expert parallelism are not supported yet; set "
                              "trainer.parallel.ep=1 or drop 'experts' from trainer.lora.targets")
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_without_lora(self) -> TrainerConfig:
+        if self.fp8 != "off" and self.lora is not None:
+            raise ValueError(f"trainer.fp8={self.fp8!r} with trainer.lora: the adapters wrap the projections FP8"
+                             " training swaps; set trainer.fp8='off' for a LoRA run")
         return self
 
     def layout_ep(self) -> int | Literal["auto"]:

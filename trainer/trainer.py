@@ -131,6 +131,10 @@ class Trainer:
             from agentrl.trainer.models.lora import add_adapters
 
             add_adapters(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
+        if config.fp8 != "off":  # before loading and sharding: the swapped modules keep their parameters' names
+            from agentrl.trainer.models.build import train_in_float8
+
+            train_in_float8(model, experts=config.fp8 == "all", device_type=self.device.type)
         if not sharded:
             self._fill_weights(model)
         model.logprob_chunk_tokens = config.logprob_chunk_tokens
