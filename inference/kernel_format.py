@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.errors import WeightUpdateError
-from agentrl.inference.weight_check import served_group
+from agentrl.inference.weight_check import group_by_served
 
 __all__ = ["KernelLayout", "PackedTensors", "kernel_layout"]
 
@@ -111,14 +111,7 @@ def _order(name: str) -> tuple[int, int]:
 def kernel_layout(trainer_names: list[str], served: Mapping[str, list[Any]]) -> KernelLayout:
     """The layout for a server whose parameters are `served` ({name: [dtype, numel, ...]}, the weight check's
     digest) and a trainer that sends `trainer_names` (checkpoint names)."""
-    groups: dict[str, list[str]] = {}
-    unplaced = []
-    for name in trainer_names:
-        group = served_group(name, served)
-        if group is None:
-            unplaced.append(name)
-        else:
-            groups.setdefault(group, []).append(name)
+    groups, unplaced = group_by_served(trainer_names, served)
     missing = [name for name in served if name not in groups]
     if missing:
         raise WeightUpdateError(f"kernel-format weights: no trainer tensor makes the served parameter {missing[0]}"

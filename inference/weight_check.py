@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["WeightMismatchError", "WeightCheck", "served_group", "merge_worker_digests", "compare_digests"]
+__all__ = ["WeightMismatchError", "WeightCheck", "served_group", "group_by_served", "merge_worker_digests",
+           "compare_digests"]
 
 RELATIVE_TOLERANCE = 1e-11
 """Of sqrt(numel * sum of squares), which bounds the sum of |values|: float64 summation in another order
@@ -98,6 +99,20 @@ def served_group(name: str, served: Mapping[str, Any] | set[str]) -> str | None:
     return None
 
 
+def group_by_served(names: Iterable[str], served: Mapping[str, Any] | set[str]) -> tuple[dict[str, list[str]],
+                                                                                          list[str]]:
+    """({served parameter: the checkpoint tensors that load into it}, the tensors no served parameter takes)."""
+    groups: dict[str, list[str]] = {}
+    unserved = []
+    for name in names:
+        group = served_group(name, served)
+        if group is None:
+            unserved.append(name)
+        else:
+            groups.setdefault(group, []).append(name)
+    return groups, unserved
+
+
 def merge_worker_digests(results: list[Mapping[str, list[Any]]]) -> dict[str, list[Any]]:
     """One digest from each worker's (tensor or expert parallel): a parameter every worker holds alike
     (replicated) counts once, a sharded one is the sum of its shards."""
@@ -124,14 +139,7 @@ def compare_digests(expected: Mapping[str, Mapping[str, list[float]]], served: M
     (`checkpoint`: its names) loads into it, or, without those names, when it is a `weight` or `bias`; other
     parameters a server makes itself (e.g. attention's KV-cache scales) are not the trainer's to check.
     """
-    groups: dict[str, list[str]] = {}
-    unserved = []
-    for name in expected:
-        group = served_group(name, served)
-        if group is None:
-            unserved.append(name)
-        else:
-            groups.setdefault(group, []).append(name)
+    groups, unserved = group_by_served(expected, served)
     worst = 0.0
     fp8_checked, fp8_largest = 0, 0.0
     for group, names in groups.items():

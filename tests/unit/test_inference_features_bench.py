@@ -3,21 +3,20 @@ workload (fixed by a seed, each session its own context), and the KV bytes per t
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("inference_features", ROOT / "bench" / "inference_features.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("inference_features")
 
 
 def test_counters_sum_each_metric_over_its_labels(bench):

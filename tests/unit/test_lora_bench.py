@@ -3,21 +3,20 @@ windows and the full-over-LoRA ratios, and a folder that is not a run refused in
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("lora_bench", ROOT / "bench" / "lora.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("lora")
 
 
 def _run(folder: Path, *, push: float, step: float, update_bytes: int, rewards: list[float]) -> Path:
