@@ -119,7 +119,7 @@ class _DirectWeightPublisher(WeightPublisher):
 
     async def _load(self, control: ServerControl, prepared: Mapping[str, Any], *, version: int) -> None:
         if self.kernel_format:
-            sent = (await self._kernel_layout(control, prepared)).tensors(prepared)
+            sent = (await self._kernel_layout(control, prepared)).tensors(prepared, wire_dtype=self._wire_dtype)
         else:
             sent = prepared
         await control._post("/start_weight_update", what="start_weight_update",

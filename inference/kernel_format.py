@@ -21,7 +21,7 @@ torch is imported by `pack` alone.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,34 +57,60 @@ class KernelLayout:
         for part in self.parts:
             yield part.served, _packed(part, tensors)
 
-    def tensors(self, tensors: Mapping[str, Any]) -> PackedTensors:
-        """The served parameters as a mapping that packs each one only when it is read (one at a time in memory)."""
-        return PackedTensors(self, tensors)
+    def tensors(self, tensors: Mapping[str, Any], *, wire_dtype: Callable[[Any], Any] | None = None) -> PackedTensors:
+        """The served parameters as a mapping that packs each one only when it is read (one at a time in memory);
+        with `wire_dtype` (tensor -> dtype), a fused tensor is made in that dtype straight from the sources (a layer's
+        experts are gigabytes: no full-precision copy of them is made on the way)."""
+        return PackedTensors(self, tensors, wire_dtype=wire_dtype)
 
 
-def _packed(part: _Part, tensors: Mapping[str, Any]) -> Any:
+def _packed(part: _Part, tensors: Mapping[str, Any], *, wire_dtype: Callable[[Any], Any] | None = None) -> Any:
+    """One served parameter from its sources, written into one new tensor (in `wire_dtype`'s dtype if given)."""
     import torch
 
+    sources = [tensors[name] for name in part.sources]
     if part.kind == "same":
-        return tensors[part.sources[0]]
+        return sources[0]
     if part.kind == "cat":
-        return torch.cat([tensors[name] for name in part.sources], dim=0)
-    if part.kind == "w13":
-        return torch.stack([torch.cat([tensors[gate], tensors[up]], dim=0)
-                            for gate, up in zip(part.sources[0::2], part.sources[1::2], strict=True)])
-    return torch.stack([tensors[name] for name in part.sources])  # w2
+        shape = (sum(source.shape[0] for source in sources), *sources[0].shape[1:])
+    elif part.kind == "w13":
+        shape = (len(sources) // 2, 2 * sources[0].shape[0], *sources[0].shape[1:])
+    else:  # w2
+        shape = (len(sources), *sources[0].shape)
+    dtype = wire_dtype(sources[0]) if wire_dtype is not None else sources[0].dtype
+    out = torch.empty(shape, dtype=dtype, device=sources[0].device)
+    if part.kind == "cat":
+        torch.cat(sources, dim=0, out=out) if dtype == sources[0].dtype else _fill_rows(out, sources)
+    elif part.kind == "w13":
+        rows = sources[0].shape[0]
+        for expert, (gate, up) in enumerate(zip(sources[0::2], sources[1::2], strict=True)):
+            out[expert, :rows].copy_(gate)
+            out[expert, rows:].copy_(up)
+    else:
+        for expert, down in enumerate(sources):
+            out[expert].copy_(down)
+    return out
+
+
+def _fill_rows(out: Any, sources: list[Any]) -> None:
+    start = 0
+    for source in sources:
+        out[start: start + source.shape[0]].copy_(source)
+        start += source.shape[0]
 
 
 class PackedTensors(Mapping):
     """{served name: tensor}, each packed from the trainer's tensors when it is read; `numel_and_dims` without
     packing (what a transport sizes its buffers by)."""
 
-    def __init__(self, layout: KernelLayout, tensors: Mapping[str, Any]) -> None:
+    def __init__(self, layout: KernelLayout, tensors: Mapping[str, Any], *,
+                 wire_dtype: Callable[[Any], Any] | None = None) -> None:
         self._parts = {part.served: part for part in layout.parts}
         self._tensors = tensors
+        self._wire_dtype = wire_dtype
 
     def __getitem__(self, name: str) -> Any:
-        return _packed(self._parts[name], self._tensors)
+        return _packed(self._parts[name], self._tensors, wire_dtype=self._wire_dtype)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._parts)

@@ -63,6 +63,14 @@ def test_the_lazy_mapping_sizes_without_packing_and_packs_on_read():
     for name in lazy:
         tensor = lazy[name]
         assert sizes[name] == (tensor.numel(), tensor.dim()), name
+    # in the wire dtype, fused tensors are written straight from the sources (no full-precision copy on the way)
+    lazy_wire = kernel_layout(list(state), SERVED).tensors(state, wire_dtype=lambda t: torch.bfloat16)
+    plain = dict(kernel_layout(list(state), SERVED).pack(state))
+    for name in lazy_wire:
+        fused = lazy_wire[name]
+        if name.endswith(("qkv_proj.weight", "w13_weight", "w2_weight")):
+            assert fused.dtype == torch.bfloat16, name
+        assert torch.equal(fused.to(torch.bfloat16), plain[name].to(torch.bfloat16)), name
 
 
 def test_kernel_format_outside_the_ipc_transport_is_refused_in_one_line(tmp_path):
