@@ -13,7 +13,8 @@ Two processes hold one GPU, and their peaks come at different times:
   while vLLM loads checkpoint-format tensors layer by layer: it keeps a layer's incoming tensors
   until the layer is complete and then builds the layer anew beside the old one, so it needs
   about twice the largest layer on top of its share, given back after the update
-  (`vllm_worker_ext.WorkerChecks.agentrl_memory(release=True)`).
+  (`vllm_worker_ext.WorkerChecks.agentrl_memory(release=True)`). With `inference.weight_format = "kernel"`
+  vLLM copies in place instead, and the trainer's buffer grows to the largest fused parameter.
 
 `shared_gpu_plan(config, layout)` counts both moments; `agentrl train --dry-run` prints it and
 `check_resources` refuses a recipe whose larger moment does not fit the card with
@@ -127,11 +128,17 @@ def shared_gpu_plan(config: Any, layout: Any, *, gpu_gib: float | None = None) -
     compute_bytes = 2 if config.trainer_compute_dtype() in ("bfloat16", "float16") else 0
     autocast_copies = 2 * compute_bytes * max(layers) if world == 1 else 0.0  # weights and their gradient
     chunk = config.weight_transfer().trainer_buffer_gib  # the IPC transport's packed buffer
+    fused = 0.0
+    if config.inference.weight_format == "kernel":
+        # the served layout: the packed buffer grows to the largest fused parameter (at most a layer's experts, in
+        # the wire dtype) and one such tensor is made at a time; vLLM copies in place, with no layer-by-layer load
+        fused = served_bytes * args.expert_params_per_layer() / GIB if args.moe_layers else 0.0
+        chunk = max(chunk, fused)
     return SharedGpuPlan(
         gpu_gib=card,
         server_gib=(config.inference.gpu_memory_utilization or 0.9) * card + SERVER_OVERHEAD_GIB,
-        server_update_gib=2 * served_bytes * max(layers) / GIB,
+        server_update_gib=0.0 if fused else 2 * served_bytes * max(layers) / GIB,
         trainer_step_gib=((layout.estimated_bytes + autocast_copies) / GIB + chunk) * ALLOCATOR_FACTOR
         + PROCESS_OVERHEAD_GIB,
-        trainer_update_gib=weights_and_adam / GIB + chunk + PROCESS_OVERHEAD_GIB,
+        trainer_update_gib=weights_and_adam / GIB + chunk + fused + PROCESS_OVERHEAD_GIB,
     )

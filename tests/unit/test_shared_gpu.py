@@ -88,3 +88,14 @@ def test_a_weight_updates_record_becomes_step_metrics():
                                       "mem/inference_gib": 44.0}
     assert update_metrics({}) == {"weights/verified": 0.0}
     assert update_metrics({"memory": {"http://a": [{"device": "cpu"}]}}) == {"weights/verified": 0.0}
+
+
+def test_kernel_format_updates_trade_vllms_layer_load_for_a_larger_trainer_buffer():
+    plain = recipe()
+    kernel = recipe(inference__weight_format="kernel")
+    before = shared_gpu_plan(plain, trainer_plan(plain), gpu_gib=139.8)
+    after = shared_gpu_plan(kernel, trainer_plan(kernel), gpu_gib=139.8)
+    experts = 2 * 128 * 3 * 4096 * 1408 / 2**30  # glm-air-5b: one MoE layer's experts in bf16
+    assert before.server_update_gib > 8 and after.server_update_gib == 0.0  # vLLM copies in place
+    assert after.trainer_update_gib == pytest.approx(before.trainer_update_gib - 1.0 + 2 * experts)
+    assert after.trainer_step_gib > before.trainer_step_gib and after.fits()
