@@ -2,9 +2,11 @@
 # into /tmp/site (once per machine and group) the wheels scripts/gpu_extra.sh fetched: .gpu-extra/*.whl, and each
 # group whose parts were carried to /tmp/acc-GROUP/ (any part may travel in .gpu-extra-GROUP/ instead); the Debian
 # packages .gpu-extra/*.deb are unpacked into /tmp/site/debs and their programs linked into /tmp/site/bin (on PATH).
+# The group fp8 (torchao) goes into /tmp/site-fp8 instead, on no path by default: vLLM imports torchao at start
+# whenever it can, so only the FP8-training commands put it first (PYTHONPATH=/tmp/site-fp8:$PYTHONPATH).
 # GPU_EXTRA_SITE and GPU_EXTRA_ACC move /tmp/site and /tmp (the tests' own folders).
 gpu_extra_install() {
-  local status=0 folder group n seen=" " site=${GPU_EXTRA_SITE:-/tmp/site} acc=${GPU_EXTRA_ACC:-/tmp}
+  local status=0 folder group n target seen=" " site=${GPU_EXTRA_SITE:-/tmp/site} acc=${GPU_EXTRA_ACC:-/tmp}
   local -a parts
   if [ ! -f "$site/.gpu-extra-ok" ] && compgen -G ".gpu-extra/*.whl" > /dev/null; then
     if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .gpu-extra/*.whl
@@ -35,8 +37,10 @@ gpu_extra_install() {
     done
     rm -rf "$acc/gpu-extra-$group" && mkdir -p "$acc/gpu-extra-$group"
     if [ ${#parts[@]} -gt 0 ] && cat "${parts[@]}" | tar x -C "$acc/gpu-extra-$group" 2> /dev/null; then
-      if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
-        "$acc/gpu-extra-$group"/*.whl; then touch "$site/.gpu-extra-$group-ok"; else status=1; fi
+      target=$site
+      [ "$group" = fp8 ] && target=$site-fp8
+      if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$target" \
+        "$acc/gpu-extra-$group"/*.whl; then mkdir -p "$site" && touch "$site/.gpu-extra-$group-ok"; else status=1; fi
     else
       echo "gpu_extra: the parts of '$group' (${parts[*]:-none}) are not a whole archive: carry every part first" >&2
       status=1
