@@ -162,7 +162,11 @@ _ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 def wire_bytes(tensor: Any, *, dtype: str) -> int:
     """The bytes `tensor` takes on the wire of a direct transport serving `dtype` (`_wire_tensor`: matrices
     in `dtype`, vectors in float32)."""
-    return tensor.numel() * _ITEM_BYTES[dtype if tensor.dim() > 1 else "float32"]
+    return _wire_bytes(tensor.numel(), tensor.dim(), dtype=dtype)
+
+
+def _wire_bytes(numel: int, dims: int, *, dtype: str) -> int:
+    return numel * _ITEM_BYTES[dtype if dims > 1 else "float32"]
 
 
 def _in_thread(function: Callable[[], Any]) -> asyncio.Future:
@@ -354,7 +358,7 @@ class IpcWeightPublisher(_DirectWeightPublisher):
         from agentrl.inference.kernel_format import PackedTensors
 
         if isinstance(weights, PackedTensors):  # sized without packing every tensor first
-            return max([self.chunk_bytes, *(numel * _ITEM_BYTES[self.dtype if dims > 1 else "float32"]
+            return max([self.chunk_bytes, *(_wire_bytes(numel, dims, dtype=self.dtype)
                                             for numel, dims in weights.numel_and_dims())])
         return max([self.chunk_bytes, *(wire_bytes(tensor, dtype=self.dtype) for tensor in weights.values())])
 
