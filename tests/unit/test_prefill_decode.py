@@ -1,0 +1,120 @@
+"""The token client's side of P/D (`agentrl.clients.prefill_decode`) and the folder connector's launch flags."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+
+from agentrl.clients.prefill_decode import (
+    PrefillStitch,
+    decode_body,
+    prefill_body,
+    stitch_choices,
+    stitch_rows,
+    unknown_tokens,
+)
+
+
+def _npy(array: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _choice(rows: np.ndarray, version: str = "3") -> dict:
+    return {"routed_experts": _npy(rows), "weight_versions": [{"version": version, "start": 0, "end": 2}]}
+
+
+def _routing(tokens: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 8, size=(tokens, 4, 2)).astype(np.uint8)
+
+
+def test_prefill_body_asks_one_token_and_keeps_the_kv_for_a_remote_decode():
+    body = {"token_ids": [1, 2, 3], "cache_salt": "agentrl-weights-v3",
+            "sampling_params": {"max_tokens": 64, "n": 8, "temperature": 1.0, "seed": 5, "stop": ["x"]}}
+    prefill = prefill_body(body)
+    assert prefill["sampling_params"]["max_tokens"] == 1
+    assert "n" not in prefill["sampling_params"] and "stop" not in prefill["sampling_params"]
+    assert prefill["kv_transfer_params"] == {"do_remote_decode": True}
+    assert prefill["cache_salt"] == body["cache_salt"] and prefill["token_ids"] == body["token_ids"]
+    assert body["sampling_params"]["n"] == 8, "the caller's body is not changed"
+    assert "kv_transfer_params" not in decode_body(body, {"kv_transfer_params": None})
+    handed = {"do_remote_prefill": True, "remote_block_ids": [4, 5]}
+    assert decode_body(body, {"kv_transfer_params": handed})["kv_transfer_params"] == handed
+
+
+def test_unknown_prompt_rows_are_taken_from_the_prefill_answer():
+    whole = _routing(40)
+    decoded = whole.astype(np.int16)
+    decoded[:32] = -1  # loaded through the connector: not computed on the decode server
+    prompt = whole[:36]  # the prefill answer: every prompt token
+    stitched, filled = stitch_rows(decoded, prompt)
+    assert filled == 32 and np.array_equal(stitched, whole)
+    assert not unknown_tokens(stitched).any()
+
+
+def test_rows_the_prefill_answer_lacks_stay_unknown():
+    decoded = _routing(10).astype(np.int16)
+    decoded[:6] = -1
+    prompt = _routing(10)[:4]
+    stitched, filled = stitch_rows(decoded, prompt)
+    assert filled == 4 and unknown_tokens(stitched).tolist() == [False] * 4 + [True] * 2 + [False] * 4
+    assert stitch_rows(decoded, _routing(10)[:, :3])[1] == 0, "another model's layout is never stitched"
+
+
+def test_gate_weight_rows_are_stitched_with_their_weights():
+    ids = _routing(12).astype(np.float32)
+    weights = np.random.default_rng(1).random((12, 4, 2), dtype=np.float32)
+    whole = np.stack([ids, weights], axis=-1)
+    decoded = whole.copy()
+    decoded[:8, ..., 0], decoded[:8, ..., 1] = -1.0, np.nan
+    stitched, filled = stitch_rows(decoded, whole[:10])
+    assert filled == 8 and np.array_equal(stitched, whole)
+
+
+def test_choices_of_another_weight_version_are_left_unknown():
+    whole = _routing(20)
+    decoded = whole.astype(np.int16)
+    decoded[:16] = -1
+    prefill = {"choices": [_choice(whole[:18], version="3")]}
+    same, other = _choice(decoded, version="3"), _choice(decoded, version="4")
+    stitch = stitch_choices([same, other], prefill)
+    assert np.array_equal(same["routed_experts"], whole)
+    assert unknown_tokens(other["routed_experts"])[:16].all()
+    assert (stitch.requests, stitch.stitched_tokens, stitch.unknown_tokens, stitch.version_mismatches) == (1, 16, 16, 1)
+    assert isinstance(PrefillStitch(), PrefillStitch)
+
+
+def test_folder_connector_flags_name_each_side_by_its_role(tmp_path):
+    from agentrl.inference.deployment import InferenceConfig
+    from agentrl.inference.plans import FOLDER_CONNECTOR, server_overrides
+    from agentrl.inference.router import router_command
+
+    config = InferenceConfig(device="cpu", kind="pd", kv_connector="example", kv_offload_dir=str(tmp_path),
+                             routed_experts=True, weight_transfer="filesystem")
+    roles = {}
+    for side in ("prefill", "decode"):
+        args, env = server_overrides(config, "model", role=side)
+        transfer = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert transfer["kv_connector"] == "FolderPDConnector"
+        assert transfer["kv_connector_module_path"] == FOLDER_CONNECTOR
+        assert transfer["kv_connector_extra_config"] == {"shared_storage_path": str(tmp_path)}
+        assert env["AGENTRL_ROUTED_EXPERTS"] == "1"
+        roles[side] = transfer["kv_role"]
+    assert roles == {"prefill": "kv_producer", "decode": "kv_consumer"}
+    assert "--kv-transfer-config" not in server_overrides(config, "model")[0]
+    argv = router_command([], port=9, prefill_urls=["http://a"], decode_urls=["http://b"], kv_connector="example")
+    assert argv[argv.index("--kv-connector") + 1] == "nixl"
+
+
+def test_folder_connector_module_imports_with_vllm():
+    pytest.importorskip("vllm")
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    from agentrl.inference.vllm_plugin.pd_folder_connector import FolderPDConnector
+
+    assert issubclass(FolderPDConnector, ExampleConnector)
