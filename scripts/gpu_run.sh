@@ -25,7 +25,8 @@
 #             check's run-1 (full fine-tuning, same session) -> bench/results/lora.json
 #   features  the gpu_feature tests (tests/gpu -m gpu_feature): routed experts through native KV offload equal the
 #             routing computed whole (inference/vllm_plugin/routed_offload.py); a kernel-format ipc update gives
-#             the trainer's logprobs (inference/kernel_format.py)
+#             the trainer's logprobs (inference/kernel_format.py); P/D through the folder connector with the
+#             routing stitched by the token client equals one server's (tests/gpu/test_pd_gpu.py)
 #   agent-sft agentrl sft of glm-air-5b on the harder key-hunt's oracle episodes (cookbook/gpu-1xh200/agent-sft.toml;
 #             the reverse-text warm start first when missing), sandboxes under bwrap over a rootfs of this machine's
 #             programs (environments/key_hunt/key_hunt_rootfs.py) -> $OUT/agent-sft.json

@@ -6,8 +6,10 @@ the prompt's rows from the slots of the request's blocks. A local prefix-cache h
 block, whose slots still hold the rows of the request that computed it. A block a KV connector loads
 (vLLM's native CPU offload, the Mooncake store) lands in whatever block the pool hands out, whose slots
 hold an earlier occupant's rows: that is why vLLM refuses `--enable-return-routed-experts` with any KV
-connector. This module lifts the refusal for a connector of role `kv_both` on one server (offload; P/D,
-`kv_producer`/`kv_consumer`, stays refused) and returns rows that are true:
+connector. This module lifts the refusal for a connector of role `kv_both` on one server (offload) and for
+agentrl's `FolderPDConnector` (P/D, `kv_producer`/`kv_consumer`: the decode server's rows of the prompt tokens
+it loads come out unknown, and the token client fills them from the prefill answer,
+`sdk/clients/prefill_decode.py`; other P/D connectors stay refused), and returns rows that are true:
 
 - after each step, the rows of every full block a request has computed are kept by block hash
   (`routed_prefix.CachedBlockRows`, the CPU plugin's store): a block hash covers the tokens from the
@@ -112,9 +114,11 @@ def _lift_connector_check(vllm_config_class: Any) -> None:
         if self.parallel_config.pipeline_parallel_size > 1:
             raise ValueError("--enable-return-routed-experts is incompatible with pipeline parallelism (PP > 1).")
         transfer = self.kv_transfer_config
-        if transfer is not None and transfer.is_kv_transfer_instance and transfer.kv_role != "kv_both":
+        if (transfer is not None and transfer.is_kv_transfer_instance and transfer.kv_role != "kv_both"
+                and getattr(transfer, "kv_connector", None) != "FolderPDConnector"):
             raise ValueError(f"--enable-return-routed-experts: agentrl's plugin stitches routing through KV offload "
-                             f"(kv_role 'kv_both') only, not kv_role {transfer.kv_role!r} (P/D)")
+                             f"(kv_role 'kv_both') and agentrl's FolderPDConnector only, not kv_role "
+                             f"{transfer.kv_role!r} of {getattr(transfer, 'kv_connector', None)!r} (P/D)")
 
     vllm_config_class.__post_init__ = __post_init__
 

@@ -64,8 +64,10 @@ def local_folder(path: str, files: Folder | None, *, name: str) -> Path:
 
 
 def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str, nice: int = 0,
-                   log_path: Path | None = None, startup_timeout_s: float = 600.0, lora: Any = None):
-    """The (not started) `VLLMServer` of one `single`/`replicas` server of `deployment` (a InferenceConfig).
+                   log_path: Path | None = None, startup_timeout_s: float = 600.0, lora: Any = None,
+                   role: str | None = None):
+    """The (not started) `VLLMServer` of one `single`/`replicas` server of `deployment` (a InferenceConfig), or with
+    `role` ('prefill', 'decode') one side of a one-node P/D pair.
 
     agentrl's server flags (`VLLMServer`) plus the deployment's own (`plans.server_overrides`:
     tensor parallel, memory share, routed experts, the weight-transfer engine, FP8, KV offload,
@@ -75,7 +77,7 @@ def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str
     from agentrl.inference.plans import server_overrides
     from agentrl.inference.server import VLLMServer
 
-    args, env = server_overrides(deployment, str(model))
+    args, env = server_overrides(deployment, str(model), role=role)
     if lora is not None:
         from agentrl.inference.lora_serving import lora_server_options
 

@@ -84,11 +84,12 @@ def test_computed_blocks_are_kept_once_and_a_reset_forgets_everything():
 class _Config:
     """vLLM 0.24's `VllmConfig` as far as its routed-experts check goes (config/vllm.py, `__post_init__`)."""
 
-    def __init__(self, *, routed: bool, role: str | None, pipeline: int = 1) -> None:
+    def __init__(self, *, routed: bool, role: str | None, pipeline: int = 1, connector: str = "NixlConnector",
+                 ) -> None:
         self.model_config = SimpleNamespace(enable_return_routed_experts=routed)
         self.parallel_config = SimpleNamespace(pipeline_parallel_size=pipeline)
         self.kv_transfer_config = None if role is None else SimpleNamespace(is_kv_transfer_instance=True,
-                                                                             kv_role=role)
+                                                                             kv_role=role, kv_connector=connector)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -98,7 +99,7 @@ class _Config:
                              "KV cache offload).")
 
 
-def test_the_connector_check_is_lifted_for_offload_only():
+def test_the_connector_check_is_lifted_for_offload_and_the_folder_pd_connector_only():
     with pytest.raises(ValueError, match="incompatible with KV connectors"):
         _Config(routed=True, role="kv_both")
     _lift_connector_check(_Config)
@@ -106,6 +107,8 @@ def test_the_connector_check_is_lifted_for_offload_only():
     assert config.model_config.enable_return_routed_experts  # restored after vLLM's own checks
     with pytest.raises(ValueError, match="kv_role 'kv_producer'"):
         _Config(routed=True, role="kv_producer")
+    for role in ("kv_producer", "kv_consumer"):  # P/D through agentrl's folder connector: the client stitches
+        assert _Config(routed=True, role=role, connector="FolderPDConnector").model_config.enable_return_routed_experts
     with pytest.raises(ValueError, match="pipeline parallelism"):
         _Config(routed=True, role=None, pipeline=2)
     assert not _Config(routed=False, role="kv_consumer").model_config.enable_return_routed_experts
