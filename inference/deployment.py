@@ -154,17 +154,40 @@ class InferenceConfig(BaseConfig):
     @model_validator(mode="after")
     def _router_replay_needs_no_kv_connector(self) -> InferenceConfig:
         """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector. With KV offload
-        agentrl's plugin lifts that and stitches the loaded blocks' routing (`vllm_plugin.routed_offload`); P/D
-        asking for both is refused here, in one line, not at the server's start-up."""
+        agentrl's plugin lifts that and stitches the loaded blocks' routing (`vllm_plugin.routed_offload`); with a
+        P/D pair through the folder connector the token client stitches the prompt's (`clients.prefill_decode`);
+        P/D over NIXL or Mooncake asking for Router Replay is refused here, in one line, not at start-up."""
         if self.routed_weights and self.device == "gpu":
             raise ValueError("routed_weights: CUDA vLLM returns the routed expert ids only (agentrl's plugin records "
                              "gate weights on the CPU runner); set routed_weights=false and "
                              "trainer.router_replay_weights=false on GPUs")
-        if self.device == "gpu" and self.routed_experts and self.kind == "pd":
-            raise ValueError("routed_experts with kind='pd': the decode server returns no routing for the prompt its"
-                             " prefill server computed, which Router Replay needs; set routed_experts=false (no"
-                             " Router Replay) or leave out kind='pd'")
+        if self.device == "gpu" and self.routed_experts and self.kind == "pd" and not self.pd_pair():
+            raise ValueError(f"routed_experts with kind='pd' over kv_connector={self.kv_connector!r}: the rollouts go "
+                             "through vllm-router, whose answers lack the routing of the prompt the prefill server "
+                             "computed, which Router Replay needs; set kv_connector='example' (a prefill/decode "
+                             "pair on one node), routed_experts=false (no Router Replay), or leave out kind='pd'")
         return self
+
+    @model_validator(mode="after")
+    def _pd_pair_on_one_node(self) -> InferenceConfig:
+        if self.kind != "pd":
+            return self
+        if self.device == "cpu" and self.kv_connector != "example":
+            raise ValueError(f"kind='pd' on the CPU with kv_connector={self.kv_connector!r}: NIXL and Mooncake need "
+                             "GPUs; set kv_connector='example' (vLLM's ExampleConnector through a folder)")
+        if self.kv_connector == "example" and self.nodes != 1:
+            raise ValueError(f"kv_connector='example' with nodes={self.nodes}: the prompt's KV goes through a folder "
+                             "both servers see, so the pair runs on one node; set nodes=1 or kv_connector='nixl'")
+        return self
+
+    def pd_pair(self) -> bool:
+        """A prefill server and a decode server on one node, through the folder connector: two supervised servers
+        like replicas, the token client sending each request to both (`clients.prefill_decode`)."""
+        return self.kind == "pd" and self.kv_connector == "example"
+
+    def node_processes(self) -> bool:
+        """Wide EP, or P/D over NIXL/Mooncake: processes per node (`InferenceNodeActor`), GPUs only."""
+        return self.kind in ("wide_ep", "pd") and not self.pd_pair()
 
     def transport(self) -> WeightTransport:
         """The `weight_transfer` transport (`agentrl.inference.transfer`), or its default for `device`."""

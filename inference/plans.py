@@ -222,15 +222,16 @@ def cpu_server_options(*, routed_experts: bool = True, routed_weights: bool = Fa
     return args, env
 
 
-def _server(config: InferenceConfig, model: str, *, name: str, node: int, port: int, gpus: list[int]) -> ProcessSpec:
-    args, env = _common_args(config, model, fp8=config.uses_fp8(), role=None)
+def _server(config: InferenceConfig, model: str, *, name: str, node: int, port: int, gpus: list[int],
+            role: Literal["prefill", "decode"] | None = None) -> ProcessSpec:
+    args, env = _common_args(config, model, fp8=config.uses_fp8(), role=role)
     args += ["--host", config.host if config.nodes == 1 else "0.0.0.0", "--port", str(port)]
     args += list(config.extra_args)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return ProcessSpec(
         name=name,
-        role="server",
+        role=role or "server",
         node=node,
         gpus=gpus,
         argv=[sys.executable, "-m", VLLM_MODULE, *args],
@@ -308,10 +309,8 @@ def build_plan(model: str, config: InferenceConfig) -> DeploymentPlan:
     """Compute the processes of a deployment of `model` (a local path or hub id)."""
     notes: list[str] = []
     processes: list[ProcessSpec] = []
-    if config.device == "cpu" and config.kind in ("wide_ep", "pd"):
-        raise ConfigError(
-            f"deployment.kind {config.kind!r} needs GPUs (expert parallel over NCCL/DeepEP); use device='gpu'"
-        )
+    if config.device == "cpu" and config.kind == "wide_ep":
+        raise ConfigError("deployment.kind 'wide_ep' needs GPUs (expert parallel over NCCL/DeepEP); use device='gpu'")
     if config.device == "cpu" and config.tensor_parallel_size != 1:
         raise ConfigError(
             "deployment.tensor_parallel_size: the CPU deployment runs one process per server; set it to 1"
@@ -356,6 +355,15 @@ def build_plan(model: str, config: InferenceConfig) -> DeploymentPlan:
             f"wide EP: DP={config.nodes * config.gpus_per_node // config.tensor_parallel_size} ranks with expert"
             f" parallel, all2all {config.decode_all2all_backend}"
         )
+    elif config.pd_pair():  # one prefill and one decode server on one node (sharing its GPU), a folder between
+        node, gpus, _ = gpu_slice(0)
+        pair = [_server(config, model, name=role, node=node, port=config.port + offset, gpus=gpus, role=role)
+                for offset, role in enumerate(("prefill", "decode"))]
+        router = _router(config, backends=[], prefill=[pair[0].url], decode=[pair[1].url])
+        processes += [*pair, router]
+        endpoint = router.url
+        notes.append(f"P/D pair on one node, KV through files in {config.kv_offload_dir}; agentrl's token client "
+                     "sends each request to both and stitches the prompt's routing, vllm-router serves the rest")
     else:  # pd
         prefill_share, decode_share = _parse_ratio(config.prefill_decode_ratio)
         instances = config.nodes // config.nodes_per_instance

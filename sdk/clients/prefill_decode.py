@@ -14,8 +14,10 @@ two calls itself (`TokenClient(prefill_url=...)`):
    `kv_transfer_params` the decode server needs;
 2. decode: the request as asked, with those `kv_transfer_params`;
 3. stitch: in each choice, the prompt rows the decode server left unknown take the prefill answer's rows, when
-   both answers come from the same weight version (otherwise they stay unknown, and Router Replay routes those
-   tokens live rather than replay another policy's routing).
+   both answers come from the same weight version. A weight update between the two calls makes the decode
+   server start from KV the old weights computed, a mix the loop's own updates never make for a request that
+   starts after them: the token client sends such a request again, once (`PrefillStitch.resent`); rows whose
+   versions still differ stay unknown, and Router Replay routes those tokens live.
 
 `PrefillStitch` counts what was stitched and what stayed unknown. Standard library and numpy only.
 """
@@ -71,6 +73,15 @@ class PrefillStitch:
     """Prompt tokens left unknown: neither server's answer had their rows, or the versions differed."""
     version_mismatches: int = 0
     """Choices whose prefill and decode answers came from different weight versions (not stitched)."""
+    resent: int = 0
+    """Requests sent again because their decode began with other weights than their prefill (counted by the
+    token client)."""
+
+    def same_version(self, choices: list[dict[str, Any]], prefill_answer: dict[str, Any]) -> bool:
+        """Whether every choice began with the weight version its prefill answer came from."""
+        prefill_choices = prefill_answer.get("choices") or []
+        prefill_version = _first_version(prefill_choices[0]) if prefill_choices else None
+        return all(_first_version(choice) == prefill_version for choice in choices)
 
     def stitch_choices(self, choices: list[dict[str, Any]], prefill_answer: dict[str, Any]) -> None:
         """Replace each choice's `routed_experts` (base64 `.npy`) by its rows with the unknown prompt rows taken from

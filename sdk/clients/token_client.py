@@ -267,8 +267,10 @@ class TokenClient:
             choice = (await self._generate_choices(prompt_ids, params, n=1))[0]
         return self._completion(choice, prompt_ids)
 
-    async def _generate_choices(self, prompt_ids: list[int], params: dict[str, Any], *, n: int) -> list[dict[str, Any]]:
-        """`n` choices of one `/inference/v1/generate` request."""
+    async def _generate_choices(self, prompt_ids: list[int], params: dict[str, Any], *, n: int,
+                                resent: bool = False) -> list[dict[str, Any]]:
+        """`n` choices of one `/inference/v1/generate` request (P/D: sent again once, `resent`, when the decode
+        server began with other weights than the prefill server computed the prompt's KV with)."""
         body: dict[str, Any] = {
             "token_ids": prompt_ids,
             "sampling_params": {**params, "n": n} if n > 1 else params,
@@ -323,6 +325,9 @@ class TokenClient:
         if n > 1 and all("index" in choice for choice in choices):
             choices = sorted(choices, key=lambda choice: choice["index"])  # choice i is the one seeded seed + i
         if prefill_answer is not None:
+            if not resent and not self.prefill_stitch.same_version(choices, prefill_answer):
+                self.prefill_stitch.resent += 1  # a weight update between the two calls
+                return await self._generate_choices(prompt_ids, params, n=n, resent=True)
             self.prefill_stitch.stitch_choices(choices, prefill_answer)
         return choices
 

@@ -28,11 +28,13 @@ class RolloutWorker:
 
     def __init__(self, env_name: str, env_args: dict[str, Any], *, url: str, model: str, nice: int = 0,
                  recovery_timeout_s: float = 600.0, tokenizer_dir: str | None = None,
-                 tokenizer_files: dict[str, bytes] | None = None, adapter: str | None = None) -> None:
+                 tokenizer_files: dict[str, bytes] | None = None, adapter: str | None = None,
+                 prefill_url: str | None = None) -> None:
         """`model` is the served model name; prompts are rendered with the tokenizer of `tokenizer_dir` (the
         run's starting weights: what the servers serve), or with the files shipped from it when this node
         does not see it, else with `model`'s. `adapter`: the LoRA adapter the servers serve the policy as
-        (`inference.lora_adapters`), named in every request."""
+        (`inference.lora_adapters`), named in every request. `prefill_url`: a P/D pair's prefill server, which
+        every request visits first (`clients.prefill_decode`)."""
         from agentrl.clients.session import attach_session_affinity
         from agentrl.clients.token_client import TokenClient
         from agentrl.cpu_priority import lower_priority
@@ -44,7 +46,7 @@ class RolloutWorker:
 
         self.environment = load_environment(env_name, **env_args)
         client = TokenClient(url, model=model, renderer=_renderer(tokenizer_dir, tokenizer_files),
-                             served_model_name=adapter)
+                             served_model_name=adapter, prefill_url=prefill_url)
         attach_session_affinity(client.http)
         self.token_client = client
         watch = EndpointWatch(url)

@@ -163,7 +163,7 @@ class InferenceGroup:
     """The run's inference actors and the one URL rollout workers talk to."""
 
     def __init__(self, actors: list[Any], urls: list[str], *, router: Any = None, nodes: list[str],
-                 updates_log: Path | None = None) -> None:
+                 updates_log: Path | None = None, prefill_url: str | None = None) -> None:
         self.actors = actors
         self.updates_log = updates_log
         """`weight_updates.jsonl` of the run: per update (load, direct push or re-send), its timing and the
@@ -172,10 +172,16 @@ class InferenceGroup:
         """Every server's URL (weights go to each one directly)."""
         self.router = router
         self.nodes = nodes
+        self.prefill_url = prefill_url
+        """A P/D pair's prefill server: rollouts send each request there first (`clients.prefill_decode`), then
+        to `endpoint`, the decode server."""
 
     @property
     def endpoint(self) -> str:
-        """Where rollouts send requests: the router in front of several servers, else the one server."""
+        """Where rollouts send requests: the router in front of several servers, else the one server (a P/D pair's
+        decode server, with `prefill_url`)."""
+        if self.prefill_url is not None:
+            return self.urls[-1]
         return self.router.url if self.router is not None else self.urls[0]
 
     @classmethod
@@ -195,7 +201,7 @@ class InferenceGroup:
                model_dir: str, model_files: Any, log_dir: Path) -> InferenceGroup:
         import ray
 
-        if deployment.kind in ("wide_ep", "pd"):
+        if config.inference.node_processes():
             for slot, node in zip(spec.inference, spec.inference_nodes, strict=True):
                 processes = [process.model_dump() for process in deployment.servers if process.node == node]
                 actors.append(ray.remote(InferenceNodeActor).options(**reservation.options(slot)).remote(
@@ -208,6 +214,9 @@ class InferenceGroup:
                 "routed_experts": replaying,
                 "routed_weights": replaying and (config.inference.routed_weights
                                                  or config.trainer.router_replay_weights),
+                # a P/D pair's KV files: this run's own folder (files are named by prompt tokens, not by model)
+                "kv_offload_dir": str(Path(config.inference.kv_offload_dir) / run_id) if config.inference.pd_pair()
+                else config.inference.kv_offload_dir,
             })
             for index, slot in enumerate(spec.inference):
                 actors.append(ray.remote(InferenceActor).options(
@@ -217,17 +226,20 @@ class InferenceGroup:
                     startup_timeout_s=config.launch.startup_timeout_s, dtype=config.inference_dtype(),
                     nice=config.generation_nice(),
                     weights_from_trainer=config.weight_transfer().direct,
-                    lora=config.trainer.lora if config.inference.lora_adapters else None))
+                    lora=config.trainer.lora if config.inference.lora_adapters else None,
+                    role=deployment.servers[index].role if config.inference.pd_pair() else None))
             urls = ray.get([actor.start.remote() for actor in actors])
         router = None
-        if deployment.router is not None and len(urls) > 1:
+        prefill_url = urls[0] if config.inference.pd_pair() else None  # the plan's servers: prefill, then decode
+        if deployment.router is not None and len(urls) > 1 and prefill_url is None:
             from agentrl.inference.router import VLLMRouter
 
             log_dir.mkdir(parents=True, exist_ok=True)
             router = VLLMRouter(urls, host=config.inference.host, policy=config.inference.router_policy,
                                 extra_args=ROUTER_ARGS, log_path=log_dir / "router.log").start()
         nodes = ray.get([actor.node.remote() for actor in actors])
-        return cls(actors, urls, router=router, nodes=nodes, updates_log=log_dir.parent / "weight_updates.jsonl")
+        return cls(actors, urls, router=router, nodes=nodes, updates_log=log_dir.parent / "weight_updates.jsonl",
+                   prefill_url=prefill_url)
 
     async def load(self, version: int, *, path: str | None = None, files: Any = None) -> dict[str, Any]:
         """Every server serves `version` once this returns (the loads run in parallel, one per server); the

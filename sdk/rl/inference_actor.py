@@ -146,7 +146,9 @@ class InferenceActor:
 
     def __init__(self, *, run_id: str, index: int, model_dir: str, model_files: Folder | None, served_name: str,
                  deployment: Any, startup_timeout_s: float, dtype: str = "auto", nice: int = 0,
-                 max_restarts: int = 3, weights_from_trainer: bool = False, lora: Any = None) -> None:
+                 max_restarts: int = 3, weights_from_trainer: bool = False, lora: Any = None,
+                 role: str | None = None) -> None:
+        """`role`: 'prefill' or 'decode' for one side of a P/D pair (`InferenceConfig.pd_pair`)."""
         from agentrl.inference.lora_serving import AdapterPublisher
         from agentrl.inference.supervisor import ServerSupervisor
         from agentrl.inference.weights import FilesystemWeightPublisher
@@ -157,7 +159,7 @@ class InferenceActor:
         model = local_folder(model_dir, model_files, name=f"{run_id}-start")
         self.server = replica_server(deployment, model, served_name=served_name, dtype=dtype, nice=nice,
                                      log_path=self.folder / "vllm.log", startup_timeout_s=startup_timeout_s,
-                                     lora=lora)
+                                     lora=lora, role=role)
         # From the moment it is launched (start-up takes minutes), not once healthy: an actor killed while
         # its server starts would otherwise leave it running (it is started from a thread: no pdeathsig).
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)

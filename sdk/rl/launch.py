@@ -278,6 +278,7 @@ def run_training(
         workers = [ray.remote(RolloutWorker).options(**reservation.options(slot), max_restarts=restarts,
                                                      max_task_retries=-1 if restarts else 0).remote(
                        config.env.name, config.env.args, url=inference.endpoint, model=config.model.name,
+                       prefill_url=getattr(inference, "prefill_url", None),
                        nice=config.generation_nice(), recovery_timeout_s=config.launch.startup_timeout_s,
                        tokenizer_dir=str(start_weights), tokenizer_files=tokenizer_files,
                        adapter=ADAPTER_NAME if config.inference.lora_adapters and not config.inference.base_url

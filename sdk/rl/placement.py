@@ -99,7 +99,7 @@ def placement_spec(config: Any, deployment: Any) -> PlacementSpec:
         spec.groups.append(GroupSpec("trainer", [_bundle(launch.trainer_resources) for _ in range(world)], "PACK"))
         spec.trainer = [Slot("trainer", rank) for rank in range(world)]
     servers = [] if config.inference.base_url else deployment.servers  # a shared server: none of the run's own
-    per_node_actor = deployment.kind in ("wide_ep", "pd")
+    per_node_actor = config.inference.node_processes()
     for node in sorted({process.node for process in servers}):
         on_node = [process for process in servers if process.node == node]
         name = f"inference-{node}"

@@ -127,8 +127,9 @@ def apply_gpu_defaults(config: RunConfig) -> None:
 
 
 def inference_gpus_of(deployment: InferenceConfig) -> int:
-    """GPUs of a GPU deployment (replicas x tensor parallel, or its nodes for wide EP / P/D)."""
-    if deployment.kind in ("wide_ep", "pd"):
+    """GPUs of a GPU deployment (replicas x tensor parallel, or its nodes for wide EP / P/D; a P/D pair shares
+    one engine's GPUs)."""
+    if deployment.node_processes():
         return deployment.nodes * deployment.gpus_per_node
     return deployment.replicas * deployment.tensor_parallel_size
 
@@ -193,7 +194,7 @@ def _use_split(config: RunConfig, *, trainer_gpus: int, inference_gpus: int, eng
     config.launch = config.launch.model_copy(update={"trainer_gpus": trainer_gpus,
                                                      "inference_gpus": inference_gpus})
     deployment = config.inference
-    if deployment.kind in ("wide_ep", "pd"):
+    if deployment.node_processes():
         deployment.nodes, deployment.gpus_per_node = max(1, inference_gpus // per_node), per_node
         return
     tp = max(1, min(engine_gpus, per_node))

@@ -265,7 +265,7 @@ def engine_shape(deployment):
         )
     if deployment.kind == "wide_ep":
         return EngineShape(engines=1, gpus_per_engine=deployment.nodes * deployment.gpus_per_node, fp8=fp8)
-    if deployment.kind == "pd":
+    if deployment.kind == "pd" and not deployment.pd_pair():
         return EngineShape(
             engines=deployment.nodes // deployment.nodes_per_instance,
             gpus_per_engine=deployment.nodes_per_instance * deployment.gpus_per_node,

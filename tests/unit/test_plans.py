@@ -182,10 +182,53 @@ def test_router_replay_with_prefill_decode_is_refused_in_one_line(tmp_path):
 
     path = tmp_path / "deployment.toml"
     path.write_text('kind = "pd"\nnodes = 2\n')
-    with pytest.raises(ConfigError, match=r"routed_experts with kind='pd'.*set routed_experts=false") as info:
+    with pytest.raises(ConfigError, match=r"routed_experts with kind='pd' over kv_connector='nixl'.*"
+                                          r"set kv_connector='example'.*routed_experts=false") as info:
         load_config(InferenceConfig, str(path))
     assert "\n" not in str(info.value)
     assert not load_config(InferenceConfig, str(path), overrides=["routed_experts=false"]).routed_experts
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"kind": "pd", "device": "cpu"}, r"kind='pd' on the CPU with kv_connector='nixl'.*set kv_connector='example'"),
+        ({"kind": "pd", "kv_connector": "example", "nodes": 2}, r"kv_connector='example' with nodes=2.*set nodes=1"),
+    ],
+)
+def test_a_pd_pair_runs_on_one_node_through_the_folder(fields, match):
+    from agentrl.config import load_config
+
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(InferenceConfig, None, overrides=[f"{key}={value}" for key, value in fields.items()])
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_the_pd_pair_plan_is_two_servers_and_a_pd_router(device, tmp_path):
+    from agentrl.inference.plans import FOLDER_CONNECTOR, ROUTED_OFFLOAD_ENV
+
+    config = InferenceConfig(kind="pd", kv_connector="example", device=device, gpus_per_node=1, routed_experts=True,
+                             kv_offload_dir=str(tmp_path))
+    assert config.pd_pair() and not config.node_processes()
+    assert InferenceConfig(kind="pd", nodes=2, routed_experts=False).node_processes()
+    plan = build_plan(GLM_AIR, config)
+    assert [(server.role, server.gpus) for server in plan.servers] == [
+        ("prefill", [0] if device == "gpu" else []), ("decode", [0] if device == "gpu" else [])]
+    roles = []
+    for server in plan.servers:
+        transfer = json.loads(_flag(server.vllm_args, "--kv-transfer-config"))
+        assert (transfer["kv_connector_module_path"], transfer["kv_connector_extra_config"]) == (
+            FOLDER_CONNECTOR, {"shared_storage_path": str(tmp_path)})
+        roles.append(transfer["kv_role"])
+        assert (ROUTED_OFFLOAD_ENV in server.env) == (device == "gpu")
+    assert roles == ["kv_producer", "kv_consumer"]
+    router = plan.router.argv
+    assert "--vllm-pd-disaggregation" in router and router[router.index("--kv-connector") + 1] == "nixl"
+    assert router[router.index("--prefill") + 1] == plan.servers[0].url
+    assert router[router.index("--decode") + 1] == plan.servers[1].url
+    if device == "gpu":
+        validate_plan(plan)
 
 
 @pytest.mark.parametrize("offload", ["cpu", "disk", "mooncake"])
