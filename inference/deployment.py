@@ -169,6 +169,14 @@ class InferenceConfig(BaseConfig):
         return self
 
     @model_validator(mode="after")
+    def _mooncake_store_needs_cuda(self) -> InferenceConfig:
+        if self.kv_offload == "mooncake" and self.device == "cpu":
+            raise ValueError("kv_offload='mooncake' on the CPU: vLLM's MooncakeStoreConnector moves KV with CUDA "
+                             "events and memory pools (agentrl's managed mooncake_master runs here, the connector "
+                             "does not); use kv_offload='none' on the CPU")
+        return self
+
+    @model_validator(mode="after")
     def _pd_pair_on_one_node(self) -> InferenceConfig:
         if self.kind != "pd":
             return self

@@ -5,3 +5,7 @@ export PYTHONUNBUFFERED=1 AGENTRL_CACHE=/tmp/agentrl-cache AGENTRL_NODE_DIR=/tmp
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
 source scripts/agentrl_shim.sh  # agentrl importable from this checkout
+# Libraries of the Debian packages the extra phase unpacks (libibverbs, libnl: mooncake_master's).
+for lib in /tmp/site/debs/usr/lib/x86_64-linux-gnu /tmp/site/debs/lib/x86_64-linux-gnu; do
+  [ -d "$lib" ] && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done

@@ -50,6 +50,8 @@ done
 # A C compiler builds the sandboxes' statx shim for gVisor (agentrl.sandbox.gvisor_compat).
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 dpkg -s libc6-dev >/dev/null 2>&1 || need+=(libc6-dev)
+# mooncake_master (the `cpu` extra's Mooncake wheel) loads libibverbs, which loads libnl.
+for pkg in libibverbs1 libnl-route-3-200; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
 # Debian splits venv's pip bootstrap (ensurepip) into python3-venv.
 if [ -n "$venv" ] && [ ! -x "$venv/bin/python" ] && ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
   need+=(python3-venv)

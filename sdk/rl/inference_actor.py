@@ -160,6 +160,14 @@ class InferenceActor:
         self.server = replica_server(deployment, model, served_name=served_name, dtype=dtype, nice=nice,
                                      log_path=self.folder / "vllm.log", startup_timeout_s=startup_timeout_s,
                                      lora=lora, role=role)
+        self.kv_master = None
+        if deployment.kv_offload == "mooncake":  # the server's Mooncake store: a master of its own, managed here
+            from agentrl.inference.mooncake_master import MooncakeMaster
+
+            self.kv_master = MooncakeMaster(log_path=self.folder / "mooncake_master.log")
+            self.kv_master_config = self.folder / "mooncake.json"
+            self.kv_segment_bytes = int(deployment.kv_offload_gb * 2**30)
+            self.server.env["MOONCAKE_CONFIG_PATH"] = str(self.kv_master_config)
         # From the moment it is launched (start-up takes minutes), not once healthy: an actor killed while
         # its server starts would otherwise leave it running (it is started from a thread: no pdeathsig).
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
@@ -244,7 +252,14 @@ class InferenceActor:
         return {"version": version, "served_version": self.served_version(), "held": self.held}
 
     def start(self) -> str:
-        """Start the server (blocking until healthy) and its supervision; its URL."""
+        """Start the server (blocking until healthy) and its supervision; its URL. With a Mooncake store, its
+        master first, and the configuration the server's connector reads."""
+        if self.kv_master is not None:
+            from agentrl.inference.mooncake_master import write_client_config
+
+            self.kv_master.start()
+            write_client_config(self.kv_master_config, master_address=self.kv_master.address,
+                                global_segment_bytes=self.kv_segment_bytes)
         self.supervisor.start()
         return self.server.url
 
@@ -327,8 +342,11 @@ class InferenceActor:
             return ""
 
     def stop(self) -> None:
-        """Stop the server (the sentinel then sees the API server end and exits) and remove this node's folders."""
+        """Stop the server (the sentinel then sees the API server end and exits), its Mooncake master if any, and
+        remove this node's folders."""
         self.supervisor.stop()
+        if self.kv_master is not None:
+            self.kv_master.stop()
         remove_node_dirs(self.run_id, self.folder)
 
 
