@@ -108,7 +108,8 @@ def placement_spec(config: Any, deployment: Any) -> PlacementSpec:
             bundles = [_bundle(launch.inference_resources, gpus=gpus, cpus=1.0)]
         else:
             bundles = [
-                _bundle(launch.inference_resources, gpus=len(process.gpus), cpus=1.0 if process.gpus else CPU_SHARE)
+                _bundle(launch.inference_resources, gpus=_gpu_share(process, servers),
+                        cpus=1.0 if process.gpus else CPU_SHARE)
                 for process in on_node
             ]
         spec.groups.append(GroupSpec(name, bundles, "STRICT_PACK"))
@@ -120,22 +121,29 @@ def placement_spec(config: Any, deployment: Any) -> PlacementSpec:
     return spec
 
 
+def _gpu_share(process: Any, servers: list[Any]) -> float:
+    """The GPUs a server holds: each of its GPUs divided among the servers on it (a P/D pair shares one GPU)."""
+    return sum(1.0 / sum(1 for other in servers if other.node == process.node and gpu in other.gpus)
+               for gpu in process.gpus)
+
+
 def _colocated(config: Any, deployment: Any, spec: PlacementSpec) -> PlacementSpec:
     """Trainer ranks and servers sharing GPUs: one group, half a GPU per bundle (see the module docstring)."""
     launch = config.launch
     servers = deployment.servers
-    gpus = sum(len(process.gpus) for process in servers)
-    if deployment.kind not in ("single", "replicas") or not launch.trainer_gpus or launch.trainer_gpus != gpus \
+    gpus = len({(process.node, gpu) for process in servers for gpu in process.gpus})
+    if config.inference.node_processes() or not launch.trainer_gpus or launch.trainer_gpus != gpus \
             or launch.trainer_gpus > launch.gpus_per_node:
         raise PlacementError(f"launch.colocate needs one node whose GPUs both sides share: launch.trainer_gpus "
                              f"({launch.trainer_gpus}) equal to the inference plan's GPUs ({gpus}), at most "
-                             f"launch.gpus_per_node ({launch.gpus_per_node}), a single or replicas deployment")
+                             f"launch.gpus_per_node ({launch.gpus_per_node}), a single, replicas or P/D-pair "
+                             "deployment")
     bundles = [_bundle(launch.trainer_resources, gpus=0.5, cpus=1.0) for _ in range(launch.trainer_gpus)]
     spec.trainer = [Slot("colocated", rank) for rank in range(launch.trainer_gpus)]
     for process in servers:
         spec.inference.append(Slot("colocated", len(bundles)))
         spec.inference_nodes.append(process.node)
-        bundles.append(_bundle(launch.inference_resources, gpus=0.5 * len(process.gpus), cpus=1.0))
+        bundles.append(_bundle(launch.inference_resources, gpus=0.5 * _gpu_share(process, servers), cpus=1.0))
     spec.groups.append(GroupSpec("colocated", bundles, "STRICT_PACK"))
     workers = launch.num_rollout_workers
     spec.groups.append(GroupSpec("rollout", [_bundle(launch.rollout_resources) for _ in range(workers)], "PACK"))

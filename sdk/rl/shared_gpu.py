@@ -16,6 +16,9 @@ Two processes hold one GPU, and their peaks come at different times:
   (`vllm_worker_ext.WorkerChecks.agentrl_memory(release=True)`). With `inference.weight_format = "kernel"`
   vLLM copies in place instead, and the trainer's buffer grows to the largest fused parameter.
 
+A P/D pair (`inference.kind = "pd"`, `kv_connector = "example"`) puts two servers on the GPU, each with the
+share, both loading each update at once: the plan counts the vLLM terms twice.
+
 `shared_gpu_plan(config, layout)` counts both moments; `agentrl train --dry-run` prints it and
 `check_resources` refuses a recipe whose larger moment does not fit the card with
 `MARGIN_GIB` to spare. The factors come from the H200 (see each constant); each step's
@@ -58,7 +61,9 @@ class SharedGpuPlan(BaseModel):
     gpu_gib: float
     """The card's memory."""
     server_gib: float
-    """vLLM: its `gpu_memory_utilization` share plus what its process holds beyond it."""
+    """vLLM: its `gpu_memory_utilization` share plus what its process holds beyond it (times `servers`)."""
+    servers: int = 1
+    """vLLM servers on the GPU (2 for a P/D pair)."""
     server_update_gib: float
     """vLLM's extra during a checkpoint-format update: twice the largest layer in the served dtype."""
     trainer_step_gib: float
@@ -99,10 +104,11 @@ class SharedGpuPlan(BaseModel):
         if self.fits():
             return None
         share = config.inference.gpu_memory_utilization
-        spare = self.gpu_gib - MARGIN_GIB - (self.peak_gib - self.server_gib)
+        spare = (self.gpu_gib - MARGIN_GIB - (self.peak_gib - self.server_gib)) / self.servers
         hint = (
             "lower inference.gpu_memory_utilization to at most "
-            f"{max(spare - SERVER_OVERHEAD_GIB, 0) / self.gpu_gib:.2f}"
+            f"{max(spare - SERVER_OVERHEAD_GIB, 0) / self.gpu_gib:.2f}" + (" (each of the P/D pair's two servers)"
+                                                                            if self.servers > 1 else "")
             if spare > SERVER_OVERHEAD_GIB
             else "the trainer alone does not fit"
         )
@@ -134,10 +140,12 @@ def shared_gpu_plan(config: Any, layout: Any, *, gpu_gib: float | None = None) -
         # the wire dtype) and one such tensor is made at a time; vLLM copies in place, with no layer-by-layer load
         fused = served_bytes * args.expert_params_per_layer() / GIB if args.moe_layers else 0.0
         chunk = max(chunk, fused)
+    servers = 2 if config.inference.pd_pair() else 1
     return SharedGpuPlan(
         gpu_gib=card,
-        server_gib=(config.inference.gpu_memory_utilization or 0.9) * card + SERVER_OVERHEAD_GIB,
-        server_update_gib=0.0 if fused else 2 * served_bytes * max(layers) / GIB,
+        servers=servers,
+        server_gib=servers * ((config.inference.gpu_memory_utilization or 0.9) * card + SERVER_OVERHEAD_GIB),
+        server_update_gib=0.0 if fused else servers * 2 * served_bytes * max(layers) / GIB,
         trainer_step_gib=((layout.estimated_bytes + autocast_copies) / GIB + chunk) * ALLOCATOR_FACTOR
         + PROCESS_OVERHEAD_GIB,
         trainer_update_gib=weights_and_adam / GIB + chunk + fused + PROCESS_OVERHEAD_GIB,

@@ -47,6 +47,21 @@ def test_a_recipe_that_does_not_fit_is_refused_before_the_start_in_one_line():
     assert "# does NOT fit" in plan_run(config)
 
 
+def test_a_pd_pair_counts_two_servers_and_asks_for_a_share_each():
+    from agentrl.inference.deployment import InferenceConfig
+
+    one = recipe()
+    pair = recipe(inference__gpu_memory_utilization=0.15)
+    pair.inference = InferenceConfig(**{**pair.inference.model_dump(), "kind": "pd", "kv_connector": "example"})
+    single, double = (shared_gpu_plan(config, trainer_plan(config), gpu_gib=139.8) for config in (one, pair))
+    assert double.servers == 2 and double.server_gib == pytest.approx(2 * (0.15 * 139.8 + 0.1))
+    assert double.server_update_gib == pytest.approx(2 * single.server_update_gib) and double.fits()
+    pair.inference = pair.inference.model_copy(update={"gpu_memory_utilization": 0.30})
+    too_much = shared_gpu_plan(pair, trainer_plan(pair), gpu_gib=139.8)
+    line = too_much.problem(pair)
+    assert not too_much.fits() and "each of the P/D pair's two servers" in line and "\n" not in line
+
+
 def test_runs_that_do_not_share_a_gpu_have_no_shared_plan():
     config = recipe(launch__colocate=False)
     assert shared_gpu_plan(config, trainer_plan(config)) is None

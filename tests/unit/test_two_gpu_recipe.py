@@ -55,3 +55,20 @@ def test_two_gpus_are_needed():
 
     with pytest.raises(ResourceError, match=r"2 GPUs \(1 inference \+ 1 trainer\), 1 visible"):
         check_resources(two_gpu(), cluster_gpus=1)
+
+
+@pytest.mark.parametrize(("recipe", "expected"), [
+    ("gpu-1xh200", {"colocated": [0.5, 0.25, 0.25], "rollout": [0]}),
+    ("gpu-2xh200", {"trainer-0": [1], "inference-0": [0.5, 0.5], "rollout": [0]}),
+])
+def test_a_pd_pair_shares_its_gpu_in_the_placement(recipe, expected):
+    from agentrl.inference.deployment import InferenceConfig
+    from agentrl.inference.plans import build_plan
+    from agentrl.rl.placement import placement_spec
+
+    config = load_run_config(COOKBOOK / recipe / "train.toml")
+    config.inference = InferenceConfig(**{**config.inference.model_dump(), "kind": "pd", "kv_connector": "example",
+                                          "gpu_memory_utilization": 0.15})
+    spec = placement_spec(config, build_plan(config.model.init_checkpoint, config.inference))
+    assert {group.name: [bundle.get("GPU", 0) for bundle in group.bundles] for group in spec.groups} == expected
+    assert len(spec.inference) == 2
