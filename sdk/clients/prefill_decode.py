@@ -16,8 +16,9 @@ two calls itself (`TokenClient(prefill_url=...)`):
 3. stitch: in each choice, the prompt rows the decode server left unknown take the prefill answer's rows, when
    both answers come from the same weight version. A weight update between the two calls makes the decode
    server start from KV the old weights computed, a mix the loop's own updates never make for a request that
-   starts after them: the token client sends such a request again, once (`PrefillStitch.resent`); rows whose
-   versions still differ stay unknown, and Router Replay routes those tokens live.
+   starts after them: the token client sends such a request again, a little later each time, for up to about
+   10 s (`PrefillStitch.resent`); rows whose versions still differ stay unknown, and Router Replay routes those tokens
+   live.
 
 `PrefillStitch` counts what was stitched and what stayed unknown. Standard library and numpy only.
 """

