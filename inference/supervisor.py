@@ -235,18 +235,20 @@ class ServerSupervisor:
 class EndpointWatch:
     """What `SupervisedClient` needs of a supervisor, for an endpoint supervised in another process."""
 
-    def __init__(self, url: str, *, health_interval_s: float = 2.0) -> None:
+    def __init__(self, url: str, *, health_interval_s: float = 2.0, also: list[str] = ()) -> None:
         self.url = url.rstrip("/")
+        self.also = [other.rstrip("/") for other in also]
+        """Servers every request also needs (a P/D pair's prefill server): healthy only when they all are."""
         self.health_interval_s = health_interval_s
         self.failed: str | None = None  # the remote supervisor says when it gives up; here only time runs out
 
     def wait_healthy(self, timeout_s: float) -> bool:
-        """Poll `/health` until it answers 200 (True) or `timeout_s` passed (False)."""
+        """Poll `/health` of the endpoint (and of `also`) until all answer 200 (True) or `timeout_s` passed (False)."""
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=5.0) as client:
             while True:
                 try:
-                    if client.get(f"{self.url}/health").status_code == 200:
+                    if all(client.get(f"{url}/health").status_code == 200 for url in [self.url, *self.also]):
                         return True
                 except httpx.HTTPError:
                     pass

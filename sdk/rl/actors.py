@@ -4,7 +4,8 @@
   router in front of several servers, else the server), running groups of rollouts. Each
   group runs in one trajectory session (`X-Session-ID`), so the router keeps its rollouts,
   which share a prompt, on one replica; a request that fails while a server restarts is
-  retried until the endpoint answers again (`SupervisedClient` over an `EndpointWatch`).
+  retried until the endpoint answers again (`SupervisedClient` over an `EndpointWatch`; a P/D pair's
+  prefill server is watched too).
 - `agentrl.rl.inference_actor`: `InferenceActor` (a supervised vLLM server and its weight
   loads) and `InferenceNodeActor` (a node of a wide-EP or P/D plan).
 - `agentrl.rl.trainer_rank`: `TrainerRank`, one rank of the trainer's process group.
@@ -49,7 +50,7 @@ class RolloutWorker:
                              served_model_name=adapter, prefill_url=prefill_url)
         attach_session_affinity(client.http)
         self.token_client = client
-        watch = EndpointWatch(url)
+        watch = EndpointWatch(url, also=[prefill_url] if prefill_url else [])
         self.client = SupervisedClient(
             client,
             watch,

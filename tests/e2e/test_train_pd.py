@@ -11,16 +11,27 @@ unknown (`routing_unknown_prompt_tokens`: the loaded prompts were stitched); eac
 servers and passes the weight check; the decode server loaded prompts and the prefill server none; steps whose
 samples are all on-policy have the float32 mismatch KL of one server (a request whose two calls straddle a
 weight update is sent again, so no sample mixes the prefill's old weights with the decode's new ones).
+
+A second run SIGKILLs the prefill server's API process after two steps: its supervisor restarts it with the
+latest weights, the rollout workers' requests wait for it (their watch covers the prefill server too), and the
+run ends with every step and no rollout error.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 from agentrl.rl.report import read_metrics
+from tests.e2e.test_train_replicas import _api_server_pids
 from tests.e2e.train_cli import run_train
 
 pytest.importorskip("vllm")
@@ -65,3 +76,44 @@ def test_pd_pair_trains_with_router_replay(tmp_path):
     assert "kv_producer" in prefill_log and "kv_consumer" in decode_log
     assert "Inject KV cache" not in prefill_log, "the prefill server loaded KV it should compute"
     assert decode_log.count("Inject KV cache") >= STEPS, "the decode server loaded no prompt: P/D shows nothing"
+
+
+@pytest.mark.e2e
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_killed_prefill_server_costs_no_step(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(CI_CONFIG), "-o", str(run_dir)]
+    for override in OVERRIDES:
+        command += ["--set", override]
+    log = open(tmp_path / "train.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    killed = None
+    try:
+        deadline = time.monotonic() + 540
+        while process.poll() is None:
+            assert time.monotonic() < deadline, "the run did not finish in time"
+            if killed is None and (run_dir / "placement.json").is_file() and (run_dir / "metrics.jsonl").is_file():
+                if len(read_metrics(run_dir / "metrics.jsonl")) >= 2:
+                    prefill = json.loads((run_dir / "placement.json").read_text())["inference_urls"][0]
+                    pids = _api_server_pids(urlparse(prefill).port)
+                    assert len(pids) == 1, pids
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed = (pids[0], len(read_metrics(run_dir / "metrics.jsonl")))
+            time.sleep(0.3)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+    output = (tmp_path / "train.log").read_text()
+    assert process.returncode == 0, output[-3000:]
+    assert killed is not None and killed[1] < STEPS, killed
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [row["step"] for row in rows] == list(range(STEPS))
+    assert [row["rollout_errors"] for row in rows] == [0] * STEPS, [row.get("first_error") for row in rows]
+    prefill_log = (run_dir / "logs" / "vllm-0.log").read_text()
+    assert prefill_log.count("Starting vLLM server on") == 2, "the prefill server's log shows no restart"
+    updates = [json.loads(line) for line in (run_dir / "weight_updates.jsonl").read_text().splitlines()]
+    assert all(set(update["served"].values()) == {str(update["version"])} for update in updates), updates
