@@ -115,7 +115,10 @@ def _live_routing(rows: list[dict]) -> dict:
                 if r.get("train/mismatch_kl_replay_ids_weights") is not None]
     weighted_large = [r["train/mismatch_large_fraction_replay_ids_weights"] for r in rows
                       if r.get("train/mismatch_large_fraction_replay_ids_weights") is not None]
-    return {"mismatch_kl_live_routing": sum(live) / len(live), "step_kls_live_routing": live,
+    gates = {f"mismatch_kl_{arm}": sum(kls) / len(kls)
+             for arm in ("live_routing_reduced_gate", "live_routing_float32_gate")
+             if (kls := [r[f"train/mismatch_kl_{arm}"] for r in rows if r.get(f"train/mismatch_kl_{arm}") is not None])}
+    return {**gates, "mismatch_kl_live_routing": sum(live) / len(live), "step_kls_live_routing": live,
             "mismatch_large_fraction_live_routing": sum(large) / len(large) if large else float("nan"),
             "mismatch_kl_replay_ids_weights": sum(weighted) / len(weighted) if weighted else float("nan"),
             "mismatch_large_fraction_replay_ids_weights":

