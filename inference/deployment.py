@@ -97,6 +97,10 @@ class InferenceConfig(BaseConfig):
     """CPU servers returning routed experts: serve with vLLM's prefix cache too, the experts of cached tokens
     stitched from the blocks that computed them (agentrl's plugin); every weight update then drops the cache
     (`recomputes_on_update`). GPU servers keep vLLM's default."""
+    router_float32: bool = False
+    """Compute every MoE gate in float32 (agentrl's vLLM plugin, `vllm_plugin.router_float32`): vLLM does for
+    GLM-4.5 and DeepSeek already, not for Qwen3-MoE, whose gate it runs in the model's dtype; the trainer's gate
+    is float32 unless `trainer.router_float32 = false`."""
     routed_weights: bool = False
     """Also return each token's gate weights beside its experts (Router Replay's third arm; on the CPU runner,
     through agentrl's vLLM plugin; CUDA vLLM returns expert ids only). `trainer.router_replay_weights` turns it

@@ -156,6 +156,8 @@ def _common_args(
                 env[ROUTED_OFFLOAD_ENV] = "1"  # vLLM refuses routed experts with a connector; the plugin lifts it
     if config.device == "cpu":
         env[CPU_FIXES_ENV] = "1"
+    if config.router_float32:
+        env[env_vars.ROUTER_FLOAT32.name] = "1"
     transport_args, transport_env = config.transport().vllm_args(device=config.device)
     args += transport_args
     env.update(transport_env)

