@@ -291,6 +291,9 @@ class TokenClient:
         if self.prefill_http is not None:
             prefill_answer = await self._prefill(body)
             body = decode_body(body, prefill_answer)
+            if version is not None:  # a named adapter: both answers are of its version, as the decode's below
+                for choice in prefill_answer["choices"]:
+                    choice["weight_versions"] = [{"version": str(version), "start": 0, "end": 1}]
         try:
             response = await self.http.post("/inference/v1/generate", content=msgspec.json.encode(body),
                                             headers=_JSON_CONTENT)

@@ -17,7 +17,8 @@ It shows:
 3. the kill costs no step: the run exits 0, `metrics.jsonl` has every step once, no
    rollout failed, and the versions loaded from the kill on reached both servers.
 
-The kill comes right after step 1's metrics line, while version 2 is being loaded (the push
+The kill comes right after step 1's metrics line (or the first line after which both replicas have
+served), while version 2 is being loaded (the push
 starts before the line is written), so it usually lands during or just after that load: the
 load waits for the restart (the supervisor restores version 1 or 2, then 2 is loaded or
 reported), and the training steps pause meanwhile. Rollouts whose replica died are retried
@@ -123,7 +124,10 @@ async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
                     if count is not None:
                         seen["before_kill"][url] = max(seen["before_kill"].get(url, 0.0), count)
                 steps = len(read_metrics(run_dir / "metrics.jsonl"))
-                if steps >= KILL_AFTER_STEPS:
+                # both replicas must have served before the kill (shown in 1. below): wait for that state too,
+                # since the router's hashing of a few groups' session ids can leave one idle for a step or two
+                served_both = all(seen["before_kill"].get(url, 0) > 0 for url in urls)
+                if steps >= KILL_AFTER_STEPS and served_both:
                     assert steps < STEPS - 2, f"{steps} of {STEPS} steps done before the kill: too late to show anything"
                     pids = _api_server_pids(urlparse(victim).port)
                     assert len(pids) == 1, f"replica 1 ({victim}): api_server pids {pids}"
