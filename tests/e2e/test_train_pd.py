@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -31,8 +29,7 @@ from urllib.parse import urlparse
 import pytest
 
 from agentrl.rl.report import read_metrics
-from tests.e2e.test_train_replicas import _api_server_pids
-from tests.e2e.train_cli import run_train
+from tests.e2e.train_cli import api_server_pids, run_train, start_train_logged
 
 pytest.importorskip("vllm")
 
@@ -83,12 +80,8 @@ def test_pd_pair_trains_with_router_replay(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_killed_prefill_server_costs_no_step(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(CI_CONFIG), "-o", str(run_dir)]
-    for override in OVERRIDES:
-        command += ["--set", override]
     log = open(tmp_path / "train.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = start_train_logged(CI_CONFIG, run_dir, OVERRIDES, log=log)
     killed = None
     try:
         deadline = time.monotonic() + 540
@@ -97,7 +90,7 @@ def test_a_killed_prefill_server_costs_no_step(tmp_path):
             if killed is None and (run_dir / "placement.json").is_file() and (run_dir / "metrics.jsonl").is_file():
                 if len(read_metrics(run_dir / "metrics.jsonl")) >= 2:
                     prefill = json.loads((run_dir / "placement.json").read_text())["inference_urls"][0]
-                    pids = _api_server_pids(urlparse(prefill).port)
+                    pids = api_server_pids(urlparse(prefill).port)
                     assert len(pids) == 1, pids
                     os.kill(pids[0], signal.SIGKILL)
                     killed = (pids[0], len(read_metrics(run_dir / "metrics.jsonl")))

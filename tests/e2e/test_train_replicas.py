@@ -30,12 +30,10 @@ restarted one serves again within seconds.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -44,6 +42,7 @@ import httpx
 import pytest
 
 from agentrl.rl.report import read_metrics
+from tests.e2e.train_cli import api_server_pids, start_train_logged
 from tests.integration.vllm_metrics import vllm_counter
 
 pytest.importorskip("vllm")
@@ -59,23 +58,6 @@ OVERRIDES = [
 ]
 RUN_TIMEOUT_S = 780
 SUCCESS = "vllm:request_success_total"
-
-
-def _api_server_pids(port: int) -> list[int]:
-    """Pids of the vLLM OpenAI API server processes listening (by their command line) on `port`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "vllm.entrypoints.openai.api_server" not in argv:
-            continue
-        if any(flag == "--port" and value == str(port) for flag, value in itertools.pairwise(argv)):
-            pids.append(int(entry.name))
-    return pids
 
 
 def _alive(pid: int) -> bool:
@@ -129,7 +111,7 @@ async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
                 served_both = all(seen["before_kill"].get(url, 0) > 0 for url in urls)
                 if steps >= KILL_AFTER_STEPS and served_both:
                     assert steps < STEPS - 2, f"{steps} of {STEPS} steps done before the kill: too late to show anything"
-                    pids = _api_server_pids(urlparse(victim).port)
+                    pids = api_server_pids(urlparse(victim).port)
                     assert len(pids) == 1, f"replica 1 ({victim}): api_server pids {pids}"
                     os.kill(pids[0], signal.SIGKILL)
                     killed_at = time.monotonic()
@@ -139,7 +121,7 @@ async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
                         await asyncio.sleep(0.1)
             elif seen["restart_s"] is None:
                 if await _healthy(client, victim):
-                    pids = _api_server_pids(urlparse(victim).port)
+                    pids = api_server_pids(urlparse(victim).port)
                     assert len(pids) == 1 and pids[0] != seen["killed_pid"], (pids, seen["killed_pid"])
                     seen.update(restart_s=time.monotonic() - killed_at, new_pid=pids[0])
             else:
@@ -157,13 +139,9 @@ async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
 @pytest.mark.timeout(900)
 def test_two_replicas_serve_rollouts_and_survive_kill_9_of_one(tmp_path):
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(CI_CONFIG), "-o", str(run_dir)]
-    for override in OVERRIDES:
-        command += ["--set", override]
     log = open(tmp_path / "train.log", "w")  # noqa: SIM115 - closed below
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = start_train_logged(CI_CONFIG, run_dir, OVERRIDES, log=log)
     try:
         seen = asyncio.run(_watch(process, run_dir))
         process.wait(timeout=60)

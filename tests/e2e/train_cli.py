@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -15,6 +16,16 @@ def start_cli(*args: str) -> subprocess.Popen:
     """`python -m agentrl.cli ARGS` from the checkout in its own session, output captured."""
     return subprocess.Popen([sys.executable, "-m", "agentrl.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def start_train_logged(config: Path, run_dir: Path, overrides: list[str], *, log) -> subprocess.Popen:
+    """`agentrl train --config CONFIG -o RUN_DIR --set ...` in its own session, its output into the open file `log`
+    (for tests that watch the run while it trains)."""
+    command = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(config), "-o", str(run_dir)]
+    for override in overrides:
+        command += ["--set", override]
+    return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def finish(process: subprocess.Popen, *, timeout: float) -> tuple[int, str]:
@@ -65,4 +76,21 @@ def actor_pids(session: int, actor_class: str) -> list[int]:
                 pids.append(pid)
         except OSError:
             continue
+    return pids
+
+
+def api_server_pids(port: int) -> list[int]:
+    """Pids of the vLLM OpenAI API server processes listening (by their command line) on `port`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "vllm.entrypoints.openai.api_server" not in argv:
+            continue
+        if any(flag == "--port" and value == str(port) for flag, value in itertools.pairwise(argv)):
+            pids.append(int(entry.name))
     return pids
