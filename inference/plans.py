@@ -364,8 +364,9 @@ def build_plan(model: str, config: InferenceConfig) -> DeploymentPlan:
         router = _router(config, backends=[], prefill=[pair[0].url], decode=[pair[1].url])
         processes += [*pair, router]
         endpoint = router.url
-        notes.append(f"P/D pair on one node, KV through files in {config.kv_offload_dir}; agentrl's token client "
-                     "sends each request to both and stitches the prompt's routing, vllm-router serves the rest")
+        notes.append(f"P/D pair on one node, KV through files in {config.kv_offload_dir} (agentrl train: a folder "
+                     "per run in it); agentrl's token client sends each request to both and stitches the prompt's "
+                     "routing (agentrl train's rollouts), vllm-router in P/D mode serves OpenAI-style clients")
     else:  # pd
         prefill_share, decode_share = _parse_ratio(config.prefill_decode_ratio)
         instances = config.nodes // config.nodes_per_instance
