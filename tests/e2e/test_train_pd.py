@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import pytest
 
 from agentrl.rl.report import read_metrics
-from tests.e2e.train_cli import api_server_pids, run_train, start_train_logged
+from tests.e2e.train_cli import api_server_pids, run_train, watched_train
 
 pytest.importorskip("vllm")
 
@@ -80,10 +80,8 @@ def test_pd_pair_trains_with_router_replay(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_killed_prefill_server_costs_no_step(tmp_path):
     run_dir = tmp_path / "run"
-    log = open(tmp_path / "train.log", "w")  # noqa: SIM115 - closed below
-    process = start_train_logged(CI_CONFIG, run_dir, OVERRIDES, log=log)
     killed = None
-    try:
+    with watched_train(CI_CONFIG, run_dir, OVERRIDES, log_path=tmp_path / "train.log") as process:
         deadline = time.monotonic() + 540
         while process.poll() is None:
             assert time.monotonic() < deadline, "the run did not finish in time"
@@ -95,11 +93,6 @@ def test_a_killed_prefill_server_costs_no_step(tmp_path):
                     os.kill(pids[0], signal.SIGKILL)
                     killed = (pids[0], len(read_metrics(run_dir / "metrics.jsonl")))
             time.sleep(0.3)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
     output = (tmp_path / "train.log").read_text()
     assert process.returncode == 0, output[-3000:]
     assert killed is not None and killed[1] < STEPS, killed

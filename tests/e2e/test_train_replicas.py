@@ -42,7 +42,7 @@ import httpx
 import pytest
 
 from agentrl.rl.report import read_metrics
-from tests.e2e.train_cli import api_server_pids, start_train_logged
+from tests.e2e.train_cli import api_server_pids, watched_train
 from tests.integration.vllm_metrics import vllm_counter
 
 pytest.importorskip("vllm")
@@ -139,17 +139,10 @@ async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
 @pytest.mark.timeout(900)
 def test_two_replicas_serve_rollouts_and_survive_kill_9_of_one(tmp_path):
     run_dir = tmp_path / "run"
-    log = open(tmp_path / "train.log", "w")  # noqa: SIM115 - closed below
     started = time.monotonic()
-    process = start_train_logged(CI_CONFIG, run_dir, OVERRIDES, log=log)
-    try:
+    with watched_train(CI_CONFIG, run_dir, OVERRIDES, log_path=tmp_path / "train.log") as process:
         seen = asyncio.run(_watch(process, run_dir))
         process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
     output = (tmp_path / "train.log").read_text()
     print(json.dumps({**seen, "run_s": round(time.monotonic() - started, 1)}))
     assert process.returncode == 0, output[-3000:]

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,14 +20,23 @@ def start_cli(*args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def start_train_logged(config: Path, run_dir: Path, overrides: list[str], *, log) -> subprocess.Popen:
-    """`agentrl train --config CONFIG -o RUN_DIR --set ...` in its own session, its output into the open file `log`
-    (for tests that watch the run while it trains)."""
+@contextmanager
+def watched_train(config: Path, run_dir: Path, overrides: list[str], *, log_path: Path) -> Iterator[subprocess.Popen]:
+    """`agentrl train --config CONFIG -o RUN_DIR --set ...` in its own session, its output into `log_path`, for
+    tests that watch the run while it trains; on leaving, a run still going is killed with its whole process group
+    (Ray, vLLM, the actors) and the log is closed."""
     command = [sys.executable, "-m", "agentrl.cli", "train", "--config", str(config), "-o", str(run_dir)]
     for override in overrides:
         command += ["--set", override]
-    return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def finish(process: subprocess.Popen, *, timeout: float) -> tuple[int, str]:
