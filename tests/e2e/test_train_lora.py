@@ -58,17 +58,21 @@ def test_a_lora_run_serves_its_adapter_after_every_step(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_a_lora_run_serving_its_adapter_learns(tmp_path):
-    """The CI recipe of the full-weight e2e test (24 steps, one step off-policy) with LoRA on attention and the
-    shared experts, the adapter served by name and replaced after every step: the reward rises as the
-    full-weight run's does (epoch means of the same tasks). On 2026-12-04: 0.849, 0.887, 0.892 at lr 3e-3."""
+    """The CI recipe of the full-weight e2e test (one step off-policy) with LoRA on attention and the shared
+    experts, the adapter served by name and replaced after every step: the reward rises (epoch means of the same
+    64 tasks). From the warm start (about 0.85) the adapter gains only a few points, so the run is four epochs
+    and the mean of the last two is compared with the first. On 2026-12-05, at lr 4e-3: +0.046, +0.035 and
+    +0.050 (3e-3: +0.050); judged on 24 steps, last epoch against first, 8 runs gave +0.013 to +0.050 and the
+    +0.013 failed CI."""
     run_dir = tmp_path / "run"
     returncode, output = run_train([
-        "--config", str(CONFIG), "-o", str(run_dir), "--set", "eval.every=0",
+        "--config", str(CONFIG), "-o", str(run_dir), "--set", "eval.every=0", "--set", "orchestrator.max_steps=32",
         "--set", 'trainer.lora={rank=8, alpha=16, targets=["attention", "shared_experts"]}',
-        "--set", "inference.lora_adapters=true", "--set", "trainer.optimizer.lr=3e-3"], timeout=840)
+        "--set", "inference.lora_adapters=true", "--set", "trainer.optimizer.lr=4e-3"], timeout=840)
     assert returncode == 0, output[-3000:]
     rows = read_metrics(run_dir / "metrics.jsonl")
-    assert len(rows) == 24 and all(row["weights/verified"] == 1.0 for row in rows)
-    epoch = [sum(row["reward"] for row in rows[i: i + 8]) / 8 for i in range(0, 24, 8)]
-    assert epoch[-1] > epoch[0] + 0.02, f"reward did not rise over epochs: {[round(e, 3) for e in epoch]}"
+    assert len(rows) == 32 and all(row["weights/verified"] == 1.0 for row in rows)
+    epoch = [sum(row["reward"] for row in rows[i: i + 8]) / 8 for i in range(0, 32, 8)]
+    rise = (epoch[2] + epoch[3]) / 2 - epoch[0]
+    assert rise > 0.02, f"reward did not rise over epochs: {[round(e, 3) for e in epoch]}"
     assert all(row["train/replayed_fraction"] == 1.0 for row in rows)  # Router Replay under the served adapter
