@@ -19,10 +19,10 @@ the weights differ), then:
   completion tokens/s, the prompt tokens computed again (vLLM's counters: prompt tokens less cached ones,
   local and loaded through the connector), preemptions, and routed-experts rows unknown (-1; Router Replay
   through offload is agentrl's plugin, `inference/vllm_plugin/routed_offload.py`);
-- pd: a prefill and a decode server on the one device, each with half of `--memory`, joined by agentrl's
-  folder connector (`inference.kv_connector = "example"`), every request sent as agentrl's token client sends
-  it (`clients.prefill_decode`: prefill, then decode, the prompt's routing stitched from both answers): the
-  throughput workload, and its time to first token against one server's;
+- pd-nixl, pd: a prefill and a decode server on the one device, each with half of `--memory`, joined by vLLM's
+  NixlConnector (`inference.kv_connector = "nixl"`) or agentrl's folder connector (`"example"`), every request
+  sent as agentrl's token client sends it (`clients.prefill_decode`: prefill, then decode, the prompt's routing
+  stitched from both answers): the throughput workload, and its time to first token against one server's;
 - agreement: the prompt logprobs of 16 fixed sequences, mean and largest |difference| from the first
   variant's of the same workload; and the routed experts of 16 fixed greedy requests (prompt and completion),
   the share of (token, layer) expert sets equal to the first variant's (for pd: after stitching).
@@ -60,6 +60,7 @@ VARIANTS = {
     "kv-native": {"fp8": False, "kv_offload": "cpu", "workload": "multi-turn"},
     # prefill/decode disaggregation on the one device, against one server (`throughput`, `first_token_s`)
     # (two servers of one InferenceConfig, each started with its role: the loop's P/D plan is not used here)
+    "pd-nixl": {"fp8": False, "kv_connector": "nixl", "workload": "pd"},
     "pd": {"fp8": False, "kv_connector": "example", "workload": "pd"},
 }
 COUNTERS = ("vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:external_prefix_cache_hits",

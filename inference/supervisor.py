@@ -55,7 +55,8 @@ class SupervisorEvent:
     """Exit status, error text, or how long the restart took."""
 
 
-def _installed(module: str) -> bool:
+def module_installed(module: str) -> bool:
+    """Whether `module` can be imported here (found without importing it)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -64,7 +65,7 @@ def _installed(module: str) -> bool:
 
 def visible_gpus() -> int:
     """CUDA GPUs this process can use (0 without torch/CUDA)."""
-    if not _installed("torch"):
+    if not module_installed("torch"):
         return 0
     import torch
 
@@ -74,7 +75,7 @@ def visible_gpus() -> int:
 def preflight(plan, *, node: int = 0) -> None:
     """Raise a one-line error when `node`'s processes of a `DeploymentPlan` cannot run here."""
     servers = [process for process in plan.servers if process.node == node]
-    if servers and not _installed("vllm"):
+    if servers and not module_installed("vllm"):
         raise MissingExtraError("vllm", "vllm" if any(process.gpus for process in servers) else "cpu")
     needed = max((max(process.gpus) + 1 for process in servers if process.gpus), default=0)
     if needed:

@@ -7,9 +7,10 @@ block, whose slots still hold the rows of the request that computed it. A block 
 (vLLM's native CPU offload, the Mooncake store) lands in whatever block the pool hands out, whose slots
 hold an earlier occupant's rows: that is why vLLM refuses `--enable-return-routed-experts` with any KV
 connector. This module lifts the refusal for a connector of role `kv_both` on one server (offload) and for
-agentrl's `FolderPDConnector` (P/D, `kv_producer`/`kv_consumer`: the decode server's rows of the prompt tokens
-it loads come out unknown, and the token client fills them from the prefill answer,
-`sdk/clients/prefill_decode.py`; other P/D connectors stay refused), and returns rows that are true:
+the P/D connectors of a pair on one node, vLLM's `NixlConnector` and agentrl's `FolderPDConnector`
+(`kv_producer`/`kv_consumer`: the decode server's rows of the prompt tokens it loads come out unknown, and the
+token client fills them from the prefill answer, `sdk/clients/prefill_decode.py`; other P/D connectors stay
+refused), and returns rows that are true:
 
 - after each step, the rows of every full block a request has computed are kept by block hash
   (`routed_prefix.CachedBlockRows`, the CPU plugin's store): a block hash covers the tokens from the
@@ -39,6 +40,8 @@ __all__ = ["OffloadRouting", "install"]
 
 logger = logging.getLogger("agentrl.routed_offload")
 _INSTALLED = False
+#: P/D connectors whose decode side leaves the loaded prompt's rows unknown for the token client to stitch.
+_PAIR_CONNECTORS = ("NixlConnector", "FolderPDConnector")
 
 
 class OffloadRouting:
@@ -115,10 +118,10 @@ def _lift_connector_check(vllm_config_class: Any) -> None:
             raise ValueError("--enable-return-routed-experts is incompatible with pipeline parallelism (PP > 1).")
         transfer = self.kv_transfer_config
         if (transfer is not None and transfer.is_kv_transfer_instance and transfer.kv_role != "kv_both"
-                and getattr(transfer, "kv_connector", None) != "FolderPDConnector"):
+                and getattr(transfer, "kv_connector", None) not in _PAIR_CONNECTORS):
             raise ValueError(f"--enable-return-routed-experts: agentrl's plugin stitches routing through KV offload "
-                             f"(kv_role 'kv_both') and agentrl's FolderPDConnector only, not kv_role "
-                             f"{transfer.kv_role!r} of {getattr(transfer, 'kv_connector', None)!r} (P/D)")
+                             f"(kv_role 'kv_both') and the P/D connectors {', '.join(_PAIR_CONNECTORS)} only, not "
+                             f"kv_role {transfer.kv_role!r} of {getattr(transfer, 'kv_connector', None)!r}")
 
     vllm_config_class.__post_init__ = __post_init__
 

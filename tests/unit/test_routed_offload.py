@@ -84,7 +84,7 @@ def test_computed_blocks_are_kept_once_and_a_reset_forgets_everything():
 class _Config:
     """vLLM 0.24's `VllmConfig` as far as its routed-experts check goes (config/vllm.py, `__post_init__`)."""
 
-    def __init__(self, *, routed: bool, role: str | None, pipeline: int = 1, connector: str = "NixlConnector",
+    def __init__(self, *, routed: bool, role: str | None, pipeline: int = 1, connector: str = "MooncakeConnector",
                  ) -> None:
         self.model_config = SimpleNamespace(enable_return_routed_experts=routed)
         self.parallel_config = SimpleNamespace(pipeline_parallel_size=pipeline)
@@ -99,7 +99,7 @@ class _Config:
                              "KV cache offload).")
 
 
-def test_the_connector_check_is_lifted_for_offload_and_the_folder_pd_connector_only():
+def test_the_connector_check_is_lifted_for_offload_and_the_pd_pair_connectors_only():
     with pytest.raises(ValueError, match="incompatible with KV connectors"):
         _Config(routed=True, role="kv_both")
     _lift_connector_check(_Config)
@@ -107,8 +107,11 @@ def test_the_connector_check_is_lifted_for_offload_and_the_folder_pd_connector_o
     assert config.model_config.enable_return_routed_experts  # restored after vLLM's own checks
     with pytest.raises(ValueError, match="kv_role 'kv_producer'"):
         _Config(routed=True, role="kv_producer")
-    for role in ("kv_producer", "kv_consumer"):  # P/D through agentrl's folder connector: the client stitches
-        assert _Config(routed=True, role=role, connector="FolderPDConnector").model_config.enable_return_routed_experts
+    for role in ("kv_producer", "kv_consumer"):  # a P/D pair through NIXL or the folder: the client stitches
+        for connector in ("NixlConnector", "FolderPDConnector"):
+            assert _Config(routed=True, role=role, connector=connector).model_config.enable_return_routed_experts
+    with pytest.raises(ValueError, match="kv_role 'kv_consumer' of 'MooncakeConnector'"):
+        _Config(routed=True, role="kv_consumer", connector="MooncakeConnector")
     with pytest.raises(ValueError, match="pipeline parallelism"):
         _Config(routed=True, role=None, pipeline=2)
     assert not _Config(routed=False, role="kv_consumer").model_config.enable_return_routed_experts
