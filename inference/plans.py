@@ -175,7 +175,7 @@ def _common_args(
     kv_transfer = _kv_transfer_config(config, role=role)
     if kv_transfer is not None:
         args += ["--kv-transfer-config", json.dumps(kv_transfer, separators=(",", ":"))]
-    if role in ("prefill", "decode") and config.kv_connector == "nixl" and config.pd_pair():
+    if role in ("prefill", "decode") and config.kv_connector == "nixl" and config.nodes == 1:
         env.update(nixl_pair_env(config.host))
     return args, env
 

@@ -1,8 +1,9 @@
 """Prefill/decode with Router Replay on CUDA vLLM (issue 35 items 3 and 4; skipped without a GPU).
 
-A prefill and a decode server of float32 tiny-moe share the GPU, joined by agentrl's folder connector
-(`inference.kv_connector = "example"`, `inference/vllm_plugin/pd_folder_connector.py`); agentrl's plugin lifts
-vLLM's refusal of routed experts with it (`routed_offload`), and the token client makes the two calls and
+A prefill and a decode server of float32 tiny-moe share the GPU, joined by vLLM's NixlConnector (NIXL over UCX,
+`inference.kv_connector = "nixl"`; the `kv` group of scripts/gpu-extra-wheels.txt) or agentrl's folder connector
+(`"example"`, `inference/vllm_plugin/pd_folder_connector.py`); agentrl's plugin lifts vLLM's refusal of routed
+experts with them (`routed_offload`), and the token client makes the two calls and
 stitches the prompt's routing from the prefill answer (`sdk/clients/prefill_decode.py`). The decode server must
 load the prompt (vLLM's external prefix-cache hit counter moves), the answer must equal one server's without a
 connector, and the stitched routing must agree with that server's on at least 99.9% of (token, MoE layer) expert
@@ -44,7 +45,8 @@ def _generate(url, tokens, *, prefill_url=None):
     return asyncio.run(run())
 
 
-def test_pd_routing_stitched_by_the_client_equals_one_servers(tmp_path):
+@pytest.mark.parametrize("connector", ["nixl", "example"])
+def test_pd_routing_stitched_by_the_client_equals_one_servers(connector, tmp_path):
     import numpy as np
 
     from agentrl.inference.deployment import InferenceConfig
@@ -55,12 +57,12 @@ def test_pd_routing_stitched_by_the_client_equals_one_servers(tmp_path):
     model_dir = Path(ensure_model("tiny-moe"))
     prompt = [random.Random(0).randrange(3, 120) for _ in range(320)]
     deployment = InferenceConfig(device="gpu", gpu_memory_utilization=0.15, max_model_len=512, max_num_seqs=4,
-                                  routed_experts=True, fp8=False, fp8_kv_cache=False, kv_connector="example",
+                                  routed_experts=True, fp8=False, fp8_kv_cache=False, kv_connector=connector,
                                   kv_offload_dir=str(tmp_path / "kv"))
     with ExitStack() as stack:
         servers = {}
         for role in ("prefill", "decode", None):
-            config = deployment if role else deployment.model_copy(update={"kv_connector": "nixl"})
+            config = deployment if role else deployment.model_copy(update={"kind": "single"})
             server = replica_server(config, model_dir, served_name="tiny-moe", dtype="float32", role=role,
                                     log_path=tmp_path / f"{role or 'single'}.log")
             servers[role] = stack.enter_context(server)
