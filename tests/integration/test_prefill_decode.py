@@ -27,7 +27,8 @@ def _start(stack, model, folder, name, args, env):
     server = VLLMServer(model, dtype="float32", max_num_seqs=8, env=env, extra_args=args,
                         log_path=folder / f"{name}.log")
     stack.callback(server.stop)
-    return server.start().url
+    server.start()
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def single(tmp_path_factory):
 
     with ExitStack() as stack:
         yield _start(stack, ensure_model("tiny-moe"), tmp_path_factory.mktemp("single"), "single",
-                     *cpu_server_options(routed_experts=True))
+                     *cpu_server_options(routed_experts=True)).url
 
 
 @pytest.fixture(scope="module", params=["nixl", "example"])
@@ -56,13 +57,15 @@ def servers(request, single, tmp_path_factory):
     config = InferenceConfig(device="cpu", kind="pd", kv_connector=request.param, kv_offload_dir=str(folder / "kv"),
                              routed_experts=True, weight_transfer="filesystem")
     with ExitStack() as stack:
-        urls = {name: _start(stack, model, folder, name, *server_overrides(config, str(model), role=name))
+        pair = {name: _start(stack, model, folder, name, *server_overrides(config, str(model), role=name))
                 for name in ("prefill", "decode")}
-        router = VLLMRouter([], prefill_urls=[urls["prefill"]], decode_urls=[urls["decode"]],
+        router = VLLMRouter([], prefill_urls=[pair["prefill"].url], decode_urls=[pair["decode"].url],
                             kv_connector=config.kv_connector, log_path=folder / "router.log")
         stack.callback(router.stop)
         router.start()
-        yield {**urls, "single": single, "router": router.url, "folder": folder}
+        yield {**{name: server.url for name, server in pair.items()}, "single": single, "router": router.url,
+               "folder": folder, "connector": request.param,
+               "pids": [server.process.pid for server in pair.values()]}
 
 
 def _generate(url: str, prompt: list[int], *, prefill_url: str | None = None, **sampling):
@@ -131,3 +134,17 @@ def test_token_client_pd_stitches_every_choice(servers):
     for _, prompt_experts in results:
         assert np.array_equal(prompt_experts.array, single_prompt.array)
     assert stitch.stitched_tokens >= 4 * 256 and stitch.unknown_tokens == 0
+
+
+def test_the_pair_listens_on_loopback_only(servers):
+    """After a hand-off (NIXL's handshake listener and UCX are up by then), every TCP socket the pair's processes
+    listen on is bound to 127.0.0.1."""
+    import psutil
+
+    _generate(servers["decode"], PROMPT[:200], prefill_url=servers["prefill"], temperature=0.0)
+    processes = [psutil.Process(pid) for pid in servers["pids"]]
+    pids = {process.pid for parent in processes for process in [parent, *parent.children(recursive=True)]}
+    listening = [conn.laddr for conn in psutil.net_connections(kind="tcp")
+                 if conn.status == psutil.CONN_LISTEN and conn.pid in pids]
+    assert len(listening) >= 2, listening  # at least each server's HTTP port
+    assert all(address.ip in ("127.0.0.1", "::1") for address in listening), listening
