@@ -29,7 +29,7 @@ def _external_hits(url) -> float:
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    return sum(float(value) for value in re.findall(r"^vllm:external_prefix_cache_hits\S*\s+(\S+)$", text, re.M))
+    return sum(float(value) for value in re.findall(r"^vllm:external_prefix_cache_hits_total\S*\s+(\S+)$", text, re.M))
 
 
 def _generate(url, tokens, *, prefill_url=None):
