@@ -159,8 +159,7 @@ class InferenceConfig(BaseConfig):
     @model_validator(mode="after")
     def _router_replay_needs_no_kv_connector(self) -> InferenceConfig:
         """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector. With KV offload
-        agentrl's plugin lifts that and stitches the loaded blocks' routing (`vllm_plugin.routed_offload`); with a
-        P/D pair through the folder connector the token client stitches the prompt's (`clients.prefill_decode`);
+        agentrl's plugin lifts that and stitches the loaded blocks' routing (`vllm_plugin.routed_offload`);
         with a P/D pair on one node (NIXL or the folder connector) the token client stitches the prompt's
         (`clients.prefill_decode`); P/D through vllm-router across nodes asking for Router Replay is refused here,
         in one line, not at start-up."""

