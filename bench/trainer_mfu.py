@@ -152,7 +152,8 @@ def worker(seq_lens: list[int], layers: int, steps: int, out: Path, cp2_lens: li
         dist.destroy_process_group()
 
 
-def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2, fp8: str = "off") -> dict:
+def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2, fp8: str = "off",
+             mamba_scan: str = "auto") -> dict:
     """One configuration: ``seq`` tokens per packed row, each row split over ``cp`` GPUs;
     ``warmup`` untimed steps, then the median of ``steps`` timed steps."""
     import torch
@@ -168,7 +169,7 @@ def _measure(seq, cp, args, world, rank, steps, peak_rate, *, warmup: int = 2, f
         torch.cuda.reset_peak_memory_stats()
     config = TrainerConfig(row_tokens=seq, optimizer={"lr": 1e-6}, logprob_chunk_tokens=LOGPROB_CHUNK_TOKENS,
                            parallel={"ep": "auto", "cp": cp, "activation_checkpointing": True,
-                                     "gpu_memory_gib": 139.0}, fp8=fp8)
+                                     "gpu_memory_gib": 139.0}, fp8=fp8, mamba_scan=mamba_scan)
     trainer = Trainer(config, model_args=args)
     generator = torch.Generator().manual_seed(rank)
     samples = []

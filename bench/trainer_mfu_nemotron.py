@@ -16,8 +16,10 @@ MFU = model FLOPs per step / (step time x the bf16 GEMM rate measured in the sam
 FLOPs = 6 x active matmul parameters + causal attention + the chunked SSD scan's four einsums
 (`MoEModelArgs.training_flops_per_token`); recomputation is not counted as useful work.
 
-The scan's share: each Mamba-2 layer's conv + chunked SSD scan (`Mamba2Mixer._scan`, float32,
-the part a fused Mamba kernel would replace) and the whole mixer (projections and gated norm
+Scans (``--mamba-scan``, `trainer.mamba_scan`): the float32 torch reference and fla's Triton kernels
+(`agentrl.trainer.models.ssd_fla`); on the GPU both run in the same run, the torch rows being the
+baseline of the ``fla_over_torch_speedup`` ratios. The scan's share: each Mamba-2 layer's conv + chunked
+SSD scan (`Mamba2Mixer._scan`) and the whole mixer (projections and gated norm
 too) are timed on their own at the step's shapes as the trainer runs them under activation
 checkpointing (a forward without grad, then forward + backward), times the number of Mamba-2
 layers, over the measured step time. Memory: the measured peak against the planner's estimate.
@@ -71,8 +73,9 @@ def nano_args(pattern: str, *, tiny: bool = False):
     return MoEModelArgs.from_hf_config(config)
 
 
-def mamba_layer_times(args, *, seq: int, cuda: bool, repeats: int) -> dict[str, float]:
-    """Seconds per Mamba-2 layer per step at ``seq`` tokens, as run under activation checkpointing."""
+def mamba_layer_times(args, *, seq: int, cuda: bool, repeats: int, scan_kernel: str = "torch") -> dict[str, float]:
+    """Seconds per Mamba-2 layer per step at ``seq`` tokens, as run under activation checkpointing, with the
+    scan ``scan_kernel`` ("torch" or "fla")."""
     import torch
 
     from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences
@@ -80,6 +83,7 @@ def mamba_layer_times(args, *, seq: int, cuda: bool, repeats: int) -> dict[str, 
     device = "cuda:0" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
     mixer = Mamba2Mixer(args).to(device)
+    mixer.scan_kernel = scan_kernel
     for weight in (mixer.in_proj.weight, mixer.out_proj.weight, mixer.conv1d.weight):
         torch.nn.init.normal_(weight, std=0.02)
     sequences = MambaSequences.for_row(torch.arange(seq, device=device))
@@ -107,20 +111,22 @@ def mamba_layer_times(args, *, seq: int, cuda: bool, repeats: int) -> dict[str, 
 
 
 def run(
-    pattern: str, seqs: list[int], *, steps: int, cuda: bool, tiny: bool, partial: Path | None = None
+    pattern: str, seqs: list[int], *, steps: int, cuda: bool, tiny: bool, scans: list[str],
+    partial: Path | None = None,
 ) -> tuple[float, list[dict]]:
-    """Each length's row (`_measure` plus the Mamba timings); the rows so far also go to `partial`."""
+    """Each (length, scan)'s row (`_measure` plus the Mamba timings); the rows so far also go to `partial`."""
     import torch
 
     args = nano_args(pattern, tiny=tiny)
     peak_rate = matmul_rate(size=8192 if cuda else 512)
     rows = []
-    for seq in seqs:
+    for seq, scan in ((seq, scan) for seq in seqs for scan in scans):
         try:
-            row = _measure(seq, 1, args, 1, 0, steps, peak_rate, warmup=2 if cuda else 1)
-            layer = mamba_layer_times(args, seq=seq, cuda=cuda, repeats=3 if cuda else 1)
+            row = _measure(seq, 1, args, 1, 0, steps, peak_rate, warmup=2 if cuda else 1, mamba_scan=scan)
+            layer = mamba_layer_times(args, seq=seq, cuda=cuda, repeats=3 if cuda else 1, scan_kernel=scan)
             mamba = len(args.mamba_layers)
             row.update(
+                mamba_scan=scan,
                 pattern=pattern,
                 mamba_layers=mamba,
                 mamba_scan_s_per_layer=layer["scan_s"],
@@ -136,6 +142,7 @@ def run(
             row = {
                 "gpus": 1,
                 "seq": seq,
+                "mamba_scan": scan,
                 "pattern": pattern,
                 "error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}",
             }
@@ -158,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per length")
     parser.add_argument("--cpu", action="store_true", help="CPU smoke run at tiny widths")
     parser.add_argument("--quick", action="store_true", help="with --cpu: two short rows")
+    parser.add_argument("--mamba-scan", choices=["both", "torch", "fla"], default=None,
+                        help="the scan (trainer.mamba_scan): 'both' (the GPU default) times the torch reference "
+                        "and fla's Triton kernels in the same run; the CPU runs 'torch'")
     parser.add_argument("--results", type=Path, default=None, help=f"JSON output (default {RESULTS})")
     options = parser.parse_args(argv)
     import torch
@@ -171,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.time()
     path = options.results or (RESULTS if cuda else RESULTS.with_name("trainer_mfu_nemotron_cpu.json"))
+    scan = options.mamba_scan or ("both" if cuda else "torch")
+    scans = ["torch", "fla"] if scan == "both" else [scan]
     peak_rate, rows = run(
-        options.pattern, seqs, steps=options.steps if cuda else 1, cuda=cuda, tiny=not cuda, partial=path
+        options.pattern, seqs, steps=options.steps if cuda else 1, cuda=cuda, tiny=not cuda, scans=scans,
+        partial=path,
     )
 
     from rich.console import Console
@@ -184,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for column in (
         "row tokens",
+        "scan",
         "step s",
         "tokens/s",
         "TFLOP/s",
@@ -199,13 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(column, justify="right")
     for r in rows:
         if "error" in r:
-            table.add_row(str(r["seq"]), r["error"][:48], *[""] * 10)
+            table.add_row(str(r["seq"]), r["mamba_scan"], r["error"][:48], *[""] * 10)
             continue
         memory = (
             (f"{r['peak_memory_gib']:.1f}", f"{r['estimate_gib']:.1f}") if r["peak_memory_gib"] else ("", "")
         )
         table.add_row(
             str(r["seq"]),
+            r["mamba_scan"],
             f"{r['step_s']:.3f}",
             f"{r['tokens_per_s']:.0f}",
             f"{r['tflops_per_gpu']:.1f}",
@@ -219,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     Console().print(table)
     measured = [r for r in rows if "error" not in r]
-    at_longest = max(measured, key=lambda r: r["seq"]) if measured else None
+    at_longest = max(measured, key=lambda r: (r["seq"], r["mamba_scan"] == scans[-1])) if measured else None
+    by_scan = {(r["seq"], r["mamba_scan"]): r for r in measured}
+    speedups = {  # the torch scan is the same run's baseline
+        str(seq): {what: by_scan[seq, "torch"][key] / by_scan[seq, "fla"][key]
+                   for what, key in (("step", "step_s"), ("scan", "mamba_scan_s_per_layer"))}
+        for seq in seqs if (seq, "torch") in by_scan and (seq, "fla") in by_scan
+    }
     summary = {
         "benchmark": "trainer_mfu_nemotron",
         "pattern": options.pattern,
@@ -230,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         "mfu_at_longest": at_longest and at_longest["mfu"],
         "longest_seq": at_longest and at_longest["seq"],
         "mamba_scan_share_at_longest": at_longest and at_longest["mamba_scan_share"],
+        "scan_at_longest": at_longest and at_longest["mamba_scan"],
+        "fla_over_torch_speedup": speedups,
         "runs": rows,
         "wall_s": time.time() - started,
     }

@@ -122,6 +122,10 @@ class TrainerConfig(BaseConfig):
     """FP8 training (torchao, row-wise scales, bf16/float32 master weights): 'linears' the attention projections and
     dense and shared MLPs, 'all' the routed experts' grouped GEMMs too (CUDA only); the routers and the output head
     stay in their dtype (`trainer.models.build.train_in_float8`)."""
+    mamba_scan: Literal["auto", "torch", "fla"] = "auto"
+    """The Mamba-2 layers' chunked scan (hybrid models such as Nemotron-3): 'fla' fla-core's Triton kernels (CUDA
+    only, bf16 inputs, float32 state), 'torch' the float32 reference in torch einsums, 'auto' fla on CUDA where
+    fla-core is installed and torch otherwise (`agentrl.trainer.models.ssd_fla`). No effect on other models."""
     row_tokens: int = Field(default=4096, ge=2)
     """Token budget of one packed row (a micro-batch)."""
     router_replay: bool = True

@@ -58,6 +58,7 @@ from agentrl.trainer.loss import LossScale, compute_loss, is_max_stat
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments, cp_token_index, query_tail
 from agentrl.trainer.models.build import build_model, init_weights
+from agentrl.trainer.models.ssd_fla import use_mamba_scan
 from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_sharded
 from agentrl.trainer.packing import PackedRow, TrainBatch, pack_samples
 from agentrl.trainer.parallel import apply_parallelism, build_meshes, clip_grad_norm, plan_layout
@@ -135,6 +136,9 @@ class Trainer:
             from agentrl.trainer.models.build import train_in_float8
 
             train_in_float8(model, experts=config.fp8 == "all", device_type=self.device.type)
+        scan = use_mamba_scan(model, config.mamba_scan, device_type=self.device.type)
+        if scan and (not dist.is_initialized() or dist.get_rank() == 0):
+            logger.info("Mamba-2 scan: %s", scan)
         if not sharded:
             self._fill_weights(model)
         model.logprob_chunk_tokens = config.logprob_chunk_tokens

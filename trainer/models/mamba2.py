@@ -12,7 +12,9 @@ where its position is 0, as `attention.build_segments` reads them), so a row of 
 gives each sample exactly what it would get alone. `causal_conv` masks the conv taps that
 would reach into the previous document; `ssd_scan` is the chunked SSD of Mamba-2 (the
 "minimal" torch form transformers falls back to) with the intra-chunk decay matrix, the chunk
-states and the inter-chunk recurrence masked at document boundaries, no -inf involved.
+states and the inter-chunk recurrence masked at document boundaries, no -inf involved. A mixer whose
+``scan_kernel`` is "fla" (`trainer.mamba_scan`, CUDA) runs the same scan through fla's Triton kernels
+(`ssd_fla`).
 
 Context parallelism: a CP rank holds a zigzag share of the row's tokens (`attention.cp_chunks`);
 a scan needs whole documents. `MambaSequences.for_row` describes the row once per forward; under
@@ -32,6 +34,7 @@ from torch import nn
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import cp_token_index
+from agentrl.trainer.models.ssd_fla import ssd_scan_gla
 from agentrl.trainer.parallel import all_to_all_rows
 
 __all__ = ["Mamba2Mixer", "MambaSequences", "causal_conv", "ssd_scan", "gated_rms_norm"]
@@ -188,6 +191,8 @@ class Mamba2Mixer(nn.Module):
         self.norm = nn.Module()
         self.norm.weight = nn.Parameter(torch.ones(self.inner))
         self.out_proj = nn.Linear(self.inner, args.hidden_size, bias=args.mamba_proj_bias)
+        self.scan_kernel = "torch"
+        """The SSD scan: "torch" (`ssd_scan`, float32) or "fla" (`ssd_fla.ssd_scan_gla`, Triton; `use_mamba_scan`)."""
 
     def forward(self, x_TD: torch.Tensor, sequences: MambaSequences) -> torch.Tensor:
         z, xbc, dt = torch.split(self.in_proj(x_TD), [self.inner, self.conv_dim, self.heads], dim=-1)
@@ -219,9 +224,12 @@ class Mamba2Mixer(nn.Module):
             x, B, C = torch.split(conv, [n_heads * self.head_dim, n_groups * self.state, n_groups * self.state], dim=-1)
             h = slice(heads.start, heads.stop)
             dt = F.softplus(dt_TH.float() + self.dt_bias[h].float()).clamp(min=self.dt_min)
-            y = ssd_scan(x.reshape(-1, n_heads, self.head_dim), dt, -torch.exp(self.A_log[h].float()),
-                         B.reshape(-1, n_groups, self.state), C.reshape(-1, n_groups, self.state), self.D[h],
-                         doc_T, chunk=self.chunk)
+            inputs = (x.reshape(-1, n_heads, self.head_dim), dt, -torch.exp(self.A_log[h].float()),
+                      B.reshape(-1, n_groups, self.state), C.reshape(-1, n_groups, self.state), self.D[h], doc_T)
+            if self.scan_kernel == "fla":
+                y = ssd_scan_gla(*inputs, dtype=xbc_TC.dtype)
+            else:
+                y = ssd_scan(*inputs, chunk=self.chunk)
         return y.reshape(y.shape[0], -1)
 
     def _scan_context_parallel(self, xbc_TC: torch.Tensor, dt_TH: torch.Tensor, seq: MambaSequences) -> torch.Tensor:

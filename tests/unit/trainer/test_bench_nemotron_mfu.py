@@ -51,7 +51,7 @@ def test_cpu_smoke_run_measures_mfu_and_the_scan_share(tmp_path):
     args = nano_args("MEMEM*E", tiny=True)
     assert [row["seq"] for row in report["runs"]] == [128, 256]
     for row in report["runs"]:
-        assert row["mamba_layers"] == 3 and row["step_s"] > 0
+        assert row["mamba_layers"] == 3 and row["step_s"] > 0 and row["mamba_scan"] == "torch"
         flops = args.training_flops_per_token(mean_context=row["seq"] / 2) * row["seq"]
         assert row["tflops_per_gpu"] * 1e12 * row["step_s"] == pytest.approx(flops, rel=1e-6)
         assert row["mfu"] == pytest.approx(flops / row["step_s"] / (row["matmul_tflops"] * 1e12), rel=1e-6)
@@ -60,3 +60,4 @@ def test_cpu_smoke_run_measures_mfu_and_the_scan_share(tmp_path):
         )
         assert 0 < row["scan_flops_share"] < 1
     assert report["longest_seq"] == 256 and report["mfu_at_longest"] == report["runs"][-1]["mfu"]
+    assert report["scan_at_longest"] == "torch" and report["fla_over_torch_speedup"] == {}  # fla: CUDA only
