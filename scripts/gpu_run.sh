@@ -11,9 +11,9 @@
 #   train     agentrl train --config cookbook/gpu-1xh200/train.toml -> $OUT/run (report, plots, metrics; no weights)
 #   bench     python3 bench/gpu_loop.py --measure (IPC and filesystem update latency, agentrl eval vs raw
 #             tokens/s eager and with CUDA graphs; glm-air-5b as created when no SFT ran) -> $OUT/gpu_loop.json
-#   gputests  the trainer's model tests on CUDA: MLA (tiny DeepSeek-V3) and Nemotron-3 (grouped non-gated experts)
+#   gputests  the trainer's model tests on CUDA: MLA, Nemotron-3 (grouped non-gated experts, the fla scan)
 #   steptime  bench/step_time_check.py: the planner's trainer step time against measured steps -> $OUT
-#   nemotron  bench/trainer_mfu_nemotron.py: MFU of Nemotron-3-Nano-shaped layers, Mamba scan share -> $OUT
+#   nemotron  bench/trainer_mfu_nemotron.py: Nemotron-3-Nano-shaped MFU, Mamba scan share (torch, fla) -> $OUT
 #   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run;
 #             its halves r3deep-sft and r3deep-train run alone too (the SFT export stays on a warm machine)
 #   evalbench bench/gpu_loop.py --measure --eval-only --created-model: the eval throughput alone, on glm-air-5b
@@ -120,12 +120,12 @@ for phase in "${expanded[@]}"; do
         --created-model glm-air-deep --repeats-fs 1 --results "$out/gpu_loop.json" ;;
     gputests)
       run_phase gputests "${GPUTESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_trainer_mla_gpu.py \
-        tests/gpu/test_trainer_nemotron_gpu.py -q -p no:cacheprovider ;;
+        tests/gpu/test_trainer_nemotron_gpu.py tests/gpu/test_mamba_scan_gpu.py -q -p no:cacheprovider ;;
     steptime)
       run_phase steptime "${STEPTIME_TIMEOUT:-240}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
         python3 bench/step_time_check.py --results "$out/step_time_check.json" ;;
     nemotron)
-      run_phase nemotron "${NEMOTRON_TIMEOUT:-200}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+      run_phase nemotron "${NEMOTRON_TIMEOUT:-300}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
         python3 bench/trainer_mfu_nemotron.py --results "$out/trainer_mfu_nemotron.json" ;;
     r3deep-sft)
       run_phase r3deep-sft "${R3DEEP_SFT_TIMEOUT:-300}" python3 -m agentrl.cli sft \
