@@ -16,6 +16,8 @@
 #   nemotron  bench/trainer_mfu_nemotron.py: Nemotron-3-Nano-shaped MFU, Mamba scan share (torch, fla) -> $OUT
 #   r3deep    agentrl sft + train of glm-air-deep (cookbook/gpu-1xh200/r3-deep-*.toml) -> $OUT/r3-deep-run;
 #             its halves r3deep-sft and r3deep-train run alone too (the SFT export stays on a warm machine)
+#   nemo      agentrl sft + train of nemotron-nano-7l (cookbook/gpu-1xh200/nemotron-*.toml: CUDA vLLM serving NemotronH,
+#             R3, IPC updates, the fla scan) -> $OUT/nemotron-run; halves nemo-sft and nemo-train run alone too
 #   evalbench bench/gpu_loop.py --measure --eval-only --created-model: the eval throughput alone, on glm-air-5b
 #             as created (answers run to max_tokens) -> $OUT/gpu_loop.json
 #   deepipc   bench/gpu_loop.py --measure --updates-only --created-model glm-air-deep: IPC updates packed and
@@ -86,7 +88,9 @@ run_phase() {  # name timeout command...
 
 expanded=()
 for phase in "${phases[@]}"; do  # r3deep is its two halves (a call each when they do not fit one together)
-  if [[ $phase == r3deep ]]; then expanded+=(r3deep-sft r3deep-train); else expanded+=("$phase"); fi
+  if [[ $phase == r3deep ]]; then expanded+=(r3deep-sft r3deep-train)
+  elif [[ $phase == nemo ]]; then expanded+=(nemo-sft nemo-train)
+  else expanded+=("$phase"); fi
 done
 for phase in "${expanded[@]}"; do
   case "$phase" in
@@ -136,6 +140,14 @@ for phase in "${expanded[@]}"; do
       run_phase r3deep-train "${R3DEEP_TRAIN_TIMEOUT:-320}" python3 -m agentrl.cli train \
         --config cookbook/gpu-1xh200/r3-deep-train.toml -o runs/gpu-1xh200/r3-deep ${R3DEEP_ARGS:-}
       keep_run runs/gpu-1xh200/r3-deep "$out/r3-deep-run" ;;
+    nemo-sft)  # issue 41 item 4: Nemotron-3 in the one-GPU loop
+      run_phase nemo-sft "${NEMO_SFT_TIMEOUT:-300}" python3 -m agentrl.cli sft \
+        --config cookbook/gpu-1xh200/nemotron-sft.toml ;;
+    nemo-train)
+      rm -rf runs/gpu-1xh200/nemotron
+      run_phase nemo-train "${NEMO_TRAIN_TIMEOUT:-400}" python3 -m agentrl.cli train \
+        --config cookbook/gpu-1xh200/nemotron-train.toml -o runs/gpu-1xh200/nemotron
+      keep_run runs/gpu-1xh200/nemotron "$out/nemotron-run" ;;
     lora)  # issue 42: the one-GPU recipe with LoRA (adapters on attention and all experts, served after every step)
       rm -rf runs/gpu-1xh200/lora
       # shellcheck disable=SC2086

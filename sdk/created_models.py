@@ -63,6 +63,7 @@ __all__ = [
     "TINY_MOE_CONFIG",
     "TINY_MOE_VERSION",
     "TINY_NEMOTRON_CONFIG",
+    "NEMOTRON_NANO_7L_CONFIG",
     "build_tokenizer",
     "create_local_model",
     "create_tiny_moe",
@@ -142,6 +143,30 @@ TINY_NEMOTRON_CONFIG: dict[str, Any] = {
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": [2, 1],
+}
+
+# Nemotron-3-Nano's published widths (agentrl.models' nemotron-3-nano) in the first 7 layers of its pattern,
+# MEMEM*E (3 Mamba-2, 3 MoE with 128 non-gated relu^2 experts top-6 + a shared expert, 1 attention), with the
+# character vocabulary: 4.0B parameters (issue 41: Nemotron-3 served by CUDA vLLM in the one-GPU loop).
+NEMOTRON_NANO_7L_CONFIG: dict[str, Any] = {
+    **TINY_NEMOTRON_CONFIG,
+    "hidden_size": 2688,
+    "hybrid_override_pattern": "MEMEM*E",
+    "num_attention_heads": 32,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "intermediate_size": 1856,
+    "mamba_num_heads": 64,
+    "mamba_head_dim": 64,
+    "n_groups": 8,
+    "ssm_state_size": 128,
+    "chunk_size": 128,
+    "time_step_min": 0.001,
+    "n_routed_experts": 128,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712,
+    "max_position_embeddings": 4096,
 }
 
 # GLM-4.5-Air's published widths (agentrl.models' glm-4.5-air) in 3 layers, with the character vocabulary.
@@ -230,6 +255,7 @@ TINY_QWEN3_CONFIG: dict[str, Any] = {
 LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-moe": (TINY_MOE_CONFIG, TINY_MOE_VERSION, "float32"),
     "tiny-nemotron": (TINY_NEMOTRON_CONFIG, 1, "float32"),
+    "nemotron-nano-7l": (NEMOTRON_NANO_7L_CONFIG, 1, "bfloat16"),
     "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
     "glm-air-deep": (GLM_AIR_DEEP_CONFIG, 1, "bfloat16"),
     "glm-air-narrow": (GLM_AIR_NARROW_CONFIG, 1, "bfloat16"),
@@ -237,8 +263,8 @@ LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-qwen3": (TINY_QWEN3_CONFIG, 1, "float32"),
 }
 #: transformers architecture prefix of each local model (``<prefix>Config``, ``<prefix>ForCausalLM``)
-LOCAL_ARCHITECTURES: dict[str, str] = {"tiny-nemotron": "NemotronH", "tiny-deepseek": "DeepseekV3",
-                                        "tiny-qwen3": "Qwen3Moe"}
+LOCAL_ARCHITECTURES: dict[str, str] = {"tiny-nemotron": "NemotronH", "nemotron-nano-7l": "NemotronH",
+                                        "tiny-deepseek": "DeepseekV3", "tiny-qwen3": "Qwen3Moe"}
 
 # ChatML with hermes tool calls. Assistant tool-call arguments may arrive as a JSON string
 # (OpenAI format) or as a mapping (vLLM parses them before rendering); both render the same.

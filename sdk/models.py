@@ -23,6 +23,7 @@ from agentrl.created_models import (
     GLM_AIR_DEEP_CONFIG,
     GLM_AIR_NARROW_CONFIG,
     LOCAL_MODELS,
+    NEMOTRON_NANO_7L_CONFIG,
     TINY_DEEPSEEK_CONFIG,
     TINY_QWEN3_CONFIG,
     ensure_local_model,
@@ -156,6 +157,14 @@ PRESETS: dict[str, ModelSpec] = {
             description="GLM-4.5-Air widths in 3 layers (1 dense + 2 MoE, 128 experts top-8), created locally with "
                         "the character tokenizer; one H200 (cookbook/gpu-1xh200)",
             hf_config={"model_type": "glm4_moe", **GLM_AIR_5B_CONFIG},
+        ),
+        ModelSpec(
+            name="nemotron-nano-7l", family="nemotron_h",
+            architecture="NemotronHForCausalLM", total_params=4.033e9, active_params=0.3805e9,
+            context=4096, inference_gpus=1, training_gpus=1,
+            description="Nemotron-3-Nano's widths in its first 7 layers (MEMEM*E: Mamba-2, 128 non-gated experts "
+                        "top-6, attention), created locally with the character tokenizer; one H200",
+            hf_config={"model_type": "nemotron_h", **NEMOTRON_NANO_7L_CONFIG},
         ),
         ModelSpec(
             name="glm-air-deep", family="glm4_moe",

@@ -13,7 +13,7 @@ from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 def test_presets_record_architecture_facts():
     names = [spec.name for spec in list_presets()]
     assert names == ["tiny-moe", "tiny-nemotron", "tiny-deepseek", "tiny-qwen3",
-                     "glm-air-5b", "glm-air-deep", "glm-air-narrow", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano", "nemotron-3-super", "deepseek-v3", "kimi-k2"]
+                     "glm-air-5b", "nemotron-nano-7l", "glm-air-deep", "glm-air-narrow", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano", "nemotron-3-super", "deepseek-v3", "kimi-k2"]
     kimi = PRESETS["kimi-k2"]  # Kimi-K2-Instruct's config.json: DeepSeek-V3 shapes with 384 experts, 64 heads
     assert (kimi.architecture, kimi.layers, kimi.hidden_size, kimi.experts, kimi.experts_per_token,
             kimi.shared_experts, kimi.dense_layers) == ("DeepseekV3ForCausalLM", 61, 7168, 384, 8, 1, 1)
@@ -36,10 +36,16 @@ def test_presets_record_architecture_facts():
     assert deep.hidden_size == air.hidden_size // 4
     from agentrl.trainer.models.args import MoEModelArgs
 
-    for preset in (deep, PRESETS["glm-air-narrow"]):
+    for preset in (deep, PRESETS["glm-air-narrow"], PRESETS["nemotron-nano-7l"]):
         counts = MoEModelArgs.from_hf_config(preset.hf_config).param_counts()
         assert abs(counts["total"] / preset.total_params - 1) < 1e-3
         assert abs(counts["active"] / preset.active_params - 1) < 1e-3
+    # nemotron-nano-7l: Nemotron-3-Nano's widths in the first 7 layers of its pattern
+    nano, nano_7l = PRESETS["nemotron-3-nano"].hf_config, PRESETS["nemotron-nano-7l"]
+    assert nano_7l.hf_config["hybrid_override_pattern"] == nano["hybrid_override_pattern"][:7]
+    assert all(nano_7l.hf_config[key] == nano[key] for key in (
+        "hidden_size", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "n_routed_experts",
+        "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"))
     narrow = PRESETS["glm-air-narrow"]
     assert (narrow.layers, narrow.experts, narrow.experts_per_token, narrow.hidden_size) == (
         air.layers, air.experts, air.experts_per_token, air.hidden_size // 8)

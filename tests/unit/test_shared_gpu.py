@@ -114,3 +114,12 @@ def test_kernel_format_updates_trade_vllms_layer_load_for_a_larger_trainer_buffe
     assert before.server_update_gib > 8 and after.server_update_gib == 0.0  # vLLM copies in place
     assert after.trainer_update_gib == pytest.approx(before.trainer_update_gib - 1.0 + 2 * experts)
     assert after.trainer_step_gib > before.trainer_step_gib and after.fits()
+
+
+def test_the_nemotron_recipe_fits_one_h200_beside_vllm():
+    from agentrl.models import resolve_model
+
+    config = load_run_config(RECIPE.with_name("nemotron-train.toml"))
+    assert resolve_model(config.model.name).family == "nemotron_h"
+    plan = shared_gpu_plan(config, trainer_plan(config), gpu_gib=139.8)
+    assert 60 < plan.trainer_step_gib < 90 and plan.fits()
