@@ -19,12 +19,13 @@ Precision: ``q``, ``k`` and ``v`` go in the compute dtype (bfloat16 under autoca
 in float32, the state in float32 inside the kernels; the result is within bf16 rounding of the float32
 reference (`tests/gpu/test_mamba_scan_gpu.py`).
 
-`trainer.mamba_scan` chooses: "auto" (fla on CUDA when installed, else the torch reference), "fla" (refused
-in one line where it cannot run), "torch".
+`trainer.mamba_scan` chooses: "auto" (fla on CUDA when it imports, else the torch reference, with a warning
+when fla is installed but does not import), "fla" (refused in one line where it cannot run), "torch".
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -32,7 +33,9 @@ from torch import nn
 
 from agentrl.errors import ConfigError
 
-__all__ = ["document_bounds", "ssd_scan_gla", "fla_chunk_gla", "fla_installed", "use_mamba_scan"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["document_bounds", "ssd_scan_gla", "fla_chunk_gla", "fla_installed", "fla_import_error", "use_mamba_scan"]
 
 GLA = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``gla(q, k, v, g, cu_seqlens) -> o``: simple GLA over ``(1, T, H, .)`` inputs with scale 1."""
@@ -71,10 +74,19 @@ def fla_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 
 def fla_installed() -> bool:
-    """Whether `fla` (the fla-core distribution) can be imported, without importing it."""
+    """Whether `fla` (the fla-core distribution) is installed, without importing it."""
     from importlib.util import find_spec
 
     return find_spec("fla") is not None
+
+
+def fla_import_error() -> str | None:
+    """Why fla's simple-GLA kernels cannot be imported here (e.g. a Triton too old for them), or None."""
+    try:
+        import fla.ops.simple_gla  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure of the import is the reason
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return None
 
 
 def use_mamba_scan(model: nn.Module, setting: str, *, device_type: str) -> str:
@@ -93,8 +105,16 @@ def use_mamba_scan(model: nn.Module, setting: str, *, device_type: str) -> str:
                               "pip install 'agentrl[train]'")
     if not mixers:
         return ""
-    chosen = "fla" if setting == "fla" or (setting == "auto" and device_type == "cuda" and fla_installed()) \
-        else "torch"
+    chosen = "torch"
+    if setting == "fla" or (setting == "auto" and device_type == "cuda" and fla_installed()):
+        error = fla_import_error()
+        if error is None:
+            chosen = "fla"
+        elif setting == "fla":
+            raise ConfigError(f"trainer.mamba_scan='fla': fla's kernels do not import here ({error}); "
+                              "set trainer.mamba_scan='torch'")
+        else:
+            logger.warning("trainer.mamba_scan='auto': the torch scan, since fla does not import (%s)", error)
     for mixer in mixers:
         mixer.scan_kernel = chosen
     return chosen

@@ -114,3 +114,20 @@ def test_a_trainer_asked_for_fla_on_the_cpu_stops_before_loading(tiny_nemotron_d
 def test_a_model_without_mamba_layers_is_left_alone(tiny_glm_dir):
     dense = build_model(MoEModelArgs.from_hf_dir(tiny_glm_dir))
     assert use_mamba_scan(dense, "auto", device_type="cpu") == ""
+
+
+def test_fla_that_does_not_import_falls_back_under_auto_and_is_refused_when_asked(tiny_nemotron_dir, monkeypatch,
+                                                                                   caplog):
+    import agentrl.trainer.models.ssd_fla as ssd_fla
+
+    monkeypatch.setattr(ssd_fla, "fla_import_error", lambda: "ImportError: triton too old")
+    hybrid = build_model(MoEModelArgs.from_hf_dir(tiny_nemotron_dir))
+    with caplog.at_level("WARNING"):
+        assert use_mamba_scan(hybrid, "auto", device_type="cuda") == "torch"
+    assert "triton too old" in caplog.text
+    with pytest.raises(ConfigError, match=r"^trainer.mamba_scan='fla': fla's kernels do not import here "
+                                          r"\(ImportError: triton too old\); set trainer.mamba_scan='torch'$"):
+        use_mamba_scan(hybrid, "fla", device_type="cuda")
+    monkeypatch.setattr(ssd_fla, "fla_import_error", lambda: None)
+    assert use_mamba_scan(hybrid, "auto", device_type="cuda") == "fla"
+    assert all(m.scan_kernel == "fla" for m in hybrid.modules() if isinstance(m, Mamba2Mixer))
