@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainer_helpers import perturbed_mamba_mixer
 
 from agentrl.errors import ConfigError
 from agentrl.trainer.models.args import MoEModelArgs
@@ -65,12 +66,7 @@ def test_a_mixer_on_the_gla_path_restarts_at_each_document(tiny_nemotron_dir, mo
     import agentrl.trainer.models.ssd_fla as ssd_fla
 
     monkeypatch.setattr(ssd_fla, "fla_chunk_gla", _naive_gla_per_document)  # the CPU has no Triton kernels
-    args = MoEModelArgs.from_hf_dir(tiny_nemotron_dir)
-    torch.manual_seed(0)
-    mixer = Mamba2Mixer(args)
-    with torch.no_grad():
-        for param in mixer.parameters():
-            param.add_(torch.randn_like(param) * 0.3)
+    args, mixer = perturbed_mamba_mixer(tiny_nemotron_dir)
     lengths = (5, 19, 1, 11)
     x = torch.randn(sum(lengths), args.hidden_size)
     positions = torch.cat([torch.arange(n) for n in lengths])

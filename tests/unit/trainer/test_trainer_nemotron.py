@@ -12,13 +12,13 @@ import json
 
 import pytest
 import torch
-from trainer_helpers import make_hf_folder, tiny_nemotron_config
+from trainer_helpers import make_hf_folder, perturbed_mamba_mixer, tiny_nemotron_config
 
 from agentrl.errors import AgentrlError
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import build_segments
 from agentrl.trainer.models.build import build_model
-from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences, ssd_scan
+from agentrl.trainer.models.mamba2 import MambaSequences, ssd_scan
 from agentrl.trainer.models.state_dict import hf_to_native, load_hf_weights, read_hf_state, save_hf_weights
 
 ATOL = 1e-4
@@ -86,12 +86,7 @@ def test_chunked_scan_equals_the_recurrence_across_chunks_and_documents():
 
 
 def test_mamba_mixer_on_packed_documents_equals_each_alone_with_gradients(tiny_nemotron_dir):
-    args = MoEModelArgs.from_hf_dir(tiny_nemotron_dir)
-    torch.manual_seed(0)
-    mixer = Mamba2Mixer(args)
-    with torch.no_grad():
-        for param in mixer.parameters():
-            param.add_(torch.randn_like(param) * 0.3)
+    args, mixer = perturbed_mamba_mixer(tiny_nemotron_dir)
     x = torch.randn(sum(LENGTHS), args.hidden_size, requires_grad=True)
     positions = torch.cat([torch.arange(n) for n in LENGTHS])
     packed = mixer(x, MambaSequences.for_row(positions))

@@ -37,6 +37,20 @@ def tiny_nemotron_config(**overrides):
     return NemotronHConfig(**values)
 
 
+def perturbed_mamba_mixer(model_dir):
+    """A Mamba-2 mixer of the tiny Nemotron in ``model_dir`` with seeded parameters moved off their init values."""
+    from agentrl.trainer.models.args import MoEModelArgs
+    from agentrl.trainer.models.mamba2 import Mamba2Mixer
+
+    args = MoEModelArgs.from_hf_dir(model_dir)
+    torch.manual_seed(0)
+    mixer = Mamba2Mixer(args)
+    with torch.no_grad():
+        for param in mixer.parameters():
+            param.add_(torch.randn_like(param) * 0.3)
+    return args, mixer
+
+
 def make_hf_folder(path, config, *, seed: int = 0, max_shard_size: str | None = None):
     """Create a HF model folder with random weights (correction bias random too, so it matters)."""
     from transformers import AutoModelForCausalLM
