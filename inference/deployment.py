@@ -103,8 +103,9 @@ class InferenceConfig(BaseConfig):
     GLM-4.5 and DeepSeek already, not for Qwen3-MoE, whose gate it runs in the model's dtype; the trainer's gate
     is float32 unless `trainer.router_float32 = false`."""
     routed_weights: bool = False
-    """Also return each token's gate weights beside its experts (Router Replay's third arm; on the CPU runner,
-    through agentrl's vLLM plugin; CUDA vLLM returns expert ids only). `trainer.router_replay_weights` turns it
+    """Also return each token's gate weights beside its experts (Router Replay's third arm), through agentrl's
+    vLLM plugin: on the CPU runner (`vllm_plugin.routed_experts`) and in CUDA vLLM's own capture path
+    (`vllm_plugin.routed_weights_cuda`; not with GPU KV offload or P/D). `trainer.router_replay_weights` turns it
     on."""
     weight_transfer: TransportName | None = None
     """How the trainer's weights reach the servers after each step. 'filesystem': staged safetensors in a
@@ -156,6 +157,14 @@ class InferenceConfig(BaseConfig):
                              " a folder; set weight_transfer='filesystem' (or 'object_store') or leave it unset")
         return self
 
+    def gate_weights_refusal(self) -> str | None:
+        """Why these servers cannot return gate weights beside the experts (Router Replay's third arm), or None."""
+        if self.device == "gpu" and (self.kv_offload != "none" or self.kind == "pd"):
+            return (f"on GPUs with kv_offload={self.kv_offload!r} and kind={self.kind!r} the routing of KV blocks a "
+                    "connector loads is stitched as expert ids only; set routed_weights=false (and "
+                    "trainer.router_replay_weights=false), or kv_offload='none' and a kind other than 'pd'")
+        return None
+
     @model_validator(mode="after")
     def _router_replay_needs_no_kv_connector(self) -> InferenceConfig:
         """vLLM (0.24 and 0.32) refuses `--enable-return-routed-experts` with any KV connector. With KV offload
@@ -163,10 +172,8 @@ class InferenceConfig(BaseConfig):
         with a P/D pair on one node (NIXL or the folder connector) the token client stitches the prompt's
         (`clients.prefill_decode`); P/D through vllm-router across nodes asking for Router Replay is refused here,
         in one line, not at start-up."""
-        if self.routed_weights and self.device == "gpu":
-            raise ValueError("routed_weights: CUDA vLLM returns the routed expert ids only (agentrl's plugin records "
-                             "gate weights on the CPU runner); set routed_weights=false and "
-                             "trainer.router_replay_weights=false on GPUs")
+        if self.routed_weights and (reason := self.gate_weights_refusal()):
+            raise ValueError(f"routed_weights: {reason}")
         if (self.device == "gpu" and self.routed_experts and self.kind == "pd" and not self.pd_pair()
                 and self.kv_connector != "example"):  # the folder across nodes: `_pd_pair_on_one_node` says why
             raise ValueError(f"routed_experts with kind='pd' over kv_connector={self.kv_connector!r} on "

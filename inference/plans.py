@@ -154,6 +154,8 @@ def _common_args(
                 args += ["--no-enable-prefix-caching"]
         else:
             args += ["--enable-return-routed-experts"]
+            if config.routed_weights:  # the plugin adds the gate weights to vLLM's own capture
+                env[ROUTED_EXPERTS_ENV] = env[ROUTED_WEIGHTS_ENV] = "1"
             if config.kv_offload != "none" or role in ("prefill", "decode"):
                 env[ROUTED_OFFLOAD_ENV] = "1"  # vLLM refuses routed experts with a connector; the plugin lifts it
     if config.device == "cpu":

@@ -64,7 +64,8 @@ SWEBENCH_NAMESPACE = EnvVar("AGENTRL_SWEBENCH_NAMESPACE", "Image namespace of SW
 ROUTED_EXPERTS = EnvVar("AGENTRL_ROUTED_EXPERTS", "1: agentrl's vLLM plugin records the routed experts on the "
                         "CPU runner.", kind="internal")
 ROUTED_WEIGHTS = EnvVar("AGENTRL_ROUTED_WEIGHTS", "1: with AGENTRL_ROUTED_EXPERTS, the plugin also records each "
-                        "token's gate weights (Router Replay's third arm).", kind="internal")
+                        "token's gate weights (Router Replay's third arm); on CUDA inside vLLM's own capture.",
+                        kind="internal")
 ROUTED_OFFLOAD = EnvVar("AGENTRL_ROUTED_OFFLOAD", "1: agentrl's vLLM plugin lets CUDA vLLM return routed experts "
                         "through a KV-offload connector, stitching the loaded blocks' rows.", kind="internal")
 ROUTER_FLOAT32 = EnvVar("AGENTRL_ROUTER_FLOAT32", "1: agentrl's vLLM plugin builds every MoE gate (*.mlp.gate) in "

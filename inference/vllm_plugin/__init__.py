@@ -6,7 +6,8 @@ never changes servers that did not ask for it:
 
 - `AGENTRL_ROUTED_EXPERTS=1`: record the router's top-k experts in vLLM's V1 CPU model
   runner and return them as `routed_experts` (`vllm_plugin.routed_experts`); with
-  `AGENTRL_ROUTED_WEIGHTS=1` too, their gate weights beside them.
+  `AGENTRL_ROUTED_WEIGHTS=1` too, their gate weights beside them, on CUDA through vLLM's own
+  `--enable-return-routed-experts` buffers (`vllm_plugin.routed_weights_cuda`).
 - `AGENTRL_ROUTED_OFFLOAD=1` (CUDA vLLM 0.24): let `--enable-return-routed-experts` start with a KV-offload
   connector and return the true routing of the blocks it loads (`vllm_plugin.routed_offload`).
 - `AGENTRL_ROUTER_FLOAT32=1`: every MoE gate in float32 (`vllm_plugin.router_float32`; vLLM computes

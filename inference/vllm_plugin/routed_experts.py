@@ -29,7 +29,8 @@ With `AGENTRL_ROUTED_WEIGHTS=1` as well, each router's final gate weights (what 
 returns beside the ids: renormalised and scaled as the experts apply them) are recorded into a
 float32 buffer of the same layout, and a request's rows become float32 (tokens, layers, top_k, 2),
 ids then weights (`agentrl.routed.routing_arrays` separates them); vLLM's output path passes any
-array through. This is Router Replay's third arm (replaying ids and gate weights).
+array through. This is Router Replay's third arm (replaying ids and gate weights). On CUDA the same pairs come
+out of vLLM's own capture path (`vllm_plugin.routed_weights_cuda`).
 
 Tokens a KV connector loads (prefill/decode disaggregation: the prefill server computed them) are not
 computed here either: with a connector configured, their rows are unknown (-1), and the client that
@@ -329,8 +330,14 @@ def install(*, gate_weights: bool = False) -> None:
     from vllm.platforms import current_platform
 
     if current_platform.device_type != "cpu":
-        # CUDA vLLM records routed experts itself: --enable-return-routed-experts.
-        logger.info("agentrl: AGENTRL_ROUTED_EXPERTS ignored on %s", current_platform.device_type)
+        # CUDA vLLM records routed experts itself (--enable-return-routed-experts); the gate weights ride along
+        # in its own buffers with `routed_weights_cuda`.
+        if gate_weights:
+            from agentrl.inference.vllm_plugin.routed_weights_cuda import install as install_cuda_weights
+
+            install_cuda_weights()
+        else:
+            logger.info("agentrl: AGENTRL_ROUTED_EXPERTS ignored on %s", current_platform.device_type)
         return
     _patch_scheduler()
     if gate_weights:

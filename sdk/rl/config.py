@@ -246,11 +246,12 @@ def load_run_config(
         raise ConfigError(f"eval.split={config.eval.split!r} is the split the run trains on (orchestrator.task_split);"
                           " evaluate on a held-out split")
     apply_gpu_defaults(config)
-    if config.trainer.router_replay_weights and (config.inference.device == "gpu" or not config.trainer.router_replay
+    if config.trainer.router_replay_weights and (not config.trainer.router_replay
                                                  or not config.inference.routed_experts):
         raise ConfigError("trainer.router_replay_weights: replaying gate weights needs Router Replay on "
-                          "(trainer.router_replay, inference.routed_experts) and the CPU runner (CUDA vLLM returns "
-                          "expert ids only); set router_replay_weights=false")
+                          "(trainer.router_replay, inference.routed_experts); set router_replay_weights=false")
+    if config.trainer.router_replay_weights and (reason := config.inference.gate_weights_refusal()):
+        raise ConfigError(f"trainer.router_replay_weights: {reason}")
     if config.inference.base_url is not None:
         if not config.inference.lora_adapters or config.trainer.lora is None:
             raise ConfigError("inference.base_url: a shared server serves each run's LoRA adapter by name; set "

@@ -3,7 +3,8 @@
 - Routed experts: CUDA vLLM's native `--enable-return-routed-experts` rows, for prompts and
   sampled completions, agree with the trainer's own router on the same weights and tokens
   (the share of (token, MoE layer) pairs whose expert sets match): at least 99% in float32,
-  and reported (printed) in bfloat16, where near-ties flip on rounding.
+  and reported (printed) in bfloat16, where near-ties flip on rounding. With
+  `inference.routed_weights` the rows carry the gate weights too, equal to the trainer's.
 - CUDA IPC weight updates: the trainer (in this process, on the server's GPU) trains two
   steps, `IpcWeightPublisher` hands the new weights to the server through vLLM's `ipc`
   engine (packed: a buffer per chunk), and the server's prompt logprobs then equal the
@@ -34,12 +35,13 @@ TOKENS = [3, 20, 35, 41, 50, 62, 70, 88, 90, 101, 15, 27, 44, 9]
 PROMPTS = [[3, 40 + i, 52, 61, 70 + i, 80, 33, 47 + i] for i in range(8)]
 
 
-def _server(model_dir, *, dtype: str, transport: str | None = None, fp8: bool = False):
+def _server(model_dir, *, dtype: str, transport: str | None = None, fp8: bool = False, routed_weights: bool = False):
     from agentrl.inference.deployment import InferenceConfig
     from agentrl.rl.inference_actor import replica_server
 
     deployment = InferenceConfig(device="gpu", gpu_memory_utilization=0.3, max_model_len=512, max_num_seqs=16,
-                                  routed_experts=True, weight_transfer=transport, fp8=fp8, fp8_kv_cache=False)
+                                  routed_experts=True, routed_weights=routed_weights, weight_transfer=transport,
+                                  fp8=fp8, fp8_kv_cache=False)
     return replica_server(deployment, Path(model_dir), served_name="tiny-moe", dtype=dtype)
 
 
@@ -70,19 +72,59 @@ def _served_logprobs(url, tokens):
     return [entry[str(token)]["logprob"] for entry, token in zip(entries, tokens[1:], strict=True)]
 
 
-def _trainer_routing(trainer, tokens):
-    """The experts the trainer's own routers choose for `tokens`: (tokens, MoE layers, top_k)."""
+def _trainer_routing(trainer, tokens, *, weights: bool = False):
+    """The experts the trainer's own routers choose for `tokens`: (tokens, MoE layers, top_k); with `weights`,
+    their gate weights too."""
     from agentrl.trainer.models.router import MoERouter
 
     chosen = []
-    hooks = [module.register_forward_hook(lambda _m, _i, out: chosen.append(out[1].detach().cpu()))
+    hooks = [module.register_forward_hook(lambda _m, _i, out: chosen.append((out[0].detach().float().cpu(),
+                                                                              out[1].detach().cpu())))
              for module in trainer.model.modules() if isinstance(module, MoERouter)]
     try:
         _trainer_logprobs(trainer, tokens)
     finally:
         for hook in hooks:
             hook.remove()
-    return torch.stack(chosen, dim=1).numpy()
+    ids = torch.stack([i for _, i in chosen], dim=1).numpy()
+    return (ids, torch.stack([w for w, _ in chosen], dim=1).numpy()) if weights else ids
+
+
+def test_gate_weights_ride_with_the_routed_experts_and_equal_the_trainers(tmp_path):
+    """`inference.routed_weights` on CUDA (`vllm_plugin.routed_weights_cuda`): float32 (tokens, layers, top_k, 2)
+    rows, ids then the gate weights vLLM applied; in float32, where the expert sets agree (at least 99% of
+    (token, layer) pairs), each expert's weight equals the trainer's within 1e-5."""
+    import httpx
+    import numpy as np
+
+    from agentrl.inference.routed_experts import routing_agreement
+    from agentrl.models import ensure_model
+    from agentrl.routed import decode_routed_experts_array, routing_arrays
+
+    model_dir = ensure_model("tiny-moe")
+    trainer = _trainer(model_dir, dtype="float32")
+    moe_layers = trainer.args.moe_layers
+    agreements, compared = [], 0
+    with _server(model_dir, dtype="float32", routed_weights=True) as server:
+        for prompt in PROMPTS:
+            body = {"token_ids": prompt, "sampling_params": {"max_tokens": 24, "temperature": 1.0, "seed": prompt[1]}}
+            response = httpx.post(f"{server.url}/inference/v1/generate", json=body, timeout=120)
+            response.raise_for_status()
+            choice = response.json()["choices"][0]
+            rows = decode_routed_experts_array(choice["routed_experts"])
+            tokens = prompt + choice["token_ids"]
+            assert rows.shape == (len(tokens) - 1, trainer.args.num_hidden_layers, trainer.args.top_k, 2)
+            assert rows.dtype == np.float32
+            ids, weights = routing_arrays(rows)
+            ours, our_weights = _trainer_routing(trainer, tokens[:-1], weights=True)
+            served, served_weights = ids[:, moe_layers], weights[:, moe_layers]
+            agreements.append(routing_agreement(served, ours))
+            order, our_order = np.argsort(served, axis=-1), np.argsort(ours, axis=-1)
+            same = (np.take_along_axis(served, order, -1) == np.take_along_axis(ours, our_order, -1)).all(-1)
+            np.testing.assert_allclose(np.take_along_axis(served_weights, order, -1)[same],
+                                       np.take_along_axis(our_weights, our_order, -1)[same], atol=1e-5, rtol=0)
+            compared += int(same.sum())
+    assert sum(agreements) / len(agreements) >= 0.99 and compared > 100, (agreements, compared)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

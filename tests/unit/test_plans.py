@@ -253,7 +253,7 @@ def test_router_replay_with_kv_offload_starts_with_the_plugins_stitching(offload
     assert ROUTED_OFFLOAD_ENV not in plain.env
 
 
-def test_gate_weights_are_recorded_by_the_cpu_plugin_and_refused_on_gpus_in_one_line(tmp_path):
+def test_gate_weights_are_recorded_by_the_plugin_and_refused_with_gpu_connectors_in_one_line(tmp_path):
     from agentrl.config import load_config
     from agentrl.inference.plans import ROUTED_WEIGHTS_ENV, cpu_server_options
 
@@ -261,10 +261,15 @@ def test_gate_weights_are_recorded_by_the_cpu_plugin_and_refused_on_gpus_in_one_
     assert env[ROUTED_WEIGHTS_ENV] == "1"
     assert ROUTED_WEIGHTS_ENV not in cpu_server_options(routed_experts=True)[1]
     assert ROUTED_WEIGHTS_ENV not in cpu_server_options(routed_experts=False, routed_weights=True)[1]
-    with pytest.raises(ConfigError, match=r"routed_weights: CUDA vLLM returns the routed expert ids only") as info:
-        load_config(InferenceConfig, overrides=["device=gpu", "routed_weights=true"])
+    with pytest.raises(ConfigError, match=r"routed_weights: on GPUs with kv_offload='cpu'") as info:
+        load_config(InferenceConfig, overrides=["device=gpu", "routed_weights=true", "kv_offload=cpu"])
     assert "\n" not in str(info.value)
     assert load_config(InferenceConfig, overrides=["device=cpu", "routed_weights=true"]).routed_weights
+    # CUDA: vLLM's own --enable-return-routed-experts path carries them (vllm_plugin.routed_weights_cuda)
+    gpu = load_config(InferenceConfig, overrides=["device=gpu", "routed_weights=true"])
+    server = build_plan(GLM_AIR, gpu.model_copy(update={"kind": "single", "gpus_per_node": 1})).servers[0]
+    assert "--enable-return-routed-experts" in server.vllm_args and server.env[ROUTED_WEIGHTS_ENV] == "1"
+    assert server.env[ROUTED_EXPERTS_ENV] == "1"
 
 
 def test_updates_drop_the_cache_of_cpu_servers_that_keep_a_prefix_cache():
