@@ -90,16 +90,28 @@ def _trainer_routing(trainer, tokens, *, weights: bool = False):
     return (ids, torch.stack([w for w, _ in chosen], dim=1).numpy()) if weights else ids
 
 
+def _sampled_rows(url, prompt):
+    """24 sampled tokens after `prompt`: the routed-experts rows the server returned, and prompt + completion."""
+    import httpx
+
+    from agentrl.routed import decode_routed_experts_array
+
+    body = {"token_ids": prompt, "sampling_params": {"max_tokens": 24, "temperature": 1.0, "seed": prompt[1]}}
+    response = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=120)
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    return decode_routed_experts_array(choice["routed_experts"]), prompt + choice["token_ids"]
+
+
 def test_gate_weights_ride_with_the_routed_experts_and_equal_the_trainers(tmp_path):
     """`inference.routed_weights` on CUDA (`vllm_plugin.routed_weights_cuda`): float32 (tokens, layers, top_k, 2)
     rows, ids then the gate weights vLLM applied; in float32, where the expert sets agree (at least 99% of
     (token, layer) pairs), each expert's weight equals the trainer's within 1e-5."""
-    import httpx
     import numpy as np
 
     from agentrl.inference.routed_experts import routing_agreement
     from agentrl.models import ensure_model
-    from agentrl.routed import decode_routed_experts_array, routing_arrays
+    from agentrl.routed import routing_arrays
 
     model_dir = ensure_model("tiny-moe")
     trainer = _trainer(model_dir, dtype="float32")
@@ -107,12 +119,7 @@ def test_gate_weights_ride_with_the_routed_experts_and_equal_the_trainers(tmp_pa
     agreements, compared = [], 0
     with _server(model_dir, dtype="float32", routed_weights=True) as server:
         for prompt in PROMPTS:
-            body = {"token_ids": prompt, "sampling_params": {"max_tokens": 24, "temperature": 1.0, "seed": prompt[1]}}
-            response = httpx.post(f"{server.url}/inference/v1/generate", json=body, timeout=120)
-            response.raise_for_status()
-            choice = response.json()["choices"][0]
-            rows = decode_routed_experts_array(choice["routed_experts"])
-            tokens = prompt + choice["token_ids"]
+            rows, tokens = _sampled_rows(server.url, prompt)
             assert rows.shape == (len(tokens) - 1, trainer.args.num_hidden_layers, trainer.args.top_k, 2)
             assert rows.dtype == np.float32
             ids, weights = routing_arrays(rows)
@@ -129,11 +136,8 @@ def test_gate_weights_ride_with_the_routed_experts_and_equal_the_trainers(tmp_pa
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_native_routed_experts_agree_with_the_trainers_router(dtype, tmp_path):
-    import httpx
-
     from agentrl.inference.routed_experts import routing_agreement
     from agentrl.models import ensure_model
-    from agentrl.routed import decode_routed_experts_array
 
     model_dir = ensure_model("tiny-moe")
     trainer = _trainer(model_dir, dtype=dtype)
@@ -141,12 +145,7 @@ def test_native_routed_experts_agree_with_the_trainers_router(dtype, tmp_path):
     agreements = []
     with _server(model_dir, dtype=dtype) as server:
         for prompt in PROMPTS:
-            body = {"token_ids": prompt, "sampling_params": {"max_tokens": 24, "temperature": 1.0, "seed": prompt[1]}}
-            response = httpx.post(f"{server.url}/inference/v1/generate", json=body, timeout=120)
-            response.raise_for_status()
-            choice = response.json()["choices"][0]
-            rows = decode_routed_experts_array(choice["routed_experts"])
-            tokens = prompt + choice["token_ids"]
+            rows, tokens = _sampled_rows(server.url, prompt)
             assert rows.shape == (len(tokens) - 1, trainer.args.num_hidden_layers, trainer.args.top_k)
             assert not rows[:, [i for i in range(rows.shape[1]) if i not in moe_layers]].any()  # dense layers: zeros
             ours = _trainer_routing(trainer, tokens[:-1])
