@@ -19,14 +19,16 @@ Precision: ``q``, ``k`` and ``v`` go in the compute dtype (bfloat16 under autoca
 in float32, the state in float32 inside the kernels; the result is within bf16 rounding of the float32
 reference (`tests/gpu/test_mamba_scan_gpu.py`).
 
-`trainer.mamba_scan` chooses: "auto" (fla on CUDA when it imports, else the torch reference, with a warning
-when fla is installed but does not import), "fla" (refused in one line where it cannot run), "torch".
+`trainer.mamba_scan` chooses: "auto" (fla on CUDA where its kernels can train, else the torch reference, with a
+warning when fla is installed but cannot: on Hopper GPUs with Triton < 3.7.1 fla refuses the scan's backward),
+"fla" (refused in one line where it cannot run), "torch".
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from importlib.util import find_spec
 
 import torch
 from torch import nn
@@ -75,17 +77,27 @@ def fla_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 def fla_installed() -> bool:
     """Whether `fla` (the fla-core distribution) is installed, without importing it."""
-    from importlib.util import find_spec
-
     return find_spec("fla") is not None
 
 
 def fla_import_error() -> str | None:
-    """Why fla's simple-GLA kernels cannot be imported here (e.g. a Triton too old for them), or None."""
+    """Why fla's simple-GLA kernels cannot train here, or None: the import fails, or fla refuses their backward.
+
+    fla-core 0.6.0 raises in the gated backward (``chunk_bwd_dqkwg``) on Hopper GPUs with Triton >= 3.4.0 and
+    < 3.7.1, whose results it found wrong (fla issue #640), unless tilelang provides that kernel. Seen on an H100
+    with the lent image's Triton 3.6.0: the scan's forward ran, its backward stopped. The same condition, asked
+    before the run starts.
+    """
     try:
         import fla.ops.simple_gla  # noqa: F401
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
     except Exception as exc:  # noqa: BLE001 - any failure of the import is the reason
         return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1 and find_spec("tilelang") is None:
+        import triton
+
+        return (f"fla refuses its gated backward on Hopper GPUs with Triton {triton.__version__} (wrong results "
+                "below 3.7.1, fla issue #640); bring Triton >= 3.7.1 or tilelang")
     return None
 
 
@@ -111,10 +123,11 @@ def use_mamba_scan(model: nn.Module, setting: str, *, device_type: str) -> str:
         if error is None:
             chosen = "fla"
         elif setting == "fla":
-            raise ConfigError(f"trainer.mamba_scan='fla': fla's kernels do not import here ({error}); "
+            raise ConfigError(f"trainer.mamba_scan='fla': fla's kernels cannot train here ({error}); "
                               "set trainer.mamba_scan='torch'")
         else:
-            logger.warning("trainer.mamba_scan='auto': the torch scan, since fla does not import (%s)", error)
+            logger.warning("trainer.mamba_scan='auto': the torch scan, since fla's kernels cannot train here (%s)",
+                           error)
     for mixer in mixers:
         mixer.scan_kernel = chosen
     return chosen
