@@ -73,6 +73,14 @@ def register() -> None:
 
         install_routed_offload()
     if _enabled(ROUTED_EXPERTS_ENV):
-        from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
+        from vllm.platforms import current_platform
 
-        install_routed_experts(gate_weights=_enabled(ROUTED_WEIGHTS_ENV))
+        gate_weights = _enabled(ROUTED_WEIGHTS_ENV)
+        if gate_weights and current_platform.device_type != "cpu":
+            from agentrl.inference.vllm_plugin.routed_weights_cuda import install as install_cuda_weights
+
+            install_cuda_weights()  # CUDA vLLM records the ids itself; the weights ride in its buffers
+        else:
+            from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
+
+            install_routed_experts(gate_weights=gate_weights)

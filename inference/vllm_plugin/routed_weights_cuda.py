@@ -85,14 +85,7 @@ def _patch_routers_and_binding() -> None:
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original_select = BaseRouter.select_experts
-
-    def select_experts(self, *args, **kwargs):
-        topk_weights, topk_ids = original_select(self, *args, **kwargs)
-        capture = getattr(self, "_agentrl_weights_fn", None)
-        if capture is not None:
-            capture(topk_weights)
-        return topk_weights, topk_ids
+    from agentrl.inference.vllm_plugin.routed_experts import hand_gate_weights_out
 
     original_bind = GPUModelRunner._bind_routed_experts_capturer
 
@@ -107,7 +100,7 @@ def _patch_routers_and_binding() -> None:
             raise RuntimeError("AGENTRL_ROUTED_WEIGHTS=1: no MoE router of this model reports gate weights")
         logger.info("agentrl: gate weights recorded for %d MoE layers", bound)
 
-    BaseRouter.select_experts = select_experts
+    hand_gate_weights_out("select_experts")
     GPUModelRunner._bind_routed_experts_capturer = _bind_routed_experts_capturer
 
 
