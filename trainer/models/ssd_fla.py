@@ -84,20 +84,21 @@ def fla_import_error() -> str | None:
     """Why fla's simple-GLA kernels cannot train here, or None: the import fails, or fla refuses their backward.
 
     fla-core 0.6.0 raises in the gated backward (``chunk_bwd_dqkwg``) on Hopper GPUs with Triton >= 3.4.0 and
-    < 3.7.1, whose results it found wrong (fla issue #640), unless tilelang provides that kernel. Seen on an H100
-    with the lent image's Triton 3.6.0: the scan's forward ran, its backward stopped. The same condition, asked
-    before the run starts.
+    < 3.7.1, whose results it found wrong (fla issue #640). Its tilelang backend of that kernel does not help
+    here: it refuses simple GLA's backward, whose states stay float32 beside bf16 q (``h.dtype != q.dtype``).
+    Seen on an H100 with the lent image's Triton 3.6.0: the scan's forward ran, its backward stopped. The same
+    condition, asked before the run starts.
     """
     try:
         import fla.ops.simple_gla  # noqa: F401
         from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
     except Exception as exc:  # noqa: BLE001 - any failure of the import is the reason
         return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1 and find_spec("tilelang") is None:
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
         import triton
 
         return (f"fla refuses its gated backward on Hopper GPUs with Triton {triton.__version__} (wrong results "
-                "below 3.7.1, fla issue #640); bring Triton >= 3.7.1 or tilelang")
+                "below 3.7.1, fla issue #640); bring Triton >= 3.7.1")
     return None
 
 
