@@ -2,8 +2,10 @@
 # into /tmp/site (once per machine and group) the wheels scripts/gpu_extra.sh fetched: .gpu-extra/*.whl, and each
 # group whose parts were carried to /tmp/acc-GROUP/ (any part may travel in .gpu-extra-GROUP/ instead); the Debian
 # packages .gpu-extra/*.deb are unpacked into /tmp/site/debs and their programs linked into /tmp/site/bin (on PATH).
-# The group fp8 (torchao) goes into /tmp/site-fp8 instead, on no path by default: vLLM imports torchao at start
-# whenever it can, so only the FP8-training commands put it first (PYTHONPATH=/tmp/site-fp8:$PYTHONPATH).
+# The groups fp8 (torchao) and scan (Triton 3.7.1) go into /tmp/site-fp8 and /tmp/site-scan instead, on no path by
+# default: vLLM imports torchao at start whenever it can, and compiles with the image's Triton 3.6.0 (torch 2.11's
+# pin), so only the commands that need them put them first (PYTHONPATH=/tmp/site-GROUP:$PYTHONPATH): FP8 training;
+# the trainer's Mamba-2 scan in fla's kernels, whose backward fla refuses on Hopper below Triton 3.7.1.
 # GPU_EXTRA_SITE and GPU_EXTRA_ACC move /tmp/site and /tmp (the tests' own folders).
 gpu_extra_install() {
   local status=0 folder group n target seen=" " site=${GPU_EXTRA_SITE:-/tmp/site} acc=${GPU_EXTRA_ACC:-/tmp}
@@ -38,7 +40,7 @@ gpu_extra_install() {
     rm -rf "$acc/gpu-extra-$group" && mkdir -p "$acc/gpu-extra-$group"
     if [ ${#parts[@]} -gt 0 ] && cat "${parts[@]}" | tar x -C "$acc/gpu-extra-$group" 2> /dev/null; then
       target=$site
-      [ "$group" = fp8 ] && target=$site-fp8
+      case "$group" in fp8 | scan) target=$site-$group ;; esac
       if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$target" \
         "$acc/gpu-extra-$group"/*.whl; then mkdir -p "$site" && touch "$site/.gpu-extra-$group-ok"; else status=1; fi
     else

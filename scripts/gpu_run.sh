@@ -92,7 +92,9 @@ for phase in "${phases[@]}"; do  # r3deep is its two halves (a call each when th
   elif [[ $phase == nemo ]]; then expanded+=(nemo-sft nemo-train)
   else expanded+=("$phase"); fi
 done
+scan_path=""  # set once `extra` installed the scan group (Triton 3.7.1) beside the site
 for phase in "${expanded[@]}"; do
+  [ -d /tmp/site-scan ] && scan_path=/tmp/site-scan:
   case "$phase" in
     extra)
       run_phase extra "${EXTRA_TIMEOUT:-120}" bash -c 'source scripts/gpu_extra_install.sh && gpu_extra_install' ;;
@@ -122,14 +124,16 @@ for phase in "${expanded[@]}"; do
       cp bench/results/gpu_loop.json "$out/gpu_loop.json"
       run_phase deepipc "${DEEPIPC_TIMEOUT:-300}" python3 bench/gpu_loop.py --measure --updates-only \
         --created-model glm-air-deep --repeats-fs 1 --results "$out/gpu_loop.json" ;;
-    gputests)
-      run_phase gputests "${GPUTESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_trainer_mla_gpu.py \
+    gputests)  # the trainer alone: Triton 3.7.1 first when the scan group was carried (fla's backward on Hopper)
+      run_phase gputests "${GPUTESTS_TIMEOUT:-120}" env PYTHONPATH="$scan_path${PYTHONPATH:-}" \
+        python3 -m pytest tests/gpu/test_trainer_mla_gpu.py \
         tests/gpu/test_trainer_nemotron_gpu.py tests/gpu/test_mamba_scan_gpu.py -q -p no:cacheprovider ;;
     steptime)
       run_phase steptime "${STEPTIME_TIMEOUT:-240}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
         python3 bench/step_time_check.py --results "$out/step_time_check.json" ;;
     nemotron)
       run_phase nemotron "${NEMOTRON_TIMEOUT:-300}" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+        PYTHONPATH="$scan_path${PYTHONPATH:-}" \
         python3 bench/trainer_mfu_nemotron.py --results "$out/trainer_mfu_nemotron.json" ;;
     r3deep-sft)
       run_phase r3deep-sft "${R3DEEP_SFT_TIMEOUT:-300}" python3 -m agentrl.cli sft \

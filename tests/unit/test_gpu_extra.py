@@ -8,6 +8,8 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "gpu_extra_install.sh"
 
@@ -53,16 +55,20 @@ def test_parts_carried_to_two_places_are_joined_and_installed_once(tmp_path):
     assert _install(repo, tmp_path / "site", acc).returncode == 0
 
 
-def test_the_fp8_group_goes_beside_the_site_not_into_it(tmp_path):
-    """vLLM imports torchao at start whenever it can: the fp8 group is installed where only FP8 training looks."""
+@pytest.mark.parametrize("group", ["fp8", "scan"])
+def test_the_fp8_and_scan_groups_go_beside_the_site_not_into_it(tmp_path, group):
+    """vLLM imports torchao at start whenever it can, and compiles with the image's Triton: the fp8 and scan groups
+    are installed where only FP8 training and the trainer's fla scan look."""
     wheel = _wheel(tmp_path)
     repo = tmp_path / "repo"
-    (repo / ".gpu-extra-fp8").mkdir(parents=True)
-    subprocess.run(["tar", "cf", str(repo / ".gpu-extra-fp8" / "p00"), "-C", str(tmp_path), wheel.name], check=True)
+    (repo / f".gpu-extra-{group}").mkdir(parents=True)
+    subprocess.run(["tar", "cf", str(repo / f".gpu-extra-{group}" / "p00"), "-C", str(tmp_path), wheel.name],
+                   check=True)
     done = _install(repo, tmp_path / "site", tmp_path / "acc")
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "site-fp8" / "agentrl_probe" / "__init__.py").is_file()
-    assert not (tmp_path / "site" / "agentrl_probe").exists() and (tmp_path / "site" / ".gpu-extra-fp8-ok").is_file()
+    assert (tmp_path / f"site-{group}" / "agentrl_probe" / "__init__.py").is_file()
+    assert not (tmp_path / "site" / "agentrl_probe").exists()
+    assert (tmp_path / "site" / f".gpu-extra-{group}-ok").is_file()
 
 
 def test_a_debian_package_is_unpacked_and_its_programs_put_on_the_path(tmp_path):
@@ -95,11 +101,11 @@ def test_the_wheel_list_and_an_unknown_group():
     entries = [line for line in lines if line]
     assert entries and all(len(line) == 2 and ("==" in line[1] or line[1].startswith("deb:")) for line in entries), entries
     assert ["base", "deb:bubblewrap"] in entries  # the H200s have no Docker: key-hunt's sandboxes run under bwrap
-    assert {"base", "kv", "fp8"} <= {group for group, _ in entries}
+    assert {"base", "kv", "fp8", "scan"} <= {group for group, _ in entries}
     result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_extra.sh"), "bogus"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and result.stderr.strip() == (
-        "gpu_extra: no group 'bogus' in scripts/gpu-extra-wheels.txt; groups: base fp8 kv")
+        "gpu_extra: no group 'bogus' in scripts/gpu-extra-wheels.txt; groups: base fp8 kv scan")
 
 
 def test_machine_facts_say_what_the_sandboxes_can_use():
