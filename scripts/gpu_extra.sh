@@ -3,7 +3,7 @@
 # for Python 3.12 / manylinux x86_64, into git-ignored folders the device calls carry:
 #   bash scripts/gpu_extra.sh [GROUP ...]     # default: base
 # base -> .gpu-extra/*.whl and *.deb (the last carry call takes the folder whole); any other group -> .gpu-extra-GROUP/pNN,
-# 46 MiB parts of one tar, each carried by one call (`mkdir -p /tmp/acc-GROUP && cp .gpu-extra-GROUP/pNN
+# 40 MiB parts of one tar, each carried by one call (`mkdir -p /tmp/acc-GROUP && cp .gpu-extra-GROUP/pNN
 # /tmp/acc-GROUP/`, the last part may stay in .gpu-extra-GROUP/). The `extra` phase of scripts/gpu_check.sh and
 # scripts/gpu_run.sh installs them all into /tmp/site (scripts/gpu_extra_install.sh).
 set -euo pipefail
@@ -39,7 +39,7 @@ for group in "${groups[@]}"; do
     mv "$work"/*.whl "$work"/*.deb "$folder"/ 2>/dev/null || true
   else
     (cd "$work" && tar cf wheels.tar ./*.whl)  # groups in parts carry wheels only
-    split -b 46M -d -a 2 "$work/wheels.tar" "$folder/p"
+    split -b 40M -d -a 2 "$work/wheels.tar" "$folder/p"  # beside the checkout (18 MiB) within a call's 64 MiB
   fi
   rm -rf "$work"
   ls -la "$folder"
