@@ -220,17 +220,21 @@ def hand_gate_weights_out(method_name: str) -> None:
     setattr(BaseRouter, method_name, select)
 
 
-def _bind_gate_weights(model, weights: _GateWeights) -> int:
+def bind_gate_weights(modules, capture) -> int:
+    """Each MoE layer's router among ``modules`` hands its gate weights to ``capture(layer_id, topk_weights)``;
+    returns how many; raises when none does."""
     from functools import partial
 
     from vllm.model_executor.layers.fused_moe.layer import MoERunner
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
 
     bound = 0
-    for module in model.modules():
+    for module in modules:
         if isinstance(module, MoERunner) and isinstance(getattr(module, "router", None), BaseRouter):
-            module.router._agentrl_weights_fn = partial(weights.capture, module.layer_id)
+            module.router._agentrl_weights_fn = partial(capture, module.layer_id)
             bound += 1
+    if bound == 0:
+        raise RuntimeError("AGENTRL_ROUTED_WEIGHTS=1: no MoE router of this model reports gate weights")
     return bound
 
 
@@ -258,8 +262,7 @@ def _patch_cpu_model_runner(*, gate_weights: bool) -> None:
         if gate_weights:
             weights = _GateWeights(self.vllm_config.scheduler_config.max_num_batched_tokens,
                                    tuple(capturer.shape_per_token))
-            if _bind_gate_weights(self.model, weights) == 0:
-                raise RuntimeError("AGENTRL_ROUTED_WEIGHTS=1: no MoE router of this model reports gate weights")
+            bind_gate_weights(self.model.modules(), weights.capture)
             self._agentrl_gate_weights = weights
         self._agentrl_step_rows = None
         logger.info("agentrl: recording routed experts in the CPU model runner, shape per token %s",

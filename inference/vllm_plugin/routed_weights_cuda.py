@@ -44,7 +44,6 @@ def _patch_capturer() -> None:
         original_init(self, *args, **kwargs)
         ids = self.device_buffer
         self.device_buffer = torch.zeros((*ids.shape, 2), dtype=torch.float32, device=ids.device)
-        del ids
 
     def capture(self, layer_id: int, topk_ids) -> None:
         if get_forward_context().dp_metadata is not None:
@@ -73,31 +72,21 @@ def _patch_manager() -> None:
         self.routed_experts_by_slot = np.zeros((*ids.shape, 2), dtype=np.float32)
         logger.info("agentrl: routed experts with gate weights, %.2f GB per-slot buffer (float32 pairs)",
                     self.routed_experts_by_slot.nbytes / 1e9)
-        del ids
 
     RoutedExpertsManager.__init__ = __init__
 
 
 def _patch_routers_and_binding() -> None:
-    from functools import partial
-
-    from vllm.model_executor.layers.fused_moe.layer import MoERunner
-    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from agentrl.inference.vllm_plugin.routed_experts import hand_gate_weights_out
+    from agentrl.inference.vllm_plugin.routed_experts import bind_gate_weights, hand_gate_weights_out
 
     original_bind = GPUModelRunner._bind_routed_experts_capturer
 
     def _bind_routed_experts_capturer(self, capturer) -> None:
         original_bind(self, capturer)
-        bound = 0
-        for module in self.compilation_config.static_forward_context.values():
-            if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
-                module.router._agentrl_weights_fn = partial(capturer.agentrl_capture_weights, module.layer_id)
-                bound += 1
-        if bound == 0:
-            raise RuntimeError("AGENTRL_ROUTED_WEIGHTS=1: no MoE router of this model reports gate weights")
+        bound = bind_gate_weights(self.compilation_config.static_forward_context.values(),
+                                  capturer.agentrl_capture_weights)
         logger.info("agentrl: gate weights recorded for %d MoE layers", bound)
 
     hand_gate_weights_out("select_experts")
