@@ -64,8 +64,9 @@ def _summary_lines(history: list[dict]) -> list[str]:
     lines = []
     delta = window_delta([row.get("reward", float("nan")) for row in history], 20)
     if delta is not None:
-        lines.append(f"reward, mean of the first {delta.n} steps -> the last {delta.n}: {delta.text()}"
-                     + ("" if delta.significant else "; the interval includes 0: no change shown"))
+        # One line of at most 120 characters, however the run went (rewards of several digits included).
+        lines.append(f"reward, first {delta.n} steps -> last {delta.n}: {delta.text()}"
+                     + ("" if delta.significant else "; no change shown"))
     evals = [row for row in history if "eval/mean_reward" in row]
     if evals:
         first, last = evals[0], evals[-1]

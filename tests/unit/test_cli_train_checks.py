@@ -76,3 +76,22 @@ def test_printed_steps_reads_back_the_step_lines():
              "  train ━━━━ 9/120 0:00:56 reward 0.757"]
     assert printed_steps("\n".join([noise[1], lines[0], lines[1], noise[0], noise[2], lines[2]])) == [8, 9, 119]
     assert printed_steps("\n".join(noise)) == []
+
+
+@pytest.mark.parametrize("rewards", [
+    [0.86, 0.87] * 6 + [0.90, 0.86] * 6,  # a rise inside the noise: the verdict is said too
+    [12.5, -3.25] * 10 + [-10.125, 14.5] * 10,  # rewards of several digits, signs mixed
+])
+def test_the_run_summary_stays_within_120_columns(rewards):
+    """CI pipes the run's output: each summary line fits 120 columns whatever the run's rewards were
+    (a run whose interval included 0 once printed 141)."""
+    from agentrl.cli.train import _summary_lines
+
+    history = [{"step": step, "reward": reward} for step, reward in enumerate(rewards)]
+    history[-1].update({"eval/step": len(rewards) - 1, "eval/mean_reward": -10.125, "eval/mean_reward_low": -12.5,
+                        "eval/mean_reward_high": 14.5})
+    history[4].update({"eval/step": 4, "eval/mean_reward": 0.5, "eval/mean_reward_low": 0.25,
+                       "eval/mean_reward_high": 0.75})
+    lines = _summary_lines(history)
+    assert len(lines) == 2 and lines[0].startswith("reward, "), lines
+    assert all(len(line) <= 120 for line in lines), [len(line) for line in lines]
