@@ -50,6 +50,7 @@ def test_short_default_run_learns(tmp_path):
     epoch = [sum(row["reward"] for row in rows[i: i + 8]) / 8 for i in range(0, 24, 8)]
     # (A single step's reward is one draw of 8 tasks: comparing single steps, step 0 against a
     # later one, measures which tasks were drawn more than learning; epochs compare like with like.)
+    # Measured on 2026-12-05, 7 runs on 2 cores: +0.034 to +0.059 (mean +0.048).
     assert epoch[-1] > epoch[0] + 0.02, f"reward did not rise over epochs: {[round(e, 3) for e in epoch]}"
     kls = [row["mismatch_kl"] for row in rows]
     assert all(kl is not None and 0 <= kl < MAX_STEP_KL for kl in kls), kls

@@ -61,14 +61,16 @@ def test_a_lora_run_serving_its_adapter_learns(tmp_path):
     """The CI recipe of the full-weight e2e test (one step off-policy) with LoRA on attention and the shared
     experts, the adapter served by name and replaced after every step: the reward rises (epoch means of the same
     64 tasks). From the warm start (about 0.85) the adapter gains only a few points, so the run is four epochs
-    and the mean of the last two is compared with the first. On 2026-12-05, at lr 4e-3: +0.046, +0.035 and
-    +0.050 (3e-3: +0.050); judged on 24 steps, last epoch against first, 8 runs gave +0.013 to +0.050 and the
-    +0.013 failed CI."""
+    and the mean of the last two is compared with the first, with 16 rollouts per task (an epoch's mean is over
+    1,024 rollouts, not 512). Measured on 2026-12-05 with 8 rollouts: +0.018 (failed CI), +0.026 to
+    +0.050 in 8 runs; lr 6e-3 or 8e-3 is unstable (-0.102 to +0.041). With 16: +0.050 to +0.063 in 4 runs,
+    about 25 s longer."""
     run_dir = tmp_path / "run"
     returncode, output = run_train([
         "--config", str(CONFIG), "-o", str(run_dir), "--set", "eval.every=0", "--set", "orchestrator.max_steps=32",
         "--set", 'trainer.lora={rank=8, alpha=16, targets=["attention", "shared_experts"]}',
-        "--set", "inference.lora_adapters=true", "--set", "trainer.optimizer.lr=4e-3"], timeout=840)
+        "--set", "inference.lora_adapters=true", "--set", "trainer.optimizer.lr=4e-3",
+        "--set", "orchestrator.rollouts_per_group=16", "--set", "orchestrator.max_concurrent_rollouts=128"], timeout=840)
     assert returncode == 0, output[-3000:]
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert len(rows) == 32 and all(row["weights/verified"] == 1.0 for row in rows)
