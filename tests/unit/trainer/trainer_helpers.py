@@ -191,7 +191,15 @@ def lora_steps(model_dir, *, cp: int = 1, steps: int = 3) -> dict:
     # steps (over the test's 2e-4; it failed in the suite, 2026-12-05); at 1e-2 it is 7.6e-6.
     config = TrainerConfig(optimizer={"lr": 1e-2, "eps": 1e-6}, row_tokens=64, parallel={"cp": cp},
                            lora=LoraConfig(rank=4, alpha=8))
-    trainer = Trainer(config, model_dir=model_dir)
-    batch = trainer.pack(make_samples())
-    losses = [trainer.step(batch)["loss"] for _ in range(steps)]
-    return {"losses": losses, "adapters": full_state_dict(trainer, adapters_only=True), "layout": trainer.plan.describe()}
+    # One thread, as each rank of `save_rank_results` runs, whatever thread count earlier tests left in the process:
+    # the reference and the ranks sum in the same order.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = Trainer(config, model_dir=model_dir)
+        batch = trainer.pack(make_samples())
+        losses = [trainer.step(batch)["loss"] for _ in range(steps)]
+        adapters = full_state_dict(trainer, adapters_only=True)
+    finally:
+        torch.set_num_threads(threads)
+    return {"losses": losses, "adapters": adapters, "layout": trainer.plan.describe()}
