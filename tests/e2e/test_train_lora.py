@@ -64,7 +64,7 @@ def test_a_lora_run_serving_its_adapter_learns(tmp_path):
     and the mean of the last two is compared with the first, with 16 rollouts per task (an epoch's mean is over
     1,024 rollouts, not 512). Measured on 2026-12-05 with 8 rollouts: +0.018 (failed CI), +0.026 to
     +0.050 in 8 runs; lr 6e-3 or 8e-3 is unstable (-0.102 to +0.041). With 16: +0.050 to +0.068 in 7 runs,
-    about 25 s longer."""
+    25-40 s longer (1:36-1:51 against 1:10 on 2 cores; 116 s in the full suite here)."""
     run_dir = tmp_path / "run"
     returncode, output = run_train([
         "--config", str(CONFIG), "-o", str(run_dir), "--set", "eval.every=0", "--set", "orchestrator.max_steps=32",
