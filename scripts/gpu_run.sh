@@ -59,6 +59,9 @@ pack() {
 trap pack EXIT
 trap 'pack; exit 143' TERM INT
 source scripts/gpu_env.sh  # the GPU phases' environment, agentrl importable from this checkout
+# Each GPU test failure as it happens (tests/early_failures.py), straight into $OUT: it comes back even when the
+# command is killed before the archive is packed.
+export AGENTRL_FAILURES_FILE="$dest/failures.txt"
 phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra fixtures tests sft train)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$out/gpu.txt"
