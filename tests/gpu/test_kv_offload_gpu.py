@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 BLOCK_BYTES = 16 * 4 * 2 * 2 * 32 * 4  # tokens per block x layers x (K, V) x KV heads x head dim x float32
 
 
-def _server(model_dir, *, offload: str | None, mooncake_config: Path | None = None):
+def _server(model_dir, *, offload: str | None, mooncake_config: Path | None = None, log_path: Path | None = None):
     from agentrl.inference.deployment import InferenceConfig
     from agentrl.rl.inference_actor import replica_server
 
@@ -33,7 +33,7 @@ def _server(model_dir, *, offload: str | None, mooncake_config: Path | None = No
                                   routed_experts=True, fp8=False, fp8_kv_cache=False,
                                   kv_offload=offload or "none", kv_offload_gb=1.0,
                                   kv_cache_memory_bytes=48 * BLOCK_BYTES if offload else None)
-    server = replica_server(deployment, Path(model_dir), served_name="tiny-moe", dtype="float32")
+    server = replica_server(deployment, Path(model_dir), served_name="tiny-moe", dtype="float32", log_path=log_path)
     if mooncake_config is not None:
         server.env["MOONCAKE_CONFIG_PATH"] = str(mooncake_config)
     return server
@@ -51,11 +51,26 @@ def _generate(url, tokens, *, max_tokens):
     return choice["token_ids"], decode_routed_experts_array(choice["routed_experts"])
 
 
-def _external_hits(url) -> float:
+CACHE_COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
+                  "external_prefix_cache_hits")
+
+
+def _cache_counters(url) -> dict[str, float]:
+    """The server's prefix-cache counters (vLLM's `vllm:<name>_total`, summed over labels): local GPU cache and the
+    KV connector's ("external") queries and hits, in tokens."""
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    return sum(float(value) for value in re.findall(r"^vllm:external_prefix_cache_hits\S*\s+(\S+)$", text, re.M))
+    return {name: sum(float(value) for value in re.findall(rf"^vllm:{name}_total\S*\s+(\S+)$", text, re.M))
+            for name in CACHE_COUNTERS}
+
+
+def _kv_lines(log_path: Path) -> str:
+    """What the server's log says of its KV cache and connector (why a prefix did or did not come back)."""
+    if not log_path.exists():
+        return f"(no log at {log_path})"
+    wanted = re.compile(r"KV cache|kv_cache|Offload|offload|Connector|connector|block_size|Mooncake", re.I)
+    return "\n".join(line[-300:] for line in log_path.read_text(errors="replace").splitlines() if wanted.search(line))[-6000:]
 
 
 @pytest.mark.parametrize("offload", ["cpu", "mooncake"])
@@ -78,14 +93,17 @@ def test_routing_through_kv_offload_equals_the_routing_computed_whole(offload, t
     rng = random.Random(0)
     first = [rng.randrange(3, 120) for _ in range(320)]
     others = [[rng.randrange(3, 120) for _ in range(320)] for _ in range(6)]
-    with stack, _server(model_dir, offload=offload, mooncake_config=mooncake_config) as server:
+    log_path = tmp_path / "vllm-offload.log"
+    with stack, _server(model_dir, offload=offload, mooncake_config=mooncake_config, log_path=log_path) as server:
         completion, _ = _generate(server.url, first, max_tokens=16)
         for prompt in others:  # 6 x 320 tokens through a 768-token GPU cache: the first turn's blocks leave it
             _generate(server.url, prompt, max_tokens=1)
         second = first + completion + [7, 11, 13, 17, 19]
-        before = _external_hits(server.url)
+        before = _cache_counters(server.url)
         answer, stitched = _generate(server.url, second, max_tokens=8)
-        loaded = _external_hits(server.url) - before
+        after = _cache_counters(server.url)
+    moved = {name: after[name] - before[name] for name in CACHE_COUNTERS}
+    loaded = moved["external_prefix_cache_hits"]
     with _server(model_dir, offload=None) as server:
         answer_whole, whole = _generate(server.url, second, max_tokens=8)
     assert stitched.shape == whole.shape == (len(second) + len(answer) - 1, *whole.shape[1:]), (stitched.shape,
@@ -95,7 +113,9 @@ def test_routing_through_kv_offload_equals_the_routing_computed_whole(offload, t
     agreement = routing_agreement(stitched[: len(second) - 1, moe_layers], whole[: len(second) - 1, moe_layers])
     print(f"kv offload ({offload}): {loaded:.0f} prompt tokens loaded through the connector, stitched routing agrees with the "
           f"whole computation on {agreement:.5f} of (token, layer) sets, {unknown} tokens unknown; answers "
-          f"{'equal' if answer == answer_whole else 'differ'}")
-    assert loaded >= 16, "the second turn's prefix did not come back through the connector: the test shows nothing"
+          f"{'equal' if answer == answer_whole else 'differ'}; second turn's cache counters {moved}")
+    assert loaded >= 16, (f"the second turn's prefix did not come back through the connector: the test shows nothing; "
+                          f"the second turn's counters {moved}; the server's log of its KV cache and connector:\n"
+                          f"{_kv_lines(log_path)}")
     assert unknown == 0
     assert agreement >= 0.999
