@@ -93,6 +93,8 @@ DOCKERD_LOG = EnvVar("AGENTRL_DOCKERD_LOG", "scripts/start-dockerd.sh: dockerd's
                      default="/var/log/agentrl-dockerd.log")
 VLLM_024_WHEEL = EnvVar("AGENTRL_VLLM_024_WHEEL", "The GPU scripts: a local CUDA vLLM 0.24.0 wheel to install.")
 REDTEAM_RECORD = EnvVar("AGENTRL_REDTEAM_RECORD", "File the SWE red-team test appends each cheat's reward to.")
+FAILURES_FILE = EnvVar("AGENTRL_FAILURES_FILE", "The GPU scripts: the file each GPU test failure is appended to "
+                       "as it happens (tests/early_failures.py).")
 
 VENVS = EnvVar("AGENTRL_VENVS", "Where `agentrl env install` makes one venv per verifiers package (default "
                "~/.agentrl/venvs).")
@@ -109,6 +111,7 @@ ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     ROUTED_OFFLOAD_BLOCKS, ROUTER_FLOAT32, SHIM_DIR, CPU_FIXES, EXEC_ID, SANDBOX_USER, SWE_REPORT, SWE_PATH,
     SWE_TOKEN, VENV,
     BIN_DIR, EXTRAS, DAEMON_JSON,
-    DOCKERD_LOG, VLLM_024_WHEEL, REDTEAM_RECORD, VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT, MCP_TIMEOUT,
+    DOCKERD_LOG, VLLM_024_WHEEL, REDTEAM_RECORD, FAILURES_FILE, VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT,
+    MCP_TIMEOUT,
 )}
 """name -> variable: every AGENTRL_* environment variable agentrl reads or sets."""

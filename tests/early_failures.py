@@ -11,12 +11,11 @@ when the command is killed), appends the same text there.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-FAILURES_FILE_ENV = "AGENTRL_FAILURES_FILE"
+from agentrl import env_vars
 
 
 def failure_text(report: pytest.TestReport) -> str:
@@ -30,7 +29,7 @@ def write_failure(report: pytest.TestReport, config: pytest.Config | None) -> No
     terminal = config.pluginmanager.get_plugin("terminalreporter") if config is not None else None
     if terminal is not None:
         terminal.write("\n" + text, flush=True)
-    target = os.environ.get(FAILURES_FILE_ENV)
+    target = env_vars.FAILURES_FILE.get()
     if target:
         path = Path(target)
         path.parent.mkdir(parents=True, exist_ok=True)
