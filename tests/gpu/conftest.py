@@ -7,14 +7,10 @@ import pytest
 
 from tests.early_failures import write_failure
 
-_config: pytest.Config | None = None
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    global _config
-    _config = config
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
     if report.failed:
-        write_failure(report, _config)
+        write_failure(report, item.config)
+    return report
