@@ -67,19 +67,6 @@ COUNTERS = ("vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:external_pr
             "vllm:num_preemptions", "vllm:generation_tokens")
 
 
-def counters(text: str) -> dict[str, float]:
-    """Prometheus text -> the `COUNTERS`, each summed over its labels (`_total` samples; `_created` left out)."""
-    totals = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        metric = name.split("{", 1)[0]
-        if metric.endswith("_total") and metric.removesuffix("_total") in totals:
-            totals[metric.removesuffix("_total")] += float(value)
-    return totals
-
-
 def multi_turn_sessions(*, sessions: int, context: int, turns: int, vocab: int) -> list[dict]:
     """Each session: a long context of its own, then `turns` turns that each add the last answer and a short tool
     output (fixed here, from a seed), so every turn's prompt is the previous one grown: a KV-bound agent workload."""
@@ -92,6 +79,7 @@ async def multi_turn(url: str, *, sessions: int, context: int, turns: int, token
     """All sessions at once, each turn waiting for the last: wall time, completion tokens/s, the prompt tokens vLLM
     computed again (prompt tokens less cached ones, local and loaded through a connector), and routed-experts rows
     unknown (-1) in the answers."""
+    from agentrl.inference.server_metrics import afetch_metric_sums
     from agentrl.routed import decode_routed_experts_array
 
     work = multi_turn_sessions(sessions=sessions, context=context, turns=turns, vocab=vocab)
@@ -111,11 +99,11 @@ async def multi_turn(url: str, *, sessions: int, context: int, turns: int, token
                 prompt += choice["token_ids"] + output
             return completion, unknown
 
-        before = counters((await client.get(f"{url}/metrics")).text)
+        before = await afetch_metric_sums(client, url, *COUNTERS)
         started = time.perf_counter()
         done = await asyncio.gather(*(session(item, i) for i, item in enumerate(work)))
         wall = time.perf_counter() - started
-        after = counters((await client.get(f"{url}/metrics")).text)
+        after = await afetch_metric_sums(client, url, *COUNTERS)
     moved = {name.removeprefix("vllm:"): after[name] - before[name] for name in COUNTERS}
     completion = sum(count for count, _ in done)
     return {"completion_tokens": completion, "wall_s": round(wall, 2), "tokens_per_s": round(completion / wall, 1),

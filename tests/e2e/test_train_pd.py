@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -87,16 +86,20 @@ def test_pd_pair_trains_with_router_replay(tmp_path):
     assert loaded.get("decode", 0.0) >= 32 * STEPS, f"the decode server loaded too few prompt tokens: {loaded}"
 
 
+HITS = "vllm:external_prefix_cache_hits"
+
+
 def _external_hits(url: str) -> float | None:
     """A server's `vllm:external_prefix_cache_hits` (prompt tokens a KV connector loaded), or None when it does not
     answer (starting, restarting, or stopped)."""
     import httpx
 
+    from agentrl.inference.server_metrics import fetch_metric_sums
+
     try:
-        text = httpx.get(f"{url}/metrics", timeout=5).text
+        return fetch_metric_sums(url, HITS, timeout_s=5)[HITS]
     except httpx.HTTPError:
         return None
-    return sum(float(value) for value in re.findall(r"^vllm:external_prefix_cache_hits_total\S*\s+(\S+)$", text, re.M))
 
 
 @pytest.mark.e2e

@@ -41,9 +41,9 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
+from agentrl.inference.server_metrics import afetch_metric
 from agentrl.rl.report import read_metrics
 from tests.e2e.train_cli import api_server_pids, watched_train
-from tests.integration.vllm_metrics import vllm_counter
 
 pytest.importorskip("vllm")
 pytest.importorskip("vllm_router")
@@ -57,7 +57,7 @@ OVERRIDES = [
     "inference.kind=replicas", "inference.replicas=2", "run.plots=false",
 ]
 RUN_TIMEOUT_S = 780
-SUCCESS = "vllm:request_success_total"
+SUCCESS = "vllm:request_success"
 
 
 def _alive(pid: int) -> bool:
@@ -70,7 +70,7 @@ def _alive(pid: int) -> bool:
 
 async def _counter(client: httpx.AsyncClient, url: str) -> float | None:
     try:
-        return await vllm_counter(client, url, SUCCESS)
+        return await afetch_metric(client, url, SUCCESS)
     except httpx.HTTPError:
         return None
 

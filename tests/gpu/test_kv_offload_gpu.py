@@ -51,18 +51,9 @@ def _generate(url, tokens, *, max_tokens):
     return choice["token_ids"], decode_routed_experts_array(choice["routed_experts"])
 
 
-CACHE_COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
-                  "external_prefix_cache_hits")
-
-
-def _cache_counters(url) -> dict[str, float]:
-    """The server's prefix-cache counters (vLLM's `vllm:<name>_total`, summed over labels): local GPU cache and the
-    KV connector's ("external") queries and hits, in tokens."""
-    import httpx
-
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    return {name: sum(float(value) for value in re.findall(rf"^vllm:{name}_total\S*\s+(\S+)$", text, re.M))
-            for name in CACHE_COUNTERS}
+CACHE_COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
+                  "vllm:external_prefix_cache_hits")
+"""The server's prefix-cache counters, in tokens: the local GPU cache's and the KV connector's ("external")."""
 
 
 def _kv_lines(log_path: Path) -> str:
@@ -78,6 +69,7 @@ def test_routing_through_kv_offload_equals_the_routing_computed_whole(offload, t
     from contextlib import ExitStack
 
     from agentrl.inference.routed_experts import routing_agreement
+    from agentrl.inference.server_metrics import fetch_metric_sums
     from agentrl.models import ensure_model
 
     stack = ExitStack()
@@ -99,10 +91,10 @@ def test_routing_through_kv_offload_equals_the_routing_computed_whole(offload, t
         for prompt in others:  # 6 x 320 tokens through a 768-token GPU cache: the first turn's blocks leave it
             _generate(server.url, prompt, max_tokens=1)
         second = first + completion + [7, 11, 13, 17, 19]
-        before = _cache_counters(server.url)
+        before = fetch_metric_sums(server.url, *CACHE_COUNTERS)
         answer, stitched = _generate(server.url, second, max_tokens=8)
-        after = _cache_counters(server.url)
-    moved = {name: after[name] - before[name] for name in CACHE_COUNTERS}
+        after = fetch_metric_sums(server.url, *CACHE_COUNTERS)
+    moved = {name.removeprefix("vllm:"): after[name] - before[name] for name in CACHE_COUNTERS}
     loaded = moved["external_prefix_cache_hits"]
     with _server(model_dir, offload=None) as server:
         answer_whole, whole = _generate(server.url, second, max_tokens=8)

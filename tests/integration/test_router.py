@@ -13,11 +13,11 @@ import uuid
 
 import httpx
 import pytest
-from vllm_metrics import vllm_counter
 
 from agentrl.clients.session import SESSION_HEADER, attach_session_affinity, session_headers, trajectory_session
 from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.router import RouterError, VLLMRouter
+from agentrl.inference.server_metrics import afetch_metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -56,7 +56,7 @@ def router(replicas, tmp_path_factory):
 
 
 async def _served(client: httpx.AsyncClient, url: str) -> float:
-    return await vllm_counter(client, url, "vllm:request_success_total")
+    return await afetch_metric(client, url, "vllm:request_success")
 
 
 async def _generate(client: httpx.AsyncClient, url: str, trajectory: str, turn: int) -> dict:

@@ -17,9 +17,9 @@ import shutil
 
 import httpx
 import pytest
-from vllm_metrics import vllm_counter
 
 from agentrl.inference.plans import cpu_server_options
+from agentrl.inference.server_metrics import afetch_metric
 from agentrl.inference.weights import FilesystemWeightPublisher, WeightUpdateError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -190,7 +190,7 @@ async def test_bad_updates_are_one_line_errors_and_leave_the_server_serving(weig
 
 async def _prefix_cache_hits(url: str) -> float:
     async with httpx.AsyncClient() as client:
-        return await vllm_counter(client, url, "vllm:prefix_cache_hits_total")
+        return await afetch_metric(client, url, "vllm:prefix_cache_hits")
 
 
 async def test_after_an_update_new_requests_never_reuse_old_weights_kv(weights_server, tmp_path):
