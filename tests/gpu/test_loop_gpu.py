@@ -106,7 +106,11 @@ def _sampled_rows(url, prompt):
 def test_gate_weights_ride_with_the_routed_experts_and_equal_the_trainers(tmp_path):
     """`inference.routed_weights` on CUDA (`vllm_plugin.routed_weights_cuda`): float32 (tokens, layers, top_k, 2)
     rows, ids then the gate weights vLLM applied; in float32, where the expert sets agree (at least 99% of
-    (token, layer) pairs), each expert's weight equals the trainer's within 1e-5."""
+    (token, layer) pairs), each expert's weight equals the trainer's within 2e-4. Not closer: vLLM's fused-MoE
+    Triton kernels multiply float32 in TF32 (`tl.dot`'s default), so the hidden states reaching the later routers
+    differ from the trainer's by about 1e-4 relative (measured on an H100 at 6281702: ids 1.0000 equal, weights
+    within 4.2e-5 at most, 82 of 186 beyond 1e-5). The tokens' weights differ from one another by 1e-3 to 2e-2
+    here (0.48-0.52), and unnormalised ones by far more, so a misaligned or wrong row still shows."""
     import numpy as np
 
     from agentrl.inference.routed_experts import routing_agreement
@@ -129,7 +133,7 @@ def test_gate_weights_ride_with_the_routed_experts_and_equal_the_trainers(tmp_pa
             order, our_order = np.argsort(served, axis=-1), np.argsort(ours, axis=-1)
             same = (np.take_along_axis(served, order, -1) == np.take_along_axis(ours, our_order, -1)).all(-1)
             np.testing.assert_allclose(np.take_along_axis(served_weights, order, -1)[same],
-                                       np.take_along_axis(our_weights, our_order, -1)[same], atol=1e-5, rtol=0)
+                                       np.take_along_axis(our_weights, our_order, -1)[same], atol=2e-4, rtol=0)
             compared += int(same.sum())
     assert sum(agreements) / len(agreements) >= 0.99 and compared > 100, (agreements, compared)
 
