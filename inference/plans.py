@@ -32,6 +32,7 @@ from agentrl.config import load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentPlan, InferenceConfig, ProcessSpec
 from agentrl.inference.router import router_kv_connector
+from agentrl.inference.server import CPU_KV_CACHE_BYTES
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
 
 __all__ = [
@@ -132,7 +133,7 @@ def _common_args(
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if config.device == "cpu":
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or 0.2)]
-        args += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes or 256 * 2**20), "--enforce-eager"]
+        args += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES), "--enforce-eager"]
     else:
         args += ["--gpu-memory-utilization", str(config.gpu_memory_utilization or 0.9)]
         if config.kv_cache_memory_bytes:

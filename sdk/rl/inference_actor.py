@@ -87,12 +87,11 @@ def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str
         # A longer context than the checkpoint was trained for (e.g. tiny-moe with SWE's tool
         # schemas): RoPE extrapolates; vLLM asks for this opt-in.
         env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
-    kv_bytes = deployment.kv_cache_memory_bytes or (256 * 1024 * 1024 if deployment.device == "cpu" else None)
     return VLLMServer(model, host=deployment.host, served_model_name=served_name, extra_args=args, env=env,
                       device="cuda" if deployment.device == "gpu" else "cpu",
                       log_path=log_path, startup_timeout_s=startup_timeout_s,
                       max_model_len=deployment.max_model_len or 2048, dtype=dtype, nice=nice,
-                      kv_cache_bytes=kv_bytes, max_num_seqs=deployment.max_num_seqs or 128,
+                      kv_cache_bytes=deployment.kv_cache_memory_bytes, max_num_seqs=deployment.max_num_seqs or 128,
                       compile=deployment.cuda_graphs and deployment.device == "gpu")
 
 

@@ -14,10 +14,11 @@ expert sets, with no token unknown. The same through the Mooncake store (`kv_off
 from __future__ import annotations
 
 import random
-import re
 from pathlib import Path
 
 import pytest
+
+from tests.gpu.server_logs import kv_connector_lines
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_feature, pytest.mark.integration, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
@@ -54,14 +55,6 @@ def _generate(url, tokens, *, max_tokens):
 CACHE_COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
                   "vllm:external_prefix_cache_hits")
 """The server's prefix-cache counters, in tokens: the local GPU cache's and the KV connector's ("external")."""
-
-
-def _kv_lines(log_path: Path) -> str:
-    """What the server's log says of its KV cache and connector (why a prefix did or did not come back)."""
-    if not log_path.exists():
-        return f"(no log at {log_path})"
-    wanted = re.compile(r"KV cache|kv_cache|Offload|offload|Connector|connector|block_size|Mooncake", re.I)
-    return "\n".join(line[-300:] for line in log_path.read_text(errors="replace").splitlines() if wanted.search(line))[-6000:]
 
 
 @pytest.mark.parametrize("offload", ["cpu", "mooncake"])
@@ -108,6 +101,6 @@ def test_routing_through_kv_offload_equals_the_routing_computed_whole(offload, t
           f"{'equal' if answer == answer_whole else 'differ'}; second turn's cache counters {moved}")
     assert loaded >= 16, (f"the second turn's prefix did not come back through the connector: the test shows nothing; "
                           f"the second turn's counters {moved}; the server's log of its KV cache and connector:\n"
-                          f"{_kv_lines(log_path)}")
+                          f"{kv_connector_lines(log_path)}")
     assert unknown == 0
     assert agreement >= 0.999

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu.server_logs import kv_connector_lines
+
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_feature, pytest.mark.integration, pytest.mark.timeout(600)]
 torch = pytest.importorskip("torch")
 
@@ -75,6 +77,9 @@ def test_pd_routing_stitched_by_the_client_equals_one_servers(connector, tmp_pat
     print(f"P/D: {loaded:.0f} prompt tokens loaded by the decode server, {stitch.stitched_tokens} stitched from the "
           f"prefill answer; routing agrees with one server's on {agreement:.5f} of (token, layer) sets, {unknown} "
           f"tokens unknown; answers {'equal' if split.token_ids == whole.token_ids else 'differ'}")
-    assert loaded >= 256, "the decode server computed the prompt itself: the test shows nothing"
+    assert loaded >= 256, ("the decode server computed the prompt itself: the test shows nothing; what the servers "
+                           "said of their KV connector:\n" + "\n".join(
+                               f"--- {role}:\n{kv_connector_lines(tmp_path / f'{role}.log', limit_chars=3000)}"
+                               for role in ("prefill", "decode")))
     assert unknown == 0 and stitch.version_mismatches == 0
     assert agreement >= 0.999

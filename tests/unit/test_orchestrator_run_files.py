@@ -281,3 +281,28 @@ def test_inference_cuda_graphs_drop_enforce_eager_on_gpu_only(tmp_path):
                                                       dtype="bfloat16").command()
     assert "--enforce-eager" in commands["gpu", False] and "--enforce-eager" not in commands["gpu", True]
     assert "--enforce-eager" in commands["cpu", False] and "--enforce-eager" in commands["cpu", True]
+
+
+def test_inference_kv_cache_memory_bytes_reaches_the_server_on_either_device(tmp_path):
+    """`inference.kv_cache_memory_bytes` sizes the KV cache of a GPU server too (it was dropped there: the KV-offload
+    GPU test's 48-block cache came up with 8 million tokens on an H100); unset, a GPU server sizes it from its
+    memory share and a CPU server takes 256 MiB."""
+    import json
+
+    from agentrl.models import PRESETS
+    from agentrl.rl.inference_actor import replica_server
+
+    model = tmp_path / "glm-air-5b-shapes"  # config only: the command needs no weights
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**PRESETS["glm-air-5b"].hf_config,
+                                                   "architectures": ["Glm4MoeForCausalLM"]}))
+
+    def kv_flags(device: str, *overrides: str) -> list[str]:
+        config = load_run_config(overrides=[f"inference.device={device}", *overrides])
+        command = replica_server(config.inference, model, served_name="glm-air-5b", dtype="bfloat16").command()
+        return [command[i + 1] for i, flag in enumerate(command) if flag == "--kv-cache-memory-bytes"]
+
+    assert kv_flags("gpu", "inference.kv_cache_memory_bytes=98304") == ["98304"]
+    assert kv_flags("gpu") == []
+    assert kv_flags("cpu", "inference.kv_cache_memory_bytes=98304") == ["98304"]
+    assert kv_flags("cpu") == [str(256 * 2**20)]
