@@ -1,6 +1,6 @@
 """The one-GPU check's verdict: runs of cookbook/gpu-1xh200 and the GPU tests against committed baselines.
 
-    python3 bench/gpu_check.py RUN [RUN ...] [--tests-log LOG] [--commit ID] [--results FILE]
+    python3 bench/gpu_check.py RUN [RUN ...] [--tests-log LOG ...] [--commit ID] [--results FILE]
 
 `scripts/gpu_check.sh` runs the GPU tests and the 30-step recipe on the H200 and then this. Each run
 folder (config.toml, metrics.jsonl, weight_updates.jsonl, report.md; `exit_code` and
@@ -17,7 +17,8 @@ folder (config.toml, metrics.jsonl, weight_updates.jsonl, report.md; `exit_code`
 | update_latency | median push (`weight_push_s` of the steps after a push) within 1.5x of the baseline run's |
 | trainer_peak_flat | `mem/trainer_peak_gib` of steps 2.. at most 1.1x its median (the peak does not grow) |
 
-and the tests log: pytest's summary line with no failed or errored test.
+and the tests logs (one per part of the GPU tests, each part one device call: `tests-loop`, `tests-rest`): each has
+pytest's summary line with no failed or errored test (a part cut at its time limit has none, and fails).
 
 The mismatch KL of all samples is reported beside it (and its ratio to the async baseline run's), not judged:
 in an async run a sample generated one version behind the trainer carries that optimizer step's change of the
@@ -152,10 +153,21 @@ def tests_summary(log: Path) -> dict:
             and not counts.get("errors")}
 
 
+def tests_verdict(logs: list[Path]) -> dict:
+    """The tests' logs together: each log's summary, the counts summed, and `pass` when every log passed."""
+    parts = [tests_summary(log) for log in logs]
+    counts: dict[str, int] = {}
+    for part in parts:
+        for kind, number in part["counts"].items():
+            counts[kind] = counts.get(kind, 0) + number
+    return {"logs": parts, "counts": counts, "pass": bool(parts) and all(part["pass"] for part in parts)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
-    parser.add_argument("--tests-log", type=Path)
+    parser.add_argument("--tests-log", type=Path, action="append", default=[],
+                        help="a log of (a part of) the GPU tests; repeat for each part")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--device", default="")
     parser.add_argument("--baseline", type=Path, default=BASELINE_RUN)
@@ -169,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if figures["mismatch_kl_median"] is not None:
             figures["mismatch_kl_vs_async_baseline"] = figures["mismatch_kl_median"] / baseline["mismatch_kl_median"]
         runs.append({"figures": figures, "checks": checks(figures, baseline, sync_baseline)})
-    tests = tests_summary(args.tests_log) if args.tests_log else None
+    tests = tests_verdict(args.tests_log) if args.tests_log else None
     passed = all(c["pass"] for run in runs for c in run["checks"].values()) and (tests is None or tests["pass"])
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": args.commit, "device": args.device,
               "baseline": {key: baseline[key] for key in ("run", "mismatch_kl_median", "weight_push_s_median",

@@ -3,21 +3,24 @@
 # On a lent H200, after the bundle is carried (../shared/gpu/make-gpu-bundle.sh; the last call also carries
 # .gpu-extra/ from scripts/gpu_extra.sh and .gpu-bundle/assemble.sh):
 #   source .gpu-bundle/assemble.sh && OUT=$OUT GPU_CHECK_COMMIT=<commit> bash scripts/gpu_check.sh [PHASE ...]
-# Phases, in the order given (default: extra sft tests train compare), each under its own timeout:
+# Phases, in the order given (default: extra sft train tests-loop tests-rest compare), each under its own timeout:
 #   extra    the wheels the image and the bundle lack (scripts/gpu_extra.sh: .gpu-extra/, and the groups whose
 #            parts were carried to /tmp/acc-GROUP/) into /tmp/site, once per machine and group
 #   sft      the recipe's SFT warm start (cookbook/gpu-1xh200/sft.toml), only when runs/gpu-1xh200/glm-air-5b-sft
 #            is missing (it stays on a warm machine between calls)
 #   tests    python3 -m pytest tests/gpu (all but the gpu_feature tests, which gpu_run.sh runs; tests needing
-#            two GPUs skip on one) -> tests.log
+#            two GPUs skip on one) -> tests.log; more than one 600 s call holds now (on an H100 at 6281702 five
+#            tests took 370 s: each starts its own CUDA vLLM server), so the check runs it in two parts instead:
+#   tests-loop   tests/gpu/test_loop_gpu.py (the servers: routed experts, gate weights, IPC, FP8) -> tests-loop.log
+#   tests-rest   the other tests/gpu files (trainer kernels, Mamba scan, MLA, Nemotron) -> tests-rest.log
 #   train    agentrl train --config cookbook/gpu-1xh200/train.toml as committed, 30 steps, into the next
 #            /tmp/gpu_check/runs/run-N, with the GPU's per-process memory sampled every 5 s (gpu_memory.csv);
 #            its checkpoint is deleted after (10 GB), the rest packed into $OUT/run-N.tgz
-#   compare  python3 bench/gpu_check.py over every run so far and tests.log -> $OUT/gpu_check.json (copy it to
-#            bench/results/gpu_check.json and commit it)
+#   compare  python3 bench/gpu_check.py over every run so far and every tests*.log -> $OUT/gpu_check.json (copy
+#            it to bench/results/gpu_check.json and commit it)
 # A machine given back loses /tmp: the runs of earlier calls are in their $OUT archives. One 600 s device call
-# holds about: extra + sft + train (480 s), tests (more than 300 s on an H100 at cf2403e: give it 420), or train +
-# compare (340 s).
+# holds about: extra + sft + train (480 s); tests-loop (give it 540); tests-rest + compare. The whole check is
+# then about 1,300 s of device time with the carry calls and the start.
 set -uo pipefail
 dest="${OUT:-/tmp/gpu_check_out}"
 work=/tmp/gpu_check
@@ -26,7 +29,7 @@ source scripts/gpu_env.sh  # the GPU phases' environment, agentrl importable fro
 # Each GPU test failure as it happens (tests/early_failures.py): this file comes back even when a phase is killed.
 export AGENTRL_FAILURES_FILE="$dest/failures.txt"
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(extra sft tests train compare)
+[ ${#phases[@]} -gt 0 ] || phases=(extra sft train tests-loop tests-rest compare)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$work/gpu.txt"
 cp "$work/gpu.txt" "$dest/"
 
@@ -62,11 +65,16 @@ for phase in "${phases[@]}"; do
         run_phase sft "${SFT_TIMEOUT:-300}" "$work/sft.log" python3 -m agentrl.cli sft \
           --config cookbook/gpu-1xh200/sft.toml
       fi ;;
-    tests)
+    tests|tests-loop|tests-rest)
+      case "$phase" in
+        tests) files=(tests/gpu) ;;
+        tests-loop) files=(tests/gpu/test_loop_gpu.py) ;;
+        tests-rest) mapfile -t files < <(ls tests/gpu/test_*.py | grep -v '/test_loop_gpu.py$') ;;
+      esac
       # shellcheck disable=SC2086
-      run_phase tests "${TESTS_TIMEOUT:-420}" "$work/tests.log" python3 -m pytest tests/gpu -q -s -rs \
+      run_phase "$phase" "${TESTS_TIMEOUT:-540}" "$work/$phase.log" python3 -m pytest "${files[@]}" -q -s -rs \
         -p no:cacheprovider --timeout 300 -m "not gpu_feature" ${TESTS_ARGS:-}
-      cp "$work/tests.log" "$dest/" ;;
+      cp "$work/$phase.log" "$dest/" ;;
     train)
       n=1
       while [ -e "$work/runs/run-$n" ]; do n=$((n + 1)); done
@@ -86,7 +94,8 @@ for phase in "${phases[@]}"; do
       tar czf "$dest/run-$n.tgz" -C "$work/runs" "run-$n" ;;
     compare)
       # shellcheck disable=SC2046
-      python3 bench/gpu_check.py $(ls -d "$work"/runs/run-* | sort -V) --tests-log "$work/tests.log" \
+      python3 bench/gpu_check.py $(ls -d "$work"/runs/run-* | sort -V) \
+        $(for log in "$work"/tests*.log; do [ -f "$log" ] && echo --tests-log "$log"; done) \
         --commit "${GPU_CHECK_COMMIT:-unknown}" --device "$(head -1 "$work/gpu.txt")" \
         --results "$dest/gpu_check.json" | tee "$work/compare.txt" ;;
     *) echo "unknown phase $phase" ;;

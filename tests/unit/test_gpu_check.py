@@ -86,4 +86,16 @@ def test_the_command_writes_the_json_and_exits_non_zero_on_a_failed_test(tmp_pat
     written = json.loads(results.read_text())
     assert code == 1 and written["commit"] == "abc123" and written["passed"] is False
     assert written["tests"]["counts"] == {"failed": 1, "passed": 5, "skipped": 2}
+    assert [part["log"] for part in written["tests"]["logs"]] == [str(log)]
     assert all(check["pass"] for check in written["runs"][0]["checks"].values())
+
+
+def test_the_tests_parts_are_judged_together_and_a_part_cut_off_fails(tmp_path):
+    loop, rest = tmp_path / "tests-loop.log", tmp_path / "tests-rest.log"
+    loop.write_text("......\n6 passed, 4 warnings in 402.10s (0:06:42)\n")
+    rest.write_text("..s\n===== 2 passed, 1 skipped in 120.00s =====\n")
+    verdict = gpu_check.tests_verdict([loop, rest])
+    assert verdict["pass"] is True and verdict["counts"] == {"passed": 8, "warnings": 4, "skipped": 1}
+    rest.write_text("..\n")  # killed at its limit: no summary line
+    assert gpu_check.tests_verdict([loop, rest])["pass"] is False
+    assert gpu_check.tests_verdict([])["pass"] is False
