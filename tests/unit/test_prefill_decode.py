@@ -47,6 +47,19 @@ def test_prefill_body_asks_one_token_and_keeps_the_kv_for_a_remote_decode():
     assert decode_body(body, {"kv_transfer_params": handed})["kv_transfer_params"] == handed
 
 
+def test_kv_transfer_params_ride_in_extra_args_too_where_cuda_vllm_0_24_reads_them():
+    """vLLM 0.24's /inference/v1/generate drops the body's `kv_transfer_params`; the sampling parameters'
+    `extra_args` reach the connector on both vLLMs. The caller's own extra args stay."""
+    body = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 64, "extra_args": {"tag": "mine"}}}
+    prefill = prefill_body(body)
+    assert prefill["sampling_params"]["extra_args"] == {"tag": "mine", "kv_transfer_params": {"do_remote_decode": True}}
+    handed = {"do_remote_prefill": True, "remote_block_ids": [4, 5]}
+    decode = decode_body(body, {"kv_transfer_params": handed})
+    assert decode["sampling_params"]["extra_args"] == {"tag": "mine", "kv_transfer_params": handed}
+    assert decode["sampling_params"]["max_tokens"] == 64 and body["sampling_params"]["extra_args"] == {"tag": "mine"}
+    assert "extra_args" not in decode_body({"token_ids": [1], "sampling_params": {}}, {})["sampling_params"]
+
+
 def test_unknown_prompt_rows_are_taken_from_the_prefill_answer():
     whole = _routing(40)
     decoded = whole.astype(np.int16)
