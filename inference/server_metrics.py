@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import httpx
 
+from agentrl.errors import require
+
 __all__ = ["afetch_metric", "afetch_metric_sums", "fetch_metric_sums", "metric_sums"]
 
 
@@ -21,13 +23,10 @@ def metric_sums(text: str, names: Iterable[str]) -> dict[str, float]:
     """Prometheus text -> {name: the sum of its samples (`<name>_total` of a counter, `<name>` of a gauge) over
     all label sets}, 0.0 for a name the text does not hold (vLLM creates some only once a feature is on, e.g. the
     KV connector's counters)."""
-    try:
-        from prometheus_client.parser import text_string_to_metric_families
-    except ImportError as error:  # pragma: no cover - vLLM installs it
-        raise ImportError("reading vLLM's /metrics needs prometheus_client: pip install 'agentrl[vllm]'") from error
+    parser = require("prometheus_client.parser", "cpu")  # a vLLM dependency, in either extra
 
     sums = dict.fromkeys(names, 0.0)
-    for family in text_string_to_metric_families(text):
+    for family in parser.text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name.removesuffix("_total")  # a counter's samples; a gauge's have no suffix
             if name in sums:
