@@ -24,8 +24,11 @@ The mismatch KL of all samples is reported beside it (and its ratio to the async
 in an async run a sample generated one version behind the trainer carries that optimizer step's change of the
 policy, so that figure rises with the share of stale samples. Generation got faster since the async baseline
 (2026-12-01: 71% of groups one step stale, 29 groups dropped as too stale); the CUDA-graphs run of 2026-12-02,
-every group one step stale, already had a median of 1.4e-3 against 2.3e-4. The table goes to stdout,
-everything to `--results` (default `bench/results/gpu_check.json`): date, commit, device, per run
+every group one step stale, already had a median of 1.4e-3 against 2.3e-4. The table goes to stdout.
+On an 80 GiB card (`--profile 80g`, picked by `scripts/gpu_check.sh`) the runs are of `train-80g.toml`
+(glm-air-32e) and both baselines are `results/baseline-80g`, that profile's first full run; until it is committed
+the two checks against it are reported and not judged (`pass` null, listed under `unjudged`).
+Everything goes to `--results` (default `bench/results/gpu_check.json`): date, commit, device, per run
 its figures and checks, the tests' counts, and `passed` (all checks of all runs and the tests).
 """
 
@@ -40,8 +43,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE_RUN = ROOT / "cookbook" / "gpu-1xh200" / "results" / "async-30-steps"
-SYNC_BASELINE_RUN = ROOT / "cookbook" / "gpu-1xh200" / "results" / "sync-16-steps"
+RESULTS = ROOT / "cookbook" / "gpu-1xh200" / "results"
+BASELINE_RUN = RESULTS / "async-30-steps"
+SYNC_BASELINE_RUN = RESULTS / "sync-16-steps"
+#: profile -> (async baseline run, the run whose on-policy mismatch KL is the KL check's base). `h200`: glm-air-5b
+#: (train.toml); `80g`: glm-air-32e on an 80 GiB card (train-80g.toml), judged against its own first full run.
+PROFILES: dict[str, tuple[Path, Path]] = {"h200": (BASELINE_RUN, SYNC_BASELINE_RUN),
+                                          "80g": (RESULTS / "baseline-80g", RESULTS / "baseline-80g")}
 KL_FACTOR, LATENCY_FACTOR, PEAK_FACTOR, WINDOW = 2.0, 1.5, 1.1, 10
 
 
@@ -116,23 +124,35 @@ def summarise(run: Path) -> dict:
     }
 
 
-def checks(figures: dict, baseline: dict, sync_baseline: dict) -> dict[str, dict]:
-    """Each check: its value, what it is compared with, and whether it passed."""
+def checks(figures: dict, baseline: dict | None, sync_baseline: dict | None) -> dict[str, dict]:
+    """Each check: its value, what it is compared with, and whether it passed. Without baselines (a profile's
+    first run) the two checks against them are reported with `pass` None: not judged."""
     def check(value, limit, passed: bool) -> dict:
         return {"value": value, "limit": limit, "pass": bool(passed)}
+
+    def unjudged(value) -> dict:
+        return {"value": value, "limit": None, "pass": None, "note": "no baseline for this profile yet"}
 
     out = {"completed": check(figures["steps"], figures["max_steps"], figures["exit_code"] == 0
                               and figures["max_steps"] is not None and figures["steps"] == figures["max_steps"])}
     first, last = figures["reward_first"], figures["reward_last"]
     out["reward_rising"] = check(last, first, first is not None and last is not None and last > first)
-    kl, base_kl = figures["mismatch_kl_on_policy_median"], sync_baseline["mismatch_kl_on_policy_median"]
-    out["mismatch_kl"] = check(kl, KL_FACTOR * base_kl, kl is not None and kl <= KL_FACTOR * base_kl)
+    kl = figures["mismatch_kl_on_policy_median"]
+    if sync_baseline is None:
+        out["mismatch_kl"] = unjudged(kl)
+    else:
+        base_kl = sync_baseline["mismatch_kl_on_policy_median"]
+        out["mismatch_kl"] = check(kl, KL_FACTOR * base_kl, kl is not None and kl <= KL_FACTOR * base_kl)
     out["weights_verified"] = check(figures["verified_steps"], figures["steps"],
                                     figures["steps"] > 0 and figures["verified_steps"] == figures["steps"]
                                     and figures["updates_checked"] == figures["updates"] > 0)
-    push, base_push = figures["weight_push_s_median"], baseline["weight_push_s_median"]
-    out["update_latency"] = check(push, LATENCY_FACTOR * base_push,
-                                  push is not None and push <= LATENCY_FACTOR * base_push)
+    push = figures["weight_push_s_median"]
+    if baseline is None:
+        out["update_latency"] = unjudged(push)
+    else:
+        base_push = baseline["weight_push_s_median"]
+        out["update_latency"] = check(push, LATENCY_FACTOR * base_push,
+                                      push is not None and push <= LATENCY_FACTOR * base_push)
     peaks = figures["trainer_peak_gib"][2:]
     ratio = max(peaks) / statistics.median(peaks) if peaks else None
     out["trainer_peak_flat"] = check(ratio, PEAK_FACTOR, ratio is not None and ratio <= PEAK_FACTOR)
@@ -170,34 +190,45 @@ def main(argv: list[str] | None = None) -> int:
                         help="a log of (a part of) the GPU tests; repeat for each part")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--device", default="")
-    parser.add_argument("--baseline", type=Path, default=BASELINE_RUN)
-    parser.add_argument("--sync-baseline", type=Path, default=SYNC_BASELINE_RUN)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="h200",
+                        help="the recipe the runs are of: h200 (glm-air-5b) or 80g (glm-air-32e, an 80 GiB card)")
+    parser.add_argument("--baseline", type=Path, help="the async baseline run (default: the profile's)")
+    parser.add_argument("--sync-baseline", type=Path, help="the on-policy KL baseline run (default: the profile's)")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
     args = parser.parse_args(argv)
-    baseline, sync_baseline = summarise(args.baseline), summarise(args.sync_baseline)
+    base_run, sync_run = args.baseline or PROFILES[args.profile][0], args.sync_baseline or PROFILES[args.profile][1]
+    baseline = summarise(base_run) if (base_run / "metrics.jsonl").is_file() else None
+    sync_baseline = summarise(sync_run) if (sync_run / "metrics.jsonl").is_file() else None
     runs = []
     for run in args.runs:
         figures = summarise(run)
-        if figures["mismatch_kl_median"] is not None:
+        if figures["mismatch_kl_median"] is not None and baseline is not None:
             figures["mismatch_kl_vs_async_baseline"] = figures["mismatch_kl_median"] / baseline["mismatch_kl_median"]
         runs.append({"figures": figures, "checks": checks(figures, baseline, sync_baseline)})
     tests = tests_verdict(args.tests_log) if args.tests_log else None
-    passed = all(c["pass"] for run in runs for c in run["checks"].values()) and (tests is None or tests["pass"])
+    passed = all(c["pass"] is not False for run in runs for c in run["checks"].values()) and (
+        tests is None or tests["pass"])
+    unjudged = sorted({name for run in runs for name, c in run["checks"].items() if c["pass"] is None})
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": args.commit, "device": args.device,
-              "baseline": {key: baseline[key] for key in ("run", "mismatch_kl_median", "weight_push_s_median",
-                                                           "stale_group_fraction", "dropped_stale")},
-              "sync_baseline": {key: sync_baseline[key] for key in ("run", "mismatch_kl_on_policy_median")},
-              "runs": runs, "tests": tests, "passed": passed}
+              "profile": args.profile,
+              "baseline": baseline and {key: baseline[key] for key in (
+                  "run", "mismatch_kl_median", "weight_push_s_median", "stale_group_fraction", "dropped_stale")},
+              "sync_baseline": sync_baseline and {key: sync_baseline[key]
+                                                  for key in ("run", "mismatch_kl_on_policy_median")},
+              "runs": runs, "tests": tests, "unjudged": unjudged, "passed": passed}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
     names = list(runs[0]["checks"]) if runs else []
     print("| run | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for run in runs:
-        cells = [f"{'ok' if c['pass'] else 'FAIL'} ({_short(c['value'])})" for c in run["checks"].values()]
+        cells = [f"{({True: 'ok', False: 'FAIL', None: 'n/a'})[c['pass']]} ({_short(c['value'])})"
+                 for c in run["checks"].values()]
         print(f"| {Path(run['figures']['run']).name} | " + " | ".join(cells) + " |")
     if tests is not None:
         print(f"tests: {'ok' if tests['pass'] else 'FAIL'} {tests['counts']}")
+    if unjudged:
+        print(f"not judged (no baseline for profile {args.profile} yet): {', '.join(unjudged)}")
     print(f"gpu check: {'passed' if passed else 'FAILED'} -> {args.results}")
     return 0 if passed else 1
 

@@ -8,6 +8,8 @@
 #            parts were carried to /tmp/acc-GROUP/) into /tmp/site, once per machine and group
 #   sft      the recipe's SFT warm start (cookbook/gpu-1xh200/sft.toml), only when runs/gpu-1xh200/glm-air-5b-sft
 #            is missing (it stays on a warm machine between calls)
+#            On a card under 100 GiB (an H100; or GPU_CHECK_PROFILE=80g) sft and train take the 80g profile instead:
+#            sft-80g.toml and train-80g.toml, glm-air-32e (glm-air-5b with 32 experts), since glm-air-5b needs 124 GiB
 #   tests    python3 -m pytest tests/gpu (all but the gpu_feature tests, which gpu_run.sh runs; tests needing
 #            two GPUs skip on one) -> tests.log; more than one 600 s call holds now (on an H100 at 6281702 five
 #            tests took 370 s: each starts its own CUDA vLLM server), so the check runs it in two parts instead:
@@ -32,6 +34,16 @@ phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra sft train tests-loop tests-rest compare)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$work/gpu.txt"
 cp "$work/gpu.txt" "$dest/"
+# The recipe's profile: glm-air-5b (sft.toml, train.toml) on a card of 100 GiB or more (the H200), else glm-air-32e
+# (sft-80g.toml, train-80g.toml: an H100), judged against that profile's own baselines (bench/gpu_check.py).
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | tr -dc 0-9)
+profile=${GPU_CHECK_PROFILE:-$([ "${gpu_mib:-0}" -ge 102400 ] && echo h200 || echo 80g)}
+case "$profile" in
+  h200) suffix="" warm=runs/gpu-1xh200/glm-air-5b-sft ;;
+  80g) suffix="-80g" warm=runs/gpu-1xh200/glm-air-32e-sft ;;
+  *) echo "gpu_check: GPU_CHECK_PROFILE must be h200 or 80g, not '$profile'" >&2; exit 2 ;;
+esac
+echo "profile: $profile (cookbook/gpu-1xh200/train$suffix.toml)" | tee -a "$work/gpu.txt"
 
 run_phase() {  # name timeout log command...
   local name=$1 limit=$2 log=$3; shift 3
@@ -59,11 +71,11 @@ for phase in "${phases[@]}"; do
       run_phase extra "${EXTRA_TIMEOUT:-120}" "$work/extra.log" bash -c 'source scripts/gpu_extra_install.sh &&
         gpu_extra_install' ;;
     sft)
-      if [ -f runs/gpu-1xh200/glm-air-5b-sft/agentrl_sft.json ]; then
+      if [ -f "$warm/agentrl_sft.json" ]; then
         echo "sft: warm start already here"
       else
         run_phase sft "${SFT_TIMEOUT:-300}" "$work/sft.log" python3 -m agentrl.cli sft \
-          --config cookbook/gpu-1xh200/sft.toml
+          --config "cookbook/gpu-1xh200/sft$suffix.toml"
       fi ;;
     tests|tests-loop|tests-rest)
       case "$phase" in
@@ -84,7 +96,7 @@ for phase in "${phases[@]}"; do
       sampler=$!
       started=$SECONDS
       run_phase "train-$n" "${TRAIN_TIMEOUT:-480}" "$run/train.log" python3 -m agentrl.cli train \
-        --config cookbook/gpu-1xh200/train.toml -o "$run/folder"
+        --config "cookbook/gpu-1xh200/train$suffix.toml" -o "$run/folder"
       echo $? > "$run/exit_code"
       echo $((SECONDS - started)) > "$run/phase_seconds"
       kill "$sampler" 2>/dev/null
@@ -96,7 +108,7 @@ for phase in "${phases[@]}"; do
       # shellcheck disable=SC2046
       python3 bench/gpu_check.py $(ls -d "$work"/runs/run-* | sort -V) \
         $(for log in "$work"/tests*.log; do [ -f "$log" ] && echo --tests-log "$log"; done) \
-        --commit "${GPU_CHECK_COMMIT:-unknown}" --device "$(head -1 "$work/gpu.txt")" \
+        --commit "${GPU_CHECK_COMMIT:-unknown}" --device "$(head -1 "$work/gpu.txt")" --profile "$profile" \
         --results "$dest/gpu_check.json" | tee "$work/compare.txt" ;;
     *) echo "unknown phase $phase" ;;
   esac

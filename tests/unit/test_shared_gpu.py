@@ -123,3 +123,16 @@ def test_the_nemotron_recipe_fits_one_h200_beside_vllm():
     assert resolve_model(config.model.name).family == "nemotron_h"
     plan = shared_gpu_plan(config, trainer_plan(config), gpu_gib=139.8)
     assert 60 < plan.trainer_step_gib < 90 and plan.fits()
+
+
+def test_the_80g_recipe_fits_an_h100_where_the_h200_recipe_does_not():
+    """scripts/gpu_check.sh runs train-80g.toml on a card under 100 GiB: glm-air-5b's own recipe needs ~124 GiB."""
+    h100_gib = 79.0
+    assert not shared_gpu_plan(recipe(), trainer_plan(recipe()), gpu_gib=h100_gib).fits()
+    config = load_run_config(RECIPE.with_name("train-80g.toml"))
+    assert config.model.name == "glm-air-32e" and config.plan.gpu_memory_gib == h100_gib
+    h200 = load_run_config(RECIPE)  # the same loop otherwise: only the model, its warm start and the budgets differ
+    for section in ("orchestrator", "sampling", "inference", "launch", "env"):
+        assert getattr(config, section) == getattr(h200, section), section
+    plan = shared_gpu_plan(config, trainer_plan(config), gpu_gib=h100_gib)
+    assert plan.fits() and 25 < plan.trainer_step_gib < 45
