@@ -75,6 +75,11 @@ def test_the_baselines_figures():
     assert sync["mismatch_kl_on_policy_median"] == pytest.approx(1.21e-4, rel=0.01)  # every group on-policy
     assert run["mismatch_kl_median"] == pytest.approx(2.31e-4, rel=0.01)
     assert run["stale_group_fraction"] == pytest.approx(171 / 240) and run["dropped_stale"] == 29
+    # the 80g profile's: glm-air-32e's first full run, on an H100 at 0fce159
+    small = gpu_check.summarise(gpu_check.PROFILES["80g"][0])
+    assert small["steps"] == 30 and small["exit_code"] == 0 and small["verified_steps"] == 30
+    assert small["mismatch_kl_on_policy_median"] == pytest.approx(7.84e-5, rel=0.01)
+    assert small["weight_push_s_median"] == pytest.approx(0.311, rel=0.01)
 
 
 def test_the_command_writes_the_json_and_exits_non_zero_on_a_failed_test(tmp_path):
