@@ -34,16 +34,9 @@ phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra sft train tests-loop tests-rest compare)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$work/gpu.txt"
 cp "$work/gpu.txt" "$dest/"
-# The recipe's profile: glm-air-5b (sft.toml, train.toml) on a card of 100 GiB or more (the H200), else glm-air-32e
-# (sft-80g.toml, train-80g.toml: an H100), judged against that profile's own baselines (bench/gpu_check.py).
-gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | tr -dc 0-9)
-profile=${GPU_CHECK_PROFILE:-$([ "${gpu_mib:-0}" -ge 102400 ] && echo h200 || echo 80g)}
-case "$profile" in
-  h200) suffix="" warm=runs/gpu-1xh200/glm-air-5b-sft ;;
-  80g) suffix="-80g" warm=runs/gpu-1xh200/glm-air-32e-sft ;;
-  *) echo "gpu_check: GPU_CHECK_PROFILE must be h200 or 80g, not '$profile'" >&2; exit 2 ;;
-esac
-echo "profile: $profile (cookbook/gpu-1xh200/train$suffix.toml)" | tee -a "$work/gpu.txt"
+# The recipe that fits the card: glm-air-5b on an H200, glm-air-32e (the *-80g.toml files) on an H100; bench/gpu_check.py
+# judges each against that profile's own baselines.
+profile_log="$work/gpu.txt" source scripts/gpu_profile.sh || exit 2
 
 run_phase() {  # name timeout log command...
   local name=$1 limit=$2 log=$3; shift 3

@@ -34,6 +34,8 @@
 #             programs (environments/key_hunt/key_hunt_rootfs.py) -> $OUT/agent-sft.json
 #   agent-train agentrl train --config cookbook/gpu-1xh200/agent-train.toml -> $OUT/agent-run (AGENT_ARGS: extra --set)
 #   agent-eval  agentrl eval of its last checkpoint against the warm start (agent-eval.toml) -> $OUT/agent-eval
+# On a card under 100 GiB (an H100) sft, train, lora and agent-* run the 80g profile's recipes (*-80g.toml:
+# glm-air-32e, glm-air-5b with 32 routed experts), since glm-air-5b's need about 124 GiB (scripts/gpu_profile.sh).
 # On nvidia-h200-x2 (issue 25: trainer on GPU 0, vLLM on GPU 1, weights through NCCL; sft first for the warm start):
 #   x2tests   tests/gpu/test_weights_nccl.py (NCCL update logprobs, a request in flight, restart + re-send)
 #   x2train   agentrl train --config cookbook/gpu-2xh200/train.toml -> $OUT/x2-run
@@ -65,6 +67,8 @@ export AGENTRL_FAILURES_FILE="$dest/failures.txt"
 phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra fixtures tests sft train)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$out/gpu.txt"
+# The recipes that fit the card (sft, train, lora, agent-*): glm-air-5b on an H200, glm-air-32e (*-80g.toml) on an H100.
+profile_log="$out/gpu.txt" source scripts/gpu_profile.sh || exit 2
 
 keep_run() {  # run folder, destination: what of a run comes back (report, plots, metrics, logs; no weights)
   mkdir -p "$2"
@@ -110,11 +114,11 @@ for phase in "${expanded[@]}"; do
       run_phase tests "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/gpu/test_loop_gpu.py -q -s -p no:cacheprovider \
         --timeout 280 ${TESTS_ARGS:-} ;;
     sft)
-      run_phase sft "${SFT_TIMEOUT:-420}" python3 -m agentrl.cli sft --config cookbook/gpu-1xh200/sft.toml ;;
+      run_phase sft "${SFT_TIMEOUT:-420}" python3 -m agentrl.cli sft --config "cookbook/gpu-1xh200/sft$suffix.toml" ;;
     train)
       rm -rf "$out/run"
       # shellcheck disable=SC2086
-      run_phase train "${TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train --config cookbook/gpu-1xh200/train.toml \
+      run_phase train "${TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train --config "cookbook/gpu-1xh200/train$suffix.toml" \
         -o runs/gpu-1xh200/rl ${TRAIN_ARGS:-}
       keep_run runs/gpu-1xh200/rl "$out/run" ;;
     bench)
@@ -158,7 +162,7 @@ for phase in "${expanded[@]}"; do
     lora)  # issue 42: the one-GPU recipe with LoRA (adapters on attention and all experts, served after every step)
       rm -rf runs/gpu-1xh200/lora
       # shellcheck disable=SC2086
-      run_phase lora "${LORA_TIMEOUT:-540}" python3 -m agentrl.cli train --config cookbook/gpu-1xh200/train.toml \
+      run_phase lora "${LORA_TIMEOUT:-540}" python3 -m agentrl.cli train --config "cookbook/gpu-1xh200/train$suffix.toml" \
         -o runs/gpu-1xh200/lora --set 'trainer.lora={rank=16, alpha=32, targets=["attention","experts","shared_experts"]}' \
         --set inference.lora_adapters=true --set inference.weight_transfer=filesystem --set trainer.optimizer.lr=1e-4 \
         ${LORA_ARGS:-}
@@ -171,17 +175,17 @@ for phase in "${expanded[@]}"; do
         -p no:cacheprovider --timeout 400 ${TESTS_ARGS:-} ;;
     agent-sft)  # issue 36 on the H200: key-hunt's warm start, sandboxes under bwrap (the .deb of `extra`)
       agent_rootfs
-      [ -f runs/gpu-1xh200/glm-air-5b-sft/agentrl_sft.json ] || run_phase sft "${SFT_TIMEOUT:-300}" \
-        python3 -m agentrl.cli sft --config cookbook/gpu-1xh200/sft.toml
+      [ -f "$warm/agentrl_sft.json" ] || run_phase sft "${SFT_TIMEOUT:-300}" \
+        python3 -m agentrl.cli sft --config "cookbook/gpu-1xh200/sft$suffix.toml"
       run_phase agent-sft "${AGENT_SFT_TIMEOUT:-420}" python3 -m agentrl.cli sft \
-        --config cookbook/gpu-1xh200/agent-sft.toml
-      cp runs/gpu-1xh200/glm-air-5b-key-hunt-sft/agentrl_sft.json "$out/agent-sft.json" 2>/dev/null ;;
+        --config "cookbook/gpu-1xh200/agent-sft$suffix.toml"
+      cp "runs/gpu-1xh200/$(basename "$warm" -sft)-key-hunt-sft/agentrl_sft.json" "$out/agent-sft.json" 2>/dev/null ;;
     agent-train)
       agent_rootfs
       rm -rf runs/gpu-1xh200/agent
       # shellcheck disable=SC2086
       run_phase agent-train "${AGENT_TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train \
-        --config cookbook/gpu-1xh200/agent-train.toml -o runs/gpu-1xh200/agent ${AGENT_ARGS:-}
+        --config "cookbook/gpu-1xh200/agent-train$suffix.toml" -o runs/gpu-1xh200/agent ${AGENT_ARGS:-}
       keep_run runs/gpu-1xh200/agent "$out/agent-run" ;;
     agent-eval)  # the run's last checkpoint against its warm start, 64 held-out tasks x 4
       agent_rootfs

@@ -43,3 +43,18 @@ def test_the_run_starts_from_the_sft_output_and_fits_the_shared_gpu():
     assert train.trainer.router_replay and train.inference.routed_experts and not train.inference.fp8
     plan = shared_gpu_plan(train, trainer_plan(train), gpu_gib=139.8)
     assert plan is not None and plan.fits(), plan
+
+
+def test_the_80g_variants_are_the_same_recipe_with_glm_air_32e_and_fit_an_h100():
+    """scripts/gpu_run.sh takes agent-sft-80g.toml and agent-train-80g.toml on a card under 100 GiB."""
+    sft, train, _ = _recipes()
+    small_sft = load_config(SFTConfig, RECIPES / "agent-sft-80g.toml")
+    small_train = load_run_config(RECIPES / "agent-train-80g.toml")
+    assert small_sft.model == load_config(SFTConfig, RECIPES / "sft-80g.toml").output  # its reverse-text warm start
+    assert small_train.model.name == "glm-air-32e" and small_train.model.init_checkpoint == small_sft.output
+    assert small_sft.model_dump(exclude={"model", "output", "trainer"}) == sft.model_dump(
+        exclude={"model", "output", "trainer"})
+    for section in ("env", "sampling", "orchestrator", "inference", "launch"):
+        assert getattr(small_train, section) == getattr(train, section), section
+    assert not shared_gpu_plan(train, trainer_plan(train), gpu_gib=79.0).fits()
+    assert shared_gpu_plan(small_train, trainer_plan(small_train), gpu_gib=79.0).fits()

@@ -129,3 +129,31 @@ def test_the_80g_profile_is_judged_against_its_own_baseline_once_there_is_one(tm
     # The same run under the H200 profile is judged against the H200's baselines and fails there too.
     assert gpu_check.main([str(run), "--results", str(results)]) == 1
     assert json.loads(results.read_text())["profile"] == "h200"
+
+
+@pytest.mark.parametrize(("total_mib", "override", "expected"), [
+    ("143771", "", "h200  runs/gpu-1xh200/glm-air-5b-sft"),
+    ("81559", "", "80g -80g runs/gpu-1xh200/glm-air-32e-sft"),
+    ("81559", "h200", "h200  runs/gpu-1xh200/glm-air-5b-sft"),
+])
+def test_the_scripts_pick_the_recipe_that_fits_the_card(tmp_path, total_mib, override, expected):
+    """scripts/gpu_profile.sh, sourced by gpu_check.sh and gpu_run.sh, run for real with nvidia-smi answering as
+    an H200 or an H100 would; every recipe file it names exists."""
+    import subprocess
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\necho {total_mib}\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    log = tmp_path / "gpu.txt"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "GPU_CHECK_PROFILE": override}
+    script = f'profile_log={log} source scripts/gpu_profile.sh && echo "$profile $suffix $warm"'
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == expected
+    assert log.read_text().startswith(f"profile: {expected.split()[0]} ")
+    suffix = "-80g" if "-80g" in expected else ""
+    for name in ("sft", "train", "agent-sft", "agent-train"):
+        assert (ROOT / "cookbook" / "gpu-1xh200" / f"{name}{suffix}.toml").is_file()
+    wrong = subprocess.run(["bash", "-c", "source scripts/gpu_profile.sh || echo refused $?"], cwd=ROOT,
+                           env={**env, "GPU_CHECK_PROFILE": "h300"}, capture_output=True, text=True)
+    assert "refused 2" in wrong.stdout and "must be h200 or 80g, not 'h300'" in wrong.stderr
