@@ -73,18 +73,23 @@ class CachedBlockRows:
             self._blocks.popitem(last=False)
 
     def lookup(self, block_hashes: list[Any], tokens: int, *, like: np.ndarray) -> np.ndarray:
-        """Rows for the first `tokens` tokens of a request that hit them in the prefix cache."""
+        """Rows for the first `tokens` tokens of a request that did not compute them (prefix-cache hits, blocks a
+        KV connector loaded). `tokens` may end inside a block: vLLM recomputes the last token of a prompt whose
+        every block it has, so it schedules such a prompt with all but one token computed; the part of that block
+        comes from the block's rows when its hash (a full block's) is kept, and is unknown otherwise."""
         out = unknown_rows(tokens, like)
-        whole = min(tokens // self.block_size, len(block_hashes))
-        for index in range(whole):
+        blocks = min(-(-tokens // self.block_size), len(block_hashes))
+        for index in range(blocks):
             block = self._blocks.get(block_hashes[index])
             if block is None or block.shape[1:] != like.shape[1:]:
                 self.missed += 1
                 continue
             self._blocks.move_to_end(block_hashes[index])
-            out[index * self.block_size: (index + 1) * self.block_size] = block
+            first = index * self.block_size
+            out[first: min(first + self.block_size, tokens)] = block[: tokens - first]
             self.stitched += 1
-        self.missed += (tokens - whole * self.block_size + self.block_size - 1) // self.block_size
+        uncovered = max(0, tokens - blocks * self.block_size)  # past the last hash: blocks with no hash yet
+        self.missed += -(-uncovered // self.block_size)
         return out
 
     def clear(self) -> None:

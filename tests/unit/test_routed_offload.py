@@ -124,3 +124,36 @@ def test_the_gpu_shim_names_agentrls_vllm_plugin(tmp_path):
                           env={**os.environ, "AGENTRL_SHIM_DIR": str(tmp_path / "shim")})
     assert said.stdout.strip() == "agentrl.inference.vllm_plugin:register"
     assert (tmp_path / "shim" / "agentrl" / "inference").resolve() == ROOT / "inference"
+
+
+def test_a_decode_server_that_recomputes_only_the_last_token_owes_every_other_row():
+    """Seen with NIXL on an H100: a P/D decode server loads a 320-token prompt of full blocks and recomputes its
+    last token alone (vLLM schedules it with 319 computed). The other 15 tokens of the last block were loaded
+    too, so their slots hold an earlier occupant's rows: they must come out unknown for the client to stitch,
+    not as the slots' rows (which gave 0.9657 routing agreement), and the block must not be kept from them."""
+    routing = OffloadRouting(block_size=BLOCK, max_blocks=16, layers=LAYERS, top_k=TOP_K)
+    hashes = ["p0", "p1", "p2"]  # a 12-token prompt: three full blocks, none computed on this server
+    slots = _slot_buffer(4, seed=5)  # stale rows everywhere; the recomputed token's row lands in slot 11
+    routing.on_schedule("d", hashes, 11)
+    routing.on_computed("d", hashes, [0, 1, 2], 12, slots)
+    assert len(routing.rows) == 0  # block 2 was not wholly computed here: its stale slots are not kept
+    prompt = slots[:12].copy()
+    out = routing.stitch("d", prompt)
+    assert (out[:11] == -1).all()  # all but the recomputed token: unknown, filled from the prefill answer
+    np.testing.assert_array_equal(out[11], prompt[11])
+    assert routing.rows.missed == 3
+
+
+def test_a_local_hit_of_a_whole_prompt_takes_the_last_blocks_rows_from_the_store():
+    """The same schedule after a local prefix-cache hit of every block: the rows come from the request that
+    computed them, the part of the last block included."""
+    routing = OffloadRouting(block_size=BLOCK, max_blocks=16, layers=LAYERS, top_k=TOP_K)
+    hashes = ["q0", "q1"]
+    computed = _slot_buffer(2, seed=6)
+    routing.on_schedule("a", hashes, 0)
+    routing.on_computed("a", hashes, [0, 1], 8, computed)
+    routing.forget("a")
+    routing.on_schedule("b", hashes, 7)  # every block hit; vLLM recomputes token 7
+    out = routing.stitch("b", _slot_buffer(2, seed=7))
+    np.testing.assert_array_equal(out[:7], computed[:7])
+    assert routing.rows.stitched == 2 and routing.rows.missed == 0
