@@ -33,10 +33,10 @@ export AGENTRL_FAILURES_FILE="$dest/failures.txt"
 phases=("$@")
 [ ${#phases[@]} -gt 0 ] || phases=(extra sft train tests-loop tests-rest compare)
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$work/gpu.txt"
-cp "$work/gpu.txt" "$dest/"
-# The recipe that fits the card: glm-air-5b on an H200, glm-air-32e (the *-80g.toml files) on an H100; bench/gpu_check.py
-# judges each against that profile's own baselines.
+# The recipe that fits the card: glm-air-5b on an H200, glm-air-32e (the *-80g.toml files) on an H100;
+# bench/gpu_check.py judges each against that profile's own baselines.
 profile_log="$work/gpu.txt" source scripts/gpu_profile.sh || exit 2
+cp "$work/gpu.txt" "$dest/"
 
 run_phase() {  # name timeout log command...
   local name=$1 limit=$2 log=$3; shift 3

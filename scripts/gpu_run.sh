@@ -118,8 +118,8 @@ for phase in "${expanded[@]}"; do
     train)
       rm -rf "$out/run"
       # shellcheck disable=SC2086
-      run_phase train "${TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train --config "cookbook/gpu-1xh200/train$suffix.toml" \
-        -o runs/gpu-1xh200/rl ${TRAIN_ARGS:-}
+      run_phase train "${TRAIN_TIMEOUT:-540}" python3 -m agentrl.cli train \
+        --config "cookbook/gpu-1xh200/train$suffix.toml" -o runs/gpu-1xh200/rl ${TRAIN_ARGS:-}
       keep_run runs/gpu-1xh200/rl "$out/run" ;;
     bench)
       run_phase bench "${BENCH_TIMEOUT:-540}" python3 bench/gpu_loop.py --measure --results "$out/gpu_loop.json" ;;
@@ -162,8 +162,9 @@ for phase in "${expanded[@]}"; do
     lora)  # issue 42: the one-GPU recipe with LoRA (adapters on attention and all experts, served after every step)
       rm -rf runs/gpu-1xh200/lora
       # shellcheck disable=SC2086
-      run_phase lora "${LORA_TIMEOUT:-540}" python3 -m agentrl.cli train --config "cookbook/gpu-1xh200/train$suffix.toml" \
-        -o runs/gpu-1xh200/lora --set 'trainer.lora={rank=16, alpha=32, targets=["attention","experts","shared_experts"]}' \
+      run_phase lora "${LORA_TIMEOUT:-540}" python3 -m agentrl.cli train \
+        --config "cookbook/gpu-1xh200/train$suffix.toml" -o runs/gpu-1xh200/lora \
+        --set 'trainer.lora={rank=16, alpha=32, targets=["attention","experts","shared_experts"]}' \
         --set inference.lora_adapters=true --set inference.weight_transfer=filesystem --set trainer.optimizer.lr=1e-4 \
         ${LORA_ARGS:-}
       keep_run runs/gpu-1xh200/lora "$out/lora-run"
