@@ -15,16 +15,16 @@ import gpu_check  # noqa: E402
 
 
 def _run(folder: Path, *, steps: int = 30, kl: float = 1.5e-4, push: float = 0.6, peaks=None, verified: bool = True,
-         rewards=None, exit_code: int | None = 0) -> Path:
+         rewards=None, exit_code: int | None = 0, kl_all: float = 1.0e-3, stale: bool = True) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.toml").write_text(f"[orchestrator]\nmax_steps = {steps}\n")
     rewards = rewards or [0.80 + 0.002 * step for step in range(steps)]
     peaks = peaks or [90.0] * steps
     lines = []
     for step in range(steps):
-        line = {"step": step, "reward": rewards[step], "mismatch_kl": 5e-3, "weight_push_s": push,
+        line = {"step": step, "reward": rewards[step], "mismatch_kl": kl_all, "weight_push_s": push,
                 "train/mismatch_kl_on_policy": kl, "mem/trainer_peak_gib": peaks[step], "step_time_s": 3.0,
-                "staleness": {"1": 8}}
+                "staleness": {"1": 8} if stale else {"0": 8}}
         if verified:
             line["weights/verified"] = 1.0
         lines.append(json.dumps(line))
@@ -40,7 +40,9 @@ def _run(folder: Path, *, steps: int = 30, kl: float = 1.5e-4, push: float = 0.6
 def _verdicts(run: Path) -> dict[str, bool]:
     baseline = gpu_check.summarise(gpu_check.BASELINE_RUN)
     sync = gpu_check.summarise(gpu_check.SYNC_BASELINE_RUN)
-    return {name: check["pass"] for name, check in gpu_check.checks(gpu_check.summarise(run), baseline, sync).items()}
+    reference = gpu_check.kl_reference([gpu_check.summarise(path) for path in gpu_check.KL_REFERENCES["h200"]])
+    return {name: check["pass"] for name, check in gpu_check.checks(gpu_check.summarise(run), baseline, sync,
+                                                                     reference=reference).items()}
 
 
 def test_a_healthy_run_passes_every_check(tmp_path):
@@ -50,7 +52,8 @@ def test_a_healthy_run_passes_every_check(tmp_path):
 @pytest.mark.parametrize("kwargs, failed", [
     ({"exit_code": 1, "steps": 30}, "completed"),
     ({"rewards": [0.9 - 0.002 * step for step in range(30)]}, "reward_rising"),
-    ({"kl": 5e-4}, "mismatch_kl"),  # the on-policy samples' KL: every step's stale KL is 5e-3 and not judged
+    ({"kl": 5e-4}, "mismatch_kl"),  # the on-policy samples' KL
+    ({"kl_all": 4.4e-3}, "mismatch_kl_all"),  # four times the H200 references' median (1.1e-3)
     ({"verified": False}, "weights_verified"),
     ({"push": 2.0}, "update_latency"),
     ({"peaks": [80.0 + step for step in range(30)]}, "trainer_peak_flat"),
@@ -111,21 +114,23 @@ def test_the_80g_profile_is_judged_against_its_own_baseline_once_there_is_one(tm
     results = tmp_path / "gpu_check.json"
     baseline = tmp_path / "baseline-80g"
     monkeypatch.setitem(gpu_check.PROFILES, "80g", (baseline, baseline))
+    monkeypatch.setitem(gpu_check.KL_REFERENCES, "80g", [baseline])
     # No baseline of the profile yet: the KL and latency checks are reported and not judged, the others are.
     assert gpu_check.main([str(run), "--profile", "80g", "--results", str(results)]) == 0
     written = json.loads(results.read_text())
     assert written["profile"] == "80g" and written["baseline"] is None and written["passed"] is True
-    assert written["unjudged"] == ["mismatch_kl", "update_latency"]
+    assert written["unjudged"] == ["mismatch_kl", "mismatch_kl_all", "update_latency"]
     assert written["runs"][0]["checks"]["mismatch_kl"] == {
         "value": 1.0e-3, "limit": None, "pass": None, "note": "no baseline for this profile yet"}
     assert written["runs"][0]["checks"]["completed"]["pass"] is True
     # With the profile's baseline committed, a run whose on-policy KL is over twice the baseline's fails.
-    _run(baseline, kl=2.0e-4, push=1.5)
+    _run(baseline, kl=2.0e-4, push=1.5, kl_all=8.0e-4)
     assert gpu_check.main([str(run), "--profile", "80g", "--results", str(results)]) == 1
     written = json.loads(results.read_text())
     checks = written["runs"][0]["checks"]
     assert written["unjudged"] == [] and checks["mismatch_kl"]["pass"] is False
     assert checks["mismatch_kl"]["limit"] == pytest.approx(4.0e-4) and checks["update_latency"]["pass"] is True
+    assert checks["mismatch_kl_all"]["pass"] is True and checks["mismatch_kl_all"]["limit"] == pytest.approx(1.6e-3)
     # The same run under the H200 profile is judged against the H200's baselines and fails there too.
     assert gpu_check.main([str(run), "--results", str(results)]) == 1
     assert json.loads(results.read_text())["profile"] == "h200"
@@ -157,3 +162,18 @@ def test_the_scripts_pick_the_recipe_that_fits_the_card(tmp_path, total_mib, ove
     wrong = subprocess.run(["bash", "-c", "source scripts/gpu_profile.sh || echo refused $?"], cwd=ROOT,
                            env={**env, "GPU_CHECK_PROFILE": "h300"}, capture_output=True, text=True)
     assert "refused 2" in wrong.stdout and "must be h200 or 80g, not 'h300'" in wrong.stderr
+
+
+def test_the_all_sample_kl_is_judged_only_against_references_as_stale_as_the_run(tmp_path):
+    """Every group after step 0 one step stale: the seven healthy H200 check runs' all-sample KL, median 1.1e-3. A
+    synchronous run's KL (no stale sample) says nothing against them: not judged, with the reason."""
+    reference = gpu_check.kl_reference([gpu_check.summarise(path) for path in gpu_check.KL_REFERENCES["h200"]])
+    assert len(reference["runs"]) == 7
+    assert reference["mismatch_kl_median"] == pytest.approx(1.10e-3, rel=0.01)
+    assert reference["stale_group_fraction"] == pytest.approx(0.967, abs=0.001)
+    # the async baseline of 2026-12-01 (71% stale) cannot be a reference: its KL (2.3e-4) is of other samples
+    first = gpu_check.summarise(gpu_check.BASELINE_RUN)
+    assert abs(first["stale_group_fraction"] - reference["stale_group_fraction"]) > gpu_check.STALE_TOLERANCE
+    sync = _run(tmp_path / "sync", stale=False, kl_all=5e-3)
+    verdict = gpu_check.checks(gpu_check.summarise(sync), None, None, reference=reference)["mismatch_kl_all"]
+    assert verdict["pass"] is None and verdict["note"].startswith("stale share 0.0 is not the references' 0.967")
