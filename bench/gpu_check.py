@@ -45,22 +45,34 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "cookbook" / "gpu-1xh200" / "results"
 BASELINE_RUN = RESULTS / "async-30-steps"
 SYNC_BASELINE_RUN = RESULTS / "sync-16-steps"
-#: profile -> (async baseline run, the run whose on-policy mismatch KL is the KL check's base). `h200`: glm-air-5b
-#: (train.toml); `80g`: glm-air-32e on an 80 GiB card (train-80g.toml), judged against its own first full run.
-PROFILES: dict[str, tuple[Path, Path]] = {"h200": (BASELINE_RUN, SYNC_BASELINE_RUN),
-                                          "80g": (RESULTS / "baseline-80g", RESULTS / "baseline-80g")}
-#: profile -> earlier healthy check runs of the same recipe, every group after step 0 one step stale: the
-#: references of the all-sample mismatch KL check.
-KL_REFERENCES: dict[str, list[Path]] = {
-    "h200": [RESULTS / "async-30-steps-cuda-graphs", RESULTS / "check-30-steps-2026-12-03",
-             RESULTS / "check-30-steps-0f4dd4a" / "run-1", RESULTS / "check-30-steps-1bede2a" / "run-1",
-             *(RESULTS / "check-3x30-steps-f8668e2" / f"run-{n}" for n in (1, 2, 3))],
-    "80g": [RESULTS / "baseline-80g"],
+
+
+class Profile(NamedTuple):
+    """The committed runs a profile's runs are judged against."""
+
+    baseline: Path
+    """The async baseline run: its push latency."""
+    sync_baseline: Path
+    """The run whose on-policy mismatch KL is the on-policy KL check's base."""
+    kl_references: list[Path]
+    """Earlier healthy check runs of the same recipe, every group after step 0 one step stale: the all-sample
+    mismatch KL check's references."""
+
+
+#: `h200`: glm-air-5b (train.toml); `80g`: glm-air-32e on an 80 GiB card (train-80g.toml), judged against its own
+#: first full run.
+PROFILES: dict[str, Profile] = {
+    "h200": Profile(BASELINE_RUN, SYNC_BASELINE_RUN, [
+        RESULTS / "async-30-steps-cuda-graphs", RESULTS / "check-30-steps-2026-12-03",
+        RESULTS / "check-30-steps-0f4dd4a" / "run-1", RESULTS / "check-30-steps-1bede2a" / "run-1",
+        *(RESULTS / "check-3x30-steps-f8668e2" / f"run-{n}" for n in (1, 2, 3))]),
+    "80g": Profile(RESULTS / "baseline-80g", RESULTS / "baseline-80g", [RESULTS / "baseline-80g"]),
 }
 KL_FACTOR, LATENCY_FACTOR, PEAK_FACTOR, WINDOW, STALE_TOLERANCE = 2.0, 1.5, 1.1, 10, 0.1
 
@@ -229,11 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-baseline", type=Path, help="the on-policy KL baseline run (default: the profile's)")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
     args = parser.parse_args(argv)
-    base_run, sync_run = args.baseline or PROFILES[args.profile][0], args.sync_baseline or PROFILES[args.profile][1]
-    baseline = summarise(base_run) if (base_run / "metrics.jsonl").is_file() else None
-    sync_baseline = summarise(sync_run) if (sync_run / "metrics.jsonl").is_file() else None
-    reference = kl_reference([summarise(run) for run in KL_REFERENCES[args.profile]
-                              if (run / "metrics.jsonl").is_file()])
+    profile = PROFILES[args.profile]
+    baseline = _committed(args.baseline or profile.baseline)
+    sync_baseline = _committed(args.sync_baseline or profile.sync_baseline)
+    reference = kl_reference([summary for run in profile.kl_references if (summary := _committed(run))])
     runs = []
     for run in args.runs:
         figures = summarise(run)
@@ -268,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not judged: {name} ({'; '.join(notes)})")
     print(f"gpu check: {'passed' if passed else 'FAILED'} -> {args.results}")
     return 0 if passed else 1
+
+
+def _committed(run: Path) -> dict | None:
+    """`summarise(run)`, or None where the run is not there (a profile's baseline before its first run)."""
+    return summarise(run) if (run / "metrics.jsonl").is_file() else None
 
 
 def _short(value) -> str:

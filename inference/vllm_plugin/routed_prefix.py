@@ -78,7 +78,8 @@ class CachedBlockRows:
         every block it has, so it schedules such a prompt with all but one token computed; the part of that block
         comes from the block's rows when its hash (a full block's) is kept, and is unknown otherwise."""
         out = unknown_rows(tokens, like)
-        blocks = min(-(-tokens // self.block_size), len(block_hashes))
+        needed = -(-tokens // self.block_size)
+        blocks = min(needed, len(block_hashes))
         for index in range(blocks):
             block = self._blocks.get(block_hashes[index])
             if block is None or block.shape[1:] != like.shape[1:]:
@@ -88,8 +89,7 @@ class CachedBlockRows:
             first = index * self.block_size
             out[first: min(first + self.block_size, tokens)] = block[: tokens - first]
             self.stitched += 1
-        uncovered = max(0, tokens - blocks * self.block_size)  # past the last hash: blocks with no hash yet
-        self.missed += -(-uncovered // self.block_size)
+        self.missed += needed - blocks  # past the last hash: blocks with no hash yet
         return out
 
     def clear(self) -> None:

@@ -40,7 +40,7 @@ def _run(folder: Path, *, steps: int = 30, kl: float = 1.5e-4, push: float = 0.6
 def _verdicts(run: Path) -> dict[str, bool]:
     baseline = gpu_check.summarise(gpu_check.BASELINE_RUN)
     sync = gpu_check.summarise(gpu_check.SYNC_BASELINE_RUN)
-    reference = gpu_check.kl_reference([gpu_check.summarise(path) for path in gpu_check.KL_REFERENCES["h200"]])
+    reference = gpu_check.kl_reference([gpu_check.summarise(path) for path in gpu_check.PROFILES["h200"].kl_references])
     return {name: check["pass"] for name, check in gpu_check.checks(gpu_check.summarise(run), baseline, sync,
                                                                      reference=reference).items()}
 
@@ -79,7 +79,7 @@ def test_the_baselines_figures():
     assert run["mismatch_kl_median"] == pytest.approx(2.31e-4, rel=0.01)
     assert run["stale_group_fraction"] == pytest.approx(171 / 240) and run["dropped_stale"] == 29
     # the 80g profile's: glm-air-32e's first full run, on an H100 at 0fce159
-    small = gpu_check.summarise(gpu_check.PROFILES["80g"][0])
+    small = gpu_check.summarise(gpu_check.PROFILES["80g"].baseline)
     assert small["steps"] == 30 and small["exit_code"] == 0 and small["verified_steps"] == 30
     assert small["mismatch_kl_on_policy_median"] == pytest.approx(7.84e-5, rel=0.01)
     assert small["weight_push_s_median"] == pytest.approx(0.311, rel=0.01)
@@ -113,8 +113,7 @@ def test_the_80g_profile_is_judged_against_its_own_baseline_once_there_is_one(tm
     run = _run(tmp_path / "run-1", kl=1.0e-3, push=2.0)  # far above the H200's baselines (1.2e-4, 0.57 s)
     results = tmp_path / "gpu_check.json"
     baseline = tmp_path / "baseline-80g"
-    monkeypatch.setitem(gpu_check.PROFILES, "80g", (baseline, baseline))
-    monkeypatch.setitem(gpu_check.KL_REFERENCES, "80g", [baseline])
+    monkeypatch.setitem(gpu_check.PROFILES, "80g", gpu_check.Profile(baseline, baseline, [baseline]))
     # No baseline of the profile yet: the KL and latency checks are reported and not judged, the others are.
     assert gpu_check.main([str(run), "--profile", "80g", "--results", str(results)]) == 0
     written = json.loads(results.read_text())
@@ -167,7 +166,7 @@ def test_the_scripts_pick_the_recipe_that_fits_the_card(tmp_path, total_mib, ove
 def test_the_all_sample_kl_is_judged_only_against_references_as_stale_as_the_run(tmp_path):
     """Every group after step 0 one step stale: the seven healthy H200 check runs' all-sample KL, median 1.1e-3. A
     synchronous run's KL (no stale sample) says nothing against them: not judged, with the reason."""
-    reference = gpu_check.kl_reference([gpu_check.summarise(path) for path in gpu_check.KL_REFERENCES["h200"]])
+    reference = gpu_check.kl_reference([gpu_check.summarise(path) for path in gpu_check.PROFILES["h200"].kl_references])
     assert len(reference["runs"]) == 7
     assert reference["mismatch_kl_median"] == pytest.approx(1.10e-3, rel=0.01)
     assert reference["stale_group_fraction"] == pytest.approx(0.967, abs=0.001)
