@@ -311,8 +311,8 @@ class DeploymentPlan(BaseModel):
 
     @property
     def total_gpus(self) -> int:
-        """GPUs used by all processes."""
-        return sum(len(process.gpus) for process in self.processes)
+        """Distinct GPUs the processes use (a P/D pair on one node shares its GPUs: counted once)."""
+        return len({(process.node, gpu) for process in self.processes for gpu in process.gpus})
 
     def render(self) -> str:
         """The plan as text: per node, each process's environment and command line."""

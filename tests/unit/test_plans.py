@@ -218,6 +218,7 @@ def test_the_pd_pair_plan_is_two_servers_and_a_pd_router(device, connector, tmp_
     plan = build_plan(GLM_AIR, config)
     assert [(server.role, server.gpus) for server in plan.servers] == [
         ("prefill", [0] if device == "gpu" else []), ("decode", [0] if device == "gpu" else [])]
+    assert plan.total_gpus == (1 if device == "gpu" else 0)  # the pair shares its GPU: counted once
     roles, side_channels = [], set()
     for server in plan.servers:
         transfer = json.loads(_flag(server.vllm_args, "--kv-transfer-config"))

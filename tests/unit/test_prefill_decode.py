@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,3 +148,17 @@ def test_a_nixl_pair_without_the_nixl_package_is_refused_in_one_line_before_star
                                             r"install 'agentrl\[cpu\]'") as info:
         check_resources(config)
     assert "\n" not in str(info.value)
+
+
+def test_a_gpu_pd_pair_colocated_with_the_trainer_asks_for_one_gpu():
+    """On one GPU the pair and the trainer share the device; the check once counted the pair's GPU twice."""
+    from agentrl.rl.config import load_run_config
+    from agentrl.rl.plan import ResourceError, check_resources
+
+    config = load_run_config(Path("cookbook/gpu-1xh200/train-80g.toml"), overrides=[
+        "inference.kind=pd", "inference.kv_connector=example", "inference.gpu_memory_utilization=0.15"])
+    with pytest.raises(ResourceError) as info:  # this machine has no CUDA vLLM and the warm start is not here
+        check_resources(config, cluster_gpus=1)
+    assert "GPUs (" not in str(info.value) and "CUDA vLLM" in str(info.value)
+    with pytest.raises(ResourceError, match=r"1 GPUs \(1 inference \+ 1 trainer sharing them\), 0 visible"):
+        check_resources(config, cluster_gpus=0)
