@@ -16,9 +16,10 @@ refused), and returns rows that are true:
   (`routed_prefix.CachedBlockRows`, the CPU plugin's store): a block hash covers the tokens from the
   sequence's start through the block, so an equal hash means equal tokens;
 - when a request is scheduled with N tokens it does not compute (local hits and blocks the connector
-  loads), the rows of its first N // block_size blocks are looked up there, and they replace those rows in
-  the prompt's routing vLLM returns when the prefill completes; a block the store no longer holds gives
-  rows of -1 (unknown: Router Replay routes those tokens live), and the array is then int16;
+  loads), the rows of those N tokens are looked up there when its prefill completes (not when it is
+  scheduled: a request hits blocks another one computes in the same step, whose rows are kept only after
+  it), and they replace those rows in the prompt's routing vLLM returns; a block the store does not hold
+  gives rows of -1 (unknown: Router Replay routes those tokens live), and the array is then int16;
 - a prefix-cache reset (every weight update; agentrl also resets the connector's cache) forgets them all.
 
 `OffloadRouting` is that bookkeeping, on numpy arrays; `install` wires it into vLLM's `VllmConfig` and
@@ -51,7 +52,8 @@ class OffloadRouting:
         self.block_size = block_size
         self.rows = CachedBlockRows(block_size=block_size, max_blocks=max_blocks)
         self._like = np.zeros((1, layers, top_k), dtype=np.int16)
-        self._owed: dict[str, np.ndarray] = {}
+        self._owed: dict[str, tuple[list[Any], int]] = {}
+        """Per request scheduled with tokens it does not compute: the hashes of their blocks, and their count."""
         self._registered: dict[str, int] = {}
         self.replaced_tokens = 0
         """Prompt tokens whose rows came from the store instead of the slot buffer."""
@@ -61,9 +63,11 @@ class OffloadRouting:
         All of them are owed rows, the part of a block too: a P/D decode server given a whole prompt of full
         blocks recomputes its last token alone, and the slots of the rest of that block hold whatever the block's
         earlier occupant left (seen on an H100: 15 such rows in a 320-token prompt). A block not wholly computed
-        here is never kept from its slots."""
+        here is never kept from its slots. The rows are looked up in `stitch`: eight requests of one prompt
+        scheduled together hit the blocks the first computes in that step (seen on an H100: 6,000 prompt tokens
+        of 64 such requests a step came back unknown while the rows were looked up here)."""
         if computed_tokens:
-            self._owed[request_id] = self.rows.lookup(block_hashes, computed_tokens, like=self._like)
+            self._owed[request_id] = (list(block_hashes[: -(-computed_tokens // self.block_size)]), computed_tokens)
         self._registered[request_id] = min(-(-computed_tokens // self.block_size), len(block_hashes))
 
     def on_computed(self, request_id: str, block_hashes: list[Any], block_ids: list[int], stored_tokens: int,
@@ -80,9 +84,10 @@ class OffloadRouting:
     def stitch(self, request_id: str, routed: np.ndarray, *, prompt_start: int = 0) -> np.ndarray:
         """The prompt's rows vLLM read at the end of the prefill (from token `prompt_start`), with the rows owed
         to this request in place of the slots' (the first call for a request only)."""
-        owed = self._owed.pop(request_id, None)
-        if owed is None or len(owed) <= prompt_start:
+        pending = self._owed.pop(request_id, None)
+        if pending is None or pending[1] <= prompt_start:
             return routed
+        owed = self.rows.lookup(pending[0], pending[1], like=self._like)
         count = min(len(owed) - prompt_start, len(routed))
         out = routed.astype(np.int16)
         out[:count] = owed[prompt_start: prompt_start + count]

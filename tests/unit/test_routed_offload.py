@@ -157,3 +157,20 @@ def test_a_local_hit_of_a_whole_prompt_takes_the_last_blocks_rows_from_the_store
     out = routing.stitch("b", _slot_buffer(2, seed=7))
     np.testing.assert_array_equal(out[:7], computed[:7])
     assert routing.rows.stitched == 2 and routing.rows.missed == 0
+
+
+def test_a_request_that_hits_blocks_computed_in_its_own_step_gets_their_rows():
+    """Eight requests of one prompt arrive together: vLLM schedules the first to compute the prompt's blocks and
+    the others, in the same step, as hits on them. Their rows are kept only after that step, so a lookup when the
+    others are scheduled found nothing (6,000 unknown prompt tokens a step in the H100's KV-offload loop)."""
+    routing = OffloadRouting(block_size=BLOCK, max_blocks=16, layers=LAYERS, top_k=TOP_K)
+    slots = _slot_buffer(4, seed=5)
+    hashes = ["h0", "h1"]
+    routing.on_schedule("a", hashes, 0)
+    routing.on_schedule("b", hashes, 8)  # the same step: a hit on the blocks A is computing
+    routing.on_computed("a", hashes, [3, 1], 9, slots)
+    routing.on_computed("b", hashes, [3, 1, 2], 9, slots)
+    prompt_a = np.concatenate([slots[3 * BLOCK: 4 * BLOCK], slots[1 * BLOCK: 2 * BLOCK], slots[8:9]])
+    out = routing.stitch("b", np.concatenate([np.full((8, LAYERS, TOP_K), 99, dtype=np.uint8), slots[8:9]]))
+    np.testing.assert_array_equal(out, prompt_a)
+    assert routing.rows.missed == 0 and routing.replaced_tokens == 8
