@@ -79,8 +79,9 @@ class AdapterPublisher(FilesystemWeightPublisher):
     version, resume), so the tokens a server generates after it come from the new adapter and carry the
     new version; `restore` loads the latest one into a restarted server. With `verify`, before the server
     resumes, the adapter it holds (vLLM's LoRA manager: `WorkerChecks.agentrl_lora_digest`) must equal the
-    folder's: float64 sums of every A and every scaled B within float32 rounding (`ADAPTER_TOLERANCE`), else
-    `WeightMismatchError`; an adapter not loaded, or a stale one, differs far beyond it.
+    folder's as the server holds it (`adapter_digest` in the server's dtype): float64 sums of every A and every
+    scaled B within `ADAPTER_TOLERANCE`, else `WeightMismatchError`; an adapter not loaded, or a stale one, differs
+    far beyond it.
     """
 
     def __init__(self, urls: list[str], *, staging_dir: str | Path, name: str = ADAPTER_NAME, keep_last: int = 2,
@@ -98,12 +99,16 @@ class AdapterPublisher(FilesystemWeightPublisher):
         self._last_folder = folder
         return folder
 
-    def _expected_digest(self, weights: Any, prepared: Path) -> list[float]:
-        """[sum, sum of squares of every lora_A; the same of every lora_B times its scaling; tensors] of the PEFT
-        folder `prepared`, as `vllm_worker_ext.WorkerChecks.agentrl_lora_digest` digests a loaded adapter."""
-        return adapter_digest(prepared)
+    def _expected_digest(self, weights: Any, prepared: Path) -> dict[str, list[float]]:
+        """The PEFT folder `prepared`'s digest per server dtype (`adapter_digest`), filled by `_check` as each dtype
+        is met; float32's now."""
+        return {"float32": adapter_digest(prepared)}
 
-    async def _check(self, control: ServerControl, expected: list[float], version: int) -> WeightCheck:
+    async def _check(self, control: ServerControl, expected: dict[str, list[float]], version: int) -> WeightCheck:
+        dtype = await control.model_dtype()
+        if dtype not in expected:
+            expected[dtype] = await asyncio.to_thread(adapter_digest, self._last_folder, dtype=dtype)
+        expected = expected[dtype]
         held = {}
         for result in await control.worker_call("agentrl_lora_digest"):
             held.update(result)
@@ -169,19 +174,24 @@ class SharedAdapterPublisher(AdapterPublisher):
 
 
 ADAPTER_TOLERANCE = 1e-6
-"""Relative, of the sums of an adapter's A and scaled B matrices: vLLM scales B in float32 (a rounding of
-about 6e-8 relative per value); an adapter one training step older differs by far more."""
+"""Relative, of the sums of an adapter's A and scaled B matrices: the expected values round as the server does
+(`adapter_digest`), so what is left is the order of float64 summation; an adapter one training step older differs
+by far more."""
 
 
-def adapter_digest(folder: Path) -> list[float]:
+def adapter_digest(folder: Path, *, dtype: str = "float32") -> list[float]:
     """[sum and sum of squares of every lora_A, the same of every lora_B times the adapter's scaling, tensors]
-    of a PEFT adapter folder, in float64 (torch, safetensors)."""
+    of a PEFT adapter folder, in float64 (torch, safetensors), as a server computing in `dtype` holds it: vLLM
+    casts A and B to its LoRA dtype (the model's) and then multiplies B by the scaling in that dtype
+    (`LoRALayerWeights.optimize`), so a bfloat16 server's A and B are rounded to bfloat16 here too."""
     import json
 
+    import torch
     from safetensors.torch import load_file
 
     from agentrl.weight_digest import float64_sums
 
+    held = getattr(torch, dtype)
     config = json.loads((Path(folder) / "adapter_config.json").read_text())
     rank, alpha = float(config["r"]), float(config["lora_alpha"])
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
@@ -189,7 +199,8 @@ def adapter_digest(folder: Path) -> list[float]:
     count = 0
     for name, tensor in load_file(str(Path(folder) / "adapter_model.safetensors")).items():
         is_b = "lora_B" in name
-        total, squares, _ = float64_sums(tensor.double() * scale if is_b else tensor).tolist()
+        value = tensor.to(held)
+        total, squares, _ = float64_sums(value * scale if is_b and scale != 1 else value).tolist()
         sums[2 * is_b] += total
         sums[2 * is_b + 1] += squares
         count += not is_b

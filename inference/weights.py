@@ -181,6 +181,16 @@ class ServerControl:
                                     " false")
         return results
 
+    async def model_dtype(self) -> str:
+        """The dtype the server computes in, and holds LoRA adapters in ("bfloat16", "float32", ...)."""
+        response = await self._post("/collective_rpc", what="agentrl_model_dtype",
+                                    json={"method": "agentrl_model_dtype", "kwargs": {}})
+        try:
+            return str(response.json()["results"][0])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise WeightUpdateError(f"agentrl_model_dtype on {self.url}: the server answered {response.text[:200]!r};"
+                                    f" start it with --worker-extension-cls {EXTENSION}") from None
+
     async def weight_digest(self) -> dict[str, list[Any]]:
         """The served parameters' digest (`vllm_worker_ext`), the workers' shards merged."""
         return merge_worker_digests(await self.worker_call("agentrl_weight_digest"))
