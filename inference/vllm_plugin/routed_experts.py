@@ -120,8 +120,11 @@ class CpuRoutedExpertsSchedulerConnector:
 
     def collect(self, aux_output, requests: dict | None = None) -> None:
         """Merge one step's worker rows (called before the scheduler reads the step; `requests`: the scheduler's,
-        by id, for their block hashes)."""
-        for request_id, output in (aux_output or {}).items():
+        by id, for their block hashes). New requests that start past token 0 (prefix-cache hits) come last: a
+        request of the same prompt may have computed their blocks in this very step."""
+        outputs = sorted((aux_output or {}).items(),
+                         key=lambda item: item[0] not in self._requests and int(item[1].token_start) > 0)
+        for request_id, output in outputs:
             start, rows = int(output.token_start), output.rows
             request = (requests or {}).get(request_id)
             hashes = list(getattr(request, "block_hashes", None) or [])

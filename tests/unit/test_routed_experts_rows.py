@@ -133,3 +133,16 @@ def test_prefix_rows_keep_gate_weights():
     assert np.isnan(hit[:2, ..., 1]).all() and (hit[:2, ..., 0] == -1).all()  # "x" was evicted
     assert (hit[2:, ..., 1] == 0.5).all()
     assert unknown_rows(2, rows.astype(np.uint8)).dtype == np.int16
+
+
+def test_a_hit_on_blocks_computed_in_the_same_step_gets_their_rows():
+    """Two requests of one prompt in one step: vLLM computes the blocks for the first and schedules the second
+    as a hit on them. The worker's rows may list the hit first; its lookup must still find the first's rows."""
+    from agentrl.inference.vllm_plugin.routed_prefix import CachedBlockRows
+
+    prefix = CachedBlockRows(block_size=4, max_blocks=16)
+    connector = CpuRoutedExpertsSchedulerConnector(prefix=prefix)
+    first, second = _hashed("a", 11, ["h0", "h1"]), _hashed("b", 11, ["h0", "h1"])
+    connector.collect({**_step("b", 8, _rows(8, 2)), **_step("a", 0, _rows(0, 10))}, {"a": first, "b": second})
+    assert connector.take_output(second)[:, 0, 0].tolist() == list(range(10))
+    assert prefix.stitched == 2 and prefix.missed == 0
