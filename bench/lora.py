@@ -61,6 +61,14 @@ def _folder_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
+def _recorded_bytes(path: Path) -> int | None:
+    """The size of the last adapter as scripts/gpu_run.sh's lora phase records it (`du -sb`), when it kept no files."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def summarize(run_dir: Path, *, window: int) -> dict:
     """The figures of one run folder."""
     from agentrl.stats import window_delta
@@ -84,7 +92,7 @@ def summarize(run_dir: Path, *, window: int) -> dict:
         "train_s_median": _median([row["train_s"] for row in rows if row.get("train_s") is not None]),
         "weight_push_s_median": _median([row["weight_push_s"] for row in rows if row.get("weight_push_s")]),
         "weight_load_s_median": _median([update["load_s"] for update in updates if update.get("load_s") is not None]),
-        "update_bytes": _folder_bytes(staged[-1]) if staged else None,
+        "update_bytes": _folder_bytes(staged[-1]) if staged else _recorded_bytes(run_dir / "adapter_bytes"),
         "mismatch_kl_median": _median([row["mismatch_kl"] for row in rows if row.get("mismatch_kl") is not None]),
         "reward_first": delta.before if delta else (rewards[0] if rewards else None),
         "reward_last": delta.after if delta else (rewards[-1] if rewards else None),

@@ -25,6 +25,9 @@
 #   lora      agentrl train of the one-GPU recipe with LoRA (rank 16 on attention, routed and shared experts; the
 #             adapter served after every step) -> $OUT/lora-run; `python3 bench/lora.py --summarize` against the
 #             check's run-1 (full fine-tuning, same session) -> bench/results/lora.json
+#   loop-fp8, loop-kv, loop-mooncake, loop-pd   issue 35: the train recipe for LOOP_STEPS (20) steps with FP8 serving,
+#             native KV offload, Mooncake KV offload, or a P/D pair over NIXL (scripts/gpu-loops.txt's overrides; the
+#             warm start first when missing) -> $OUT/<phase> (LOOP_ARGS: extra --set)
 #   features  the gpu_feature tests (tests/gpu -m gpu_feature): routed experts through native KV offload equal the
 #             routing computed whole (inference/vllm_plugin/routed_offload.py); a kernel-format ipc update gives
 #             the trainer's logprobs (inference/kernel_format.py); P/D through the folder connector with the
@@ -75,6 +78,11 @@ keep_run() {  # run folder, destination: what of a run comes back (report, plots
   for item in config.toml metrics.jsonl report.md placement.json weight_updates.jsonl plots logs; do
     cp -r "$1/$item" "$2/" 2>/dev/null || true
   done
+}
+
+need_warm() {  # the profile's reverse-text SFT warm start, when this machine has none yet
+  [ -f "$warm/agentrl_sft.json" ] || run_phase sft "${SFT_TIMEOUT:-300}" \
+    python3 -m agentrl.cli sft --config "cookbook/gpu-1xh200/sft$suffix.toml"
 }
 
 agent_rootfs() {  # key-hunt's sandbox root filesystem from this machine's programs (no Docker, no mirror here)
@@ -160,6 +168,7 @@ for phase in "${expanded[@]}"; do
         --config cookbook/gpu-1xh200/nemotron-train.toml -o runs/gpu-1xh200/nemotron
       keep_run runs/gpu-1xh200/nemotron "$out/nemotron-run" ;;
     lora)  # issue 42: the one-GPU recipe with LoRA (adapters on attention and all experts, served after every step)
+      need_warm
       rm -rf runs/gpu-1xh200/lora
       # shellcheck disable=SC2086
       run_phase lora "${LORA_TIMEOUT:-540}" python3 -m agentrl.cli train \
@@ -168,16 +177,26 @@ for phase in "${expanded[@]}"; do
         --set inference.lora_adapters=true --set inference.weight_transfer=filesystem --set trainer.optimizer.lr=1e-4 \
         ${LORA_ARGS:-}
       keep_run runs/gpu-1xh200/lora "$out/lora-run"
+      # the last adapter's size, not its files: with the experts' adapters they outgrow what a call brings back
       last=$(ls -d runs/gpu-1xh200/lora/weights/v* 2>/dev/null | sort -t v -k2 -n | tail -1)
-      [ -n "$last" ] && mkdir -p "$out/lora-run/weights" && cp -r "$last" "$out/lora-run/weights/" ;;
+      [ -n "$last" ] && du -sb "$last" | cut -f1 > "$out/lora-run/adapter_bytes" ;;
+    loop-*)
+      sets=$(awk -v phase="$phase" '$1 == phase {for (i = 2; i <= NF; i++) printf "--set %s ", $i}' scripts/gpu-loops.txt)
+      if [ -z "$sets" ]; then echo "$phase: not in scripts/gpu-loops.txt" | tee -a "$out/phases.txt"; continue; fi
+      need_warm
+      rm -rf "runs/gpu-1xh200/$phase"
+      # shellcheck disable=SC2086
+      run_phase "$phase" "${LOOP_TIMEOUT:-360}" python3 -m agentrl.cli train \
+        --config "cookbook/gpu-1xh200/train$suffix.toml" -o "runs/gpu-1xh200/$phase" \
+        --set "orchestrator.max_steps=${LOOP_STEPS:-20}" $sets ${LOOP_ARGS:-}
+      keep_run "runs/gpu-1xh200/$phase" "$out/$phase" ;;
     features)  # the gpu_feature tests: R3 through native KV offload (issue 35), kernel-format updates (issue 41)
       # shellcheck disable=SC2086
       run_phase features "${FEATURES_TIMEOUT:-540}" python3 -m pytest tests/gpu -m gpu_feature -q -s -rs \
         -p no:cacheprovider --timeout 400 ${TESTS_ARGS:-} ;;
     agent-sft)  # issue 36 on the H200: key-hunt's warm start, sandboxes under bwrap (the .deb of `extra`)
       agent_rootfs
-      [ -f "$warm/agentrl_sft.json" ] || run_phase sft "${SFT_TIMEOUT:-300}" \
-        python3 -m agentrl.cli sft --config "cookbook/gpu-1xh200/sft$suffix.toml"
+      need_warm
       run_phase agent-sft "${AGENT_SFT_TIMEOUT:-420}" python3 -m agentrl.cli sft \
         --config "cookbook/gpu-1xh200/agent-sft$suffix.toml"
       cp "runs/gpu-1xh200/$(basename "$warm" -sft)-key-hunt-sft/agentrl_sft.json" "$out/agent-sft.json" 2>/dev/null ;;

@@ -55,3 +55,14 @@ def test_a_folder_without_metrics_is_refused_in_one_line(bench, tmp_path):
         bench.main(["--summarize", str(tmp_path / "empty"), str(tmp_path / "empty"),
                     "--results", str(tmp_path / "x.json")])
     assert str(info.value) == f"bench/lora: {tmp_path / 'empty'} has no metrics.jsonl; give a run folder of `agentrl train`"
+
+
+def test_a_run_brought_back_without_its_adapter_uses_the_recorded_size(bench, tmp_path):
+    """scripts/gpu_run.sh's lora phase records the last adapter's bytes instead of bringing its files back."""
+    lora = _run(tmp_path / "lora", push=0.2, step=3.0, update_bytes=1_000, rewards=[0.5] * 6)
+    import shutil
+
+    shutil.rmtree(lora / "weights")
+    assert bench.summarize(lora, window=2)["update_bytes"] is None
+    (lora / "adapter_bytes").write_text("123456\n")
+    assert bench.summarize(lora, window=2)["update_bytes"] == 123456
