@@ -131,7 +131,7 @@ def _colocated(config: Any, deployment: Any, spec: PlacementSpec) -> PlacementSp
     """Trainer ranks and servers sharing GPUs: one group, half a GPU per bundle (see the module docstring)."""
     launch = config.launch
     servers = deployment.servers
-    gpus = len({(process.node, gpu) for process in servers for gpu in process.gpus})
+    gpus = deployment.total_gpus
     if config.inference.node_processes() or not launch.trainer_gpus or launch.trainer_gpus != gpus \
             or launch.trainer_gpus > launch.gpus_per_node:
         raise PlacementError(f"launch.colocate needs one node whose GPUs both sides share: launch.trainer_gpus "
