@@ -90,6 +90,8 @@ class AdapterPublisher(FilesystemWeightPublisher):
                          recompute_kv=recompute_kv, verify=verify)
         self.name = name
         self._last_folder: Path | None = None
+        self._dtype = "float32"
+        """The dtype the servers were last seen to hold adapters in (`_check`): the one digested beside the load."""
 
     def _prepare(self, weights: Any, version: int, served: dict | None) -> Path:
         folder = Path(weights).expanduser().resolve() if isinstance(weights, (str, Path)) else None
@@ -100,12 +102,12 @@ class AdapterPublisher(FilesystemWeightPublisher):
         return folder
 
     def _expected_digest(self, weights: Any, prepared: Path) -> dict[str, list[float]]:
-        """The PEFT folder `prepared`'s digest per server dtype (`adapter_digest`), filled by `_check` as each dtype
-        is met; float32's now."""
-        return {"float32": adapter_digest(prepared)}
+        """The PEFT folder `prepared`'s digest per server dtype (`adapter_digest`): the servers' last seen one now,
+        another added by `_check` when a server holds adapters in it."""
+        return {self._dtype: adapter_digest(prepared, dtype=self._dtype)}
 
     async def _check(self, control: ServerControl, expected: dict[str, list[float]], version: int) -> WeightCheck:
-        dtype = await control.model_dtype()
+        dtype = self._dtype = await control.model_dtype()
         if dtype not in expected:
             expected[dtype] = await asyncio.to_thread(adapter_digest, self._last_folder, dtype=dtype)
         expected = expected[dtype]
