@@ -22,6 +22,7 @@ from typing import Any
 from agentrl.errors import require
 from agentrl.inference.ipc_buffer import PackedIpcBuffer
 from agentrl.inference.server import free_port
+from agentrl.inference.server_control import ServerControl, server_controls
 from agentrl.inference.vllm_compat import (
     ipc_init_info,
     ipc_update_info,
@@ -30,12 +31,10 @@ from agentrl.inference.vllm_compat import (
     nccl_update_info,
 )
 from agentrl.inference.weights import (
-    ServerControl,
     WeightPublisher,
     WeightUpdateError,
     _run_sync,
     check_weights_match,
-    server_controls,
 )
 from agentrl.weight_digest import tensor_digests
 

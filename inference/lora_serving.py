@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError, WeightUpdateError
+from agentrl.inference.server_control import ServerControl
 from agentrl.inference.weight_check import WeightCheck, WeightMismatchError
-from agentrl.inference.weights import FilesystemWeightPublisher, ServerControl
+from agentrl.inference.weights import FilesystemWeightPublisher
 
 __all__ = ["ADAPTER_NAME", "ADAPTER_TOLERANCE", "VLLM_LORA_RANKS", "AdapterPublisher", "SharedAdapterPublisher",
            "adapter_digest", "lora_server_options", "vllm_lora_modules"]

@@ -214,7 +214,7 @@ class InferenceActor:
         """
         import asyncio
 
-        from agentrl.inference.weights import server_controls
+        from agentrl.inference.server_control import server_controls
 
         async def pause() -> None:
             async with server_controls([url], timeout_s=60.0) as (control,):

@@ -114,7 +114,7 @@ class SharedServer:
 
     def stop(self) -> None:
         """Unload this run's adapters (best effort: the server may be gone)."""
-        from agentrl.inference.weights import server_controls
+        from agentrl.inference.server_control import server_controls
 
         async def unload() -> None:
             async with server_controls([self.url], timeout_s=30.0) as (control,):

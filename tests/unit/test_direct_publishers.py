@@ -15,7 +15,8 @@ import pytest
 
 from agentrl.inference.direct_weights import IpcWeightPublisher, NcclWeightPublisher, _alongside
 from agentrl.inference.server import free_port
-from agentrl.inference.weights import WeightUpdateError, server_controls
+from agentrl.inference.server_control import server_controls
+from agentrl.inference.weights import WeightUpdateError
 
 never = threading.Event()  # never set: a peer that never arrives
 
