@@ -54,9 +54,10 @@ from agentrl.errors import AgentrlError, NotFoundError
 from agentrl.gpu_memory import GIB, process_gpu_bytes
 from agentrl.trainer.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.diagnostic_arms import add_arm_stats, arm_metrics, set_gate_dtype
 from agentrl.trainer.loss import LossScale, compute_loss, is_max_stat
 from agentrl.trainer.models.args import MoEModelArgs
-from agentrl.trainer.models.attention import build_segments, cp_token_index, query_tail
+from agentrl.trainer.models.attention import build_segments, cp_token_index
 from agentrl.trainer.models.build import build_model, init_weights
 from agentrl.trainer.models.ssd_fla import use_mamba_scan
 from agentrl.trainer.models.state_dict import load_hf_weights, load_hf_weights_sharded
@@ -158,7 +159,7 @@ class Trainer:
         if self._autocast and self.device.type == "cpu" and config.round_like_vllm_cpu:
             model.round_like_vllm_cpu(compute_dtype)
         if not config.router_float32 and compute_dtype != torch.float32:
-            self._set_gate_dtype(compute_dtype)
+            set_gate_dtype(self.model, compute_dtype)
         self.loss_scale = LossScale() if compute_dtype == torch.float16 else None
         trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]  # LoRA: the adapters
         experts = [p for n, p in trained if ".experts.w" in n]
@@ -242,7 +243,7 @@ class Trainer:
                                       cp_size=cp, cp_group=self.meshes.cp_group).to(self.device)
             replay = self.config.router_replay and row.routed_experts is not None
             weighted = replay and self.config.router_replay_weights and row.routed_weights is not None
-            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
+            with self.autocast():
                 logprobs = self.model(
                     row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
                     targets_T=row.targets[window].to(self.device),
@@ -265,34 +266,7 @@ class Trainer:
             if wanted.intersection(row.sample_indices):
                 token_logprobs.update(_row_token_logprobs(row, window, logprobs, wanted))
             if self.config.router_replay_diagnostics and "mismatch_kl_sum" in stats:  # RL steps
-                if replay:
-                    live, agree, compared = self._live_routing_kl(row, window, segments)
-                else:  # the same keys on every rank (they are reduced together)
-                    live, agree, compared = stats, torch.zeros(()), torch.zeros(())
-                stats["mismatch_kl_live_routing_sum"] = live["mismatch_kl_sum"]
-                stats["mismatch_large_live_routing_tokens"] = live["mismatch_large_tokens"]
-                stats["mismatch_max_log_ratio_live_routing"] = live["mismatch_max_log_ratio"]
-                stats["live_routing_agree_sets"] = agree.to(self.device)
-                stats["live_routing_compared_sets"] = compared.to(self.device)
-                if self.compute_dtype != torch.float32:  # the fourth arm: live routing, the gate in the other precision
-                    gate, gate_agree, gate_compared = (self._other_gate_arm(row, window, segments) if replay
-                                                       else (stats, torch.zeros(()), torch.zeros(())))
-                    stats["mismatch_kl_other_gate_sum"] = gate["mismatch_kl_sum"]
-                    stats["mismatch_large_other_gate_tokens"] = gate["mismatch_large_tokens"]
-                    stats["mismatch_max_log_ratio_other_gate"] = gate["mismatch_max_log_ratio"]
-                    stats["other_gate_agree_sets"] = gate_agree.to(self.device)
-                    stats["other_gate_compared_sets"] = gate_compared.to(self.device)
-                # The two replay arms on the same samples (rows without gate weights add zeros and no tokens,
-                # so every rank reduces the same keys).
-                armed = replay and row.routed_weights is not None
-                other = self._replay_arm_stats(row, window, segments, weights=not weighted) if armed else None
-                for arm, arm_stats in (("replay_ids", other if weighted else stats),
-                                       ("replay_ids_weights", stats if weighted else other)):
-                    for key, name in (("mismatch_kl_sum", f"mismatch_kl_{arm}_sum"),
-                                      ("mismatch_large_tokens", f"mismatch_large_{arm}_tokens"),
-                                      ("mismatch_max_log_ratio", f"mismatch_max_log_ratio_{arm}")):
-                        stats[name] = arm_stats[key] if armed else torch.zeros((), device=self.device)
-                stats["replay_arm_tokens"] = stats["loss_tokens"] if armed else torch.zeros((), device=self.device)
+                add_arm_stats(self, row, window, segments, stats, replay=replay, weighted=weighted)
             (loss * self.loss_scale.value if self.loss_scale else loss).backward()
             objective += loss.detach()
             replayed = (row.replay_mask[window] & row.loss_mask[window]).sum() if replay else 0
@@ -358,28 +332,7 @@ class Trainer:
                 metrics["mismatch_large_fraction_on_policy"] = (reduced["mismatch_large_on_policy_tokens"]
                                                                 / reduced["on_policy_tokens"])
             metrics["on_policy_fraction"] = reduced.get("on_policy_tokens", 0.0) / loss_tokens
-            if "mismatch_kl_live_routing_sum" in reduced:
-                metrics["mismatch_kl_live_routing"] = reduced["mismatch_kl_live_routing_sum"] / loss_tokens
-                metrics["mismatch_large_fraction_live_routing"] = (reduced["mismatch_large_live_routing_tokens"]
-                                                                   / loss_tokens)
-                metrics["mismatch_max_log_ratio_live_routing"] = reduced["mismatch_max_log_ratio_live_routing"]
-            if "mismatch_kl_other_gate_sum" in reduced:
-                arm = "live_routing_" + ("reduced_gate" if self.config.router_float32 else "float32_gate")
-                metrics[f"mismatch_kl_{arm}"] = reduced["mismatch_kl_other_gate_sum"] / loss_tokens
-                metrics[f"mismatch_large_fraction_{arm}"] = reduced["mismatch_large_other_gate_tokens"] / loss_tokens
-                metrics[f"mismatch_max_log_ratio_{arm}"] = reduced["mismatch_max_log_ratio_other_gate"]
-                if reduced.get("other_gate_compared_sets"):
-                    metrics[f"{arm}_agreement"] = (reduced["other_gate_agree_sets"]
-                                                   / reduced["other_gate_compared_sets"])
-            if reduced.get("replay_arm_tokens"):  # over the loss tokens of rows that carried gate weights
-                arm_tokens = reduced["replay_arm_tokens"]
-                for arm in ("replay_ids", "replay_ids_weights"):
-                    metrics[f"mismatch_kl_{arm}"] = reduced[f"mismatch_kl_{arm}_sum"] / arm_tokens
-                    metrics[f"mismatch_large_fraction_{arm}"] = reduced[f"mismatch_large_{arm}_tokens"] / arm_tokens
-                    metrics[f"mismatch_max_log_ratio_{arm}"] = reduced[f"mismatch_max_log_ratio_{arm}"]
-            if reduced.get("live_routing_compared_sets"):
-                metrics["live_routing_agreement"] = (reduced["live_routing_agree_sets"]
-                                                     / reduced["live_routing_compared_sets"])
+            metrics.update(arm_metrics(reduced, loss_tokens, router_float32=self.config.router_float32))
             metrics["masked_fraction"] = reduced["masked_tokens"] / loss_tokens
             metrics["importance_ratio"] = reduced["ratio_sum"] / loss_tokens
         else:
@@ -388,6 +341,10 @@ class Trainer:
         if wanted:
             metrics["token_logprobs"] = token_logprobs
         return metrics
+
+    def autocast(self) -> torch.autocast:
+        """The forward's autocast context: the compute dtype in one process (off in float32 and under FSDP)."""
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast)
 
     def memory_metrics(self) -> dict[str, float]:
         """This process's GPU memory (GiB; none on the CPU): `mem/trainer_peak_gib` (tensors at the peak of the
@@ -407,73 +364,6 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
-
-    def _live_routing_kl(self, row: PackedRow, window, segments) -> tuple[dict, torch.Tensor, torch.Tensor]:
-        """The row under the trainer's own routing (no replay, no gradient): its mismatch stats, and of the
-        (token, MoE layer) expert sets inference reported (replay_mask tokens), how many the trainer's routers
-        chose alike, out of how many."""
-        blocks = self.model.moe_blocks()
-        needed_T = row.loss_mask[window].to(self.device)
-        for block in blocks:
-            block.record_routing = True
-        try:
-            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
-                live = self.model(row.tokens[window].to(self.device), row.positions[window].to(self.device),
-                                  segments, targets_T=row.targets[window].to(self.device), needed_T=needed_T)
-            chosen = [block.last_expert_ids for block in blocks]
-        finally:
-            for block in blocks:
-                block.record_routing, block.last_expert_ids = False, None
-        reported_TLK = row.routed_experts[window].to(self.device).long()
-        known_T = row.replay_mask[window].to(self.device)
-        agree = torch.zeros((), device=self.device)
-        compared = torch.zeros((), device=self.device)
-        for index, chosen_TK in enumerate(chosen):
-            reported_TK, known = reported_TLK[:, index], known_T
-            if chosen_TK.shape[0] != reported_TK.shape[0]:  # the last layer ran from each first loss token on
-                tail_index = query_tail(segments, needed_T)[1]
-                reported_TK, known = reported_TK.index_select(0, tail_index), known.index_select(0, tail_index)
-            same = (chosen_TK.sort(dim=-1).values == reported_TK.sort(dim=-1).values).all(dim=-1)
-            agree += same[known].sum()
-            compared += known.sum()
-        _, stats = compute_loss(
-            live.float(), inference_logprobs=row.inference_logprobs[window].to(self.device),
-            advantages=row.advantages[window].to(self.device), loss_mask=row.loss_mask[window].to(self.device),
-            total_loss_tokens=1.0, config=self.config.loss,
-        )
-        return stats, agree, compared
-
-    def _set_gate_dtype(self, dtype: torch.dtype | None) -> None:
-        for block in self.model.moe_blocks():
-            block.router.gate_dtype = dtype
-
-    def _other_gate_arm(self, row: PackedRow, window, segments) -> tuple[dict, torch.Tensor, torch.Tensor]:
-        """`_live_routing_kl` with the gate in the other precision (float32 <-> the compute dtype)."""
-        configured = None if self.config.router_float32 else self.compute_dtype
-        self._set_gate_dtype(self.compute_dtype if configured is None else None)
-        try:
-            return self._live_routing_kl(row, window, segments)
-        finally:
-            self._set_gate_dtype(configured)
-
-    def _replay_arm_stats(self, row: PackedRow, window, segments, *, weights: bool) -> dict:
-        """The row's mismatch stats under Router Replay of the expert ids, with inference's gate weights or
-        without them (no gradient): the replay arm the step does not train on."""
-        with torch.no_grad(), torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
-            logprobs = self.model(
-                row.tokens[window].to(self.device), row.positions[window].to(self.device), segments,
-                targets_T=row.targets[window].to(self.device),
-                replay_experts_TLK=row.routed_experts[window].to(self.device),
-                replay_mask_T=row.replay_mask[window].to(self.device),
-                replay_weights_TLK=row.routed_weights[window].to(self.device) if weights else None,
-                needed_T=row.loss_mask[window].to(self.device),
-            )
-        _, stats = compute_loss(
-            logprobs.float(), inference_logprobs=row.inference_logprobs[window].to(self.device),
-            advantages=row.advantages[window].to(self.device), loss_mask=row.loss_mask[window].to(self.device),
-            total_loss_tokens=1.0, config=self.config.loss,
-        )
-        return stats
 
     # ------------------------------------------------------------------ state
     def save_checkpoint(self, path: str | Path) -> Path:
