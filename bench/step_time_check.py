@@ -64,7 +64,7 @@ def measure_rates(args, *, seq: int, cuda: bool, gemm_size: int) -> dict[str, fl
     from torchtitan.models.common.moe import GroupedExperts
 
     from agentrl.trainer.models.attention import build_segments, segment_attention
-    from agentrl.trainer.models.common import Experts
+    from agentrl.trainer.models.moe_block import Experts
 
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     D, K, E, F = args.hidden_size, args.top_k, args.num_experts, args.moe_intermediate_size

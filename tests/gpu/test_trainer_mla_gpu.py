@@ -53,7 +53,7 @@ def _logits(model_dir, device: str, autocast_dtype=None):
 def test_mla_on_cuda_matches_the_cpu(deepseek_dir, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from agentrl.trainer.models.common import Experts
+    from agentrl.trainer.models.moe_block import Experts
 
     reference = _logits(deepseek_dir, "cpu")
     with monkeypatch.context() as patch:  # float32 experts (CUDA's grouped GEMM is bf16): attention is what is compared

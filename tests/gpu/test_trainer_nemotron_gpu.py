@@ -39,7 +39,7 @@ def test_nongated_experts_grouped_gemm_matches_the_loop():
     _cuda()
     from torchtitan.models.common.moe import GroupedExperts
 
-    from agentrl.trainer.models.common import ReluSquaredExperts
+    from agentrl.trainer.models.moe_block import ReluSquaredExperts
 
     experts_count, dim, hidden = 8, 256, 512
     counts = torch.tensor([37, 0, 128, 5, 64, 1, 0, 91])

@@ -6,8 +6,8 @@ Every layer is ``x + mixer(rmsnorm(x))`` with one mixer chosen by the config's l
 * ``M`` Mamba-2 (`mamba2.Mamba2Mixer`), restarting at each packed document;
 * ``*`` attention: GQA without positional embedding (Nemotron-H's attention has no RoPE) over
   packed documents and under context parallelism through `attention.segment_attention`;
-* ``E`` MoE: `common.MoEBlock` with non-gated squared-ReLU experts on torchtitan's grouped
-  experts (`common.ReluSquaredExperts`), a squared-ReLU shared expert (`common.ReluSquaredMLP`), the
+* ``E`` MoE: `moe_block.MoEBlock` with non-gated squared-ReLU experts on torchtitan's grouped
+  experts (`moe_block.ReluSquaredExperts`), a squared-ReLU shared expert (`moe_block.ReluSquaredMLP`), the
   sigmoid router with the expert-score correction bias, group-limited top-k and routed scaling, and (Super) the
   latent projections around the routed experts; Router Replay as in the GLM model;
 * ``-`` a squared-ReLU MLP.
@@ -24,8 +24,9 @@ from torch import nn
 
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.attention import AttentionSegments, query_tail, segment_attention
-from agentrl.trainer.models.common import Attention, MoEBlock, MoEDecoder, ReluSquaredMLP
+from agentrl.trainer.models.common import Attention, MoEDecoder
 from agentrl.trainer.models.mamba2 import Mamba2Mixer, MambaSequences
+from agentrl.trainer.models.moe_block import MoEBlock, ReluSquaredMLP
 from agentrl.trainer.models.rounding import RoundingRMSNorm
 
 __all__ = ["NemotronHDecoder", "NemotronHBlock", "NemotronAttention"]

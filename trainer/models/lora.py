@@ -5,7 +5,7 @@ alpha / rank``) beside each targeted weight and freezes every other parameter:
 
 * linear layers (the attention projections, the shared experts' projections) become
   `lora_layers.LoraLinear` (the same ``nn.Linear`` plus ``lora_A`` and ``lora_B``);
-* grouped experts (`common.Experts`, `common.ReluSquaredExperts`) get adapters per stacked weight
+* grouped experts (`moe_block.Experts`, `moe_block.ReluSquaredExperts`) get adapters per stacked weight
   (`lora_layers.add_expert_adapters`), applied as the experts run by `lora_layers.grouped_delta`.
 
 ``B`` starts at zero, so the adapted model's first forward equals the base's bit for bit; ``A`` is
@@ -23,9 +23,10 @@ import torch
 from torch import nn
 
 from agentrl.trainer.models.build import build_model
-from agentrl.trainer.models.common import Attention, Experts, MoEBlock
+from agentrl.trainer.models.common import Attention
 from agentrl.trainer.models.lora_layers import EXPERT_WEIGHTS, LoraLinear, add_expert_adapters, is_adapter
 from agentrl.trainer.models.mla import MLAttention
+from agentrl.trainer.models.moe_block import Experts, MoEBlock
 from agentrl.trainer.models.state_dict import copy_into_shard
 
 __all__ = ["adapter_param_count", "add_adapters", "adapted_weights", "init_adapters", "merge_adapters"]

@@ -1,6 +1,6 @@
 """LoRA's layers: the adapted linear layer, the grouped experts' adapters and their delta, adapter names.
 
-The pieces the model code itself calls (`common.Experts` runs `grouped_delta` beside its base path;
+The pieces the model code itself calls (`moe_block.Experts` runs `grouped_delta` beside its base path;
 `state_dict` tells adapters apart with `is_adapter`), kept apart from `lora`, which adds, seeds and merges
 adapters over a whole model, so that the model modules and `lora` import each other in one direction only.
 

@@ -113,7 +113,7 @@ def test_mamba_mixer_on_packed_documents_equals_each_alone_with_gradients(tiny_n
 def test_relu_squared_experts_grouped_gemm_path_equals_the_loop():
     from torchtitan.models.common.moe import GroupedExperts
 
-    from agentrl.trainer.models.common import ReluSquaredExperts
+    from agentrl.trainer.models.moe_block import ReluSquaredExperts
 
     experts = ReluSquaredExperts(GroupedExperts.Config(dim=64, hidden_dim=32, num_experts=4))
     assert not hasattr(experts, "w3_EFD")  # non-gated: up (w1) and down (w2) only
