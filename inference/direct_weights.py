@@ -330,6 +330,9 @@ class IpcWeightPublisher(_DirectWeightPublisher):
         self.packed = packed
         self.chunk_bytes = chunk_bytes
         self._buffer = None  # the packed IPC buffer (`ipc_buffer.PackedIpcBuffer`), made at the first update
+        # One buffer for every server: a server's chunks go through it only while no other server's do
+        # (two servers on the trainer's GPU, e.g. a P/D pair, are updated concurrently by `_update_all`).
+        self._buffer_turns: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     async def _init_engine(self, control: ServerControl) -> None:
         info = self.init_info(await self._server_version(control))
@@ -407,6 +410,15 @@ class IpcWeightPublisher(_DirectWeightPublisher):
             yield {"names": chunk.names, "dtype_names": chunk.dtype_names, "shapes": chunk.shapes,
                    "handles": {uuid: self._buffer.handle()}, "tensor_sizes": chunk.tensor_sizes}
 
+    def _packed_turn(self) -> asyncio.Lock:
+        """The lock a server's packed send holds: the next chunk overwrites the buffer, so no other server may
+        still be reading it (the servers of one update take turns). One per event loop: each publish may run
+        in its own, and a lock waits only in the loop it was first used in."""
+        loop = asyncio.get_running_loop()
+        if self._buffer_turns is None or self._buffer_turns[0] is not loop:
+            self._buffer_turns = (loop, asyncio.Lock())
+        return self._buffer_turns[1]
+
     async def _post_chunk(self, control: ServerControl, version: str | None,
                           fields: Mapping[str, Any]) -> None:
         await control._post("/update_weights", what="update_weights",
@@ -419,8 +431,9 @@ class IpcWeightPublisher(_DirectWeightPublisher):
         with torch.cuda.device(self._device):
             if self.packed:
                 torch.cuda.synchronize()  # the trainer's step wrote the tensors on its own stream
-                for fields in self._packed_chunks(weights):  # the producer synchronised before yielding
-                    await self._post_chunk(control, version, fields)
+                async with self._packed_turn():
+                    for fields in self._packed_chunks(weights):  # the producer synchronised before yielding
+                        await self._post_chunk(control, version, fields)
             else:
                 for chunk in self._chunks(weights):
                     fields, keep = self._payload(chunk)

@@ -62,3 +62,47 @@ def test_without_cuda_connect_says_so(make):
 def test_an_unknown_wire_dtype_is_refused():
     with pytest.raises(WeightUpdateError, match="dtype='int8'"):
         IpcWeightPublisher(["http://127.0.0.1:9"], dtype="int8")
+
+
+class _OneBufferPublisher(IpcWeightPublisher):
+    """IPC's packed send with its one shared buffer modelled on the CPU (CUDA IPC cannot run here): filling a
+    chunk overwrites `buffer`, and a server reads the buffer while it answers that chunk's `/update_weights`."""
+
+    def __init__(self, urls):
+        super().__init__(urls)
+        self._server_versions = dict.fromkeys(urls, "0.24.0")  # no `/version` call
+        self.buffer = None
+        self.read: dict[str, list[tuple[str, str]]] = {url: [] for url in urls}
+
+    def _packed_chunks(self, weights):
+        for name in weights:
+            self.buffer = name  # this chunk's tensors copied in
+            yield {"names": [name]}
+
+    async def _post_chunk(self, control, version, fields):
+        await asyncio.sleep(0)  # the request is in flight: the other server's update runs meanwhile
+        self.read[control.url].append((fields["names"][0], self.buffer))
+
+
+def test_servers_sharing_the_packed_buffer_take_turns(monkeypatch):
+    """A P/D pair on the trainer's GPU: both servers are updated at once and read the one packed buffer. Each
+    must read its chunk before the next is copied in (on an H100, without turns, the second server of the
+    pair loaded another chunk's bytes as `embed_tokens` and the weight check stopped the run at version 4)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch", reason="torch (agentrl[cpu]) is not installed")
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    publisher = _OneBufferPublisher(urls)
+    weights = {f"model.layers.{i}.weight": None for i in range(4)}
+
+    async def update_both():
+        await asyncio.gather(*(publisher._send_tensors(SimpleNamespace(url=url), weights) for url in urls))
+
+    for _ in range(2):  # a publish per event loop, as `_run_sync` runs them
+        asyncio.run(update_both())
+    for url in urls:
+        assert publisher.read[url] == [(name, name) for name in weights] * 2, url
