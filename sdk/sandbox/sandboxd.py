@@ -21,8 +21,8 @@ A command's answer goes out as soon as its main process exits; output that backg
 children write later is read and dropped (so they never die of a broken pipe) until they
 close it. At its timeout a command's process group is killed, and so is any process that
 inherited the command's `AGENTRL_EXEC_ID` marker (children that left the group; a helper
-running as the sandbox user finds them, since root without CAP_SYS_PTRACE may not read
-their environment). `kill_all` kills every process but the container's init, its
+running as the sandbox user, holding none of this server's fds, finds them, since root
+without CAP_SYS_PTRACE may not read their environment). `kill_all` kills every process but the container's init, its
 launcher and this server. Answers go to stdout as JSON lines built by hand (the host parses
 them with `json`; nothing from the sandbox is ever unmarshalled on the host). If this server
 dies, the host falls back to `docker exec`.
@@ -99,6 +99,17 @@ class User:
             raise PermissionError("cannot drop capabilities")
 
 
+def leave_channel():
+    """In a forked child that runs as the sandbox user and never executes anything: let go of every fd this
+    server holds (its channel to the host is stdin and stdout; the commands' pipes), so that no process of
+    the sandbox user's holds them, not even for the moment it runs. 0, 1 and 2 become /dev/null."""
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        if fd != null:
+            os.dup2(null, fd)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+
+
 def kill_marked(user, marker):
     """SIGKILL every process whose environment carries this command's marker.
 
@@ -108,6 +119,7 @@ def kill_marked(user, marker):
     pid = os.fork()
     if pid == 0:
         try:
+            leave_channel()
             user.become()
             needle = (MARKER + "=" + marker).encode()
             me = os.getpid()

@@ -9,7 +9,8 @@ Each test asserts that the attack failed and that the host is unchanged.
 - paths that leave the working directory;
 - the host's environment, nested user namespaces, memory across several processes, shared
   memory and the disk limit in total;
-- a command whose background child keeps its output open, and an executable workspace.
+- a command whose background child keeps its output open, and an executable workspace;
+- a timed-out command's children that left its session.
 """
 
 from __future__ import annotations
@@ -34,15 +35,19 @@ FORGER = textwrap.dedent(r'''
     state = open("/tmp/forger.state", "w", buffering=1)
     def log(*parts):
         state.write(" ".join(map(str, parts)) + "\n")
-    server = None
-    for name in os.listdir("/proc"):  # the command server: python3 running the source it read from stdin
+    matches = {}  # pid -> parent of each python3 running the source it read from stdin
+    for name in os.listdir("/proc"):
         try:
             command = open(f"/proc/{name}/cmdline", "rb").read() if name.isdigit() else b""
-        except OSError:
+            if command.startswith(b"python3") and b"exec(compile(read(" in command:
+                matches[int(name)] = int(open(f"/proc/{name}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if command.startswith(b"python3") and b"exec(compile(read(" in command:
-            server = int(name)
-    log("server", server)
+    # The command server itself: not a child it forked for a command (or its kill helper), which shares its
+    # command line until it executes, already running as the sandbox user.
+    roots = [pid for pid, parent in matches.items() if parent not in matches]
+    server = min(roots) if roots else None
+    log("server", server, "children", len(matches) - len(roots))
     out = None
     if server:
         for what, flags in (("fd/1", os.O_WRONLY), ("fd/0", os.O_RDONLY), ("mem", os.O_RDONLY),
@@ -127,6 +132,23 @@ async def test_kill_processes_ends_what_the_agent_left_running(backend):
     assert left.stdout == "", left.stdout
     assert (victim.exit_code, victim.stdout, victim.timed_out) == (3, "3 tests failed\n", False), victim
     assert alive.stdout == "alive\n"
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+async def test_a_timed_out_commands_children_that_left_its_session_are_killed(backend):
+    """At a timeout the command server kills the command's process group, and its helper (running as the sandbox
+    user, holding none of the server's fds: `sandboxd.leave_channel`) finds the children that left it by their
+    marker. The server answers on afterwards."""
+    async with create_sandbox(config(backend)) as sandbox:
+        served = sandbox.server_execs
+        slow = await sandbox.exec("(setsid sleep 301 &); (setsid nohup sleep 302 >/dev/null 2>&1 &); sleep 300",
+                                  timeout=1)
+        left = await sandbox.exec("ps -eo args | grep -E '^sleep 30[12]' || true", timeout=20)
+        after = await sandbox.exec("echo after", timeout=20)
+    assert slow.timed_out and slow.exit_code == 137, slow
+    assert left.stdout == "", left.stdout
+    assert after.stdout == "after\n"
+    assert sandbox.server_execs == served + 3  # every command went through the server, none through `docker exec`
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
