@@ -13,7 +13,8 @@ two calls itself (`TokenClient(prefill_url=...)`):
    CUDA vLLM 0.24 reads it: `with_kv_transfer_params`). The prefill server computes every prompt token, so its
    answer holds the prompt's routing, and for connectors that hand the KV over by reference (NIXL) the
    `kv_transfer_params` the decode server needs;
-2. decode: the request as asked, with those `kv_transfer_params`;
+2. decode: the request as asked, with those `kv_transfer_params`; one choice each (a request of n choices is n
+   prefill and decode pairs: NIXL frees the prompt's KV after the first of the decode's n pulls);
 3. stitch: in each choice, the prompt rows the decode server left unknown take the prefill answer's rows, when
    both answers come from the same weight version. A weight update between the two calls makes the decode
    server start from KV the old weights computed, a mix the loop's own updates never make for a request that

@@ -276,7 +276,17 @@ class TokenClient:
                                 resent: int = 0) -> list[dict[str, Any]]:
         """`n` choices of one `/inference/v1/generate` request (P/D: sent again, up to `_PD_RESENDS` times a little
         later, while the decode server began with other weights than the prefill server computed the prompt's KV
-        with: the two servers finish a weight update at slightly different moments)."""
+        with: the two servers finish a weight update at slightly different moments).
+
+        P/D asks each choice on its own prefill: a decode request of n choices is n requests on the decode server,
+        each pulling the one prefill's KV, and a connector that hands KV over by reference (NIXL) frees it after
+        the first pull, so the other choices may read blocks another prompt has taken since. Choice i keeps the
+        seed it has in one request of n (seed + i)."""
+        if n > 1 and self.prefill_http is not None:
+            seeds = [None if params.get("seed") is None else params["seed"] + index for index in range(n)]
+            answers = await asyncio.gather(*(self._generate_choices(
+                prompt_ids, params if seed is None else {**params, "seed": seed}, n=1) for seed in seeds))
+            return [{**choice, "index": index} for index, (choice,) in enumerate(answers)]
         body: dict[str, Any] = {
             "token_ids": prompt_ids,
             "sampling_params": {**params, "n": n} if n > 1 else params,

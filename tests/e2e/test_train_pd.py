@@ -12,7 +12,8 @@ It shows: every step trains with Router Replay (`r3/replayed_fraction` 1.0) and 
 unknown (`routing_unknown_prompt_tokens`: the loaded prompts were stitched); each weight version reaches both
 servers and passes the weight check; the decode server loaded prompts and the prefill server none; steps whose
 samples are all on-policy have the float32 mismatch KL of one server (a request whose two calls straddle a
-weight update is sent again, so no sample mixes the prefill's old weights with the decode's new ones).
+weight update is sent again, so no sample mixes the prefill's old weights with the decode's new ones), and no
+decode request pulled KV blocks the prefill server had already freed.
 
 A second run SIGKILLs the prefill server's API process after two steps: its supervisor restarts it with the
 latest weights, the rollout workers' requests wait for it (their watch covers the prefill server too), and the
@@ -82,6 +83,9 @@ def test_pd_pair_trains_with_router_replay(tmp_path):
     decode_log = (run_dir / "logs" / "vllm-1.log").read_text()
     assert "kv_producer" in prefill_log and "kv_consumer" in decode_log
     assert "NIXL compatibility check passed" in decode_log  # the decode server's handshake with the prefill's
+    # no decode request pulled KV the prefill server had already freed (a group's choices each get their own
+    # prefill; as n choices of one decode request, 7 of a group's 8 pulled freed blocks)
+    assert "Potentially invalid KV blocks" not in prefill_log, "a decode request read freed KV blocks"
     assert loaded.get("prefill") == 0.0, f"the prefill server loaded KV it should compute: {loaded}"
     assert loaded.get("decode", 0.0) >= 32 * STEPS, f"the decode server loaded too few prompt tokens: {loaded}"
 
