@@ -310,7 +310,8 @@ def _router(
     config: InferenceConfig, *, backends: list[str], prefill: list[str] = (), decode: list[str] = ()
 ) -> ProcessSpec:
     port = config.router_port or config.port + _ROUTER_PORT_OFFSET
-    argv = ["vllm-router", "--host", config.host, "--port", str(port), "--policy", config.router_policy]
+    argv = ["vllm-router", "--host", config.host, "--port", str(port), "--policy", config.router_policy,
+            "--prometheus-host", config.host, "--prometheus-port", str(port + 1)]  # not 29000, every router's
     if prefill:
         argv += ["--vllm-pd-disaggregation", "--kv-connector", router_kv_connector(config.kv_connector)]
         for url in prefill:

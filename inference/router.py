@@ -43,10 +43,15 @@ def router_command(
     prefill_urls: list[str] | None = None,
     decode_urls: list[str] | None = None,
     kv_connector: str | None = None,
+    metrics_port: int | None = None,
     extra_args: list[str] | None = None,
 ) -> list[str]:
-    """The `vllm-router` command line (run through this interpreter's `vllm_router` package)."""
+    """The `vllm-router` command line (run through this interpreter's `vllm_router` package). `metrics_port`: its
+    Prometheus exporter's port, on `host` (vllm-router's default, 29000, is one port for every router of the
+    machine: a second router there fails to start)."""
     argv = [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port), "--policy", policy]
+    if metrics_port is not None:
+        argv += ["--prometheus-host", host, "--prometheus-port", str(metrics_port)]
     if prefill_urls or decode_urls:
         if not (prefill_urls and decode_urls):
             raise RouterError("router: P/D mode needs at least one prefill URL and one decode URL")
@@ -88,10 +93,13 @@ class VLLMRouter:
         self.worker_urls = [url.rstrip("/") for url in worker_urls]
         self.host = host
         self.port = port or free_port(host)
+        self.metrics_port = free_port(host)
+        while self.metrics_port == self.port:  # both were free a moment ago: they must differ
+            self.metrics_port = free_port(host)
         self.policy = policy
         self.command = router_command(
             self.worker_urls, host=host, port=self.port, policy=policy, prefill_urls=prefill_urls,
-            decode_urls=decode_urls, kv_connector=kv_connector, extra_args=extra_args,
+            decode_urls=decode_urls, kv_connector=kv_connector, metrics_port=self.metrics_port, extra_args=extra_args,
         )
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout_s = startup_timeout_s

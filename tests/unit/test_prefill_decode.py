@@ -162,3 +162,30 @@ def test_a_gpu_pd_pair_colocated_with_the_trainer_asks_for_one_gpu():
     assert "GPUs (" not in str(info.value) and "CUDA vLLM" in str(info.value)
     with pytest.raises(ResourceError, match=r"1 GPUs \(1 inference \+ 1 trainer sharing them\), 0 visible"):
         check_resources(config, cluster_gpus=0)
+
+
+def test_each_router_exports_its_metrics_on_its_own_loopback_port():
+    """vllm-router's Prometheus exporter defaults to 127.0.0.1:29000 for every router of the machine, and a second
+    router there panics ("Address already in use"; seen when a P/D pair's router and a run's replica router met in
+    the full suite). Each `VLLMRouter` asks for a free port of its own, and the plan's router for the port after
+    its own; vllm-router's parser takes both command lines."""
+    pytest.importorskip("vllm_router")
+    from agentrl.inference.deployment import InferenceConfig
+    from agentrl.inference.plans import build_plan
+    from agentrl.inference.router import VLLMRouter
+    from agentrl.inference.validate import validate_router_args
+
+    routers = [VLLMRouter(["http://127.0.0.1:1"]) for _ in range(2)]
+    for router in routers:
+        argv = router.command
+        assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+        assert int(argv[argv.index("--prometheus-port") + 1]) == router.metrics_port != router.port
+        validate_router_args(argv[3:])
+    assert routers[0].metrics_port != routers[1].metrics_port
+
+    plan = build_plan("some/model", InferenceConfig(device="cpu", kind="replicas", replicas=2))
+    (router_spec,) = [process for process in plan.processes if process.role == "router"]
+    argv = router_spec.argv
+    port = int(argv[argv.index("--port") + 1])
+    assert argv[argv.index("--prometheus-port") + 1] == str(port + 1)
+    validate_router_args(argv[1:])
