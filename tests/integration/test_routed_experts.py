@@ -116,11 +116,11 @@ async def test_weight_updates_in_flight_keep_one_row_per_token(experts_server, r
     async with httpx.AsyncClient() as client:
         preempted_before = await afetch_metric(client, url, "vllm:num_preemptions")
         generated = await afetch_metric(client, url, "vllm:generation_tokens")
-        running = [asyncio.create_task(_generate(client, url, prompt, max_tokens=1800, seed=index, ignore_eos=True))
+        running = [asyncio.create_task(_generate(client, url, prompt, max_tokens=2000, seed=index, ignore_eos=True))
                    for index, prompt in enumerate(prompts)]
         for version in (1, 2, 3):
             # Publish once the server's counters show every request running and sampling with the
-            # weights served now, not after a sleep. 1800 tokens take ~10 s with two busy cores
+            # weights served now, not after a sleep. 2000 tokens (the 2048-token context's most) take ~11 s on two busy cores
             # (/metrics answering up to 2.5 s late), three updates ~1 s: `_wait_for_progress`
             # fails, rather than the test passing vacuously, if a request ends first.
             generated = await _wait_for_progress(client, url, running, since=generated, tokens=2 * len(prompts))
