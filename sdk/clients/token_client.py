@@ -153,7 +153,9 @@ class TokenClient:
             base_url=self.base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
             max_connections=max_connections, headers=headers,
         )
-        self._coalescer = RequestCoalescer() if coalesce else None
+        # P/D asks each choice on its own prefill: as n choices of one decode request, each would pull the one
+        # prefill's KV, which a connector that hands it over by reference (NIXL) frees after the first pull.
+        self._coalescer = RequestCoalescer() if coalesce and not prefill_url else None
         self.prefill_url = prefill_url.rstrip("/").removesuffix("/v1") if prefill_url else None
         """P/D: every request is prefilled here first and `base_url` (decode) loads its KV
         (`clients.prefill_decode`, which stitches the prompt's routing from both answers)."""
@@ -276,17 +278,7 @@ class TokenClient:
                                 resent: int = 0) -> list[dict[str, Any]]:
         """`n` choices of one `/inference/v1/generate` request (P/D: sent again, up to `_PD_RESENDS` times a little
         later, while the decode server began with other weights than the prefill server computed the prompt's KV
-        with: the two servers finish a weight update at slightly different moments).
-
-        P/D asks each choice on its own prefill: a decode request of n choices is n requests on the decode server,
-        each pulling the one prefill's KV, and a connector that hands KV over by reference (NIXL) frees it after
-        the first pull, so the other choices may read blocks another prompt has taken since. Choice i keeps the
-        seed it has in one request of n (seed + i)."""
-        if n > 1 and self.prefill_http is not None:
-            seeds = [None if params.get("seed") is None else params["seed"] + index for index in range(n)]
-            answers = await asyncio.gather(*(self._generate_choices(
-                prompt_ids, params if seed is None else {**params, "seed": seed}, n=1) for seed in seeds))
-            return [{**choice, "index": index} for index, (choice,) in enumerate(answers)]
+        with: the two servers finish a weight update at slightly different moments)."""
         body: dict[str, Any] = {
             "token_ids": prompt_ids,
             "sampling_params": {**params, "n": n} if n > 1 else params,
