@@ -31,7 +31,7 @@ from agentrl import env_vars
 from agentrl.config import load_config
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import VLLM_MODULE, DeploymentPlan, InferenceConfig, ProcessSpec
-from agentrl.inference.router import router_kv_connector
+from agentrl.inference.router import router_command
 from agentrl.inference.server import CPU_KV_CACHE_BYTES
 from agentrl.inference.vllm_worker_ext import EXTENSION as WORKER_EXTENSION
 
@@ -310,16 +310,11 @@ def _router(
     config: InferenceConfig, *, backends: list[str], prefill: list[str] = (), decode: list[str] = ()
 ) -> ProcessSpec:
     port = config.router_port or config.port + _ROUTER_PORT_OFFSET
-    argv = ["vllm-router", "--host", config.host, "--port", str(port), "--policy", config.router_policy,
-            "--prometheus-host", config.host, "--prometheus-port", str(port + 1)]  # not 29000, every router's
-    if prefill:
-        argv += ["--vllm-pd-disaggregation", "--kv-connector", router_kv_connector(config.kv_connector)]
-        for url in prefill:
-            argv += ["--prefill", url]
-        for url in decode:
-            argv += ["--decode", url]
-    else:
-        argv += ["--worker-urls", *backends]
+    argv = router_command(
+        backends, host=config.host, port=port, policy=config.router_policy, prefill_urls=list(prefill),
+        decode_urls=list(decode), kv_connector=config.kv_connector, metrics_port=port + 1,
+        program=["vllm-router"], workers_healthy=False,
+    )
     return ProcessSpec(
         name="router", role="router", node=0, argv=argv, url=f"http://{_address(config, 0)}:{port}"
     )

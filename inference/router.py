@@ -44,12 +44,18 @@ def router_command(
     decode_urls: list[str] | None = None,
     kv_connector: str | None = None,
     metrics_port: int | None = None,
+    program: list[str] | None = None,
+    workers_healthy: bool = True,
     extra_args: list[str] | None = None,
 ) -> list[str]:
-    """The `vllm-router` command line (run through this interpreter's `vllm_router` package). `metrics_port`: its
-    Prometheus exporter's port, on `host` (vllm-router's default, 29000, is one port for every router of the
-    machine: a second router there fails to start)."""
-    argv = [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port), "--policy", policy]
+    """The `vllm-router` command line, the one way agentrl builds it. `metrics_port`: its Prometheus exporter's
+    port, on `host` (vllm-router's default, 29000, is one port for every router of the machine: a second router
+    there fails to start). `program`: what runs the router (default: this interpreter's `vllm_router` package; a
+    deployment plan names the `vllm-router` script of the node that runs it). `workers_healthy`: the workers answer
+    before the router starts, so it checks them every second for at most 120 s; a plan's router starts beside its
+    servers and keeps vllm-router's own start-up wait."""
+    argv = [*(program or [sys.executable, "-m", "vllm_router.launch_router"]),
+            "--host", host, "--port", str(port), "--policy", policy]
     if metrics_port is not None:
         argv += ["--prometheus-host", host, "--prometheus-port", str(metrics_port)]
     if prefill_urls or decode_urls:
@@ -66,8 +72,8 @@ def router_command(
         if not worker_urls:
             raise RouterError("router: no worker URLs; pass the replicas' URLs")
         argv += ["--worker-urls", *worker_urls]
-    # Workers are healthy before the router starts; check them quickly rather than every 30 s.
-    argv += ["--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "120"]
+    if workers_healthy:  # check them quickly rather than every 30 s
+        argv += ["--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "120"]
     return argv + list(extra_args or [])
 
 

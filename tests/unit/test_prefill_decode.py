@@ -189,3 +189,7 @@ def test_each_router_exports_its_metrics_on_its_own_loopback_port():
     port = int(argv[argv.index("--port") + 1])
     assert argv[argv.index("--prometheus-port") + 1] == str(port + 1)
     validate_router_args(argv[1:])
+    # One builder for both: the plan's router runs the node's script and, starting beside its servers, keeps
+    # vllm-router's own start-up wait; a `VLLMRouter` starts after its workers answer and checks them every second.
+    assert argv[0] == "vllm-router" and "--worker-startup-timeout-secs" not in argv
+    assert routers[0].command[routers[0].command.index("--worker-startup-timeout-secs") + 1] == "120"
