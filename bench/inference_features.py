@@ -2,18 +2,19 @@
 KV-bound multi-turn workload without and with KV offload, and prefill/decode disaggregation against one server.
 
     python3 bench/inference_features.py --model runs/gpu-1xh200/glm-air-5b-sft [--requests 256 --tokens 256]
-    python3 bench/inference_features.py --variants kv-none,kv-native [--sessions 32 --context 3000 --kv-tokens 32768]
+    python3 bench/inference_features.py --variants kv-none,kv-native,kv-mooncake [--sessions 32 --kv-tokens 32768]
     python3 bench/inference_features.py --variants bf16,pd [--device cpu --model tiny-moe --requests 16 ...]
 
 For each variant (`--variants`, default bf16, fp8 with one scale per tensor, fp8 with 128 x 128 block
-scales; also kv-none and kv-native), one CUDA vLLM server as `agentrl train` starts it
+scales; also kv-none, kv-native and kv-mooncake), one CUDA vLLM server as `agentrl train` starts it
 (`rl.inference_actor.replica_server`: routed experts on, CUDA graphs on, the KV cache in bf16 so that only
 the weights differ), then:
 
 - throughput (bf16, fp8, fp8-block): `--requests` concurrent token-in requests of `--prompt-tokens` random
   tokens, each decoding `--tokens` tokens (ignore_eos); completion tokens per second of wall time, and
   whether every choice returned its routed experts;
-- multi-turn (kv-none, kv-native with `--offload-gib` of vLLM's native CPU offload): `--sessions` sessions
+- multi-turn (kv-none; kv-native with `--offload-gib` of vLLM's native CPU offload; kv-mooncake with a Mooncake
+  store of `--offload-gib` on this node, its master started and stopped as the loop does): `--sessions` sessions
   at once, each a `--context`-token prompt then `--turns` turns that add the answer (`--turn-tokens`) and a
   32-token tool output, with a GPU KV cache of `--kv-tokens` tokens, far fewer than the sessions hold:
   completion tokens/s, the prompt tokens computed again (vLLM's counters: prompt tokens less cached ones,
@@ -58,6 +59,8 @@ VARIANTS = {
     # the KV-bound multi-turn workload (`multi_turn`), without and with vLLM's native CPU offload
     "kv-none": {"fp8": False, "workload": "multi-turn"},
     "kv-native": {"fp8": False, "kv_offload": "cpu", "workload": "multi-turn"},
+    # ... and with a Mooncake store on this node (a mooncake_master of its own, TCP; `inference.mooncake_master`)
+    "kv-mooncake": {"fp8": False, "kv_offload": "mooncake", "workload": "multi-turn"},
     # prefill/decode disaggregation on the one device, against one server (`throughput`, `first_token_s`)
     # (two servers of one InferenceConfig, each started with its role: the loop's P/D plan is not used here)
     "pd-nixl": {"fp8": False, "kv_connector": "nixl", "workload": "pd"},
@@ -231,6 +234,10 @@ def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: in
         for role in ("prefill", "decode") if pd else (None,):
             server = replica_server(deployment, model, served_name="policy", dtype=dtype, role=role,
                                     log_path=work / f"{name}{'-' + role if role else ''}.log")
+            if deployment.kv_offload == "mooncake":  # its store's master first, as the loop's inference actor does
+                from agentrl.inference.mooncake_master import store_for_server
+
+                stack.enter_context(store_for_server(server.env, work / name, gib=deployment.kv_offload_gb))
             stack.enter_context(server)
             servers[role] = server
         server = servers.get("decode") or servers[None]

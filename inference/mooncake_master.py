@@ -11,7 +11,9 @@ wheels, `mooncake/mooncake_master`) keeps the store's metadata. Here, on one nod
 - `write_client_config` writes the JSON vLLM reads from `$MOONCAKE_CONFIG_PATH` (vLLM 0.24's and 0.32's
   `MooncakeStoreConfig.from_file`): the master's address, `P2PHANDSHAKE`, protocol `tcp`, the segment each
   client gives the store and its local buffer;
-- `stop` ends the master by its process group, SIGTERM then SIGKILL.
+- `stop` ends the master by its process group, SIGTERM then SIGKILL;
+- `store_for_server` gives one vLLM server a store of its own: a master (not started) that writes the server's
+  client configuration when it starts, and the server's `$MOONCAKE_CONFIG_PATH` pointing at it.
 
 The clients (inside vLLM) listen for their peers on every interface; that is Mooncake's own transfer engine, not
 this process. The master's libraries need libibverbs and libnl (Debian `libibverbs1`, `libnl-route-3-200`;
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from agentrl.errors import AgentrlError
 
-__all__ = ["MooncakeMaster", "MooncakeMasterError", "master_binary", "write_client_config"]
+__all__ = ["MooncakeMaster", "MooncakeMasterError", "master_binary", "store_for_server", "write_client_config"]
 
 
 class MooncakeMasterError(AgentrlError):
@@ -86,10 +88,15 @@ class MooncakeMaster:
     """One `mooncake_master` on this machine, bound to `host` (see the module docstring)."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, log_path: Path | None = None,
-                 startup_timeout_s: float = 30.0) -> None:
+                 startup_timeout_s: float = 30.0, client_config: Path | None = None,
+                 global_segment_bytes: int = 0) -> None:
+        """`client_config`: where `start` writes the clients' configuration (`write_client_config`, each client
+        giving the store `global_segment_bytes`) once the master answers."""
         self.host = host
         self.port = port
         self.log_path = log_path
+        self.client_config = client_config
+        self.global_segment_bytes = global_segment_bytes
         self.startup_timeout_s = startup_timeout_s
         self.process: subprocess.Popen | None = None
 
@@ -107,7 +114,7 @@ class MooncakeMaster:
                 f"--metrics_host={self.host}"]
 
     def start(self) -> MooncakeMaster:
-        """Start the master and wait until its RPC port answers."""
+        """Start the master, wait until its RPC port answers, then write the clients' configuration if asked."""
         if self.process is not None and self.process.poll() is None:
             return self
         self.port = self.port or _free_port(self.host)
@@ -132,6 +139,9 @@ class MooncakeMaster:
                 raise MooncakeMasterError(f"mooncake_master did not answer on {self.address} within "
                                           f"{self.startup_timeout_s:.0f} s: {self._log_end()}")
             time.sleep(0.1)
+        if self.client_config is not None:
+            write_client_config(self.client_config, master_address=self.address,
+                                global_segment_bytes=self.global_segment_bytes)
         return self
 
     def _log_end(self) -> str:
@@ -164,3 +174,15 @@ class MooncakeMaster:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def store_for_server(server_env: dict[str, str], folder: Path, *, gib: float) -> MooncakeMaster:
+    """A Mooncake store for one vLLM server (`inference.kv_offload = "mooncake"`): the master (not started; start it
+    before the server) with its log and the clients' configuration in `folder`, each client giving the store `gib`
+    GiB; sets `$MOONCAKE_CONFIG_PATH` in `server_env` (the server's environment) to that configuration."""
+    if gib <= 0:
+        raise MooncakeMasterError(f"inference.kv_offload_gb must be > 0 for a Mooncake store, got {gib}")
+    master = MooncakeMaster(log_path=folder / "mooncake_master.log", client_config=folder / "mooncake.json",
+                            global_segment_bytes=int(gib * 2**30))
+    server_env["MOONCAKE_CONFIG_PATH"] = str(master.client_config)
+    return master

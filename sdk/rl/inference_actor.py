@@ -161,12 +161,9 @@ class InferenceActor:
                                      lora=lora, role=role)
         self.kv_master = None
         if deployment.kv_offload == "mooncake":  # the server's Mooncake store: a master of its own, managed here
-            from agentrl.inference.mooncake_master import MooncakeMaster
+            from agentrl.inference.mooncake_master import store_for_server
 
-            self.kv_master = MooncakeMaster(log_path=self.folder / "mooncake_master.log")
-            self.kv_master_config = self.folder / "mooncake.json"
-            self.kv_segment_bytes = int(deployment.kv_offload_gb * 2**30)
-            self.server.env["MOONCAKE_CONFIG_PATH"] = str(self.kv_master_config)
+            self.kv_master = store_for_server(self.server.env, self.folder, gib=deployment.kv_offload_gb)
         # From the moment it is launched (start-up takes minutes), not once healthy: an actor killed while
         # its server starts would otherwise leave it running (it is started from a thread: no pdeathsig).
         self.server.on_spawn = lambda pid: reap_when_gone(os.getpgid(pid), os.getpid(), pid)
@@ -254,11 +251,7 @@ class InferenceActor:
         """Start the server (blocking until healthy) and its supervision; its URL. With a Mooncake store, its
         master first, and the configuration the server's connector reads."""
         if self.kv_master is not None:
-            from agentrl.inference.mooncake_master import write_client_config
-
             self.kv_master.start()
-            write_client_config(self.kv_master_config, master_address=self.kv_master.address,
-                                global_segment_bytes=self.kv_segment_bytes)
         self.supervisor.start()
         return self.server.url
 

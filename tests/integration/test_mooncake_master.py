@@ -14,10 +14,16 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from agentrl.inference.mooncake_master import MooncakeMaster, MooncakeMasterError, write_client_config
+from agentrl.inference.mooncake_master import (
+    MooncakeMaster,
+    MooncakeMasterError,
+    store_for_server,
+    write_client_config,
+)
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("mooncake.store", reason="the mooncake-transfer-engine wheel (scripts/install.sh) is not here")
@@ -50,13 +56,15 @@ def _listening(pid: int) -> set[str]:
 
 def test_the_master_serves_a_store_client_configured_as_vllm_reads_it(tmp_path):
     pytest.importorskip("vllm.distributed.mooncake_store")
-    with MooncakeMaster(log_path=tmp_path / "master.log") as master:
+    server_env: dict[str, str] = {}  # as the loop's inference actor and bench/inference_features.py set one up
+    with store_for_server(server_env, tmp_path, gib=1 / 16) as master:
         pid, port = master.process.pid, master.port
         assert _listening(pid) == {"127.0.0.1"}, _listening(pid)
-        config = write_client_config(tmp_path / "mooncake.json", master_address=master.address,
-                                     global_segment_bytes=64 * 2**20, local_buffer_bytes=16 * 2**20)
+        config = Path(server_env["MOONCAKE_CONFIG_PATH"])
         assert json.loads(config.read_text())["protocol"] == "tcp"
-        result = subprocess.run([sys.executable, "-c", CLIENT], env={**os.environ, "MOONCAKE_CONFIG_PATH": str(config)},
+        assert json.loads(config.read_text())["global_segment_size"] == 64 * 2**20
+        assert (tmp_path / "mooncake_master.log").is_file()
+        result = subprocess.run([sys.executable, "-c", CLIENT], env={**os.environ, **server_env},
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
         assert f"round trip ok tcp {master.address}" in result.stdout
@@ -76,3 +84,6 @@ def test_a_taken_port_and_bad_sizes_are_refused_in_one_line(tmp_path):
     assert "\n" not in str(info.value)
     with pytest.raises(MooncakeMasterError, match="must be > 0"):
         write_client_config(tmp_path / "c.json", master_address="127.0.0.1:1", global_segment_bytes=0)
+    with pytest.raises(MooncakeMasterError, match="kv_offload_gb must be > 0") as info:
+        store_for_server({}, tmp_path, gib=0)
+    assert "\n" not in str(info.value)
