@@ -102,9 +102,9 @@ def time_request(client: httpx.Client, url: str, headers: dict | None = None) ->
 
 def bench_size(name: str, work: Path, *, updates: int, requests: int, console: Console) -> dict:
     from agentrl.clients.session import session_headers
-    from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.router import VLLMRouter
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import cpu_server_options
     from agentrl.inference.weights import FilesystemWeightPublisher
 
     model_dir = make_model(name, work / f"model-{name}")

@@ -23,7 +23,7 @@ def _lora_options(rank: int, targets: str, *, max_loras: int, device: str,
     routed experts (Router Replay) and agentrl's worker methods (the adapter check); one line on bad values."""
     from agentrl.errors import ConfigError
     from agentrl.inference.lora_serving import lora_server_options
-    from agentrl.inference.plans import cpu_server_options
+    from agentrl.inference.server_flags import cpu_server_options
     from agentrl.trainer.config import LoraConfig
 
     names = [name.strip() for name in targets.split(",") if name.strip()]

@@ -69,13 +69,13 @@ def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str
     """The (not started) `VLLMServer` of one `single`/`replicas` server of `deployment` (a InferenceConfig), or with
     `role` ('prefill', 'decode') one side of a one-node P/D pair.
 
-    agentrl's server flags (`VLLMServer`) plus the deployment's own (`plans.server_overrides`:
+    agentrl's server flags (`VLLMServer`) plus the deployment's own (`server_flags.server_overrides`:
     tensor parallel, memory share, routed experts, the weight-transfer engine, FP8, KV offload,
     `extra_args` last, so the user's word wins); with `lora` (a `LoraConfig`), the flags that serve its
     adapters by name (`lora_serving.lora_server_options`).
     """
-    from agentrl.inference.plans import server_overrides
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import server_overrides
 
     args, env = server_overrides(deployment, str(model), role=role)
     if lora is not None:

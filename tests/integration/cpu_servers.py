@@ -11,8 +11,8 @@ from pathlib import Path
 def tiny_moe_cpu_server(log_path: Path, *, chunked_prefill: bool = True, **options: bool) -> Iterator:
     """float32 tiny-moe with `cpu_server_options(**options)`; with `chunked_prefill`, a 64-token step budget, so
     long prompts are prefilled in chunks and several requests share steps."""
-    from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import cpu_server_options
     from agentrl.models import ensure_model
 
     args, env = cpu_server_options(**options)

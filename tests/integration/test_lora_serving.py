@@ -89,8 +89,8 @@ def test_the_adapter_serves_the_trainers_logprobs_and_is_replaced_in_place(tmp_p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "trainer"))
     from trainer_helpers import make_samples
 
-    from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import cpu_server_options
     from agentrl.models import ensure_model
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.trainer import Trainer

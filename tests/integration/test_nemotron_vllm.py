@@ -23,8 +23,8 @@ import httpx
 import numpy as np
 import pytest
 
-from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.routed_experts import reference_routed_experts, routing_agreement
+from agentrl.inference.server_flags import cpu_server_options
 from agentrl.routed import decode_routed_experts_array
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -37,7 +37,7 @@ def _start(stack, model, folder, name, args, env):
 def single(tmp_path_factory):
     """One server without a connector: the reference."""
     pytest.importorskip("vllm")
-    from agentrl.inference.plans import cpu_server_options
+    from agentrl.inference.server_flags import cpu_server_options
     from agentrl.models import ensure_model
 
     with ExitStack() as stack:
@@ -50,8 +50,8 @@ def servers(request, single, tmp_path_factory):
     """A prefill/decode pair joined by NIXL (over UCX, host memory) or agentrl's folder connector, vllm-router in
     P/D mode in front of it, and the single server."""
     from agentrl.inference.deployment import InferenceConfig
-    from agentrl.inference.plans import server_overrides
     from agentrl.inference.router import VLLMRouter
+    from agentrl.inference.server_flags import server_overrides
     from agentrl.models import ensure_model
 
     folder = tmp_path_factory.mktemp(f"pd-{request.param}")

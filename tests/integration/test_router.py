@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from agentrl.clients.session import SESSION_HEADER, attach_session_affinity, session_headers, trajectory_session
-from agentrl.inference.plans import cpu_server_options
 from agentrl.inference.router import RouterError, VLLMRouter
+from agentrl.inference.server_flags import cpu_server_options
 from agentrl.inference.server_metrics import afetch_metric
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

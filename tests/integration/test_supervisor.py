@@ -17,7 +17,8 @@ import pytest
 
 from agentrl.errors import AgentrlError, MissingExtraError
 from agentrl.inference.deployment import InferenceConfig
-from agentrl.inference.plans import build_plan, cpu_server_options
+from agentrl.inference.plans import build_plan
+from agentrl.inference.server_flags import cpu_server_options
 from agentrl.inference.supervisor import InsufficientGpusError, ServerSupervisor, SupervisedClient, preflight
 from agentrl.inference.weights import FilesystemWeightPublisher
 

@@ -35,8 +35,8 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import cpu_server_options
 
     args, env = cpu_server_options(routed_experts=True)
     with VLLMServer(model_dir, dtype="float32", max_num_seqs=4, max_model_len=1024, extra_args=args, env=env,

@@ -25,8 +25,8 @@ TOKENS = [3, 20, 35, 41, 50, 62, 70, 88, 90, 101, 15, 27, 44, 9]
 def test_exported_weights_serve_in_vllm_with_trainer_logprobs(tmp_path):
     from trainer_helpers import make_samples
 
-    from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import cpu_server_options
     from agentrl.models import ensure_model
     from agentrl.trainer.config import TrainerConfig
     from agentrl.trainer.models.attention import build_segments

@@ -21,8 +21,8 @@ pytest.importorskip("torch")
 
 @pytest.fixture(scope="module", params=["float16", "bfloat16"])
 def served(request, tmp_path_factory):
-    from agentrl.inference.plans import cpu_server_options
     from agentrl.inference.server import VLLMServer
+    from agentrl.inference.server_flags import cpu_server_options
     from agentrl.rl.config import TINY_MOE_SFT
 
     args, env = cpu_server_options(routed_experts=True)

@@ -18,7 +18,7 @@ import shutil
 import httpx
 import pytest
 
-from agentrl.inference.plans import cpu_server_options
+from agentrl.inference.server_flags import cpu_server_options
 from agentrl.inference.server_metrics import afetch_metric
 from agentrl.inference.weights import FilesystemWeightPublisher, WeightUpdateError
 

@@ -8,7 +8,8 @@ import pytest
 
 from agentrl.errors import AgentrlError, ConfigError
 from agentrl.inference.deployment import InferenceConfig
-from agentrl.inference.plans import ROUTED_EXPERTS_ENV, build_plan
+from agentrl.inference.plans import build_plan
+from agentrl.inference.server_flags import ROUTED_EXPERTS_ENV
 from agentrl.inference.validate import InvalidPlanError, validate_plan, validate_router_args, validate_vllm_args
 
 pytest.importorskip("vllm")
@@ -209,7 +210,7 @@ def test_a_pd_pair_runs_on_one_node(fields, match):
 @pytest.mark.parametrize("device", ["cpu", "gpu"])
 @pytest.mark.parametrize("connector", ["nixl", "example"])
 def test_the_pd_pair_plan_is_two_servers_and_a_pd_router(device, connector, tmp_path):
-    from agentrl.inference.plans import FOLDER_CONNECTOR, ROUTED_OFFLOAD_ENV
+    from agentrl.inference.server_flags import FOLDER_CONNECTOR, ROUTED_OFFLOAD_ENV
 
     config = InferenceConfig(kind="pd", kv_connector=connector, device=device, gpus_per_node=1, routed_experts=True,
                              kv_offload_dir=str(tmp_path))
@@ -243,7 +244,7 @@ def test_the_pd_pair_plan_is_two_servers_and_a_pd_router(device, connector, tmp_
 
 @pytest.mark.parametrize("offload", ["cpu", "disk", "mooncake"])
 def test_router_replay_with_kv_offload_starts_with_the_plugins_stitching(offload):
-    from agentrl.inference.plans import ROUTED_OFFLOAD_ENV
+    from agentrl.inference.server_flags import ROUTED_OFFLOAD_ENV
 
     server = build_plan(GLM_AIR, InferenceConfig(kind="single", gpus_per_node=1, kv_offload=offload)).servers[0]
     parsed = validate_vllm_args(server.vllm_args)
@@ -256,7 +257,7 @@ def test_router_replay_with_kv_offload_starts_with_the_plugins_stitching(offload
 
 def test_gate_weights_are_recorded_by_the_plugin_and_refused_with_gpu_connectors_in_one_line(tmp_path):
     from agentrl.config import load_config
-    from agentrl.inference.plans import ROUTED_WEIGHTS_ENV, cpu_server_options
+    from agentrl.inference.server_flags import ROUTED_WEIGHTS_ENV, cpu_server_options
 
     _, env = cpu_server_options(routed_experts=True, routed_weights=True)
     assert env[ROUTED_WEIGHTS_ENV] == "1"

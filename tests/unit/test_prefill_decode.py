@@ -105,8 +105,8 @@ def test_choices_of_another_weight_version_are_left_unknown():
 
 def test_folder_connector_flags_name_each_side_by_its_role(tmp_path):
     from agentrl.inference.deployment import InferenceConfig
-    from agentrl.inference.plans import FOLDER_CONNECTOR, server_overrides
     from agentrl.inference.router import router_command
+    from agentrl.inference.server_flags import FOLDER_CONNECTOR, server_overrides
 
     config = InferenceConfig(device="cpu", kind="pd", kv_connector="example", kv_offload_dir=str(tmp_path),
                              routed_experts=True, weight_transfer="filesystem")

@@ -17,7 +17,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.inference.deployment import InferenceConfig
-from agentrl.inference.plans import server_overrides
+from agentrl.inference.server_flags import server_overrides
 from agentrl.inference.transfer import TRANSPORTS, Ipc, transport_for
 from agentrl.rl.config import load_run_config
 from agentrl.rl.transport import WeightPush
