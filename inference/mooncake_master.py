@@ -122,6 +122,8 @@ class MooncakeMaster:
             raise MooncakeMasterError(f"Mooncake master: something already listens on {self.address}; "
                                       "leave the port unset to take a free one")
         command = self.command()
+        if self.log_path:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115 - the process keeps it
         try:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
