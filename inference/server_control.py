@@ -60,6 +60,18 @@ class ServerControl:
         response = await self._client.get(f"{self.url}/is_paused", timeout=self.timeout_s)
         return bool(response.json()["is_paused"])
 
+    async def kv_role(self) -> str | None:
+        """The role of the server's KV connector (`kv_producer`, `kv_consumer`, `kv_both`; `/server_info`, a
+        development-mode route), None without a connector or when the server does not say."""
+        try:
+            response = await self._client.get(f"{self.url}/server_info", params={"config_format": "json"},
+                                              timeout=self.timeout_s)
+            transfer = response.json()["vllm_config"].get("kv_transfer_config") if response.status_code == 200 \
+                else None
+            return str(transfer["kv_role"]) if isinstance(transfer, dict) and transfer.get("kv_role") else None
+        except (httpx.HTTPError, ValueError, KeyError, AttributeError, TypeError):
+            return None
+
     async def vllm_version(self) -> str | None:
         """The server's vLLM version (`/version`), None when it does not say."""
         try:

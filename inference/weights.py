@@ -196,6 +196,7 @@ class WeightPublisher(ABC):
         self._last_prepared: Any = None
         self._last_expected: Any = None
         self._server_versions: dict[str, str | None] = {}  # url -> that server's vLLM version (`/version`)
+        self._kv_roles: dict[str, str | None] = {}  # url -> its KV connector's role (`_drains_first`)
 
     def publish(self, weights: Mapping[str, Any] | str | Path, version: int, *,
                 reconnect: list[str] = ()) -> PublishResult:
@@ -330,12 +331,23 @@ class WeightPublisher(ABC):
         """Whether this server reports weight versions (see `vllm_compat`)."""
         return reports_weight_versions(await self._server_version(control))
 
+    async def _drains_first(self, control: ServerControl) -> bool:
+        """Whether this server must finish its requests in flight before its caches can be dropped: the decode
+        side of a P/D pair (`kv_consumer`). vLLM cannot drop the KV of a request still waiting for the prefill
+        side's blocks; its engine raises "Failed to reset KV cache" and, in 0.24, dies (loop-pd on an H100,
+        2026-12-06). Asked once per URL."""
+        if control.url not in self._kv_roles:
+            self._kv_roles[control.url] = await control.kv_role()
+        return self._kv_roles[control.url] == "kv_consumer"
+
     async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any) -> _Updated:
         started = time.monotonic()
         versioned = await self._reports_versions(control)
         # Without weight versions the client cannot salt the prefix cache by version: drop the cache
         # (requests in flight are recomputed with the new weights) instead of serving old blocks.
-        await control.pause(mode="keep", clear_cache=self.recompute_kv or not versioned)
+        clear_cache = self.recompute_kv or not versioned
+        await control.pause(mode="wait" if clear_cache and await self._drains_first(control) else "keep",
+                            clear_cache=clear_cache)
         updated = _Updated()
         try:
             await self._load(control, prepared, version=version)

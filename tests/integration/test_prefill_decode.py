@@ -158,3 +158,52 @@ def test_the_pair_listens_on_loopback_only(servers):
                  if conn.status == psutil.CONN_LISTEN and conn.pid in pids]
     assert len(listening) >= 2, listening  # at least each server's HTTP port
     assert all(address.ip in ("127.0.0.1", "::1") for address in listening), listening
+
+
+def test_an_update_that_drops_the_caches_lets_the_decode_side_finish_first(servers, tmp_path):
+    """vLLM cannot drop the KV cache of a decode server while a request waits for the prefill side's blocks: its
+    engine raised "Failed to reset KV cache" and died in the one-GPU P/D loop (vLLM 0.24 reports no weight
+    versions there, so every update drops the caches). The publisher asks each server its KV role and pauses the
+    decode side (`kv_consumer`) with mode "wait": a request in flight finishes with the weights it started under
+    (one version, no preemption) before the caches go and the new weights load. With mode "keep", the update
+    preempts it and it ends under the new version. Runs last: the pair serves version 1 afterwards."""
+    from agentrl.clients.token_client import TokenClient
+    from agentrl.inference.server_control import server_controls
+    from agentrl.inference.server_metrics import afetch_metric
+    from agentrl.inference.weights import FilesystemWeightPublisher
+    from agentrl.models import ensure_model
+    from agentrl.sampling import SamplingConfig
+
+    async def roles():
+        async with server_controls([servers["prefill"], servers["decode"], servers["single"]], timeout_s=30) as controls:
+            return [await control.kv_role() for control in controls]
+
+    assert asyncio.run(roles()) == ["kv_producer", "kv_consumer", None]
+    publisher = FilesystemWeightPublisher([servers["prefill"], servers["decode"]], staging_dir=tmp_path / "staged",
+                                          recompute_kv=True)
+
+    async def run():
+        import httpx
+
+        async with httpx.AsyncClient(timeout=30) as http, \
+                TokenClient(servers["decode"], model="tiny-moe", prefill_url=servers["prefill"]) as client:
+            preempted = await afetch_metric(http, servers["decode"], "vllm:num_preemptions")
+            generated = await afetch_metric(http, servers["decode"], "vllm:generation_tokens")
+            sampling = SamplingConfig(max_tokens=600, temperature=1.0, seed=3, ignore_eos=True)
+            running = asyncio.create_task(client.generate(PROMPT, sampling=sampling))
+            deadline = time.monotonic() + 120
+            while await afetch_metric(http, servers["decode"], "vllm:generation_tokens") < generated + 8:
+                assert not running.done() and time.monotonic() < deadline, "the request never started decoding"
+                await asyncio.sleep(0.05)
+            result = await publisher.apublish(ensure_model("tiny-moe"), version=1)
+            completion, _ = await running
+            after = await afetch_metric(http, servers["decode"], "vllm:num_preemptions")
+            following, _ = await client.generate(PROMPT[:200], sampling=SamplingConfig(max_tokens=4))
+            return result, completion, after - preempted, following
+
+    result, completion, preempted, following = asyncio.run(run())
+    assert len(completion.token_ids) == 600, completion.finish_reason
+    assert preempted == 0, "the decode side was paused with its request running, not drained"
+    assert set(completion.policy_versions) == {0}, "the request in flight was not finished before the update"
+    assert set(following.policy_versions) == {1}
+    assert (result.version, result.servers) == (1, 2)
