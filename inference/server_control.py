@@ -66,8 +66,9 @@ class ServerControl:
         try:
             response = await self._client.get(f"{self.url}/server_info", params={"config_format": "json"},
                                               timeout=self.timeout_s)
-            transfer = response.json()["vllm_config"].get("kv_transfer_config") if response.status_code == 200 \
-                else None
+            if response.status_code != 200:
+                return None
+            transfer = response.json()["vllm_config"].get("kv_transfer_config")
             return str(transfer["kv_role"]) if isinstance(transfer, dict) and transfer.get("kv_role") else None
         except (httpx.HTTPError, ValueError, KeyError, AttributeError, TypeError):
             return None
