@@ -117,6 +117,10 @@ def server_args(
                 env[ROUTED_EXPERTS_ENV] = env[ROUTED_WEIGHTS_ENV] = "1"
             if config.kv_offload != "none" or role in ("prefill", "decode"):
                 env[ROUTED_OFFLOAD_ENV] = "1"  # vLLM refuses routed experts with a connector; the plugin lifts it
+    if role == "decode" and "--no-enable-prefix-caching" not in args:
+        # A decode server keeps its KV cache across weight updates (`weights.WeightPublisher._is_kv_consumer`):
+        # without a prefix cache, no block computed with older weights is reused by a later request.
+        args += ["--no-enable-prefix-caching"]
     if config.device == "cpu":
         env[CPU_FIXES_ENV] = "1"
     if config.router_float32:

@@ -38,7 +38,8 @@ engine init, a new NCCL group on a fresh port).
 
 Servers that report no weight versions (vLLM 0.24, see `vllm_compat`) get the cache dropped
 at each update (`clear_cache`) and no `/update_weight_version`; the publisher's `version`
-is the record.
+is the record. The decode side of a P/D pair never drops its cache (vLLM cannot while a request waits
+for the prefill side's KV; it runs without a prefix cache instead) and is paused after the others.
 
 `WeightPublisher.publish(state_dict_or_hf_dir, version)` is what the trainer calls.
 """
@@ -179,6 +180,21 @@ class _Updated:
         self.memory: list[dict[str, Any]] = []
 
 
+class _PauseGate:
+    """Opens once `count` pauses have returned (or failed): the servers paused after them wait on `opened`."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.opened = asyncio.Event()
+        if count <= 0:
+            self.opened.set()
+
+    def passed(self) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.opened.set()
+
+
 class WeightPublisher(ABC):
     """Trainer-side interface: push a new policy version into the inference servers."""
 
@@ -196,7 +212,7 @@ class WeightPublisher(ABC):
         self._last_prepared: Any = None
         self._last_expected: Any = None
         self._server_versions: dict[str, str | None] = {}  # url -> that server's vLLM version (`/version`)
-        self._kv_roles: dict[str, str | None] = {}  # url -> its KV connector's role (`_drains_first`)
+        self._kv_roles: dict[str, str | None] = {}  # url -> its KV connector's role (`_is_kv_consumer`)
 
     def publish(self, weights: Mapping[str, Any] | str | Path, version: int, *,
                 reconnect: list[str] = ()) -> PublishResult:
@@ -248,10 +264,16 @@ class WeightPublisher(ABC):
                           expected: Any) -> list[_Updated]:
         """Update every server of `controls` (each checked against `expected` when given); what each did.
 
-        Every server finishes its own pause..resume before any error is raised: none stays paused.
+        The decode side of a P/D pair (`_is_kv_consumer`) is paused only once every other server's pause has
+        returned, so the prefill side's pause, which waits for the decode side to pull the KV it holds, does
+        not wait on a paused decode server. Every server finishes its own pause..resume before any error is
+        raised: none stays paused.
         """
+        consumers = [await self._is_kv_consumer(control) for control in controls]
+        first_pauses = _PauseGate(consumers.count(False))
         outcomes = await asyncio.gather(
-            *(self._update_one(control, prepared, version, expected) for control in controls),
+            *(self._update_one(control, prepared, version, expected, gate=first_pauses, after_gate=consumer)
+              for control, consumer in zip(controls, consumers)),
             return_exceptions=True
         )
         errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
@@ -331,23 +353,38 @@ class WeightPublisher(ABC):
         """Whether this server reports weight versions (see `vllm_compat`)."""
         return reports_weight_versions(await self._server_version(control))
 
-    async def _drains_first(self, control: ServerControl) -> bool:
-        """Whether this server must finish its requests in flight before its caches can be dropped: the decode
-        side of a P/D pair (`kv_consumer`). vLLM cannot drop the KV of a request still waiting for the prefill
-        side's blocks; its engine raises "Failed to reset KV cache" and, in 0.24, dies (loop-pd on an H100,
-        2026-12-06). Asked once per URL."""
+    async def _is_kv_consumer(self, control: ServerControl) -> bool:
+        """Whether this server is the decode side of a P/D pair (`kv_consumer`), asked once per URL.
+
+        vLLM cannot drop the KV cache of a decode server while a request waits there with the prefill side's
+        blocks: its engine raises "Failed to reset KV cache" and, in 0.24, dies (loop-pd on an H100,
+        2026-12-06). Pausing with mode "wait" does not avoid it (the drain counts running requests, not those
+        waiting for remote KV), so a decode server never drops its cache on an update; it runs without a
+        prefix cache (`server_flags.server_args`), so no block computed with older weights is reused."""
         if control.url not in self._kv_roles:
             self._kv_roles[control.url] = await control.kv_role()
         return self._kv_roles[control.url] == "kv_consumer"
 
-    async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any) -> _Updated:
+    async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any, *,
+                          gate: _PauseGate | None = None, after_gate: bool = False) -> _Updated:
         started = time.monotonic()
         versioned = await self._reports_versions(control)
         # Without weight versions the client cannot salt the prefix cache by version: drop the cache
         # (requests in flight are recomputed with the new weights) instead of serving old blocks.
         clear_cache = self.recompute_kv or not versioned
-        await control.pause(mode="wait" if clear_cache and await self._drains_first(control) else "keep",
-                            clear_cache=clear_cache)
+        if await self._is_kv_consumer(control):
+            # A decode server keeps its cache (`_is_kv_consumer`); where the cache would go, it finishes its
+            # requests in flight first instead, so each ends with the weights it started under.
+            mode, clear_cache = ("wait" if clear_cache else "keep"), False
+        else:
+            mode = "keep"
+        if after_gate and gate is not None:
+            await gate.opened.wait()
+        try:
+            await control.pause(mode=mode, clear_cache=clear_cache)
+        finally:
+            if gate is not None and not after_gate:
+                gate.passed()
         updated = _Updated()
         try:
             await self._load(control, prepared, version=version)

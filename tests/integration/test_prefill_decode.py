@@ -160,19 +160,24 @@ def test_the_pair_listens_on_loopback_only(servers):
     assert all(address.ip in ("127.0.0.1", "::1") for address in listening), listening
 
 
-def test_an_update_that_drops_the_caches_lets_the_decode_side_finish_first(servers, tmp_path):
-    """vLLM cannot drop the KV cache of a decode server while a request waits for the prefill side's blocks: its
-    engine raised "Failed to reset KV cache" and died in the one-GPU P/D loop (vLLM 0.24 reports no weight
-    versions there, so every update drops the caches). The publisher asks each server its KV role and pauses the
-    decode side (`kv_consumer`) with mode "wait": a request in flight finishes with the weights it started under
-    (one version, no preemption) before the caches go and the new weights load. With mode "keep", the update
-    preempts it and it ends under the new version. Runs last: the pair serves version 1 afterwards."""
+def test_an_update_that_drops_the_caches_keeps_the_decode_side_s_cache(servers, tmp_path):
+    """vLLM cannot drop the KV cache of a decode server while a request waits there with the prefill side's
+    blocks: in 0.24 its engine raised "Failed to reset KV cache" and died in the one-GPU P/D loop (it reports no
+    weight versions, so every update drops the caches), and mode "wait" does not avoid it there (its drain counts
+    running requests only; 0.32 counts the KV-holding waiting ones too). The publisher asks each server its KV
+    role: the decode side (`kv_consumer`, run without a prefix cache) never drops its cache; where the caches go,
+    it finishes its requests in flight first (one version each, no preemption), and it is paused only after the
+    prefill side's pause has returned (which waits for the decode side's pulls). The prefill side drops its
+    caches. Runs last: the pair serves version 1 afterwards."""
     from agentrl.clients.token_client import TokenClient
     from agentrl.inference.server_control import server_controls
     from agentrl.inference.server_metrics import afetch_metric
     from agentrl.inference.weights import FilesystemWeightPublisher
     from agentrl.models import ensure_model
     from agentrl.sampling import SamplingConfig
+
+    def resets(name: str) -> int:
+        return (servers["folder"] / f"{name}.log").read_text(errors="replace").count("Successfully reset prefix cache")
 
     async def roles():
         async with server_controls([servers["prefill"], servers["decode"], servers["single"]], timeout_s=30) as controls:
@@ -201,7 +206,10 @@ def test_an_update_that_drops_the_caches_lets_the_decode_side_finish_first(serve
             following, _ = await client.generate(PROMPT[:200], sampling=SamplingConfig(max_tokens=4))
             return result, completion, after - preempted, following
 
+    before = {name: resets(name) for name in ("prefill", "decode")}
     result, completion, preempted, following = asyncio.run(run())
+    assert resets("decode") == before["decode"], "the decode side's cache was dropped"
+    assert resets("prefill") > before["prefill"], "the prefill side's cache was kept"
     assert len(completion.token_ids) == 600, completion.finish_reason
     assert preempted == 0, "the decode side was paused with its request running, not drained"
     assert set(completion.policy_versions) == {0}, "the request in flight was not finished before the update"

@@ -125,6 +125,23 @@ def test_folder_connector_flags_name_each_side_by_its_role(tmp_path):
     assert argv[argv.index("--kv-connector") + 1] == "nixl"
 
 
+def test_the_decode_side_runs_without_a_prefix_cache_on_either_device(tmp_path):
+    """A decode server keeps its KV cache across weight updates (vLLM 0.24 cannot drop it while a request waits for
+    the prefill side's KV), so it must not reuse blocks of older weights: no prefix cache there. The prefill side
+    and single servers keep vLLM's default on the GPU."""
+    from agentrl.inference.deployment import InferenceConfig
+    from agentrl.inference.server_flags import server_overrides
+
+    for device in ("cpu", "gpu"):
+        config = InferenceConfig(device=device, kind="pd", kv_connector="example", kv_offload_dir=str(tmp_path),
+                                 routed_experts=True, weight_transfer="filesystem")
+        decode = server_overrides(config, "model", role="decode")[0]
+        assert decode.count("--no-enable-prefix-caching") == 1, (device, decode)
+    gpu = InferenceConfig(device="gpu", kind="pd", kv_connector="example", kv_offload_dir=str(tmp_path),
+                          routed_experts=True, weight_transfer="filesystem")
+    assert "--no-enable-prefix-caching" not in server_overrides(gpu, "model", role="prefill")[0]
+
+
 def test_folder_connector_module_imports_with_vllm():
     pytest.importorskip("vllm")
     from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
