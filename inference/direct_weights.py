@@ -30,12 +30,8 @@ from agentrl.inference.vllm_compat import (
     nccl_trainer_group,
     nccl_update_info,
 )
-from agentrl.inference.weights import (
-    WeightPublisher,
-    WeightUpdateError,
-    _run_sync,
-    check_weights_match,
-)
+from agentrl.inference.weight_staging import check_weights_match
+from agentrl.inference.weights import WeightPublisher, WeightUpdateError, _run_sync
 from agentrl.weight_digest import tensor_digests
 
 __all__ = ["NcclWeightPublisher", "IpcWeightPublisher", "wire_bytes"]

@@ -57,10 +57,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.errors import WeightUpdateError, require
+from agentrl.errors import WeightUpdateError
 from agentrl.inference.server_control import ServerControl, server_controls
 from agentrl.inference.vllm_compat import reports_weight_versions
 from agentrl.inference.weight_check import WeightCheck, compare_digests
+from agentrl.inference.weight_staging import check_weights_match, checkpoint_shapes, save_state_dict
 from agentrl.weight_digest import FOLDER_DTYPES, folder_digests, read_digest
 
 __all__ = [
@@ -68,9 +69,6 @@ __all__ = [
     "PublishResult",
     "WeightPublisher",
     "FilesystemWeightPublisher",
-    "save_state_dict",
-    "checkpoint_shapes",
-    "check_weights_match",
 ]
 
 
@@ -93,60 +91,6 @@ class PublishResult(BaseModel):
     """Per server URL: the check that it holds the trainer's weights (`weight_check`; empty when not verified)."""
     memory: dict[str, list[dict[str, Any]]] = {}
     """Per server URL: its workers' GPU memory after the update, their allocator's cache released."""
-
-
-def save_state_dict(state_dict: Mapping[str, Any], folder: Path) -> Path:
-    """Write HF-named tensors as `folder/model.safetensors` atomically; return the folder."""
-    require("torch", "cpu")
-    from safetensors.torch import save_file
-
-    if not state_dict:
-        raise WeightUpdateError("publish: the state dict is empty; pass the model's HF-named tensors")
-    tensors = {}
-    for name, tensor in state_dict.items():
-        if not hasattr(tensor, "detach"):
-            raise WeightUpdateError(f"publish: state dict entry {name!r} is a {type(tensor).__name__}, not a tensor")
-        full = getattr(tensor, "full_tensor", None)  # FSDP DTensor shards gather here
-        tensors[name] = (full() if callable(full) else tensor).detach().to("cpu").contiguous()
-    staging = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    save_file(tensors, str(staging / "model.safetensors"))
-    shutil.rmtree(folder, ignore_errors=True)
-    staging.rename(folder)
-    return folder
-
-
-def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of a safetensors checkpoint folder (headers only, no data read)."""
-    require("safetensors", "cpu")
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                shapes[name] = tuple(handle.get_slice(name).get_shape())
-    return shapes
-
-
-def check_weights_match(new: dict[str, tuple[int, ...]], served: dict[str, tuple[int, ...]], *, source: str) -> None:
-    """Raise a one-line error when `new` has a name or shape the served checkpoint lacks.
-
-    vLLM loads weights layer by layer in place; a wrong name or shape fails half-way and
-    leaves the engine unusable, so mismatches are caught before the server is touched.
-    """
-    unknown = sorted(set(new) - set(served))
-    if unknown:
-        raise WeightUpdateError(
-            f"publish: {len(unknown)} tensor name(s) from {source} are not in the served model,"
-            f" e.g. {unknown[0]!r}; use the HF checkpoint names"
-        )
-    for name, shape in new.items():
-        if tuple(served[name]) != tuple(shape):
-            raise WeightUpdateError(
-                f"publish: {name!r} from {source} has shape {list(shape)}, the served model has {list(served[name])}"
-            )
 
 
 def _run_sync(coroutine):

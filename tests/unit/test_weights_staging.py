@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.inference.weights import (
-    FilesystemWeightPublisher,
-    WeightUpdateError,
-    check_weights_match,
-    checkpoint_shapes,
-    save_state_dict,
-)
+from agentrl.inference.weight_staging import check_weights_match, checkpoint_shapes, save_state_dict
+from agentrl.inference.weights import FilesystemWeightPublisher, WeightUpdateError
 
 torch = pytest.importorskip("torch")
 
