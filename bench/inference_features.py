@@ -19,7 +19,8 @@ the weights differ), then:
   32-token tool output, with a GPU KV cache of `--kv-tokens` tokens, far fewer than the sessions hold:
   completion tokens/s, the prompt tokens computed again (vLLM's counters: prompt tokens less cached ones,
   local and loaded through the connector), preemptions, and routed-experts rows unknown (-1; Router Replay
-  through offload is agentrl's plugin, `inference/vllm_plugin/routed_offload.py`);
+  through offload is agentrl's plugin, `inference/vllm_plugin/routed_offload.py`); kv-none-no-r3 and
+  kv-native-no-r3 are the same without routed experts, to tell the plugin's cost from the connector's;
 - pd-nixl, pd: a prefill and a decode server on the one device, each with half of `--memory`, joined by vLLM's
   NixlConnector (`inference.kv_connector = "nixl"`) or agentrl's folder connector (`"example"`), every request
   sent as agentrl's token client sends it (`clients.prefill_decode`: prefill, then decode, the prompt's routing
@@ -61,6 +62,9 @@ VARIANTS = {
     "kv-native": {"fp8": False, "kv_offload": "cpu", "workload": "multi-turn"},
     # ... and with a Mooncake store on this node (a mooncake_master of its own, TCP; `inference.mooncake_master`)
     "kv-mooncake": {"fp8": False, "kv_offload": "mooncake", "workload": "multi-turn"},
+    # controls without routed experts (no Router Replay): what agentrl's capture of the loaded blocks' routing costs
+    "kv-none-no-r3": {"fp8": False, "routed_experts": False, "workload": "multi-turn"},
+    "kv-native-no-r3": {"fp8": False, "kv_offload": "cpu", "routed_experts": False, "workload": "multi-turn"},
     # prefill/decode disaggregation on the one device, against one server (`throughput`, `first_token_s`)
     # (two servers of one InferenceConfig, each started with its role: the loop's P/D plan is not used here)
     "pd-nixl": {"fp8": False, "kv_connector": "nixl", "workload": "pd"},
@@ -216,6 +220,7 @@ def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: in
 
     fields = dict(VARIANTS[name])
     workload = fields.pop("workload", None)
+    routed = fields.pop("routed_experts", True)
     multi, pd = workload == "multi-turn", workload == "pd"
     if multi:  # the GPU's KV cache holds `--kv-tokens`, far fewer than the sessions' prompts together
         fields.update(kv_cache_memory_bytes=args.kv_tokens * kv_bytes_per_token(model), max_model_len=8192,
@@ -226,7 +231,7 @@ def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: in
         fields.update(kv_offload_dir=str(work / "pd-kv"))
     gpu = args.device == "gpu"
     deployment = InferenceConfig(device=args.device, gpu_memory_utilization=args.memory / (2 if pd else 1),
-                                 routed_experts=True, max_num_seqs=args.sessions if multi else args.requests,
+                                 routed_experts=routed, max_num_seqs=args.sessions if multi else args.requests,
                                  cuda_graphs=gpu, fp8_kv_cache=False, weight_transfer="filesystem", **fields)
     dtype = "bfloat16" if gpu else "float32"
     with ExitStack() as stack:
