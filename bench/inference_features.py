@@ -70,6 +70,7 @@ VARIANTS = {
     "pd-nixl": {"fp8": False, "kv_connector": "nixl", "workload": "pd"},
     "pd": {"fp8": False, "kv_connector": "example", "workload": "pd"},
 }
+TOOL_OUTPUT_TOKENS = 32  # each turn's tool output (`multi_turn_sessions`)
 COUNTERS = ("vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:external_prefix_cache_hits",
             "vllm:num_preemptions", "vllm:generation_tokens")
 
@@ -79,7 +80,8 @@ def multi_turn_sessions(*, sessions: int, context: int, turns: int, vocab: int) 
     output (fixed here, from a seed), so every turn's prompt is the previous one grown: a KV-bound agent workload."""
     rng = random.Random(2)
     return [{"context": [rng.randrange(3, vocab) for _ in range(context)],
-             "outputs": [[rng.randrange(3, vocab) for _ in range(32)] for _ in range(turns)]} for _ in range(sessions)]
+             "outputs": [[rng.randrange(3, vocab) for _ in range(TOOL_OUTPUT_TOKENS)] for _ in range(turns)]}
+            for _ in range(sessions)]
 
 
 async def multi_turn(url: str, *, sessions: int, context: int, turns: int, tokens: int, vocab: int) -> dict:
@@ -223,8 +225,9 @@ def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: in
     routed = fields.pop("routed_experts", True)
     multi, pd = workload == "multi-turn", workload == "pd"
     if multi:  # the GPU's KV cache holds `--kv-tokens`, far fewer than the sessions' prompts together
-        fields.update(kv_cache_memory_bytes=args.kv_tokens * kv_bytes_per_token(model), max_model_len=8192,
-                      kv_offload_gb=args.offload_gib)
+        fields.update(kv_cache_memory_bytes=args.kv_tokens * kv_bytes_per_token(model), kv_offload_gb=args.offload_gib,
+                      max_model_len=multi_turn_length(model, context=args.context, turns=args.turns,
+                                                      turn_tokens=args.turn_tokens))
     else:
         fields.update(max_model_len=1024)
     if pd:  # the two servers share the device; the connector's files live in the work folder
@@ -268,6 +271,18 @@ def kv_bytes_per_token(model: Path) -> int:
     return 2 * kv_heads * head_dim * 2 * config["num_hidden_layers"]
 
 
+def multi_turn_length(model: Path, *, context: int, turns: int, turn_tokens: int) -> int:
+    """The `max_model_len` the multi-turn workload needs (its last prompt and answer), checked against the model's
+    positions before any server starts: a longer prompt ran past the created glm-air-32e's 4,096 rotary positions
+    and killed the engine with a device-side assert (an H100, 2026-12-06). Exits with one line when it does not fit."""
+    needed = context + (turns - 1) * (turn_tokens + TOOL_OUTPUT_TOKENS) + turn_tokens
+    positions = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
+    if positions and needed > positions:
+        sys.exit(f"inference_features: --context {context} with --turns {turns} and --turn-tokens {turn_tokens} needs "
+                 f"{needed} positions, {model.name} has {positions} (max_position_embeddings); lower --context")
+    return needed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft"),
@@ -303,6 +318,8 @@ def main() -> None:
                  f" variants are {', '.join(VARIANTS)}, --model a HF checkpoint folder")
     args.work.mkdir(parents=True, exist_ok=True)
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    if any(VARIANTS[name].get("workload") == "multi-turn" for name in names):
+        multi_turn_length(args.model, context=args.context, turns=args.turns, turn_tokens=args.turn_tokens)
     console = Console()
     rows: list[dict] = []
     references: dict[str, tuple[dict, dict]] = {}  # per workload: the first variant's measurements and row

@@ -35,3 +35,16 @@ def test_kv_bytes_per_token_of_a_checkpoint(bench, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4,
                                                       "num_hidden_layers": 2}))
     assert bench.kv_bytes_per_token(tmp_path) == 2 * 4 * 16 * 2 * 2
+
+
+def test_the_multi_turn_length_fits_the_model_or_stops_in_one_line_before_any_server(bench, tmp_path):
+    """The longest prompt and answer of the workload set the server's max_model_len; one past the model's rotary
+    positions killed a CUDA engine with a device-side assert (6,000-token prompts on a 4,096-position model)."""
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    work = bench.multi_turn_sessions(sessions=1, context=3800, turns=4, vocab=64)[0]
+    prompt = len(work["context"]) + sum(16 + len(output) for output in work["outputs"][:-1])
+    assert bench.multi_turn_length(tmp_path, context=3800, turns=4, turn_tokens=16) == prompt + 16 == 3960
+    with pytest.raises(SystemExit) as stopped:
+        bench.multi_turn_length(tmp_path, context=6000, turns=4, turn_tokens=16)
+    assert "6160 positions" in str(stopped.value) and "4096" in str(stopped.value)
+    assert "\n" not in str(stopped.value)
