@@ -20,7 +20,9 @@ refused), and returns rows that are true:
   scheduled: a request hits blocks another one computes in the same step, whose rows are kept only after
   it), and they replace those rows in the prompt's routing vLLM returns; a block the store does not hold
   gives rows of -1 (unknown: Router Replay routes those tokens live), and the array is then int16;
-- a prefix-cache reset (every weight update; agentrl also resets the connector's cache) forgets them all.
+- a prefix-cache reset (every weight update; agentrl also resets the connector's cache) forgets them all;
+- the decode side of a P/D pair keeps no rows (it keeps its cache across updates, without a prefix cache): every
+  prompt row it loads comes out unknown, for the token client to take from the prefill answer.
 
 `OffloadRouting` is that bookkeeping, on numpy arrays; `install` wires it into vLLM's `VllmConfig` and
 `Scheduler` (0.24's names; a vLLM without them is refused in one line at start-up).
@@ -48,8 +50,12 @@ _PAIR_CONNECTORS = ("NixlConnector", "FolderPDConnector")
 class OffloadRouting:
     """Rows of computed blocks by hash, and the rows owed to requests scheduled with tokens they do not compute."""
 
-    def __init__(self, *, block_size: int, max_blocks: int, layers: int, top_k: int) -> None:
+    def __init__(self, *, block_size: int, max_blocks: int, layers: int, top_k: int, keeps_rows: bool = True) -> None:
         self.block_size = block_size
+        self.keeps_rows = keeps_rows
+        """False on the decode side of a P/D pair: every prompt row it loads is left unknown for the token client to
+        take from the prefill answer, whose server computed the KV this one reads. Rows this server kept of its own
+        earlier completions would be of the weights then; it keeps its cache across updates (`weights`)."""
         self.rows = CachedBlockRows(block_size=block_size, max_blocks=max_blocks)
         self._like = np.zeros((1, layers, top_k), dtype=np.int16)
         self._owed: dict[str, tuple[list[Any], int]] = {}
@@ -73,7 +79,9 @@ class OffloadRouting:
     def on_computed(self, request_id: str, block_hashes: list[Any], block_ids: list[int], stored_tokens: int,
                     slot_rows: np.ndarray) -> None:
         """Keep the rows of the request's full blocks whose every token's row is in `slot_rows` (the first
-        `stored_tokens`), except the blocks it did not compute."""
+        `stored_tokens`), except the blocks it did not compute. Nothing is kept without `keeps_rows`."""
+        if not self.keeps_rows:
+            return
         full = min(len(block_hashes), len(block_ids), stored_tokens // self.block_size)
         start = self._registered.get(request_id, 0)
         for index in range(start, full):
@@ -140,8 +148,10 @@ def _routing(scheduler: Any) -> OffloadRouting | None:
         manager = scheduler.routed_experts_mgr
         slots = manager.routed_experts_by_slot
         bound = int(os.environ.get(env_vars.ROUTED_OFFLOAD_BLOCKS.name, 4 * (len(slots) // manager.block_size)))
+        transfer = scheduler.vllm_config.kv_transfer_config
         routing = OffloadRouting(block_size=manager.block_size, max_blocks=bound, layers=slots.shape[1],
-                                 top_k=slots.shape[2])
+                                 top_k=slots.shape[2],
+                                 keeps_rows=getattr(transfer, "kv_role", None) != "kv_consumer")
         scheduler._agentrl_offload_routing = routing
     return routing
 

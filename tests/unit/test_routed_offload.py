@@ -174,3 +174,24 @@ def test_a_request_that_hits_blocks_computed_in_its_own_step_gets_their_rows():
     out = routing.stitch("b", np.concatenate([np.full((8, LAYERS, TOP_K), 99, dtype=np.uint8), slots[8:9]]))
     np.testing.assert_array_equal(out, prompt_a)
     assert routing.rows.missed == 0 and routing.replaced_tokens == 8
+
+
+def test_the_decode_side_of_a_pair_keeps_no_rows_so_every_loaded_row_comes_from_the_prefill_answer():
+    """A P/D decode server keeps its cache across weight updates (vLLM 0.24 cannot reset it while a request waits for
+    the prefill side's KV). Rows it kept of its own earlier completions would be of the weights then; the next
+    turn's prompt holds those tokens, and its KV comes from the prefill server. So the decode side keeps nothing:
+    every loaded row is unknown, for the token client to take from the prefill answer."""
+    hashes = ["c0", "c1", "c2"]  # an earlier completion of this server, then the next turn's 12-token prompt
+    slots = _slot_buffer(4, seed=7)
+    kept, decode = (OffloadRouting(block_size=BLOCK, max_blocks=16, layers=LAYERS, top_k=TOP_K, keeps_rows=keeps)
+                    for keeps in (True, False))
+    for routing in (kept, decode):
+        routing.on_schedule("turn-1", hashes, 0)
+        routing.on_computed("turn-1", hashes, [0, 1, 2], 12, slots)
+        routing.forget("turn-1")
+        routing.on_schedule("turn-2", hashes, 11)
+    prompt = _slot_buffer(4, seed=8)[:12]
+    assert (kept.stitch("turn-2", prompt)[:8] == slots[:8]).all()  # an offload server: the kept rows
+    out = decode.stitch("turn-2", prompt)
+    assert len(decode.rows) == 0 and (out[:11] == -1).all()
+    np.testing.assert_array_equal(out[11], prompt[11])  # the one token it computed keeps its own row
