@@ -11,6 +11,7 @@ what is missing (GPUs, CUDA vLLM, weights).
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from agentrl.errors import AgentrlError, ConfigError
@@ -315,11 +316,44 @@ def _shared_gpu_problem(config: RunConfig) -> str | None:
     return None if shared is None else shared.problem(config)
 
 
+def check_positions(config: RunConfig) -> None:
+    """Refuse (one-line `ConfigError`) a GPU run whose `inference.max_model_len` is past the served checkpoint's
+    rotary positions. agentrl lets vLLM start with such a length (`VLLM_ALLOW_LONG_MAX_MODEL_LEN`, for the CPU
+    recipes), but CUDA vLLM's engine dies with a device-side assert on the first longer prompt (6,000-token
+    prompts on the created glm-air-32e's 4,096 positions, an H100, 2026-12-06). A published model's context is
+    left to the user (rope scaling may stretch it), as is a checkpoint whose config.json sets `rope_scaling`."""
+    limit = config.inference.max_model_len
+    if config.inference.device != "gpu" or not limit:
+        return
+    start = config.model.init_checkpoint
+    for ref in ([resolve_project_path(start)] if start else []) + [config.model.name]:
+        try:
+            spec = resolve_model(ref)
+            break
+        except AgentrlError:  # a warm start not made yet is reported by `check_resources`
+            continue
+    else:
+        return
+    if spec.hf_repo or not spec.context or limit <= spec.context:
+        return
+    if spec.path is not None:
+        try:
+            checkpoint = json.loads((spec.path / "config.json").read_text())
+        except (OSError, ValueError):
+            return
+        if checkpoint.get("text_config", checkpoint).get("rope_scaling"):
+            return
+    raise ConfigError(f"inference.max_model_len={limit} is past the {spec.context} positions of {spec.name} "
+                      "(max_position_embeddings): CUDA vLLM's engine dies on the first longer prompt; set "
+                      f"inference.max_model_len (or model.max_seq_len) to at most {spec.context}")
+
+
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:
-    """Raise a one-line `ResourceError` listing what is missing for this run."""
+    """Raise a one-line `ResourceError` listing what is missing for this run (after `check_positions`)."""
     from agentrl.inference.server import detect_device
     from agentrl.inference.supervisor import module_installed, visible_gpus
 
+    check_positions(config)
     spec = resolve_model(config.model.name)
     missing: list[str] = []
     need_gpu_inference = config.inference.device == "gpu"

@@ -136,3 +136,23 @@ def test_the_80g_recipe_fits_an_h100_where_the_h200_recipe_does_not():
         assert getattr(config, section) == getattr(h200, section), section
     plan = shared_gpu_plan(config, trainer_plan(config), gpu_gib=h100_gib)
     assert plan.fits() and 25 < plan.trainer_step_gib < 45
+
+
+def test_a_gpu_context_past_the_models_positions_is_refused_in_one_line_before_start(tmp_path):
+    """CUDA vLLM's engine died on a device-side assert when prompts ran past the created glm-air-32e's 4,096 rotary
+    positions (an H100, 2026-12-06): a GPU run asking for more is refused before anything starts. The recipe's own
+    4,096 passes this check (and then lacks CUDA vLLM here); a checkpoint with rope scaling is the user's call."""
+    from agentrl.errors import ConfigError
+
+    recipe = Path("cookbook/gpu-1xh200/train-80g.toml")
+    with pytest.raises(ConfigError) as refused:
+        check_resources(load_run_config(recipe, overrides=["inference.max_model_len=8192"]), cluster_gpus=1)
+    assert str(refused.value).startswith("inference.max_model_len=8192 is past the 4096 positions of glm-air-32e")
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ResourceError, match="CUDA vLLM"):
+        check_resources(load_run_config(recipe), cluster_gpus=1)
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 4096, "rope_scaling": {"type": "yarn", '
+                                          '"factor": 4.0}, "architectures": ["Glm4MoeForCausalLM"]}')
+    scaled = load_run_config(recipe, overrides=["inference.max_model_len=8192", f"model.init_checkpoint={tmp_path}"])
+    with pytest.raises(ResourceError, match="CUDA vLLM"):
+        check_resources(scaled, cluster_gpus=1)
