@@ -154,7 +154,9 @@ class SharedAdapterPublisher(AdapterPublisher):
         await control._post("/v1/load_lora_adapter", what=f"load_lora_adapter {name} from {prepared}",
                             json={"lora_name": name, "lora_path": str(prepared)})
 
-    async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any) -> Any:
+    async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any, *,
+                          gate: Any = None, after_gate: bool = False) -> Any:
+        # No pause here, so the P/D pause order (`gate`, `after_gate`: `WeightPublisher._update_all`) has no part.
         import time
 
         from agentrl.inference.weights import _Updated

@@ -42,3 +42,17 @@ def test_unreachable_server_fails_without_staging_leftovers(tmp_path):
     with pytest.raises(WeightUpdateError, match="pause on http://127.0.0.1:9"):
         publisher.publish({"lm_head.weight": torch.zeros(2, 2)}, version=1)
     assert publisher.version is None  # nothing was served, so version 1 can be published again
+
+
+def test_every_publisher_takes_the_pause_order_that_update_all_passes():
+    """`WeightPublisher._update_all` passes each server's update the P/D pause order (`gate`, `after_gate`); an
+    override without them failed every shared-adapter publish with a TypeError (the e2e shared LoRA server test)."""
+    import inspect
+
+    from agentrl.inference.direct_weights import IpcWeightPublisher, NcclWeightPublisher
+    from agentrl.inference.lora_serving import AdapterPublisher, SharedAdapterPublisher
+
+    for publisher in (FilesystemWeightPublisher, AdapterPublisher, SharedAdapterPublisher, IpcWeightPublisher,
+                      NcclWeightPublisher):
+        parameters = inspect.signature(publisher._update_one).parameters
+        assert {"gate", "after_gate"} <= set(parameters), publisher.__name__
