@@ -71,6 +71,7 @@ VARIANTS = {
     "pd": {"fp8": False, "kv_connector": "example", "workload": "pd"},
 }
 TOOL_OUTPUT_TOKENS = 32  # each turn's tool output (`multi_turn_sessions`)
+ROUTING_PROMPT_TOKENS, ROUTING_TOKENS = 300, 16  # each of `routing_rows`' requests, the longest agreement measure
 COUNTERS = ("vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:external_prefix_cache_hits",
             "vllm:num_preemptions", "vllm:generation_tokens")
 
@@ -194,8 +195,8 @@ async def routing_rows(url: str, *, vocab: int, prefill_url: str | None = None) 
     out = []
     async with httpx.AsyncClient(timeout=300) as client:
         for _ in range(16):
-            body = {"token_ids": [rng.randrange(3, vocab) for _ in range(300)],
-                    "sampling_params": {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}}
+            body = {"token_ids": [rng.randrange(3, vocab) for _ in range(ROUTING_PROMPT_TOKENS)],
+                    "sampling_params": {"max_tokens": ROUTING_TOKENS, "temperature": 0.0, "ignore_eos": True}}
             choice = (await generate(client, url, body, prefill_url=prefill_url))["choices"][0]
             out.append(decode_routed_experts_array(choice.get("routed_experts")))
     return out
@@ -226,8 +227,7 @@ def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: in
     multi, pd = workload == "multi-turn", workload == "pd"
     if multi:  # the GPU's KV cache holds `--kv-tokens`, far fewer than the sessions' prompts together
         fields.update(kv_cache_memory_bytes=args.kv_tokens * kv_bytes_per_token(model), kv_offload_gb=args.offload_gib,
-                      max_model_len=multi_turn_length(model, context=args.context, turns=args.turns,
-                                                      turn_tokens=args.turn_tokens))
+                      max_model_len=args.max_model_len)
     else:
         fields.update(max_model_len=1024)
     if pd:  # the two servers share the device; the connector's files live in the work folder
@@ -272,15 +272,16 @@ def kv_bytes_per_token(model: Path) -> int:
 
 
 def multi_turn_length(model: Path, *, context: int, turns: int, turn_tokens: int) -> int:
-    """The `max_model_len` the multi-turn workload needs (its last prompt and answer), checked against the model's
-    positions before any server starts: a longer prompt ran past the created glm-air-32e's 4,096 rotary positions
-    and killed the engine with a device-side assert (an H100, 2026-12-06). Exits with one line when it does not fit."""
+    """The `max_model_len` the multi-turn workload needs (its last prompt and answer; at least the agreement
+    measures' requests), checked against the model's positions before any server starts: a longer prompt ran past
+    the created glm-air-32e's 4,096 rotary positions and killed the engine with a device-side assert (an H100,
+    2026-12-06). Exits with one line when it does not fit."""
     needed = context + (turns - 1) * (turn_tokens + TOOL_OUTPUT_TOKENS) + turn_tokens
     positions = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
     if positions and needed > positions:
         sys.exit(f"inference_features: --context {context} with --turns {turns} and --turn-tokens {turn_tokens} needs "
                  f"{needed} positions, {model.name} has {positions} (max_position_embeddings); lower --context")
-    return needed
+    return max(needed, ROUTING_PROMPT_TOKENS + ROUTING_TOKENS)
 
 
 def main() -> None:
@@ -318,8 +319,10 @@ def main() -> None:
                  f" variants are {', '.join(VARIANTS)}, --model a HF checkpoint folder")
     args.work.mkdir(parents=True, exist_ok=True)
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
+    args.max_model_len = None  # the multi-turn workload's, checked against the model before any server starts
     if any(VARIANTS[name].get("workload") == "multi-turn" for name in names):
-        multi_turn_length(args.model, context=args.context, turns=args.turns, turn_tokens=args.turn_tokens)
+        args.max_model_len = multi_turn_length(args.model, context=args.context, turns=args.turns,
+                                               turn_tokens=args.turn_tokens)
     console = Console()
     rows: list[dict] = []
     references: dict[str, tuple[dict, dict]] = {}  # per workload: the first variant's measurements and row

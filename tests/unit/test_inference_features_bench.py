@@ -44,6 +44,8 @@ def test_the_multi_turn_length_fits_the_model_or_stops_in_one_line_before_any_se
     work = bench.multi_turn_sessions(sessions=1, context=3800, turns=4, vocab=64)[0]
     prompt = len(work["context"]) + sum(16 + len(output) for output in work["outputs"][:-1])
     assert bench.multi_turn_length(tmp_path, context=3800, turns=4, turn_tokens=16) == prompt + 16 == 3960
+    # a short workload still fits the agreement measures' requests, sent to the same server afterwards
+    assert bench.multi_turn_length(tmp_path, context=200, turns=2, turn_tokens=4) == 300 + 16
     with pytest.raises(SystemExit) as stopped:
         bench.multi_turn_length(tmp_path, context=6000, turns=4, turn_tokens=16)
     assert "6160 positions" in str(stopped.value) and "4096" in str(stopped.value)
