@@ -155,8 +155,8 @@ class SharedAdapterPublisher(AdapterPublisher):
                             json={"lora_name": name, "lora_path": str(prepared)})
 
     async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any, *,
-                          gate: Any = None, after_gate: bool = False) -> Any:
-        # No pause here, so the P/D pause order (`gate`, `after_gate`: `WeightPublisher._update_all`) has no part.
+                          gate: Any = None) -> Any:
+        # No pause here, so the P/D pause order (`gate`: `WeightPublisher._update_all`) has no part.
         import time
 
         from agentrl.inference.weights import _Updated

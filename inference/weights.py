@@ -216,8 +216,7 @@ class WeightPublisher(ABC):
         consumers = [await self._is_kv_consumer(control) for control in controls]
         first_pauses = _PauseGate(consumers.count(False))
         outcomes = await asyncio.gather(
-            *(self._update_one(control, prepared, version, expected, gate=first_pauses, after_gate=consumer)
-              for control, consumer in zip(controls, consumers)),
+            *(self._update_one(control, prepared, version, expected, gate=first_pauses) for control in controls),
             return_exceptions=True
         )
         errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
@@ -310,24 +309,26 @@ class WeightPublisher(ABC):
         return self._kv_roles[control.url] == "kv_consumer"
 
     async def _update_one(self, control: ServerControl, prepared: Any, version: int, expected: Any, *,
-                          gate: _PauseGate | None = None, after_gate: bool = False) -> _Updated:
+                          gate: _PauseGate | None = None) -> _Updated:
+        """One server's pause..resume; with `gate`, a decode server pauses once it opens, any other passes it."""
         started = time.monotonic()
         versioned = await self._reports_versions(control)
         # Without weight versions the client cannot salt the prefix cache by version: drop the cache
         # (requests in flight are recomputed with the new weights) instead of serving old blocks.
         clear_cache = self.recompute_kv or not versioned
-        if await self._is_kv_consumer(control):
+        consumer = await self._is_kv_consumer(control)
+        if consumer:
             # A decode server keeps its cache (`_is_kv_consumer`); where the cache would go, it finishes its
             # requests in flight first instead, so each ends with the weights it started under.
             mode, clear_cache = ("wait" if clear_cache else "keep"), False
         else:
             mode = "keep"
-        if after_gate and gate is not None:
+        if consumer and gate is not None:
             await gate.opened.wait()
         try:
             await control.pause(mode=mode, clear_cache=clear_cache)
         finally:
-            if gate is not None and not after_gate:
+            if gate is not None and not consumer:
                 gate.passed()
         updated = _Updated()
         try:

@@ -45,14 +45,18 @@ def test_unreachable_server_fails_without_staging_leftovers(tmp_path):
 
 
 def test_every_publisher_takes_the_pause_order_that_update_all_passes():
-    """`WeightPublisher._update_all` passes each server's update the P/D pause order (`gate`, `after_gate`); an
-    override without them failed every shared-adapter publish with a TypeError (the e2e shared LoRA server test)."""
+    """`WeightPublisher._update_all` passes each server's update the P/D pause order (`gate`); an override without
+    it failed every shared-adapter publish with a TypeError (the e2e shared LoRA server test). Every publisher's
+    `_update_one` takes each keyword-only argument of the base's."""
     import inspect
 
     from agentrl.inference.direct_weights import IpcWeightPublisher, NcclWeightPublisher
     from agentrl.inference.lora_serving import AdapterPublisher, SharedAdapterPublisher
+    from agentrl.inference.weights import WeightPublisher
 
+    passed = {name for name, parameter in inspect.signature(WeightPublisher._update_one).parameters.items()
+              if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert "gate" in passed
     for publisher in (FilesystemWeightPublisher, AdapterPublisher, SharedAdapterPublisher, IpcWeightPublisher,
                       NcclWeightPublisher):
-        parameters = inspect.signature(publisher._update_one).parameters
-        assert {"gate", "after_gate"} <= set(parameters), publisher.__name__
+        assert passed <= set(inspect.signature(publisher._update_one).parameters), publisher.__name__
