@@ -20,7 +20,9 @@ the weights differ), then:
   completion tokens/s, the prompt tokens computed again (vLLM's counters: prompt tokens less cached ones,
   local and loaded through the connector), preemptions, and routed-experts rows unknown (-1; Router Replay
   through offload is agentrl's plugin, `inference/vllm_plugin/routed_offload.py`); kv-none-no-r3 and
-  kv-native-no-r3 are the same without routed experts, to tell the plugin's cost from the connector's;
+  kv-native-no-r3 are the same without routed experts, to tell the plugin's cost from the connector's, and
+  kv-none-sync and kv-native-sync without asynchronous scheduling; each row has the mean and largest request
+  time of each turn, and with `--iterations` vLLM's own step count and step time (`iteration_summary`);
 - pd-nixl, pd: a prefill and a decode server on the one device, each with half of `--memory`, joined by vLLM's
   NixlConnector (`inference.kv_connector = "nixl"`) or agentrl's folder connector (`"example"`), every request
   sent as agentrl's token client sends it (`clients.prefill_decode`: prefill, then decode, the prompt's routing
@@ -41,6 +43,7 @@ import asyncio
 import json
 import platform
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -65,6 +68,10 @@ VARIANTS = {
     # controls without routed experts (no Router Replay): what agentrl's capture of the loaded blocks' routing costs
     "kv-none-no-r3": {"fp8": False, "routed_experts": False, "workload": "multi-turn"},
     "kv-native-no-r3": {"fp8": False, "kv_offload": "cpu", "routed_experts": False, "workload": "multi-turn"},
+    # controls without asynchronous scheduling (with a connector, vLLM 0.24 then frees blocks without deferring)
+    "kv-none-sync": {"fp8": False, "workload": "multi-turn", "extra_args": ["--no-async-scheduling"]},
+    "kv-native-sync": {"fp8": False, "kv_offload": "cpu", "workload": "multi-turn",
+                       "extra_args": ["--no-async-scheduling"]},
     # prefill/decode disaggregation on the one device, against one server (`throughput`, `first_token_s`)
     # (two servers of one InferenceConfig, each started with its role: the loop's P/D plan is not used here)
     "pd-nixl": {"fp8": False, "kv_connector": "nixl", "workload": "pd"},
@@ -93,6 +100,7 @@ async def multi_turn(url: str, *, sessions: int, context: int, turns: int, token
     from agentrl.routed import decode_routed_experts_array
 
     work = multi_turn_sessions(sessions=sessions, context=context, turns=turns, vocab=vocab)
+    latencies: list[list[float]] = [[] for _ in range(turns)]  # per turn: each session's request time
     limits = httpx.Limits(max_connections=sessions + 8)
     async with httpx.AsyncClient(timeout=900, limits=limits) as client:
         async def session(item: dict, index: int) -> tuple[int, int]:
@@ -100,7 +108,9 @@ async def multi_turn(url: str, *, sessions: int, context: int, turns: int, token
             for turn, output in enumerate(item["outputs"]):
                 body = {"token_ids": prompt, "sampling_params": {"max_tokens": tokens, "temperature": 1.0,
                                                                   "seed": index * 100 + turn, "ignore_eos": True}}
+                sent = time.perf_counter()
                 response = await client.post(f"{url}/inference/v1/generate", json=body)
+                latencies[turn].append(time.perf_counter() - sent)
                 response.raise_for_status()
                 choice = response.json()["choices"][0]
                 rows = decode_routed_experts_array(choice.get("routed_experts"))
@@ -121,7 +131,23 @@ async def multi_turn(url: str, *, sessions: int, context: int, turns: int, token
             "prompt_tokens_loaded": moved["external_prefix_cache_hits"],
             "prefill_recomputed": moved["prompt_tokens"] - moved["prompt_tokens_cached"],
             "preemptions": moved["num_preemptions"], "routed_rows_unknown": sum(unknown for _, unknown in done),
-            "requests": sessions * turns}
+            "requests": sessions * turns,
+            "turn_latency_mean_s": [round(sum(times) / len(times), 3) for times in latencies],
+            "turn_latency_max_s": [round(max(times), 3) for times in latencies]}
+
+
+ITERATION = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation "
+                       r"requests, (\d+) generation tokens, iteration elapsed time: ([\d.]+) ms")
+
+
+def iteration_summary(log_text: str, *, since: int) -> dict:
+    """vLLM's per-step lines (`--enable-logging-iteration-details`) after the first `since` of them: the steps that
+    ran tokens, their time (each from its launch to its output, so overlapping steps of asynchronous scheduling
+    count twice), and how many ran prefill (context) tokens."""
+    steps = [match.groups() for match in ITERATION.finditer(log_text)][since:]
+    return {"iterations": len(steps), "iteration_ms_sum": round(sum(float(step[5]) for step in steps), 1),
+            "prefill_iterations": sum(int(step[2]) > 0 for step in steps),
+            "context_tokens": sum(int(step[2]) for step in steps)}
 
 
 async def generate(client: httpx.AsyncClient, url: str, body: dict, *, prefill_url: str | None = None) -> dict:
@@ -223,6 +249,8 @@ def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: in
 
     fields = dict(VARIANTS[name])
     workload = fields.pop("workload", None)
+    if workload == "multi-turn" and args.iterations:  # vLLM logs each step; summarised after the workload
+        fields["extra_args"] = [*fields.get("extra_args", []), "--enable-logging-iteration-details"]
     routed = fields.pop("routed_experts", True)
     multi, pd = workload == "multi-turn", workload == "pd"
     if multi:  # the GPU's KV cache holds `--kv-tokens`, far fewer than the sessions' prompts together
@@ -253,8 +281,12 @@ def bench_variant(name: str, model: Path, *, args: argparse.Namespace, vocab: in
         row = {"variant": name, "workload": "multi-turn" if multi else "throughput", "dtype": dtype,
                "server_start_s": round(max(one.startup_s or 0.0 for one in servers.values()), 1)}
         if multi:
+            log_path = work / f"{name}.log"
+            warm_steps = len(ITERATION.findall(log_path.read_text(errors="replace"))) if args.iterations else 0
             row.update(asyncio.run(multi_turn(server.url, sessions=args.sessions, context=args.context,
                                               turns=args.turns, tokens=args.turn_tokens, vocab=vocab)))
+            if args.iterations:
+                row.update(iteration_summary(log_path.read_text(errors="replace"), since=warm_steps))
         else:
             row.update(asyncio.run(throughput(server.url, requests=args.requests, prompt_tokens=args.prompt_tokens,
                                               tokens=args.tokens, vocab=vocab, prefill_url=prefill_url)))
@@ -300,6 +332,8 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=64, help="multi-turn: tokens per answer")
     parser.add_argument("--kv-tokens", type=int, default=32768, help="multi-turn: tokens the GPU's KV cache holds")
     parser.add_argument("--offload-gib", type=float, default=16.0, help="multi-turn: CPU offload per server")
+    parser.add_argument("--iterations", action="store_true",
+                        help="multi-turn: vLLM logs every step (--enable-logging-iteration-details); the row sums them")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=Path("/tmp/agentrl-inference-features"))
     args = parser.parse_args()

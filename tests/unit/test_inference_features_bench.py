@@ -50,3 +50,18 @@ def test_the_multi_turn_length_fits_the_model_or_stops_in_one_line_before_any_se
         bench.multi_turn_length(tmp_path, context=6000, turns=4, turn_tokens=16)
     assert "6160 positions" in str(stopped.value) and "4096" in str(stopped.value)
     assert "\n" not in str(stopped.value)
+
+
+def test_the_iteration_summary_counts_only_the_steps_after_the_warm_up(bench):
+    """vLLM 0.24's `--enable-logging-iteration-details` line (`EngineCore.log_iteration_details`), as the server's
+    log holds it; the steps logged before the workload (start-up, warm-up) are left out."""
+    def line(index: int, context_requests: int, context_tokens: int, generation: int, ms: float) -> str:
+        return (f"(EngineCore pid=7) INFO 12-07 00:40:01 [core.py:451] Iteration({index}): {context_requests} context "
+                f"requests, {context_tokens} context tokens, {generation} generation requests, {generation} generation "
+                f"tokens, iteration elapsed time: {ms:.2f} ms")
+
+    log = "\n".join([line(0, 1, 300, 0, 90.0), "(APIServer pid=5) INFO other", line(1, 2, 4096, 3, 12.5),
+                     line(2, 0, 0, 8, 1.25), line(3, 1, 48, 7, 2.0)])
+    assert bench.iteration_summary(log, since=1) == {"iterations": 3, "iteration_ms_sum": 15.8,
+                                                     "prefill_iterations": 2, "context_tokens": 4144}
+    assert bench.iteration_summary(log, since=4)["iterations"] == 0
