@@ -3,6 +3,7 @@ KV-bound multi-turn workload without and with KV offload, and prefill/decode dis
 
     python3 bench/inference_features.py --model runs/gpu-1xh200/glm-air-5b-sft [--requests 256 --tokens 256]
     python3 bench/inference_features.py --variants kv-none,kv-native,kv-mooncake [--sessions 32 --kv-tokens 32768]
+    python3 bench/inference_features.py --variants kv-none,kv-native --positions 20000 --context 16000 --iterations
     python3 bench/inference_features.py --variants bf16,pd [--device cpu --model tiny-moe --requests 16 ...]
 
 For each variant (`--variants`, default bf16, fp8 with one scale per tensor, fp8 with 128 x 128 block
@@ -316,6 +317,22 @@ def multi_turn_length(model: Path, *, context: int, turns: int, turn_tokens: int
     return max(needed, ROUTING_PROMPT_TOKENS + ROUTING_TOKENS)
 
 
+def with_positions(model: Path, positions: int, *, work: Path) -> Path:
+    """A copy of `model` whose config.json says `positions` (max_position_embeddings), every other file linked: the
+    random tokens of the multi-turn workload need no trained positions (rotary embeddings extrapolate), and a longer
+    context makes the prefill that offload saves cost more (`--positions`)."""
+    copy = work / f"{model.name}-positions-{positions}"
+    copy.mkdir(parents=True, exist_ok=True)
+    for item in model.iterdir():
+        target = copy / item.name
+        if item.name != "config.json" and not target.exists():
+            target.symlink_to(item.resolve())
+    config = json.loads((model / "config.json").read_text())
+    config["max_position_embeddings"] = positions
+    (copy / "config.json").write_text(json.dumps(config, indent=2))
+    return copy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft"),
@@ -334,6 +351,8 @@ def main() -> None:
     parser.add_argument("--offload-gib", type=float, default=16.0, help="multi-turn: CPU offload per server")
     parser.add_argument("--iterations", action="store_true",
                         help="multi-turn: vLLM logs every step (--enable-logging-iteration-details); the row sums them")
+    parser.add_argument("--positions", type=int, default=0,
+                        help="serve a copy of --model with this max_position_embeddings (`with_positions`)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=Path("/tmp/agentrl-inference-features"))
     args = parser.parse_args()
@@ -352,6 +371,8 @@ def main() -> None:
         sys.exit(f"inference_features: {'unknown variant ' + unknown[0] if unknown else f'no model at {args.model}'};"
                  f" variants are {', '.join(VARIANTS)}, --model a HF checkpoint folder")
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.positions:
+        args.model = with_positions(args.model, args.positions, work=args.work)
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     args.max_model_len = None  # the multi-turn workload's, checked against the model before any server starts
     if any(VARIANTS[name].get("workload") == "multi-turn" for name in names):

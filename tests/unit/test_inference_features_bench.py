@@ -65,3 +65,16 @@ def test_the_iteration_summary_counts_only_the_steps_after_the_warm_up(bench):
     assert bench.iteration_summary(log, since=1) == {"iterations": 3, "iteration_ms_sum": 15.8,
                                                      "prefill_iterations": 2, "context_tokens": 4144}
     assert bench.iteration_summary(log, since=4)["iterations"] == 0
+
+
+def test_a_copy_with_more_positions_links_every_other_file(bench, tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 4096, "hidden_size": 8}))
+    (model / "model.safetensors").write_bytes(b"weights")
+    copy = bench.with_positions(model, 20000, work=tmp_path / "work")
+    assert json.loads((copy / "config.json").read_text()) == {"max_position_embeddings": 20000, "hidden_size": 8}
+    assert (copy / "model.safetensors").is_symlink() and (copy / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((model / "config.json").read_text())["max_position_embeddings"] == 4096  # the original kept
+    assert bench.multi_turn_length(copy, context=16000, turns=4, turn_tokens=16) == 16160
+    assert bench.with_positions(model, 20000, work=tmp_path / "work") == copy  # again: the same copy
