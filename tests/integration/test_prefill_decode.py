@@ -194,13 +194,20 @@ def test_an_update_that_drops_the_caches_keeps_the_decode_side_s_cache(servers, 
                 TokenClient(servers["decode"], model="tiny-moe", prefill_url=servers["prefill"]) as client:
             preempted = await afetch_metric(http, servers["decode"], "vllm:num_preemptions")
             generated = await afetch_metric(http, servers["decode"], "vllm:generation_tokens")
-            sampling = SamplingConfig(max_tokens=600, temperature=1.0, seed=3, ignore_eos=True)
+            # 300 tokens: 5 s on the folder pair, 20-100 s on the NIXL pair (its decode side runs at 3-17 tok/s
+            # on 2 cores); the decode side must be seen paused while the request still runs (below)
+            sampling = SamplingConfig(max_tokens=300, temperature=1.0, seed=3, ignore_eos=True)
             running = asyncio.create_task(client.generate(PROMPT, sampling=sampling))
             deadline = time.monotonic() + 120
             while await afetch_metric(http, servers["decode"], "vllm:generation_tokens") < generated + 8:
                 assert not running.done() and time.monotonic() < deadline, "the request never started decoding"
                 await asyncio.sleep(0.05)
-            result = await publisher.apublish(ensure_model("tiny-moe"), version=1)
+            update = asyncio.create_task(publisher.apublish(ensure_model("tiny-moe"), version=1))
+            while not (await http.get(f"{servers['decode']}/is_paused")).json()["is_paused"]:
+                assert not update.done() and time.monotonic() < deadline, "the decode side was never paused"
+                await asyncio.sleep(0.02)
+            assert not running.done(), "the request ended before the decode side was paused: nothing was drained"
+            result = await update
             completion, _ = await running
             after = await afetch_metric(http, servers["decode"], "vllm:num_preemptions")
             following, _ = await client.generate(PROMPT[:200], sampling=SamplingConfig(max_tokens=4))
@@ -210,7 +217,7 @@ def test_an_update_that_drops_the_caches_keeps_the_decode_side_s_cache(servers, 
     result, completion, preempted, following = asyncio.run(run())
     assert resets("decode") == before["decode"], "the decode side's cache was dropped"
     assert resets("prefill") > before["prefill"], "the prefill side's cache was kept"
-    assert len(completion.token_ids) == 600, completion.finish_reason
+    assert len(completion.token_ids) == 300, completion.finish_reason
     assert preempted == 0, "the decode side was paused with its request running, not drained"
     assert set(completion.policy_versions) == {0}, "the request in flight was not finished before the update"
     assert set(following.policy_versions) == {1}
