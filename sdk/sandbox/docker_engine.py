@@ -53,6 +53,7 @@ def docker_client():
         docker = require("docker", "cpu")
         try:
             client = docker.from_env(timeout=120, max_pool_size=256)
+            _one_connection_pool(client)
             client.ping()
         except Exception as error:  # docker raises DockerException/ConnectionError variants
             reason = str(error).split("\n")[0][:160]
@@ -62,6 +63,20 @@ def docker_client():
             ) from None
         _client = client
         return client
+
+
+def _one_connection_pool(client) -> None:
+    """Send every request of `client` over one unix-socket connection pool. docker-py (7.1) keys its pools by
+    request URL and keeps 25, closing the least recently used: with dozens of sandboxes at once, a pool another
+    thread had just taken was closed under it ("UnixHTTPConnectionPool(...): Pool is closed.", one rollout of an
+    eval lost, 2026-12-07). Every URL reaches the same socket, so one pool of `max_pool_size` serves them all.
+    Engines reached over TCP or SSH keep docker-py's own pooling."""
+    from docker.transport import UnixHTTPAdapter
+
+    adapter = client.api.adapters.get("http+docker://")
+    if isinstance(adapter, UnixHTTPAdapter):
+        by_url = adapter.get_connection
+        adapter.get_connection = lambda url, proxies=None: by_url("http+docker://localhost", proxies)
 
 
 def storage_opt_supported(client) -> bool:

@@ -271,3 +271,22 @@ def test_cli_run_and_ls(backend):
         holder.kill()
         holder.wait()
         subprocess.run([*cli, "gc", "--owner", "cli-ls-test"], capture_output=True)
+
+
+@needs_docker
+def test_every_request_of_the_shared_client_uses_one_pool_that_is_never_closed():
+    """docker-py keyed its unix-socket pools by request URL and kept 25, closing the oldest: with dozens of
+    sandboxes a pool another thread had just taken was closed under it (a rollout of an eval lost to "Pool is
+    closed."). Here a pool is taken, then more distinct URLs than docker-py keeps are requested of the real engine."""
+    import docker
+
+    from agentrl.sandbox.docker_engine import docker_client
+
+    client = docker_client()
+    adapter = client.api.adapters["http+docker://"]
+    taken = adapter.get_connection("http+docker://localhost/v1.47/containers/agentrl-taken/json")
+    for index in range(40):
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(f"agentrl-test-no-such-container-{uuid.uuid4().hex[:6]}-{index}")
+    assert taken.pool is not None, "the pool taken first was closed by later requests"
+    assert adapter.get_connection("http+docker://localhost/v1.47/containers/other/json") is taken
