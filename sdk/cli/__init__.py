@@ -3,7 +3,8 @@
 Each module in `agentrl.cli` registers either a command group (a Typer app named `app`,
 added under its group name) or top-level commands (a `register(app)` function). Modules
 are listed here once; a group whose module is absent from this install is skipped. Every
-`AgentrlError` raised by a command is printed as one line, with exit status 2.
+`AgentrlError` raised by a command is printed as one line, with exit status 2. Text a sandbox
+or a model wrote (rollout errors, their stderr) goes to the terminal through `printable`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal: control and format characters (ESC sequences, bidi overrides) written as
+    visible escapes (`\\x1b`, `\\u202e`), newlines and tabs kept. Print it with rich's `markup=False`."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -78,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         # Not standalone, click hands back a command's `typer.Exit(code)` as the return value.
         code = app(args=argv, prog_name="agentrl", standalone_mode=False)
     except AgentrlError as error:
-        typer.secho(f"error: {error}", fg="red", err=True)
+        typer.secho(f"error: {printable(str(error))}", fg="red", err=True)
         return error.exit_code
     except KeyboardInterrupt:
         typer.secho("interrupted", fg="yellow", err=True)

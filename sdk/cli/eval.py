@@ -127,10 +127,13 @@ def register(app: typer.Typer) -> None:
 
             console.print(f"view it: {view_command(summary.output_dir)}", markup=False, highlight=False,
                           soft_wrap=True)
+        from agentrl.cli import printable
+
+        first_error = printable(str(summary.first_error))  # sandbox or server text: shown, never interpreted
         if summary.num_rollouts and summary.errors == summary.num_rollouts:
-            typer.echo(f"error: all {summary.num_rollouts} rollouts failed; first error: {summary.first_error}",
-                       err=True)
+            typer.echo(f"error: all {summary.num_rollouts} rollouts failed; first error: {first_error}", err=True)
             raise typer.Exit(1)
         if summary.errors:
-            console.print(f"[yellow]{summary.errors} rollouts failed; first error: {summary.first_error}")
+            console.print(f"{summary.errors} rollouts failed; first error: {first_error}", style="yellow",
+                          markup=False, highlight=False, soft_wrap=True)
         _compare_with_baseline(resolved, summary, console, on_server)

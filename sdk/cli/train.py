@@ -56,6 +56,16 @@ def _eval_line(metrics: dict) -> str | None:
             f"({metrics['eval/tasks']} tasks)")
 
 
+def _error_line(metrics: dict) -> str | None:
+    """The step's failed rollouts and the first one's error (sandbox or model text, through `printable`), or None."""
+    if not metrics.get("rollout_errors"):
+        return None
+    from agentrl.cli import printable
+
+    first_error = printable(str(metrics.get("first_error")))
+    return f"  {int(metrics['rollout_errors'])} rollouts failed; first error: {first_error}"
+
+
 def _summary_lines(history: list[dict]) -> list[str]:
     """The end of a run against its noise: first and last windows of the reward with the interval of their
     difference, and the held-out evaluations' first and last."""
@@ -201,9 +211,9 @@ def register(app: typer.Typer) -> None:
                 held_out = _eval_line(metrics)
                 if held_out:
                     progress.console.print(held_out, markup=False, highlight=False)
-                if metrics.get("rollout_errors"):
-                    progress.console.print(f"  {int(metrics['rollout_errors'])} rollouts failed; first error: "
-                                           f"{metrics.get('first_error')}", markup=False, highlight=False)
+                failed = _error_line(metrics)
+                if failed:
+                    progress.console.print(failed, markup=False, highlight=False)
                 if metrics.get("failed_steps"):
                     progress.console.print(f"  no usable rollout: failed step {metrics['failed_steps']} in a row "
                                            f"(the run stops at {resolved.orchestrator.max_failed_steps})",
