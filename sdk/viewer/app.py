@@ -11,7 +11,9 @@
 
 Everything a rollout holds came from a model or a sandbox, so the page treats it as
 hostile: it is inserted as text, never as HTML, and the page is served with a
-Content-Security-Policy that allows only the viewer's own script and style files.
+Content-Security-Policy that allows only the viewer's own script and style files. A
+rollout's strings come back cut at `MAX_TEXT_CHARS`, with a marker (a 300 MB tool output
+crashed the browser tab); the file keeps them whole.
 Requests whose Host is not 127.0.0.1 or localhost are refused (DNS rebinding). Bad
 parameters get a 400 with a one-line message naming the parameter; unknown folders and
 rollouts a 404.
@@ -33,6 +35,7 @@ __all__ = ["create_app", "STATIC"]
 
 STATIC = Path(__file__).parent / "static"
 MAX_LIMIT = 5000
+MAX_TEXT_CHARS = 200_000
 ALLOWED_HOSTS = ("127.0.0.1", "localhost")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -53,10 +56,17 @@ def _number(params: Any, name: str, kind: type, default: Any = None) -> Any:
         raise BadParameter(f"parameter {name}={value!r} is not {expected}") from None
 
 
-def json_safe(value: Any) -> Any:
-    """`value` with every non-finite float as None (JSON has no NaN or Infinity), walked without recursion."""
+def _cut(text: str, max_chars: int, source: str) -> str:
+    return text[:max_chars] + f"\n[... {len(text) - max_chars:,} more characters cut by the viewer; {source} has them]"
+
+
+def json_safe(value: Any, *, max_chars: int | None = None, source: str = "the file") -> Any:
+    """`value` with every non-finite float as None (JSON has no NaN or Infinity), walked without recursion; with
+    `max_chars`, every longer string cut there with a marker naming `source`."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str) and max_chars is not None and len(value) > max_chars:
+        return _cut(value, max_chars, source)
     if not isinstance(value, (dict, list)):
         return value
     root = [value]
@@ -66,6 +76,8 @@ def json_safe(value: Any) -> Any:
         item = holder[key]
         if isinstance(item, float) and not math.isfinite(item):
             holder[key] = None
+        elif isinstance(item, str) and max_chars is not None and len(item) > max_chars:
+            holder[key] = _cut(item, max_chars, source)
         elif isinstance(item, dict):
             copy = dict(item)
             holder[key] = copy
@@ -77,12 +89,14 @@ def json_safe(value: Any) -> Any:
     return root[0]
 
 
-def json_response(content: Any, status_code: int = 200):
+def json_response(content: Any, status_code: int = 200, *, max_chars: int | None = None, source: str = "the file"):
     """A JSON answer whatever the files held: NaN / Infinity as null, text ASCII-escaped (a lone surrogate from a
-    `\\ud800` escape, or a folder name that is not UTF-8, becomes a JSON escape instead of a 500)."""
+    `\\ud800` escape, or a folder name that is not UTF-8, becomes a JSON escape instead of a 500); with
+    `max_chars`, longer strings cut with a marker naming `source` (`json_safe`)."""
     from starlette.responses import Response
 
-    body = json.dumps(json_safe(content), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    body = json.dumps(json_safe(content, max_chars=max_chars, source=source), ensure_ascii=True, allow_nan=False,
+                      separators=(",", ":"))
     return Response(body, status_code=status_code, media_type="application/json")
 
 
@@ -138,7 +152,8 @@ def create_app(paths: list[str | Path]):
         record = folder.rollouts.record(n)
         decode = decoder_for(folder.model())
         return json_response({"n": n, "folder": folder.id, "record": record,
-                             "tokens": token_rows(record, decode=decode), "decoded": decode is not None})
+                             "tokens": token_rows(record, decode=decode), "decoded": decode is not None},
+                             max_chars=MAX_TEXT_CHARS, source=folder.rollouts.path.name)
 
     async def compare(request: Request):
         params = request.query_params

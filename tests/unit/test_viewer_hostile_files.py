@@ -1,4 +1,4 @@
-"""The viewer answers whatever its folders hold: a NaN reward, a lone surrogate, bytes that are not UTF-8.
+"""The viewer answers whatever its folders hold: a NaN reward, a lone surrogate, bytes that are not UTF-8, a huge string.
 
 On main, one NaN reward or one `\\ud800` escape in a results file gave HTTP 500 for that folder's
 rollouts, and a folder whose name or files were not UTF-8 blanked the whole page (`/api/folders` 500).
@@ -61,3 +61,24 @@ def test_nan_and_lone_surrogates_come_back_as_json(client):
     assert second.status_code == 200 and second.json()["record"]["messages"][0]["content"] == "\ud800 lone"
     run = client.get(f"/api/folders/{ids['run-bad-config']}/metrics")
     assert run.status_code == 200 and run.json()["rows"][0] == {"step": 0, "reward": 0.5}
+
+
+def test_a_huge_tool_output_is_cut_for_the_page(tmp_path):
+    """A 300 MB tool output in one eval record crashed the browser tab that opened the rollout (50 MB took 13 s
+    to show): the rollout's strings come back cut at `MAX_TEXT_CHARS` with a marker; the file keeps them whole."""
+    from agentrl.viewer.app import MAX_TEXT_CHARS
+
+    folder = tmp_path / "eval-huge"
+    folder.mkdir()
+    output = "x" * (5 * MAX_TEXT_CHARS)
+    record = {**RECORD, "messages": [{"role": "tool", "content": output, "tool_call_id": "c"}],
+              "state": {"log": [output]}}
+    (folder / "results.jsonl").write_text(json.dumps(record) + "\n")
+    client = TestClient(create_app([folder]), base_url="http://127.0.0.1")
+    answer = client.get("/api/folders/0/rollouts/0")
+    assert answer.status_code == 200 and len(answer.content) < 3 * MAX_TEXT_CHARS
+    shown = answer.json()["record"]
+    for text in (shown["messages"][0]["content"], shown["state"]["log"][0]):
+        assert text.startswith(output[:MAX_TEXT_CHARS]) and len(text) < MAX_TEXT_CHARS + 200
+        assert f"{4 * MAX_TEXT_CHARS:,} more characters" in text and "results.jsonl" in text
+    assert client.get("/api/folders/0/rollouts").json()["rows"][0]["n"] == 0
