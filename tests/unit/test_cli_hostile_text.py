@@ -19,6 +19,8 @@ import threading
 
 import pytest
 
+from tests.http_thread import serving
+
 HOSTILE = b"refused [/] [/] [bold]bold[/bold] [link=http://evil.example]x[/link] \x1b]52;c;aGk=\x07\x1b[2J\x1b]0;title\x07"
 
 
@@ -56,14 +58,8 @@ def hostile_server():
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
     server.refuse_all, server.models = False, []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 @pytest.mark.parametrize("refuse_all", [False, True], ids=["some-fail", "all-fail"])

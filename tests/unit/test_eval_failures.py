@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 
 import pytest
+
+from tests.http_thread import serving
 
 
 @pytest.fixture
@@ -36,14 +37,8 @@ def refusing_server():
             pass  # a client that hung up mid-answer (the CLI stopping at once) is not this test's output
 
     server = Quiet(("127.0.0.1", 0), Refuse)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def _closed_port() -> int:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from agentrl.clients.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
+from tests.http_thread import serving
 
 
 class _Recorder(http.server.ThreadingHTTPServer):
@@ -52,14 +53,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def recorder():
-    server = _Recorder()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_Recorder()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_requests_spread_over_shards_within_the_connection_limit(recorder):
