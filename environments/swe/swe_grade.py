@@ -1,9 +1,12 @@
 """Grade a repository diff for a `swe` task by running the task's tests in a fresh sandbox.
 
 `grade(instance, diff)` starts a sandbox from the task's image, puts the repository in its
-start state (swe_task.prepare_repository), applies the diff with `git apply`, puts back any
-test file or conftest.py the diff touched (the tests decide the reward, so the diff may not
-change them), applies the row's test_patch (as SWE-bench does), runs the files holding
+start state (swe_task.prepare_repository), applies the diff with `git apply` (a diff naming a
+path in .git or making a symbolic link is refused: swebench's last resort, GNU patch, writes
+through either, and a hook set in .git/config would run in the grader's git commands), puts
+back any test file or conftest.py the diff touched (the tests decide the reward, so the diff
+may not change them; new files count whether or not a .gitignore hides them), applies the
+row's test_patch (as SWE-bench does), runs the files holding
 FAIL_TO_PASS and PASS_TO_PASS with a timeout as a grader that does not trust the code it
 tests (swe_sandbox.run_checked_pytest: the repository after the standard library, a canary
 test, the outcomes cross-checked between channels; a disagreement scores 0 and sets
@@ -19,6 +22,7 @@ the same reward.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import asdict, dataclass
@@ -86,14 +90,31 @@ def _is_test_file(path: str, instance: SweInstance) -> bool:
             or (not instance.bug_patch and is_swebench_test_path(path)))
 
 
+# Untracked files, ignored ones included (the diff may bring a .gitignore that hides what it adds), sorted.
+_UNTRACKED = "git ls-files --others -z | LC_ALL=C sort -z"
+_UNTRACKED_BEFORE = "/tmp/agentrl_swe/untracked-before"
+
+
+async def _note_untracked(sandbox) -> None:
+    """Record the start state's untracked files (build output, a venv) before the diff applies."""
+    folder = _UNTRACKED_BEFORE.rsplit("/", 1)[0]
+    noted = await sandbox.exec(f"set -o pipefail; mkdir -p {folder} && {_UNTRACKED} > {_UNTRACKED_BEFORE}",
+                               timeout=60, cwd=REPO_DIR)
+    if noted.exit_code != 0:
+        raise AgentrlError(f"swe: could not list the untracked files of {REPO_DIR}: {noted.stderr.strip()[:200]}")
+
+
 async def _revert_test_files(sandbox, instance: SweInstance) -> int:
     """Put back every test file, conftest.py or pytest shadow the diff changed or added (SWE-bench resets test files).
 
-    The tests decide the reward, so a diff may not edit them: changes are undone, new ones removed.
+    The tests decide the reward, so a diff may not edit them: changes are undone, new ones removed (also those
+    a .gitignore hides: every untracked file not there before the diff counts).
     """
-    listing = await sandbox.exec("git diff --name-only HEAD; git ls-files --others --exclude-standard",
-                                 timeout=60, cwd=REPO_DIR)
-    touched = sorted({path for path in listing.stdout.splitlines() if path and _is_test_file(path, instance)})
+    listing = await sandbox.exec(f"set -o pipefail; git diff --name-only -z HEAD && {_UNTRACKED} | "
+                                 f"LC_ALL=C comm -z -13 {_UNTRACKED_BEFORE} -", timeout=60, cwd=REPO_DIR)
+    if listing.exit_code != 0 or listing.stdout_truncated:
+        raise AgentrlError(f"swe: could not list the files the diff changed: {listing.stderr.strip()[:200]}")
+    touched = sorted({path for path in listing.stdout.split("\0") if path and _is_test_file(path, instance)})
     for path in touched:
         quoted = shlex.quote(path)
         await sandbox.exec(f"git cat-file -e HEAD:{quoted} 2>/dev/null && git checkout -q HEAD -- {quoted} || rm -f -- {quoted}",
@@ -109,8 +130,30 @@ def grading_spec(instance: SweInstance, *, where: str | None = None) -> Any:
     return swebench_test_spec(instance, where=where or instance.instance_id)
 
 
+# Lines of a diff that name a file (git's, unified and context diffs', GNU patch's `Index:`), and git's mode lines
+# that make or change a symbolic link.
+_DIFF_PATH = re.compile(r"^(?:diff --git|---|\+\+\+|\*\*\*|Index:|(?:rename|copy) (?:from|to)) (.*)$", re.MULTILINE)
+_GIT_PART = re.compile(r'(?:^|[\s/"])\.git(?:[\s/"]|$)', re.IGNORECASE)
+_SYMLINK_MODE = re.compile(r"^(?:new file mode|new mode|index \S+) 120000\s*$", re.MULTILINE)
+
+
+def _unsafe_diff(diff: str) -> str:
+    """Why `diff` may not be applied ('' when it may): it names a path in .git or makes a symbolic link (GNU patch
+    writes through a link into .git, where a hook in .git/config would run in the grader's git commands)."""
+    for match in _DIFF_PATH.finditer(diff):
+        name = re.sub(r"\\([0-7]{1,3})", lambda code: chr(int(code.group(1), 8)), match.group(1))  # quoted names
+        if _GIT_PART.search(name):
+            return f"it names a path in .git ({match.group(0)[:100]!r})"
+    if _SYMLINK_MODE.search(diff):
+        return "it makes or changes a symbolic link"
+    return ""
+
+
 async def _apply_diff(sandbox, instance: SweInstance, diff: str) -> str:
-    """Apply the agent's diff; an error message when it does not apply."""
+    """Apply the agent's diff; an error message when it does not apply (or may not: `_unsafe_diff`)."""
+    unsafe = _unsafe_diff(diff)
+    if unsafe:
+        return f"patch refused: {unsafe}"
     await sandbox.write_file(_PATCH_PATH, diff if diff.endswith("\n") else diff + "\n")
     if not instance.bug_patch:  # a SWE-bench row: as swebench's harness applies it
         applied, output = await apply_like_swebench(sandbox, _PATCH_PATH)
@@ -140,6 +183,7 @@ async def grade_in_sandbox(sandbox, instance: SweInstance, diff: str, *, timeout
     if spec is None:
         spec = grading_spec(instance)
     result = GradeResult(empty_patch=float(not diff.strip()))
+    await _note_untracked(sandbox)
     if diff.strip():
         result.error = await _apply_diff(sandbox, instance, diff)
         if result.error:

@@ -193,6 +193,49 @@ async def test_a_diff_that_fakes_the_runners_output_is_undone(django_rows):
     assert (result.reward, result.fail_to_pass, result.pass_to_pass) == (0.0, 0.0, 1.0), result
 
 
+# Run by git's core.fsmonitor in every git command of the grader: once the eval script is written (after the
+# test-file revert), the fake runner goes over tests/runtests.py.
+FSMONITOR_HOOK = """#!/bin/sh
+[ -e /tmp/agentrl_swe/armed ] && exit 1
+touch /tmp/agentrl_swe/armed
+(while [ ! -e /tmp/agentrl_swe/eval.sh ]; do sleep 0.01; done; cp /testbed/.git/fake_runner.py /testbed/tests/runtests.py) \\
+  >/dev/null 2>&1 </dev/null &
+exit 1
+"""
+
+
+@needs_swebench
+@pytest.mark.integration
+async def test_a_diff_that_writes_into_git_is_refused(django_rows):
+    """swebench's last resort (GNU patch) writes paths in .git, directly or through a link the diff makes: a hook in
+    .git/config would run in the grader's own git commands and swap the test runner after the test-file revert."""
+    from swe_grade import grade
+    from swe_sandbox import open_sandbox
+    from swe_task import prepare_repository
+
+    instance = django_rows["swebench5"]
+    names = DJANGO_FAIL_TO_PASS + DJANGO_PASS_TO_PASS
+    fake = "".join(f"    print({name + ' ... ok'!r}, file=sys.stderr)\n" for name in names) + "    sys.exit(0)\n"
+    async with open_sandbox(instance.image_name) as sandbox:
+        await prepare_repository(sandbox, instance)
+        runner = await sandbox.read_file("tests/runtests.py")
+        anchor = "    args = parser.parse_args()\n"
+        await sandbox.write_file("/tmp/new/.git/fake_runner.py", runner.replace(anchor, anchor + fake))
+        await sandbox.write_file("/tmp/new/.git/hook.sh", FSMONITOR_HOOK)
+        made = await sandbox.exec(
+            "mkdir -p /tmp/old/.git && cp .git/config /tmp/old/.git/config && cp .git/config /tmp/new/.git/config && "
+            "printf '\\tfsmonitor = sh /testbed/.git/hook.sh\\n' >> /tmp/new/.git/config && cd /tmp && "
+            "diff -ruN old new | sed 's#^--- old/#--- a/#; s#^+++ new/#+++ b/#'", timeout=60)
+    into_git = made.stdout
+    assert "+++ b/.git/config" in into_git
+    through_link = ("diff --git a/lnk b/lnk\nnew file mode 120000\n--- /dev/null\n+++ b/lnk\n@@ -0,0 +1 @@\n+.git\n"
+                    "\\ No newline at end of file\n" + into_git.replace(" a/.git/", " a/lnk/").replace(" b/.git/", " b/lnk/"))
+    for hack in (into_git, through_link):
+        result = await grade(instance, hack)
+        assert (result.reward, result.patch_applied) == (0.0, 0.0), result
+        assert result.error.startswith("patch refused:"), result.error
+
+
 @needs_swebench
 @pytest.mark.integration
 async def test_the_agent_works_in_the_images_conda_env(django_rows, tmp_path):
