@@ -4,8 +4,10 @@
 start state (swe_task.prepare_repository), applies the diff with `git apply` (a diff naming a
 path in .git or making a symbolic link is refused: swebench's last resort, GNU patch, writes
 through either, and a hook set in .git/config would run in the grader's git commands), puts
-back any test file or conftest.py the diff touched (the tests decide the reward, so the diff
-may not change them; new files count whether or not a .gitignore hides them), applies the
+back any test file, conftest.py or pytest configuration the diff touched (the tests decide the
+reward, so the diff may not change them or how pytest runs them: pytest.ini, tox.ini and the
+like, the pytest section of a setup.cfg or pyproject.toml; new files count whether or not a
+.gitignore hides them), applies the
 row's test_patch (as SWE-bench does), runs the files holding
 FAIL_TO_PASS and PASS_TO_PASS with a timeout as a grader that does not trust the code it
 tests (swe_sandbox.run_checked_pytest: the repository after the standard library, a canary
@@ -77,8 +79,14 @@ def _share(tests: list[str], outcomes: dict[str, str]) -> float:
     return sum(1 for node in tests if outcomes.get(node) == "passed") / len(tests)
 
 
-# Files that change how tests run rather than what they test: shadowing pytest or hooking the interpreter.
-_PROTECTED_NAMES = {"conftest.py", "pytest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini"}
+# Files that change how tests run rather than what they test: shadowing pytest or hooking the interpreter, and
+# the configuration files pytest reads (from the test files' folder up) that hold nothing but its settings.
+_PROTECTED_NAMES = {"conftest.py", "pytest.py", "sitecustomize.py", "usercustomize.py", "pytest.ini", ".pytest.ini",
+                    "pytest.toml", ".pytest.toml", "tox.ini"}
+# Configuration files with a pytest section among others: put back when that section changed (`addopts = -p
+# a_plugin_in_the_diff` passes whatever it likes where the test command does not pin `-c`).
+_SHARED_CONFIGS = ("setup.cfg", "pyproject.toml")
+_CONFIG_BYTES = 1 << 20
 
 
 def _is_test_file(path: str, instance: SweInstance) -> bool:
@@ -114,12 +122,52 @@ async def _revert_test_files(sandbox, instance: SweInstance) -> int:
                                  f"LC_ALL=C comm -z -13 {_UNTRACKED_BEFORE} -", timeout=60, cwd=REPO_DIR)
     if listing.exit_code != 0 or listing.stdout_truncated:
         raise AgentrlError(f"swe: could not list the files the diff changed: {listing.stderr.strip()[:200]}")
-    touched = sorted({path for path in listing.stdout.split("\0") if path and _is_test_file(path, instance)})
+    changed = {path for path in listing.stdout.split("\0") if path}
+    touched = sorted({path for path in changed if _is_test_file(path, instance)}
+                     | {path for path in changed if await _pytest_section_changed(sandbox, path)})
     for path in touched:
         quoted = shlex.quote(path)
         await sandbox.exec(f"git cat-file -e HEAD:{quoted} 2>/dev/null && git checkout -q HEAD -- {quoted} || rm -f -- {quoted}",
                            timeout=60, cwd=REPO_DIR)
     return len(touched)
+
+
+def pytest_section(name: str, text: str) -> Any:
+    """The pytest settings of a `setup.cfg` (`[tool:pytest]`) or `pyproject.toml` (`[tool.pytest...]`), None when
+    there are none; raises ValueError when the file does not parse."""
+    if name == "pyproject.toml":
+        import tomllib
+
+        try:
+            return tomllib.loads(text).get("tool", {}).get("pytest")
+        except (tomllib.TOMLDecodeError, AttributeError) as error:
+            raise ValueError(str(error)) from None
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read_string(text)
+    except configparser.Error as error:
+        raise ValueError(str(error)) from None
+    return dict(parser.items("tool:pytest")) if parser.has_section("tool:pytest") else None
+
+
+async def _pytest_section_changed(sandbox, path: str) -> bool:
+    """Whether the diff changed the pytest section of a shared configuration file (`_SHARED_CONFIGS`); a file that
+    does not parse, or is too large to check, counts as changed."""
+    name = path.rsplit("/", 1)[-1]
+    if name not in _SHARED_CONFIGS:
+        return False
+    quoted = shlex.quote(path)
+    before = await sandbox.exec(f"git show HEAD:{quoted} 2>/dev/null | head -c {_CONFIG_BYTES + 1}", timeout=60,
+                                cwd=REPO_DIR)
+    after = await sandbox.exec(f"head -c {_CONFIG_BYTES + 1} -- {quoted}", timeout=60, cwd=REPO_DIR)
+    try:
+        if max(len(before.stdout), len(after.stdout)) > _CONFIG_BYTES or after.exit_code != 0:
+            return True
+        return pytest_section(name, before.stdout) != pytest_section(name, after.stdout)
+    except ValueError:
+        return True
 
 
 def grading_spec(instance: SweInstance, *, where: str | None = None) -> Any:

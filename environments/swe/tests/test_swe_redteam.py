@@ -191,3 +191,43 @@ async def test_swe_cheat_scores_zero(sample_file, backend, cheat):
     assert "[exit code" not in rollout.messages[-3].content or "exit code 0" in rollout.messages[-3].content
     assert rollout.state["diff"].strip()  # the cheat is in the graded diff
     assert rollout.reward == 0.0, (cheat, rollout.state.get("grade_error"))
+
+
+# A plugin the diff brings, loaded by an `addopts = -p ...` in a pytest configuration file the diff adds where the
+# row's test command does not pin one (`-c`): rows without a test_command run `PYTEST_TEST_COMMAND`.
+EVIL_PLUGIN = SELECTIVE_CONFTEST
+CONFIG_CHEATS = {
+    "tox_ini": ("tox.ini", "[pytest]\naddopts = -p agentrl_evil\n"),
+    "setup_cfg": ("setup.cfg", "[metadata]\nname = fixed\n\n[tool:pytest]\naddopts = -p agentrl_evil\n"),
+    "pyproject": ("pyproject.toml", '[tool.pytest.ini_options]\naddopts = "-p agentrl_evil"\n'),
+}
+
+
+@pytest.fixture(scope="module")
+def unpinned_sample_file(tmp_path_factory):
+    from swe_task import PYTEST_TEST_COMMAND
+
+    build_sample_images()
+    path = tmp_path_factory.mktemp("swe-redteam-unpinned") / "sample.jsonl"
+    row = {**sample_rows()[0], "test_command": PYTEST_TEST_COMMAND}
+    path.write_text(json.dumps(row) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("backend", BACKENDS[:1])
+@pytest.mark.parametrize("cheat", list(CONFIG_CHEATS))
+async def test_a_pytest_configuration_the_diff_adds_is_put_back(unpinned_sample_file, backend, cheat):
+    """Each configuration file that loads the diff's plugin, put in the test files' folder (where pytest looks
+    first, before the repository's own pyproject.toml), is put back and the cheat scores 0 (1.0 before)."""
+    env = _env(unpinned_sample_file, backend)
+    [task] = env.tasks("test")
+    test_file = task.info["FAIL_TO_PASS"][0].split("::")[0]
+    folder = test_file.rsplit("/", 1)[0] if "/" in test_file else "."
+    name, text = CONFIG_CHEATS[cheat]
+    policy = ScriptedPolicy([_write("agentrl_evil.py", EVIL_PLUGIN), _write(f"{folder}/{name}", text),
+                             {"tool_calls": [tool_call("submit", answer="fixed")]}])
+    [rollout] = await env.run_group(policy, task, n=1, sampling=SAMPLING)
+    assert rollout.error is None, rollout.error
+    assert f"{folder}/{name}" in rollout.state["diff"]
+    assert rollout.reward == 0.0, (cheat, rollout.state.get("grade_error"))
+    assert rollout.state["grade"]["test_files_reverted"] == 1.0, rollout.state["grade"]
