@@ -342,6 +342,34 @@ def _spec_from_folder(path: Path, *, name: str, hf_repo: str | None = None) -> M
     )
 
 
+def _checkpoints_of(folder: Path) -> list[str]:
+    """The `step_N` folders of a run's checkpoints folder, in step order ([] when there are none)."""
+    if not folder.is_dir():
+        return []
+    steps = [child.name for child in folder.iterdir() if child.is_dir() and child.name.startswith("step_")
+             and child.name[5:].isdigit()]
+    return sorted(steps, key=lambda name: int(name[5:]))
+
+
+def _missing_folder(path: Path) -> str:
+    """Why a model path names nothing: the checkpoints its folder has, or the deepest folder of it that exists and
+    the closest name there."""
+    steps = _checkpoints_of(path.parent)
+    if steps:
+        return f"no checkpoint {path}: {path.parent} has {', '.join(steps[-5:])}"
+    import difflib
+
+    missing = path
+    while str(missing.parent) not in ("", ".", missing.anchor) and not missing.parent.is_dir():
+        missing = missing.parent
+    where = missing.parent if missing.parent.is_dir() else Path(".")
+    names = [child.name for child in where.iterdir() if child.is_dir()] if where.is_dir() else []
+    close = difflib.get_close_matches(missing.name, names, n=1, cutoff=0.6)
+    return (f"no model folder {path} ({where} has no {missing.name}"
+            + (f"; did you mean {where / close[0]}?)" if close else ")")
+            + ": pass an HF model folder, a run's checkpoint (RUN/checkpoints/step_N) or a preset")
+
+
 def resolve_model(name_or_path: str | Path) -> ModelSpec:
     """A preset name, a local HF model folder or a cached HF repo id -> ModelSpec."""
     key = str(name_or_path)
@@ -359,6 +387,10 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
                 base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
                 raise NotFoundError(f"model folder {path} holds a LoRA adapter for {base or 'its base model'}, not "
                                     "a model: serving base + adapter is not built yet; pass a full-weight model folder")
+            steps = _checkpoints_of(path / "checkpoints")
+            if steps:  # a run folder: its checkpoints are the models
+                raise NotFoundError(f"model folder {path} is a run folder, not a model; pass one of its checkpoints: "
+                                    f"{path / 'checkpoints' / steps[-1]} ({', '.join(steps[-5:])})")
             raise NotFoundError(f"model folder {path} has no config.json; pass an HF model folder")
         spec = _spec_from_folder(path.resolve(), name=path.resolve().name)
         marker = path / "agentrl_model.json"
@@ -366,6 +398,9 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
         if made in ("tiny-moe", "tiny-nemotron", "tiny-deepseek", "tiny-qwen3"):
             spec = PRESETS[made].model_copy(update={"path": path.resolve(), "name": path.resolve().name})
         return spec
+    if not path.exists() and (key.startswith(("/", ".", "~")) or key.count("/") > 1 or (
+            str(path.parent) not in ("", ".") and path.parent.is_dir())):
+        raise NotFoundError(_missing_folder(path))
     if _REPO_ID.match(key) and not path.exists():
         cached = _hf_cache_path(key)
         if cached is None:

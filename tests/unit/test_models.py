@@ -63,6 +63,25 @@ def test_unknown_model_lists_presets():
     assert "\n" not in message
 
 
+def test_a_missing_checkpoint_or_run_folder_names_what_is_there(tmp_path, monkeypatch):
+    """`agentrl eval --model runs/RUN/checkpoints/step_81` (a typo) said "unknown model ...: use a preset"; a run
+    folder said only that it has no config.json."""
+    monkeypatch.chdir(tmp_path)
+    for step in (5, 10, 80):
+        (tmp_path / "runs" / "r1" / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    cases = {
+        "runs/r1/checkpoints/step_81": "no checkpoint runs/r1/checkpoints/step_81: runs/r1/checkpoints has step_5, "
+                                       "step_10, step_80",
+        "runs/r1": "is a run folder, not a model; pass one of its checkpoints: runs/r1/checkpoints/step_80",
+        "runs/nope/checkpoints/step_80": "no model folder runs/nope/checkpoints/step_80 (runs has no nope)",
+        "runs/r11": "(runs has no r11; did you mean runs/r1?)",
+    }
+    for given, expected in cases.items():
+        with pytest.raises(NotFoundError) as info:
+            resolve_model(given)
+        assert expected in str(info.value) and "\n" not in str(info.value), (given, str(info.value))
+
+
 def test_uncached_repo_id_says_how_to_download(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(NotFoundError, match="huggingface-cli download someorg/some-model"):

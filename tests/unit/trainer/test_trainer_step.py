@@ -59,7 +59,7 @@ def test_step_errors_are_one_line(tiny_glm_dir, tmp_path):
         trainer.step(empty)
     with pytest.raises(NotFoundError, match="not an agentrl checkpoint"):
         trainer.load_checkpoint(tmp_path)
-    with pytest.raises(NotFoundError, match="unknown model .*: use a preset"):
+    with pytest.raises(NotFoundError, match=r"no model folder .*missing \(.* has no missing\): pass an HF model"):
         Trainer(TrainerConfig(model=str(tmp_path / "missing")), device="cpu")
 
 
