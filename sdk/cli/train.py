@@ -172,6 +172,9 @@ def register(app: typer.Typer) -> None:
         from agentrl.hub.loader import find_environment
 
         find_environment(resolved.env.name)  # an unknown environment is one line before anything starts
+        from agentrl.models import resolve_model
+
+        resolve_model(resolved.model.name)  # so is an unknown model, before the run's folder is named
         if dry_run:
             from agentrl.rl.plan import plan_run
 

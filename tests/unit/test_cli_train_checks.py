@@ -66,6 +66,16 @@ def test_unknown_environments_and_models_suggest_the_close_name(capsys):
     assert "unknown model 'tiny-mo' (did you mean 'tiny-moe'?)" in capsys.readouterr().err
 
 
+def test_an_unknown_model_is_the_only_line_a_real_run_prints(capsys, tmp_path):
+    """Not a "watch it: agentrl view runs/..." line naming a folder that is never made, nor a progress bar."""
+    from agentrl.cli import main
+
+    assert main(["train", "--model", "tiny-mo", "--set", f"run.output_dir={tmp_path}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith("error: unknown model 'tiny-mo'") and not list(tmp_path.iterdir())
+
+
 def test_printed_steps_reads_back_the_step_lines():
     from agentrl.cli.train import _step_line, printed_steps
 
