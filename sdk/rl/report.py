@@ -260,14 +260,15 @@ def _noise_lines(rows: list[dict[str, Any]], reward: list[float]) -> list[str]:
     if evals:
         passes = sorted({key for row in evals for key in row if key.startswith("eval/pass@")})
         avg = next((key for key in evals[0] if key.startswith("eval/avg@")), None)
-        lines += ["Held-out evaluations (the same tasks each time, never trained on):", "",
+        lines += ["Held-out evaluations (the same tasks each time, never trained on; after step N: the weights of N "
+                  "steps, checkpoint step_N):", "",
                   "| after step | tasks | mean reward (95% CI) | " + " | ".join(k.removeprefix("eval/") for k in
                                                                          [*([avg] if avg else []), *passes]) + " |",
                   "|---" * (3 + len(passes) + bool(avg)) + "|"]
         for row in evals:
             cells = [f"{row[key]:.3f}" if isinstance(row.get(key), (int, float)) else "n/a"
                      for key in [*([avg] if avg else []), *passes]]
-            lines.append(f"| {row['eval/step']} | {row.get('eval/tasks')} | {row['eval/mean_reward']:.3f} "
+            lines.append(f"| {row['eval/step'] + 1} | {row.get('eval/tasks')} | {row['eval/mean_reward']:.3f} "
                          f"({row.get('eval/mean_reward_low', float('nan')):.3f}-"
                          f"{row.get('eval/mean_reward_high', float('nan')):.3f}) | " + " | ".join(cells) + " |")
         lines.append("")
