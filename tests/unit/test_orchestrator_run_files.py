@@ -184,7 +184,7 @@ def test_report_frames_the_reward_against_noise_and_tables_the_held_out_evaluati
     text = run.finish(title="test run").read_text()
     assert "Training reward, mean of the first 20 steps against the last 20 (95% bootstrap interval" in text
     assert "no change of the reward" not in text  # a rise of 0.1 over steps of noise 0.01
-    assert "| 19 | 32 | 0.495 (0.445-0.545) | 0.495 | 0.300 | 0.600 |" in text
+    assert "| 20 | 32 | 0.495 (0.445-0.545) | 0.495 | 0.300 | 0.600 |" in text  # eval/step 19: 20 steps
     assert (run.plots / "heldout.png").read_bytes()[:4] == b"\x89PNG" and "plots/heldout.png" in text
 
 
