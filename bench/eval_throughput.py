@@ -74,14 +74,12 @@ async def raw_arm(
     what that pool costs), with the same keep-alive expiry."""
     import httpx
 
-    from agentrl.clients.http_pool import KEEPALIVE_EXPIRY_S, ShardedAsyncClient
+    from agentrl.clients.http_pool import ShardedAsyncClient, vllm_limits
 
     choices = max(body["sampling_params"].get("n", 1) for body in bodies)
     semaphore = asyncio.Semaphore(max(1, concurrency // choices))
     if single_pool:
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits)
+        http = httpx.AsyncClient(base_url=base_url, timeout=600, limits=vllm_limits(concurrency))
     else:
         http = ShardedAsyncClient(base_url=base_url, timeout=600, max_connections=concurrency)
     try:

@@ -56,6 +56,8 @@ import httpx  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from agentrl.clients.http_pool import vllm_limits  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "inference_features.json"
 VARIANTS = {
     "bf16": {"fp8": False},
@@ -102,8 +104,7 @@ async def multi_turn(url: str, *, sessions: int, context: int, turns: int, token
 
     work = multi_turn_sessions(sessions=sessions, context=context, turns=turns, vocab=vocab)
     latencies: list[list[float]] = [[] for _ in range(turns)]  # per turn: each session's request time
-    limits = httpx.Limits(max_connections=sessions + 8)
-    async with httpx.AsyncClient(timeout=900, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=900, limits=vllm_limits(sessions + 8)) as client:
         async def session(item: dict, index: int) -> tuple[int, int]:
             prompt, completion, unknown = list(item["context"]), 0, 0
             for turn, output in enumerate(item["outputs"]):
@@ -176,8 +177,7 @@ async def throughput(url: str, *, requests: int, prompt_tokens: int, tokens: int
     mean time to the first token of 8 requests alone (an answer of one token)."""
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(requests)]
-    limits = httpx.Limits(max_connections=requests + 8)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=600, limits=vllm_limits(requests + 8)) as client:
         async def one(prompt: list[int], index: int, max_tokens: int = tokens) -> tuple[int, bool]:
             body = {"token_ids": prompt, "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0,
                                                               "seed": index, "ignore_eos": True}}
@@ -203,7 +203,7 @@ def prompt_logprobs(url: str, *, vocab: int) -> list[list[float]]:
     """The prompt logprobs of 16 fixed 256-token sequences."""
     rng = random.Random(1)
     out = []
-    with httpx.Client(timeout=300) as client:
+    with httpx.Client(timeout=300, limits=vllm_limits(1)) as client:
         for _ in range(16):
             tokens = [rng.randrange(3, vocab) for _ in range(256)]
             body = {"token_ids": tokens, "sampling_params": {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}}
@@ -220,7 +220,7 @@ async def routing_rows(url: str, *, vocab: int, prefill_url: str | None = None) 
 
     rng = random.Random(3)
     out = []
-    async with httpx.AsyncClient(timeout=300) as client:
+    async with httpx.AsyncClient(timeout=300, limits=vllm_limits(4)) as client:
         for _ in range(16):
             body = {"token_ids": [rng.randrange(3, vocab) for _ in range(ROUTING_PROMPT_TOKENS)],
                     "sampling_params": {"max_tokens": ROUTING_TOKENS, "temperature": 0.0, "ignore_eos": True}}
@@ -333,10 +333,21 @@ def with_positions(model: Path, positions: int, *, work: Path) -> Path:
     return copy
 
 
+def default_model() -> str:
+    """The SFT warm start `scripts/gpu_run.sh sft` left: glm-air-5b's (an H200) or glm-air-32e's (an H100)."""
+    warm_starts = [ROOT / "runs" / "gpu-1xh200" / f"{name}-sft" for name in ("glm-air-5b", "glm-air-32e")]
+    found = [path for path in warm_starts if (path / "config.json").is_file()]
+    if not found:
+        sys.exit(f"inference_features: no --model given and no SFT warm start at {warm_starts[0]} or"
+                 f" {warm_starts[1].name}: run `bash scripts/gpu_run.sh sft` first, or pass --model")
+    return str(found[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(ROOT / "runs" / "gpu-1xh200" / "glm-air-5b-sft"),
-                        help="a HF checkpoint folder, or a name agentrl creates (tiny-moe)")
+    parser.add_argument("--model", default=None,
+                        help="a HF checkpoint folder, or a name agentrl creates (tiny-moe); by default the GPU recipe's"
+                             " SFT warm start of this card (runs/gpu-1xh200/glm-air-5b-sft, or glm-air-32e-sft)")
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--variants", default="bf16,fp8,fp8-block")
     parser.add_argument("--requests", type=int, default=256)
@@ -356,6 +367,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=Path("/tmp/agentrl-inference-features"))
     args = parser.parse_args()
+    if args.model is None:
+        args.model = default_model()
     if not Path(args.model).is_dir():
         from agentrl.errors import AgentrlError
         from agentrl.models import ensure_model
@@ -383,7 +396,11 @@ def main() -> None:
     references: dict[str, tuple[dict, dict]] = {}  # per workload: the first variant's measurements and row
     for name in names:
         console.print(f"[dim]{name}: starting the server...[/dim]")
-        row, measured = bench_variant(name, args.model, args=args, vocab=vocab, work=args.work)
+        try:
+            row, measured = bench_variant(name, args.model, args=args, vocab=vocab, work=args.work)
+        except httpx.HTTPError as error:  # the rows measured so far are already in --results
+            sys.exit(f"inference_features: {name}: {type(error).__name__} from {error.request.url}: "
+                     f"{error or 'the connection closed'}; the servers' logs are {args.work}/{name}*.log")
         reference, first = references.setdefault(row["workload"], (measured, row))
         differences = [abs(a - b) for ours, theirs in zip(measured["logprobs"], reference["logprobs"])
                        for a, b in zip(ours, theirs)]

@@ -74,11 +74,12 @@ async def sample_and_rescore(url: str, *, samples: int, prompt_tokens: int, toke
 
     import httpx
 
+    from agentrl.clients.http_pool import vllm_limits
     from agentrl.routed import decode_routed_experts_array
 
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(prompt_tokens + index % 7)] for index in range(samples)]
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=samples + 4)) as client:
+    async with httpx.AsyncClient(timeout=600, limits=vllm_limits(samples + 4)) as client:
         decoded = await asyncio.gather(*(_generate(client, url, {
             "token_ids": prompt, "sampling_params": {"max_tokens": tokens, "temperature": 1.0, "seed": index,
                                                      "logprobs": 0, "ignore_eos": True}})

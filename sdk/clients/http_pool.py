@@ -27,10 +27,17 @@ from typing import Any
 
 import httpx
 
-__all__ = ["KEEPALIVE_EXPIRY_S", "ShardedAsyncClient", "shared_ssl_context"]
+__all__ = ["KEEPALIVE_EXPIRY_S", "ShardedAsyncClient", "shared_ssl_context", "vllm_limits"]
 
 KEEPALIVE_EXPIRY_S = 3.0
 """Seconds an idle connection is kept: below vLLM's 5 s keep-alive (see the module docstring)."""
+
+
+def vllm_limits(max_connections: int, *, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> httpx.Limits:
+    """Connection limits for a client of a vLLM server: `max_connections`, all kept alive, each dropped when idle
+    for `keepalive_expiry_s` (below the server's own 5 s; see the module docstring)."""
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                        keepalive_expiry=keepalive_expiry_s)
 
 
 @functools.cache
@@ -60,8 +67,7 @@ class ShardedAsyncClient:
         self._shards = [
             httpx.AsyncClient(
                 base_url=base_url, timeout=timeout, headers=headers, verify=ssl_context,
-                limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard,
-                                    keepalive_expiry=keepalive_expiry_s),
+                limits=vllm_limits(per_shard, keepalive_expiry_s=keepalive_expiry_s),
             )
             for _ in range(shards)
         ]

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +79,43 @@ def test_a_copy_with_more_positions_links_every_other_file(bench, tmp_path):
     assert json.loads((model / "config.json").read_text())["max_position_embeddings"] == 4096  # the original kept
     assert bench.multi_turn_length(copy, context=16000, turns=4, turn_tokens=16) == 16160
     assert bench.with_positions(model, 20000, work=tmp_path / "work") == copy  # again: the same copy
+
+
+def test_a_dropped_connection_stops_the_bench_in_one_line_and_keeps_the_rows_measured(bench, tmp_path, monkeypatch):
+    """On the H100 (2026-12-07) the pd-nixl variant died with a 60-line httpx.ReadError traceback after bf16 had been
+    measured; the bench now names the variant and the servers' logs in one line, and bf16's row stays written."""
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 128}))
+    measured = {"logprobs": [[-1.0]], "routing": []}
+
+    def bench_variant(name, model, *, args, vocab, work):
+        if name == "pd-nixl":
+            raise httpx.ReadError("", request=httpx.Request("POST", "http://127.0.0.1:1/inference/v1/generate"))
+        return {"variant": name, "workload": "throughput", "tokens_per_s": 10.0, "first_token_s": 0.1}, measured
+
+    monkeypatch.setattr(bench, "bench_variant", bench_variant)
+    monkeypatch.setattr(bench, "routing_agreement_of", lambda ours, theirs: 1.0)
+    results = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["inference_features.py", "--model", str(tmp_path), "--variants", "bf16,pd-nixl",
+                                      "--results", str(results), "--work", str(tmp_path / "work")])
+    with pytest.raises(SystemExit) as stopped:
+        bench.main()
+    message = str(stopped.value)
+    assert message.startswith("inference_features: pd-nixl: ReadError from http://127.0.0.1:1/inference/v1/generate")
+    assert f"{tmp_path / 'work'}/pd-nixl*.log" in message and "\n" not in message
+    assert [row["variant"] for row in json.loads(results.read_text())["rows"]] == ["bf16"]
+
+
+def test_without_a_model_the_bench_takes_the_warm_start_the_card_left_or_says_how_to_make_one(bench, tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        bench.default_model()
+    assert "scripts/gpu_run.sh sft" in str(stopped.value) and "glm-air-32e-sft" in str(stopped.value)
+    h100 = tmp_path / "runs" / "gpu-1xh200" / "glm-air-32e-sft"
+    h100.mkdir(parents=True)
+    (h100 / "config.json").write_text("{}")
+    assert bench.default_model() == str(h100)
+    h200 = h100.with_name("glm-air-5b-sft")
+    h200.mkdir()
+    (h200 / "config.json").write_text("{}")
+    assert bench.default_model() == str(h200)
