@@ -191,7 +191,29 @@ def _suggestion(model: type[BaseModel], path: tuple[str | int, ...]) -> str:
     if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)) or not path:
         return ""
     close = difflib.get_close_matches(str(path[-1]), list(annotation.model_fields), n=1, cutoff=0.7)
-    return f" (did you mean {'.'.join(map(str, (*path[:-1], close[0])))!r}?)" if close else ""
+    if close:
+        return f" (did you mean {'.'.join(map(str, (*path[:-1], close[0])))!r}?)"
+    # a key of another table: `max_steps` at the top, or in [trainer], for `orchestrator.max_steps`
+    nested = [(*path[:-1], *table) for table in _tables_with_key(annotation, str(path[-1]))]
+    nested = nested or [table for table in _tables_with_key(model, str(path[-1])) if table != tuple(path[:-1])]
+    return f" (did you mean {'.'.join(map(str, (*nested[0], path[-1])))!r}?)" if nested else ""
+
+
+def _tables_with_key(model: type[BaseModel], key: str, *, depth: int = 3) -> list[tuple[str, ...]]:
+    """The paths of the tables below `model` (up to `depth` levels) that have a field named `key`, nearest first."""
+    found: list[tuple[str, ...]] = []
+    level = [((), model)]
+    for _ in range(depth):
+        below = []
+        for prefix, table in level:
+            for name, field in table.model_fields.items():
+                annotation = _unwrap(field.annotation)
+                if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                    if key in annotation.model_fields:
+                        found.append((*prefix, name))
+                    below.append(((*prefix, name), annotation))
+        level = below
+    return found
 
 
 def _dotted(path: tuple[str | int, ...]) -> str:
@@ -228,10 +250,10 @@ def _expected(item: dict[str, Any]) -> tuple[str, bool]:
 
 def _format_errors(
     error: ValidationError, *, model: type[BaseModel], source: str, key_lines: dict[tuple[str, ...], int],
-    overridden: set[tuple[str, ...]],
+    overridden: set[tuple[str, ...]], flags: Mapping[tuple[str, ...], str],
 ) -> list[str]:
     """One line per problem, most specific first: wrong values, then unknown keys, then missing keys;
-    deeper fields before shallower ones. Each names where it comes from (file:line or `--set KEY`)."""
+    deeper fields before shallower ones. Each names where it comes from (file:line, `--set KEY` or the flag)."""
     grouped: dict[tuple[Any, ...], dict[str, Any]] = {}
     for index, item in enumerate(error.errors()):
         path, in_union, field = _resolve(model, tuple(item["loc"]))
@@ -275,6 +297,8 @@ def _format_errors(
             set_by = next((key for key in sorted(overridden) if key[:len(keys)] == keys), None)  # across fields)
         if set_by is not None:
             where = f"--set {'.'.join(set_by)}"
+        elif keys in flags:
+            where = flags[keys]
         else:
             known = [keys[:depth] for depth in range(len(keys), 0, -1) if keys[:depth] in key_lines]
             line = key_lines[known[0]] if known else None
@@ -287,18 +311,20 @@ def _format_errors(
 
 def _format_validation_error(
     error: ValidationError, *, model: type[BaseModel], source: str, key_lines: dict[tuple[str, ...], int],
-    overridden: set[tuple[str, ...]],
+    overridden: set[tuple[str, ...]], flags: Mapping[tuple[str, ...], str],
 ) -> str:
     """Every problem of a ValidationError on one line, most specific first, joined with '; '."""
-    lines = _format_errors(error, model=model, source=source, key_lines=key_lines, overridden=overridden)
+    lines = _format_errors(error, model=model, source=source, key_lines=key_lines, overridden=overridden,
+                           flags=flags)
     return "; ".join(lines)
 
 
 def config_from_dict(
     model: type[ConfigT], data: dict[str, Any], *, source: str = "<config>", text: str = "",
-    overrides: list[str] | None = None,
+    overrides: list[str] | None = None, flags: Mapping[tuple[str, ...], str] | None = None,
 ) -> ConfigT:
-    """Validate a nested dict (plus overrides) against a config model with one-line errors."""
+    """Validate a nested dict (plus overrides) against a config model with one-line errors. `flags` names the
+    command-line flag that set a key (`{("n",): "-n/--num-tasks"}`), for errors of that key."""
     overrides = list(overrides or [])
     overridden = {tuple(parse_override(o)[0]) for o in overrides}
     apply_overrides(data, overrides)
@@ -307,7 +333,8 @@ def config_from_dict(
     except ValidationError as error:
         raise ConfigError(
             _format_validation_error(
-                error, model=model, source=source, key_lines=_key_lines(text), overridden=overridden
+                error, model=model, source=source, key_lines=_key_lines(text), overridden=overridden,
+                flags=flags or {},
             )
         ) from None
 

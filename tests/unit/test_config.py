@@ -55,6 +55,18 @@ def _error(tmp_path: Path, text: str | None, overrides: list[str] | None = None)
     return message
 
 
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("steps = 3\n", ":1: unknown key 'steps' (did you mean 'trainer.steps'?)"),  # a key of a table, at the top
+    ("lr = 3\n", ":1: unknown key 'lr' (did you mean 'trainer.optimizer.lr'?)"),
+    ("[trainer.optimizer]\nsteps = 3\n", ":2: unknown key 'trainer.optimizer.steps' (did you mean 'trainer.steps'?)"),
+    ("[trainer]\nnonsense = 3\n", ":2: unknown key 'trainer.nonsense'"),
+])
+def test_a_key_put_in_the_wrong_table_names_the_table_it_belongs_to(tmp_path, text, said):
+    message = _error(tmp_path, text)
+    assert message.endswith(said), message
+
+
 def test_valid_file_and_defaults(tmp_path):
     config = load_config(RunConfig, _write(tmp_path, 'name = "a"\n[trainer.optimizer]\nlr = 0.5\n'))
     assert config.name == "a" and config.trainer.optimizer.lr == 0.5 and config.trainer.steps == 10
