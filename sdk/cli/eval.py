@@ -55,6 +55,17 @@ def _compare_with_baseline(resolved, summary, console, on_server) -> None:
                       highlight=False, soft_wrap=True)
 
 
+_FLAG_NAMES = {
+    ("env",): "--env", ("model",): "--model", ("n",): "-n/--num-tasks",
+    ("rollouts_per_task",): "-r/--rollouts-per-task",
+    ("split",): "--split", ("base_url",): "--base-url", ("api_key",): "--api-key", ("client",): "--client",
+    ("max_concurrent",): "--max-concurrent", ("output",): "--output", ("seed",): "--seed",
+    ("sampling", "max_tokens"): "--max-tokens", ("sampling", "temperature"): "--temperature",
+    ("sampling", "seed"): "--seed",
+}
+"""The command-line flag of each EvalConfig key `agentrl eval` sets, named in that key's errors."""
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_command(
@@ -108,7 +119,10 @@ def register(app: typer.Typer) -> None:
             table = data.setdefault("sampling", {})
             if isinstance(table, dict):
                 table.update({key: value for key, value in sampling.items() if value is not None})
-        resolved = config_from_dict(EvalConfig, data, source=source, text=text, overrides=list(overrides))
+        given = {**{(key,): value for key, value in flags.items()},
+                 **{("sampling", key): value for key, value in sampling.items()}}
+        resolved = config_from_dict(EvalConfig, data, source=source, text=text, overrides=list(overrides),
+                                    flags={key: _FLAG_NAMES[key] for key, value in given.items() if value is not None})
         console = Console()
         if dry_run:
             console.print(dump_config(resolved), markup=False)

@@ -31,9 +31,12 @@ def _eval(capsys, *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (["--temperature", "nan"], "sampling.temperature = nan: must be a finite number"),
-    (["--temperature", "-1"], "sampling.temperature = -1.0: must be at least 0"),
-    (["--max-tokens", "-1"], "sampling.max_tokens = -1: must be at least 1"),
+    (["--temperature", "nan"], "--temperature: sampling.temperature = nan: must be a finite number"),
+    (["--temperature", "-1"], "--temperature: sampling.temperature = -1.0: must be at least 0"),
+    (["--max-tokens", "-1"], "--max-tokens: sampling.max_tokens = -1: must be at least 1"),
+    # the flag, not `<defaults>: n = 0` (a newcomer's walk-through: the key `n` is nowhere on the command line)
+    (["-n", "0"], "error: -n/--num-tasks: n = 0: must be at least 1"),
+    (["-r", "0"], "error: -r/--rollouts-per-task: rollouts_per_task = 0: must be at least 1"),
     (["--set", "sampling.top_p=2"], "sampling.top_p = 2: must be at most 1"),
     (["--set", "sampling.top_k=-5"], "sampling.top_k = -5: must be at least -1"),
 ])
