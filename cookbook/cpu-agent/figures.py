@@ -55,6 +55,8 @@ def markdown(run: Path, evaluation: Path, window: int) -> str:
     windows = window_delta(series, window)
     if windows is None:
         raise SystemExit(f"{run}: {len(series)} steps, fewer than two windows of {window}")
+    # the windows the difference compares: failed steps (NaN) left out, shrunk to half a short run
+    series, window = [value for value in series if value == value], windows.n
     checkpoint = per_task(evaluation / "results.jsonl")
     baseline = per_task(evaluation.with_name(evaluation.name + "-baseline") / "results.jsonl")
     tasks = sorted(set(checkpoint) & set(baseline))
