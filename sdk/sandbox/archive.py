@@ -5,8 +5,10 @@ sandbox; this module unpacks it without ever calling `tarfile.extract*` (whose f
 have had path-traversal bugs, e.g. CVE-2025-4517): every member is checked here and
 written by hand.
 
-- Only regular files and folders are written. Symbolic and hard links, devices, FIFOs and
-  anything else are left out and listed in the result.
+- Only regular files and folders are written. A hard link to a regular file written earlier from
+  the same archive becomes a copy of that file (its content is the archive's, never the host's:
+  `git clone` of a local repository hard-links its objects). Symbolic links, other hard links,
+  devices, FIFOs and anything else are left out and listed in the result.
 - A member's name must be relative and stay relative: no absolute paths, no `..`, no empty
   or over-long components, no NUL bytes.
 - Folders are walked one component at a time through directory file descriptors opened
@@ -124,6 +126,7 @@ def extract_archive(
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     result = ExtractResult()
+    written: dict[tuple[str, ...], tarfile.TarInfo] = {}  # the regular files written, for hard links to them
     root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
@@ -138,7 +141,7 @@ def extract_archive(
                 count += 1
                 if count > max_members:
                     raise WorkdirRejected(f"download: the archive has more than {max_members} members")
-                _extract_member(tar, member, root_fd, result, max_bytes=max_bytes)
+                _extract_member(tar, member, root_fd, result, max_bytes=max_bytes, written=written)
     except tarfile.ReadError as error:
         raise WorkdirRejected(
             f"download: the sandbox sent something that is not an uncompressed tar ({error})"
@@ -149,15 +152,23 @@ def extract_archive(
 
 
 def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int, result: ExtractResult, *,
-                    max_bytes: int) -> None:
+                    max_bytes: int, written: dict[tuple[str, ...], tarfile.TarInfo]) -> None:
     parts = _member_parts(member.name)
     if parts is None:
         result.skipped.append(f"{member.name[:200]} (unsafe name)")
         return
     if not parts:  # the archive's root folder itself
         return
-    if not (member.isreg() or member.isdir()):
-        kind = "link" if (member.issym() or member.islnk()) else "special file"
+    content = member  # the member whose data the file gets: a hard link's target, earlier in this archive
+    if member.islnk():
+        target = _member_parts(member.linkname)
+        content = written.get(tuple(target)) if target else None
+        if content is None:
+            result.skipped.append(f"{member.name} (hard link to {member.linkname[:200]!r}, not a file written from"
+                                  " this archive)")
+            return
+    elif not (member.isreg() or member.isdir()):
+        kind = "symbolic link" if member.issym() else "special file"
         result.skipped.append(f"{member.name} ({kind})")
         return
     folders = parts if member.isdir() else parts[:-1]
@@ -175,7 +186,7 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int,
             os.fchmod(parent, (member.mode & _KEEP_MODE) | 0o700)
             result.folders += 1
             return
-        if result.bytes + member.size > max_bytes:
+        if result.bytes + content.size > max_bytes:
             raise WorkdirRejected(f"download: the archive holds more than max_file_bytes={max_bytes} bytes")
         try:
             _remove_entry(parent, parts[-1])
@@ -185,22 +196,23 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int,
         fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=parent)
         try:
-            source = tar.extractfile(member)
-            written = 0
+            source = tar.extractfile(content)
+            copied = 0
             while chunk := source.read(_CHUNK):
-                written += len(chunk)
+                copied += len(chunk)
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view):]
-            if written != member.size:
+            if copied != content.size:
                 raise WorkdirRejected(f"download: {member.name} is cut short in the archive")
-            os.fchmod(fd, (member.mode & _KEEP_MODE) | 0o600)
-            mtime = max(0.0, float(member.mtime))
+            os.fchmod(fd, (content.mode & _KEEP_MODE) | 0o600)
+            mtime = max(0.0, float(content.mtime))
             os.utime(fd, (mtime, mtime))
         finally:
             os.close(fd)
         result.files += 1
-        result.bytes += member.size
+        result.bytes += content.size
+        written[tuple(parts)] = content
     finally:
         for fd in fds:
             os.close(fd)

@@ -57,7 +57,7 @@ async def test_exec_files_and_transfer(backend, tmp_path):
     assert (tmp_path / "back" / "a.txt").read_text() == "A"
     # Links are never written on the host, in or out of the folder; download lists them.
     assert not (tmp_path / "back" / "link").exists() and not (tmp_path / "back" / "inner").exists()
-    assert sorted(skipped) == ["./inner (link)", "./link (link)"]
+    assert sorted(skipped) == ["./inner (symbolic link)", "./link (symbolic link)"]
     with pytest.raises(SandboxError, match="closed"):
         await sandbox.exec("true")
 

@@ -76,6 +76,42 @@ def test_an_existing_link_at_a_files_place_is_replaced_not_followed(tmp_path):
     assert not (tmp_path / "evil.txt").exists() and result.skipped
 
 
+
+def test_a_hard_link_to_a_file_of_the_archive_becomes_a_copy_of_it(tmp_path):
+    """`git clone` of a local repository hard-links its objects; a workdir carried out of a sandbox lost them
+    (the clone's history broke on the host). Such a link is written as a copy of the file the archive wrote
+    earlier, its bytes counted against the cap; a link to anything else stays out."""
+    source = tmp_path / "source"
+    (source / "objects").mkdir(parents=True)
+    (source / "objects" / "pack").write_bytes(b"P" * 100)
+    os.link(source / "objects" / "pack", source / "clone-pack")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(source, arcname=".")
+        dangling = tarfile.TarInfo("to-host")
+        dangling.type, dangling.linkname = tarfile.LNKTYPE, "/etc/passwd"
+        tar.addfile(dangling)
+        later = tarfile.TarInfo("to-later")
+        later.type, later.linkname = tarfile.LNKTYPE, "later.txt"
+        tar.addfile(later)
+        info = tarfile.TarInfo("later.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"L\n"))
+    archive = buffer.getvalue()
+    assert sum(member.islnk() for member in tarfile.open(fileobj=io.BytesIO(archive)).getmembers()) == 3
+    dest = tmp_path / "dest"
+    result = extract_archive(archive, dest, max_bytes=1 << 20)
+    copies = {path.name: path for path in (dest / "objects" / "pack", dest / "clone-pack")}
+    assert all(path.read_bytes() == b"P" * 100 for path in copies.values())
+    assert copies["pack"].stat().st_ino != copies["clone-pack"].stat().st_ino  # a copy, not a link on the host
+    assert (result.files, result.bytes) == (3, 202)
+    assert sorted(result.skipped) == [
+        "to-host (hard link to '/etc/passwd', not a file written from this archive)",
+        "to-later (hard link to 'later.txt', not a file written from this archive)"]
+    assert not (dest / "to-host").exists() and links_or_specials(dest) == []
+    with pytest.raises(SandboxError, match="more than max_file_bytes=150"):
+        extract_archive(archive, tmp_path / "capped", max_bytes=150)  # the copy counts against the cap
+
 def test_caps_on_size_members_and_compression(tmp_path):
     with pytest.raises(SandboxError, match="more than max_file_bytes=10"):
         extract_archive(_tar(("a", b"x" * 11, 0o644)), tmp_path / "a", max_bytes=10)
