@@ -399,8 +399,9 @@ def main() -> None:
         try:
             row, measured = bench_variant(name, args.model, args=args, vocab=vocab, work=args.work)
         except httpx.HTTPError as error:  # the rows measured so far are already in --results
-            sys.exit(f"inference_features: {name}: {type(error).__name__} from {error.request.url}: "
-                     f"{error or 'the connection closed'}; the servers' logs are {args.work}/{name}*.log")
+            said = (str(error).splitlines() or ["the connection closed"])[0]  # a status error's is two lines
+            sys.exit(f"inference_features: {name}: {type(error).__name__} from {error.request.url}: {said}; "
+                     f"the servers' logs are {args.work}/{name}*.log")
         reference, first = references.setdefault(row["workload"], (measured, row))
         differences = [abs(a - b) for ours, theirs in zip(measured["logprobs"], reference["logprobs"])
                        for a, b in zip(ours, theirs)]

@@ -87,9 +87,13 @@ def test_a_dropped_connection_stops_the_bench_in_one_line_and_keeps_the_rows_mea
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 128}))
     measured = {"logprobs": [[-1.0]], "routing": []}
 
+    request = httpx.Request("POST", "http://127.0.0.1:1/inference/v1/generate")
+
     def bench_variant(name, model, *, args, vocab, work):
         if name == "pd-nixl":
-            raise httpx.ReadError("", request=httpx.Request("POST", "http://127.0.0.1:1/inference/v1/generate"))
+            raise httpx.ReadError("", request=request)
+        if name == "fp8":  # raise_for_status's message is two lines
+            httpx.Response(500, request=request).raise_for_status()
         return {"variant": name, "workload": "throughput", "tokens_per_s": 10.0, "first_token_s": 0.1}, measured
 
     monkeypatch.setattr(bench, "bench_variant", bench_variant)
@@ -103,6 +107,12 @@ def test_a_dropped_connection_stops_the_bench_in_one_line_and_keeps_the_rows_mea
     assert message.startswith("inference_features: pd-nixl: ReadError from http://127.0.0.1:1/inference/v1/generate")
     assert f"{tmp_path / 'work'}/pd-nixl*.log" in message and "\n" not in message
     assert [row["variant"] for row in json.loads(results.read_text())["rows"]] == ["bf16"]
+    monkeypatch.setattr(sys, "argv", ["inference_features.py", "--model", str(tmp_path), "--variants", "bf16,fp8",
+                                      "--results", str(results), "--work", str(tmp_path / "work")])
+    with pytest.raises(SystemExit) as stopped:
+        bench.main()
+    assert "fp8: HTTPStatusError from http://127.0.0.1:1/inference/v1/generate: Server error '500 Internal Server" \
+           in str(stopped.value) and "\n" not in str(stopped.value)
 
 
 def test_without_a_model_the_bench_takes_the_warm_start_the_card_left_or_says_how_to_make_one(bench, tmp_path,
