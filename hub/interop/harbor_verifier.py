@@ -7,7 +7,14 @@ to `/tests`, `/tests/test.sh` run with `[verifier] env` and its timeout, then
 from channels the tests' processes cannot rewrite later: the files are printed the moment
 test.sh exits, every process left is killed, and a file that changed in between scores 0
 (`tamper_suspected`); reward.json counts only where the task's tests write it (or
-reward.txt agrees). `combine_rewards` makes
+reward.txt agrees). The code under test runs as the same user as test.sh, so it can also get in
+test.sh's way while test.sh runs; scored 0 as tampering too: a file of `/tests` changed or removed
+(bash reads test.sh as it runs it: an appended line runs), and a reward file or `/logs/verifier`
+left as something test.sh may not have written (a symbolic link, not a regular file or folder, or
+not writable: a `1` made read-only before test.sh writes its `0`). After test.sh the wrapper reads
+the reward files, test.sh and /proc with shell builtins only: on a writable root the code under test
+can replace the image's programs (a `/bin/cat` that says 1); only the second checksums of /tests
+come from a program (`cksum`). `combine_rewards` makes
 the one reward (the `primary` key, else `reward`, else the only key, else the mean);
 `settle_rewards` combines a multi-step trial's steps (Harbor's per-key mean, or the final step's);
 `below_min_reward` is Harbor's `min_reward` gate.
@@ -28,6 +35,7 @@ __all__ = ["REWARD_DIR", "parse_rewards", "combine_rewards", "run_verifier", "se
            "below_min_reward", "verifier_reward", "verifier_ran", "allow_apt_as_root"]
 
 REWARD_DIR = "/logs/verifier"
+_REWARD_FILES = ("reward.json", "reward.txt")
 # Root commands in agentrl's sandboxes hold no capabilities, so apt cannot drop to its `_apt` user
 # (setgroups): where the root is writable, apt is told to stay root, and `apt-get install` works as in Harbor.
 _APT_AS_ROOT = ("[ -d /etc/apt/apt.conf.d ] && [ \"$(id -u)\" = 0 ] && "
@@ -76,13 +84,15 @@ def verifier_ran(state: dict[str, Any]) -> float:
     return 1.0 if ran and all(ran) and not state.get("verifier_error") else 0.0
 
 
-def _rewards_snapshot(stdout: str, marker: str) -> tuple[dict[str, str], int] | None:
-    """The reward files as the wrapper printed them right after test.sh exited, and how many processes the tests
-    left running; None when stdout holds anything else (only the wrapper writes there: test.sh's goes to stderr)."""
+def _rewards_snapshot(stdout: str, marker: str) -> tuple[dict[str, str], tuple[int, int, int]] | None:
+    """The reward files as the wrapper printed them right after test.sh exited, and its counts (processes the tests
+    left running, files of /tests changed or removed, reward paths test.sh may not have written); None when stdout
+    holds anything else (only the wrapper writes there: test.sh's goes to stderr)."""
     body = stdout.removeprefix("\n")
     tail = body.rstrip("\n").rsplit("\n", 1)[-1]
-    count = tail.removeprefix(marker + ":end ")
-    if not body.startswith(marker + "\n") or not tail.startswith(marker + ":end ") or not count.isdigit():
+    counts = tail.removeprefix(marker + ":end ").split(" ")
+    if not body.startswith(marker + "\n") or not tail.startswith(marker + ":end ") or len(counts) != 3 \
+            or not all(count.isdigit() for count in counts):
         return None
     body = body[len(marker) + 1:body.rstrip("\n").rindex("\n") + 1] if "\n" in body.rstrip("\n") else ""
     body = body.removeprefix(marker + "\n")
@@ -95,31 +105,59 @@ def _rewards_snapshot(stdout: str, marker: str) -> tuple[dict[str, str], int] | 
         if not found or marker in content:
             return None
         files[heads[0]] = content
-    return files, int(count)
+    survivors, changed, suspicious = (int(count) for count in counts)
+    return files, (survivors, changed, suspicious)
 
 
-_REWARD_FILES = ("reward.json", "reward.txt")
 
-
+# After test.sh exits the wrapper runs only shell builtins: on a writable root the code under test (same user as
+# test.sh) can have replaced any program of the image (`cat`, `sed`, `ls`...). `_status DIR` reads a process's
+# State and PPid from DIR/status into $S and $P.
+_STATUS = ('_status() { S=; P=; while IFS=": \t" read -r k v; do case "$k" in State) S=${v%% *};; '
+           'PPid) P=$v;; esac; done < "$1/status"; } 2>/dev/null; ')
 # Counts the processes still alive besides this shell, its ancestors (the command server, init) and its own
 # children: what the tests left running when test.sh exited (zombies do not count: they cannot write).
 _SURVIVORS = (
-    "self=$$; chain=\" $$ \"; p=$$; while [ \"$p\" -gt 1 ] 2>/dev/null; do "
-    "p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status 2>/dev/null); [ -n \"$p\" ] || break; "
-    "chain=\"$chain$p \"; done; "
-    "n=0; for d in /proc/[0-9]*; do q=${d#/proc/}; case \"$chain\" in *\" $q \"*) continue;; esac; "
-    "s=$(sed -n 's/^State:[[:space:]]*\\(.\\).*/\\1/p;s/^PPid:[[:space:]]*//p' $d/status 2>/dev/null | tr '\\n' ' '); "
-    "case \"$s\" in ''|Z*|*\" $self \") continue;; esac; n=$((n+1)); done"
+    'self=$$; chain=" $$ "; p=$$; while [ "$p" -gt 1 ] 2>/dev/null; do _status /proc/$p; p=$P; '
+    '[ -n "$p" ] || break; chain="$chain$p "; done; '
+    'n=0; for d in /proc/[0-9]*; do q=${d#/proc/}; case "$chain" in *" $q "*) continue;; esac; _status "$d"; '
+    'case "$S:$P" in :*|Z*|*":$self") continue;; esac; n=$((n+1)); done; '
+)
+# test.sh's text, read before it runs (`script`) and again after (`again`), by the shell alone (bash reads a script
+# as it runs it: a line the code under test appends to test.sh runs); and the checksums of every file of /tests
+# before and after (`changed`: how many of those taken before are not among those after, i.e. rewritten or
+# removed; files added are not counted, tests may write caches). `cksum` after test.sh is a program of the image,
+# so on a writable root this second count is only as good as that program.
+_READ_SCRIPT = ('_text() { T=; while IFS= read -r l || [ -n "$l" ]; do T="$T$l/"; done < "$1"; } 2>/dev/null; '
+                '_text /tests/test.sh; script=$T; ')
+_TESTS_SUMS = "find /tests -type f -exec cksum {} + 2>/dev/null | sort"
+_TESTS_CHANGED = (
+    '_text /tests/test.sh; changed=0; [ "$T" = "$script" ] || changed=1; '
+    "nl=$(printf '\\nx'); nl=${nl%x}; "
+    'while IFS= read -r line; do [ -n "$line" ] || continue; case "$nl$after$nl" in *"$nl$line$nl"*) ;; '
+    '*) changed=$((changed+1));; esac; done <<AGENTRL_SUMS\n$before\nAGENTRL_SUMS\n'
+)
+# How many of /logs/verifier and its reward files are in a state test.sh may not have left them in: a symbolic
+# link, not a folder or regular file, or not writable (a `1` the code under test wrote and made read-only, so that
+# test.sh's own write failed; root without capabilities is refused like any owner).
+_SUSPICIOUS = (
+    f'suspicious=0; if [ -L {REWARD_DIR} ] || [ ! -d {REWARD_DIR} ] || [ ! -w {REWARD_DIR} ]; then '
+    "suspicious=1; fi; "
+    + "".join(f'if [ -e {REWARD_DIR}/{name} ] || [ -L {REWARD_DIR}/{name} ]; then '
+              f'if [ -L {REWARD_DIR}/{name} ] || [ ! -f {REWARD_DIR}/{name} ] || [ ! -w {REWARD_DIR}/{name} ]; then '
+              "suspicious=$((suspicious+1)); fi; fi; " for name in _REWARD_FILES)
 )
 
 
 def _wrapper(marker: str) -> str:
-    """Runs test.sh (its output to stderr), then prints every reward file and the count of processes the tests
-    left running to stdout, before anything can change them."""
+    """Runs test.sh (its output to stderr), then prints every reward file and its counts (processes the tests left
+    running, files of /tests changed, reward paths in a state test.sh may not have left) to stdout."""
     blocks = "".join(f'if [ -f {REWARD_DIR}/{name} ]; then printf "%s\\n" "{marker}:file {name}"; '
-                     f'cat {REWARD_DIR}/{name}; printf "\\n%s\\n" "{marker}:eof"; fi; ' for name in _REWARD_FILES)
-    return (f'/tests/test.sh 1>&2; rc=$?; printf "\\n%s\\n" "{marker}"; {blocks}{_SURVIVORS}; '
-            f'printf "%s %s\\n" "{marker}:end" "$n"; exit $rc')
+                     f'l=; while IFS= read -r l; do printf "%s\\n" "$l"; done < {REWARD_DIR}/{name}; printf "%s" "$l"; '
+                     f'printf "\\n%s\\n" "{marker}:eof"; fi; ' for name in _REWARD_FILES)
+    return (f'{_STATUS}{_READ_SCRIPT}before=$({_TESTS_SUMS}); /tests/test.sh 1>&2; rc=$?; {_SUSPICIOUS}'
+            f'printf "\\n%s\\n" "{marker}"; {blocks}{_SURVIVORS}after=$({_TESTS_SUMS}); {_TESTS_CHANGED}'
+            f'printf "%s %s %s %s\\n" "{marker}:end" "$n" "$changed" "$suspicious"; exit $rc')
 
 
 def task_writes_reward_json(harbor: HarborTask, step: HarborStep) -> bool:
@@ -185,7 +223,7 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
     state["verifier_output"] = result.stderr[-2000:]
     state.setdefault("tests_ran", []).append(not result.timed_out)
     printed = None if result.timed_out else _rewards_snapshot(result.stdout, marker)
-    snapshot, survivors = printed or ({}, 0)
+    snapshot, (survivors, changed, suspicious) = printed or ({}, (0, 0, 0))
     rewards, error, tampered = None, "", False
     if result.timed_out:
         error = f"tests/test.sh timed out after {step.verifier_timeout_s:g} s"
@@ -195,6 +233,11 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
         error, tampered = f"tests/test.sh was killed by signal {abs(result.exit_code) % 128}", True
     elif survivors:  # they could have rewritten a reward between test.sh writing it and exiting
         error, tampered = f"{survivors} processes the tests started still ran when tests/test.sh exited", True
+    elif changed:  # e.g. a line appended to test.sh while bash was reading it
+        error, tampered = f"{changed} files of /tests were changed or removed while tests/test.sh ran", True
+    elif suspicious:  # e.g. a reward the tests' code wrote and made read-only before test.sh wrote its own
+        error, tampered = (f"{suspicious} of {REWARD_DIR} and its reward files were left as tests/test.sh cannot "
+                           "have written them (a link, or not writable by their owner)"), True
     else:
         after = {}
         for name in _REWARD_FILES:

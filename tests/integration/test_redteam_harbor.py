@@ -8,7 +8,8 @@ ScriptedPolicy that leaves add() wrong and plants something in /app; the rollout
 
 Cheats: a reward.json (read before reward.txt) the task never writes; a background process
 that rewrites reward.txt while and after test.sh runs; killing test.sh after writing reward.txt
-itself; and crashing the grader with a 2,000-deep folder chain or 200,001 files in the
+itself; a `1` made read-only, or a symbolic link to one, so test.sh's own write fails; a line
+appended to test.sh while bash reads it; and crashing the grader with a 2,000-deep folder chain or 200,001 files in the
 workdir (scored 0, not an error that takes the rollout out of training). The oracle still
 scores 1 (the grader pays for real fixes). Set AGENTRL_REDTEAM_RECORD to a file to append each
 cheat's reward.
@@ -66,6 +67,39 @@ os.kill(os.getppid(), signal.SIGKILL)
 os._exit(1)
 """
 
+# The code under test gets in test.sh's way while test.sh runs (found by a red-team pass, 2026-12-07; each scored
+# 1.0 on docker-runc, docker-runsc and bwrap): a `1` made read-only with its folder, so test.sh's `echo 0` fails;
+# reward.txt a symbolic link to a read-only `1`; a line appended to test.sh, which bash is still reading.
+READONLY_REWARD = BUGGY + """import os
+os.makedirs("/logs/verifier", exist_ok=True)
+with open("/logs/verifier/reward.txt", "w") as handle:
+    handle.write("1\\n")
+os.chmod("/logs/verifier/reward.txt", 0o444)
+os.chmod("/logs/verifier", 0o555)
+"""
+SYMLINK_REWARD = BUGGY + """import os
+os.makedirs("/logs/verifier", exist_ok=True)
+with open("/tmp/planted-reward", "w") as handle:
+    handle.write("1\\n")
+os.chmod("/tmp/planted-reward", 0o444)
+if os.path.lexists("/logs/verifier/reward.txt"):
+    os.unlink("/logs/verifier/reward.txt")
+os.symlink("/tmp/planted-reward", "/logs/verifier/reward.txt")
+"""
+# On a writable root (writable_root = 'verifier', for tasks whose tests install packages) the code under test, as
+# root without capabilities, still owns the image's programs: a /bin/cat that says 1 for any reward file.
+REPLACE_CAT = BUGGY + """import os, shutil
+shutil.copy("/bin/cat", "/usr/local/lib/real-cat")
+os.unlink("/bin/cat")
+with open("/bin/cat", "w") as handle:
+    handle.write('#!/bin/sh\\ncase "$1" in */reward.txt) echo 1;; *) exec /usr/local/lib/real-cat "$@";; esac\\n')
+os.chmod("/bin/cat", 0o755)
+"""
+APPEND_TO_TEST_SH = BUGGY + """
+with open("/tests/test.sh", "a") as handle:
+    handle.write("echo 1 > /logs/verifier/reward.txt\\n")
+"""
+
 
 def write_task(folder: Path) -> Path:
     files = {"task.toml": TASK_TOML, "instruction.md": "Fix /app/calc.py: add(a, b) must return a + b.\n",
@@ -86,6 +120,9 @@ CHEATS = {
     "reward_json_plant": plant(REWARD_JSON),
     "background_rewriter": plant(BACKGROUND),
     "kill_test_sh": plant(KILL_TEST_SH),
+    "readonly_reward": plant(READONLY_REWARD),
+    "symlink_reward": plant(SYMLINK_REWARD),
+    "append_to_test_sh": plant(APPEND_TO_TEST_SH),
     "deep_folder_chain": "cd /app && python3 -c \"import os\nfor _ in range(2000): os.mkdir('d'); os.chdir('d')\" "
                          "&& echo planted",
     "many_files": "mkdir -p /app/many && cd /app/many && python3 -c \"\nfor i in range(200001): open(str(i), 'w')\" "
@@ -162,3 +199,20 @@ async def test_harbor_cheat_scores_zero(backend, cheat, harbor_package, tmp_path
         assert not list(tmp_path.glob("agentrl-grade-*"))  # the staging folder is gone, however deep it was
     else:
         assert rollout.metrics["grader/tamper_suspected"] == 1.0, rollout.state.get("verifier_error")
+
+
+async def test_programs_the_code_under_test_replaces_on_a_writable_root_cannot_pay_it(harbor_package, tmp_path,
+                                                                                      monkeypatch):
+    """After test.sh the verifier's wrapper runs shell builtins only: the reward it prints is the file's, not what a
+    planted `cat` says (which made the reward 1.0 while the wrapper used `cat`)."""
+    import tempfile
+
+    import agentrl
+    from agentrl.policies import ScriptedPolicy
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = agentrl.load_environment(harbor_package, runtime="runc", sandbox_type="docker", writable_root="verifier")
+    rollout = await _run(env, ScriptedPolicy([bash_call(plant(REPLACE_CAT)), "done"]))
+    record("replace_cat", "runc-writable-verifier", rollout)
+    assert rollout.error is None and "planted" in rollout.messages[-2].content, rollout.error
+    assert rollout.reward == 0.0, rollout.state.get("verifier_error")
