@@ -58,6 +58,7 @@ from agentrl.sandbox.base import (
     SandboxConfig,
     SandboxError,
     limit_not_enforced,
+    network_not_available,
 )
 from agentrl.sandbox.base_image import cache_root, rootfs_dir
 from agentrl.sandbox.bwrap_workspace import (
@@ -155,6 +156,9 @@ class BwrapSandbox(Sandbox):
         if bwrap is None:
             raise SandboxError("sandbox type 'bwrap': bubblewrap is not installed; run: apt-get install bubblewrap")
         self.bwrap = bwrap
+        if cfg.network:  # bwrap's only network is the host's own namespace: its 127.0.0.1, its abstract sockets
+            self.network_note = network_not_available(
+                cfg, "bubblewrap has no network of its own, only the host's, with its 127.0.0.1 services")
         if cfg.rootfs or cfg.image == BASE_IMAGE:
             rootfs = Path(cfg.rootfs) if cfg.rootfs else rootfs_dir()
         else:  # another local Docker image: its exported tree, ENV and workdir content
@@ -236,8 +240,7 @@ class BwrapSandbox(Sandbox):
         args += ["--chdir", cwd, "--clearenv"]
         if self.disable_userns:
             args.insert(2, "--disable-userns")
-        if not cfg.network:
-            args.insert(1, "--unshare-net")
+        args.insert(1, "--unshare-net")  # always: see _start
         base_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/home/agent",
                     "LANG": "C.UTF-8", "USER": "agent"}
         for key, value in {**base_env, **self.image_env, **env}.items():

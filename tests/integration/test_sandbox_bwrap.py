@@ -150,3 +150,50 @@ async def test_without_a_cgroup_rlimits_stand_in_with_a_warning(tmp_path, monkey
         "sandbox limit cpus cannot be enforced on this host"]
     assert limits.stdout.split() == [str(256 * 1024), "64"], limits
     assert big.exit_code != 0 and "MemoryError" in big.stderr, big
+
+
+async def test_a_sandbox_that_asks_for_network_gets_none_of_the_hosts(tmp_path):
+    """bwrap's only network is the host's own namespace: with `network=True` a sandbox read a server on the host's
+    127.0.0.1 (where vLLM, Ray and the image registry listen) and a host abstract socket (a red-team pass,
+    2026-12-07). It now runs with no network and says so, as Docker does without a bridge."""
+    import http.server
+    import socket
+    import threading
+
+    class Secret(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"host-only")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Secret)
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    name = f"agentrl-test-{os.getpid()}-{id(tmp_path)}"
+    abstract.bind("\0" + name)
+    abstract.listen(1)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = (f"import socket, urllib.request\n"
+             f"try: print(urllib.request.urlopen('http://127.0.0.1:{server.server_address[1]}/', timeout=3).read())\n"
+             f"except Exception as error: print('http refused', type(error).__name__)\n"
+             f"s = socket.socket(socket.AF_UNIX)\n"
+             f"try: s.connect('\\0{name}'); print('abstract reached')\n"
+             f"except Exception as error: print('abstract refused', type(error).__name__)\n")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            async with create_sandbox(config(BWRAP, network=True)) as sandbox:
+                result = await sandbox.exec(["python3", "-c", probe], timeout=30)
+                note = sandbox.network_note
+        assert "http refused" in result.stdout and "abstract refused" in result.stdout, result
+        assert note and "ran with no network" in note, note
+        assert any("127.0.0.1" in str(warning.message) for warning in caught)
+        with pytest.raises(base.SandboxError, match="bubblewrap has no network of its own"):
+            async with create_sandbox(config(BWRAP, network=True, unenforceable_limits="refuse")):
+                pass
+    finally:
+        server.shutdown()
+        server.server_close()
+        abstract.close()
