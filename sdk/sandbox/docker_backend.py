@@ -58,7 +58,7 @@ from agentrl.sandbox.docker_exec import (
     kill_exec_processes,
 )
 from agentrl.sandbox.docker_image import image_user, numeric_user, workdir_seed
-from agentrl.sandbox.docker_server import ServerConnection, server_command
+from agentrl.sandbox.docker_server import SERVER_MAX_OUTPUT_BYTES, ServerConnection, server_command
 from agentrl.sandbox.gvisor_compat import SHIM_TARGET, statx_shim
 from agentrl.sandbox.labels import sandbox_labels
 from agentrl.sandbox.sandboxd import USER_VARIABLE
@@ -77,7 +77,6 @@ __all__ = ["DockerSandbox", "docker_client", "in_thread", "network_unavailable",
 # (instead of failing fork()), which stops it.
 RUNSC_PIDS_HEADROOM = 384
 SERVER_MAX_STDIN_BYTES = 8 * 1024 * 1024
-SERVER_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 SERVER_CAPABILITIES = ["SETUID", "SETGID", "KILL"]  # sandboxd's, never a command's
 
 

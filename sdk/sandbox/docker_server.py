@@ -10,7 +10,11 @@ is waited for and its token matches. An answer with a waited-for id and a wrong 
 means something inside wrote into the channel: the connection is marked `tampered`, closed,
 and the sandbox falls back to `docker exec`. A reader thread owns the socket's read side.
 When the server is gone (no python3 in the image, the model killed it, the connection
-dropped), `alive` turns False and the sandbox falls back to `docker exec`.
+dropped), `alive` turns False, the host stops reading, and the sandbox falls back to `docker
+exec`. The launcher (sandboxd's parent, which keeps the container running) then waits on stdin
+with shell builtins only: it holds sandboxd's capabilities, so it must never run a program of
+the image, which a root on a writable root can have replaced. A line longer than any answer
+(`MAX_ANSWER_LINE_BYTES`) is tampering too: the host never holds more.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import struct
 import threading
 from pathlib import Path
 
-__all__ = ["ServerConnection", "server_command"]
+__all__ = ["MAX_ANSWER_LINE_BYTES", "SERVER_MAX_OUTPUT_BYTES", "ServerConnection", "server_command"]
 
 _SOURCE = (Path(__file__).with_name("sandboxd.py")).read_bytes()
 HEADER = 12  # every message to sandboxd: a 12-digit length, then the bytes
@@ -45,8 +49,16 @@ _READ_SOURCE = (
 )
 _LAUNCH = (
     "if command -v python3 >/dev/null 2>&1; then python3 -I -S -c \"$0\"; fi; "
-    "echo '{\"gone\": 1}'; exec sleep infinity"
+    "echo '{\"gone\": 1}'; while read -r _; do :; done"  # until the host closes stdin (the sandbox closes)
 )
+
+
+SERVER_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
+"""The largest `max_output` a command sent through sandboxd may have (larger ones go through docker exec)."""
+MAX_ANSWER_LINE_BYTES = 2 * (SERVER_MAX_OUTPUT_BYTES * 4 // 3 + 4) + 65536
+"""The longest line a genuine answer can be (stdout and stderr in base64, and the rest): a longer one is something
+inside writing into the channel (e.g. a program planted where the launcher's `sleep` was), so the host stops
+reading instead of holding it all."""
 
 
 def _frame(payload: bytes) -> bytes:
@@ -121,6 +133,11 @@ class ServerConnection:
                             line_buffer.clear()
                             start = newline + 1
                         line_buffer += payload[start:]
+                        if len(line_buffer) > MAX_ANSWER_LINE_BYTES:
+                            self.tampered = True
+                            break
+                if self.tampered or not self.alive:  # nothing more to read: stdin stays open, the container runs
+                    break
                 readable, _, _ = select.select([self._sock], [], [], 5.0)
                 if not readable:
                     continue
@@ -131,6 +148,8 @@ class ServerConnection:
         except (OSError, ValueError):
             pass
         finally:
+            if self.tampered:
+                self.close()
             self._shut_down()
 
     def _dispatch(self, line: bytes) -> None:

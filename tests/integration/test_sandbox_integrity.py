@@ -278,3 +278,31 @@ async def test_a_background_child_does_not_hold_the_command(backend):
     assert (result.exit_code, result.stdout, result.timed_out) == (0, "started\n", False), result
     assert took < 15, took  # it returned when the shell exited, not at the 30 s timeout
     assert left.stdout == ""
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS[:1])  # under gVisor the root command cannot kill sandboxd
+async def test_a_program_planted_for_the_launcher_never_runs(backend):
+    """On a writable root a root command owns the image's programs and may kill sandboxd (same uid). The launcher
+    then ran `exec sleep infinity`: a planted `sleep` ran with sandboxd's capabilities (SETUID, SETGID, KILL),
+    survived kill_processes, and streamed into the host's channel, which held it all (600 MB in a red-team pass,
+    2026-12-07). The launcher now waits with shell builtins; commands go on through docker exec."""
+    planted = ("#!/bin/sh\necho ran > /tmp/planted-ran\n"  # then 64 MiB into the channel, no newline; then waits
+               "exec python3 -c 'import os, time; [os.write(1, b\"A\" * 65536) for _ in range(1024)]; time.sleep(600)'\n")
+    async with create_sandbox(config(backend, user="0:0", disk_limit="none", pids_limit=128)) as sandbox:
+        server = sandbox._server
+        assert server is not None and server.alive
+        await sandbox.write_file("/tmp/sleep", planted)
+        plant = ("for path in /usr/local/bin/sleep /usr/bin/sleep /bin/sleep; do cp /tmp/sleep $path; "
+                 "chmod +x $path; done; for d in /proc/[0-9]*; do "
+                 "[ \"$(cat $d/comm 2>/dev/null)\" = sandboxd ] && kill -9 ${d#/proc/}; done; echo planted")
+        await sandbox.exec(["/bin/sh", "-c", plant], timeout=30)
+        deadline = time.monotonic() + 10
+        while server.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not server.alive and not server.tampered
+        await asyncio.sleep(1)
+        after = await sandbox.exec("cat /tmp/planted-ran 2>/dev/null; echo still-serves", timeout=30)
+        await sandbox.kill_processes()
+        left = await sandbox.exec("cat /proc/[0-9]*/comm 2>/dev/null | sort | uniq -c", timeout=30)
+    assert after.stdout == "still-serves\n", after
+    assert "python3" not in left.stdout and "sleep" not in left.stdout, left.stdout

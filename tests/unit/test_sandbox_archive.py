@@ -153,3 +153,37 @@ def test_an_answer_with_a_wrong_token_closes_the_channel():
     connection._dispatch(json.dumps({"id": 7, "token": "guess", "exit_code": 0}).encode())
     assert connection.tampered and not connection.alive
     assert slot[0].is_set() and slot[1] is None  # the waiting caller gets no answer, not the forged one
+
+
+def _docker_frames(data: bytes, *, chunk: int = 32768) -> bytes:
+    """`data` as Docker's multiplexed stdout frames (8-byte header: stream 1, big-endian length)."""
+    import struct
+
+    return b"".join(struct.pack(">BxxxL", 1, len(data[i:i + chunk])) + data[i:i + chunk]
+                    for i in range(0, len(data), chunk))
+
+
+def test_a_line_longer_than_any_answer_closes_the_channel(monkeypatch):
+    """The host held every byte of an answer line until its newline: a sandbox streaming without one grew the
+    host's memory without bound (600 MB in a red-team pass). Past the longest answer the channel is closed as
+    tampered; a line just under the limit is still read."""
+    import socket
+
+    from agentrl.sandbox import docker_server
+
+    monkeypatch.setattr(docker_server, "MAX_ANSWER_LINE_BYTES", 100_000)
+    host, sandbox = socket.socketpair()
+    connection = docker_server.ServerConnection(api=None, container_id="test")
+    connection.alive, connection._sock = True, host
+    slot = [threading.Event(), None, "token"]
+    connection._waiting[1] = slot
+    answer = json.dumps({"id": 1, "token": "token", "pad": "x" * 90_000}).encode() + b"\n"
+    sandbox.sendall(_docker_frames(answer))
+    thread = threading.Thread(target=connection._read_loop, args=(b"",), daemon=True)
+    thread.start()
+    assert slot[0].wait(10) and slot[1]["pad"] == "x" * 90_000  # a long answer under the limit
+    sandbox.sendall(_docker_frames(b"A" * 150_000))  # no newline
+    thread.join(10)
+    assert not thread.is_alive() and connection.tampered and not connection.alive
+    sandbox.close()
+    host.close()
