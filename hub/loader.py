@@ -42,6 +42,7 @@ __all__ = [
     "find_environment",
     "list_environments",
     "load_environment",
+    "require_environment",
 ]
 
 ENV_PATH_VARIABLE = env_vars.ENV_PATH.name
@@ -149,13 +150,28 @@ def _find_installed(reference: str) -> Path:
                             f"available environments: {available}") from None
 
 
+def _verifiers_project(name_or_path: str | os.PathLike[str]) -> bool:
+    """Whether `name_or_path` is the folder of a verifiers package (pyproject.toml, no environment.toml)."""
+    if not (os.fspath(name_or_path) and Path(name_or_path).expanduser().is_dir()):
+        return False
+    from agentrl.hub.interop.verifiers import find_verifiers_project
+
+    return find_verifiers_project(name_or_path) is not None
+
+
+def require_environment(name_or_path: str | os.PathLike[str]) -> None:
+    """Check that `load_environment` has something to load (a package, by name or folder, or a verifiers package's
+    folder) without loading it; else the one-line NotFoundError of `find_environment`."""
+    if not _verifiers_project(name_or_path):
+        find_environment(name_or_path)
+
+
 def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
     """Load an environment package by name or path and return its Environment."""
-    if os.fspath(name_or_path) and Path(name_or_path).expanduser().is_dir():
-        from agentrl.hub.interop.verifiers import find_verifiers_project, load_verifiers_package
+    if _verifiers_project(name_or_path):
+        from agentrl.hub.interop.verifiers import load_verifiers_package
 
-        if find_verifiers_project(name_or_path) is not None:  # a verifiers package: pyproject.toml, no manifest
-            return load_verifiers_package(name_or_path, **kwargs)
+        return load_verifiers_package(name_or_path, **kwargs)
     folder = find_environment(name_or_path)
     manifest = load_manifest(folder)
     factory = import_package_attr(folder, manifest.entrypoint, package_name=manifest.name)

@@ -169,9 +169,9 @@ def register(app: typer.Typer) -> None:
             resolved = load_run_config(config, overrides=extra, env=env, model=model)
             run_dir = output or Path(resolved.run.output_dir) / (resolved.run.name or _run_name(resolved.env.name,
                                                                                                 resolved.model.name))
-        from agentrl.hub.loader import find_environment
+        from agentrl.hub.loader import require_environment
 
-        find_environment(resolved.env.name)  # an unknown environment is one line before anything starts
+        require_environment(resolved.env.name)  # an unknown environment is one line before anything starts
         from agentrl.models import resolve_model
 
         resolve_model(resolved.model.name)  # so is an unknown model, before the run's folder is named

@@ -154,3 +154,14 @@ def test_cli_import(tmp_path):
     result = CliRunner().invoke(app, ["env", "import", "verifiers", str(tmp_path)])
     assert isinstance(result.exception, NotFoundError)  # agentrl's main() prints it as one line
     assert "not a verifiers package" in str(result.exception)
+
+
+def test_train_takes_a_verifiers_package_folder_as_eval_does(tmp_path, capsys):
+    """docs/ENVIRONMENTS.md says train and eval both take the folder; train refused it ("no environment.toml in this
+    folder"), found by an ecosystem walk-through. A folder that is neither still gets that one line."""
+    from agentrl.cli import main
+
+    assert main(["train", "--env", str(FIXTURES / "legacy_qa"), "--model", "tiny-moe", "--dry-run"]) == 0
+    assert f"# agentrl train: env {FIXTURES / 'legacy_qa'}" in capsys.readouterr().out
+    assert main(["train", "--env", str(tmp_path), "--model", "tiny-moe", "--dry-run"]) == 2
+    assert f"{tmp_path}: no environment.toml in this folder" in capsys.readouterr().err
