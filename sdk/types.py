@@ -171,6 +171,9 @@ class Rollout(_Model):
     """Every reward function's and metric's value."""
     error: str | None = None
     """Set when the rollout failed (environment or inference error)."""
+    grader_error: str | None = None
+    """Why the grader gave the rollout no reward of its own (a task's verifier that wrote none or garbage,
+    tampering it caught): the rollout is scored, by the reward it has (0), and still trains."""
     truncated: bool = False
     """True when a budget (turns, tokens, time) ended the rollout."""
     elapsed_s: float = 0.0

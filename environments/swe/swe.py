@@ -275,6 +275,7 @@ class SweEnv(SandboxEnv):
             rollout.state["grade"] = result.metrics()
             if result.error:
                 rollout.state["grade_error"] = result.error
+                rollout.grader_error = result.error
         scored = await self.rubric.score_group(rollouts)
         for rollout in scored:
             rollout.metrics[TAMPER_METRIC] = _grade_of(rollout.state).get("tamper_suspected", 0.0)

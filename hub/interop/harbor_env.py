@@ -365,6 +365,7 @@ class HarborTaskEnv(ToolEnv):
             rollout.metrics["network_unavailable"] = float(bool(rollout.state.get("network_notes")))
             rollout.metrics[TAMPER_METRIC] = float(bool(rollout.state.get("tamper_suspected")))
             rollout.metrics[WORKDIR_REJECTED_METRIC] = float(bool(rollout.state.get("workdir_rejected")))
+            rollout.grader_error = rollout.grader_error or rollout.state.get("verifier_error")
         return scored
 
 

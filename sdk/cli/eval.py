@@ -150,4 +150,9 @@ def register(app: typer.Typer) -> None:
         if summary.errors:
             console.print(f"{summary.errors} rollouts failed; first error: {first_error}", style="yellow",
                           markup=False, highlight=False, soft_wrap=True)
+        if summary.grader_errors:  # scored 0, not failed: a task's verifier that wrote no reward, or caught tampering
+            scored = summary.num_rollouts - summary.errors
+            console.print(f"{summary.grader_errors} of {scored} scored rollouts got no reward from the grader (scored "
+                          f"0); first: {printable(str(summary.first_grader_error))}", style="yellow", markup=False,
+                          highlight=False, soft_wrap=True)
         _compare_with_baseline(resolved, summary, console, on_server)

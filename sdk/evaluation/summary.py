@@ -74,6 +74,10 @@ class EvalSummary(BaseModel):
     """Machine the evaluation ran on."""
     first_error: str | None = None
     """The first rollout error, to show what went wrong."""
+    grader_errors: int = 0
+    """Rollouts the grader gave no reward of its own (`Rollout.grader_error`)."""
+    first_grader_error: str | None = None
+    """The first of those reasons."""
     per_task: dict[str, list[float]] = {}
     """Per task in task order: its mean reward ("reward") and its pass@k ("pass@1", ...), for paired
     comparisons of two evaluations of the same tasks (`agentrl.stats.paired_delta`)."""
@@ -125,6 +129,7 @@ def summarize(
         max(len(t.completion.token_ids), len(t.completion.logprobs)) for r in rollouts for t in r.turns
     )
     errors = [r.error for r in rollouts if r.error]
+    grader_errors = [r.grader_error for r in rollouts if r.grader_error and not r.error]
     return EvalSummary(
         env=env_name, model=config.model, split=config.split, num_tasks=len(groups),
         rollouts_per_task=config.rollouts_per_task, num_rollouts=len(rollouts), mean_reward=mean,
@@ -133,5 +138,7 @@ def summarize(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, elapsed_s=elapsed_s,
         completion_tokens_per_s=completion_tokens / elapsed_s if elapsed_s > 0 else 0.0,
         client=client, base_url=base_url, sampling=config.sampling.model_dump(mode="json"),
-        first_error=errors[0] if errors else None, per_task={"reward": per_task, **per_task_passes},
+        first_error=errors[0] if errors else None, grader_errors=len(grader_errors),
+        first_grader_error=grader_errors[0] if grader_errors else None,
+        per_task={"reward": per_task, **per_task_passes},
     )

@@ -199,6 +199,7 @@ async def test_harbor_cheat_scores_zero(backend, cheat, harbor_package, tmp_path
         assert not list(tmp_path.glob("agentrl-grade-*"))  # the staging folder is gone, however deep it was
     else:
         assert rollout.metrics["grader/tamper_suspected"] == 1.0, rollout.state.get("verifier_error")
+        assert rollout.grader_error.startswith("tampering suspected: "), rollout.grader_error  # eval names it
 
 
 async def test_programs_the_code_under_test_replaces_on_a_writable_root_cannot_pay_it(harbor_package, tmp_path,

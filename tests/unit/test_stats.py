@@ -90,3 +90,20 @@ def test_a_paired_ratio_and_its_interval():
     assert noisy[2] - noisy[1] > 0.3  # six noisy pairs: a wide interval
     with pytest.raises(ValueError, match="paired_ratio"):
         paired_ratio([1.0], [0.0])
+
+
+def test_rollouts_the_grader_gave_no_reward_are_counted_apart_from_failures():
+    """A Harbor task whose test.sh wrote `PASSED` to reward.txt scored every rollout 0 and `agentrl eval` said
+    nothing (an ecosystem walk-through); the reason was only in results.jsonl's state."""
+    from agentrl.evaluation.engine import EvalConfig
+    from agentrl.evaluation.summary import summarize
+    from agentrl.types import Message, Rollout, Task
+
+    task = Task(prompt=[Message(role="user", content="p")])
+    rollouts = [Rollout(task=task, grader_error="reward.txt: could not convert string to float: 'PASSED'"),
+                Rollout(task=task, reward=1.0),
+                Rollout(task=task, error="sandbox died", grader_error="no reward")]  # a failure, counted as one
+    summary = summarize([rollouts], config=EvalConfig(rollouts_per_task=3), env_name="toy", elapsed_s=1.0,
+                        client="token", base_url="http://x")
+    assert (summary.errors, summary.grader_errors) == (1, 1)
+    assert summary.first_grader_error == "reward.txt: could not convert string to float: 'PASSED'"
