@@ -81,3 +81,8 @@ def require(module: str, extra: str):
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError(module, extra) from exc
+
+
+class AgentrlWarning(RuntimeWarning):
+    """Something a user should know and the run goes on without (a sandbox limit or network the host cannot give,
+    a log at its size cap): the `agentrl` command shows it as one line, `warning: ...`."""

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from agentrl.errors import AgentrlError, ConfigError, NotFoundError
+from agentrl.errors import AgentrlError, AgentrlWarning, ConfigError, NotFoundError
 from agentrl.hub.interop.harbor_config import HarborTask, check_allow_env, check_carry_paths, read_harbor_task
 from agentrl.hub.tree_copy import copy_tree, package_folder
 
@@ -180,7 +180,7 @@ def import_harbor_task(path: str | Path, *, out: str | Path | None = None, name:
 
     if writable_root not in ("never", "verifier", "always"):
         raise ConfigError(f"writable_root = {writable_root!r}; use 'never', 'verifier' or 'always'")
-    say = log or (lambda line: warnings.warn(line, RuntimeWarning, stacklevel=3))
+    say = log or (lambda line: warnings.warn(line, AgentrlWarning, stacklevel=3))
     carry = check_carry_paths(list(carry_paths or []))
     allowed = check_allow_env(list(allow_env or []))
     single = Path(path).is_dir() and (Path(path) / "task.toml").is_file()

@@ -17,6 +17,8 @@ import typer
 
 from agentrl.errors import AgentrlError
 
+_python_show_warning = None  # warnings.showwarning as it was before `main` set its own
+
 app = typer.Typer(
     name="agentrl",
     help="Environment hub and asynchronous RL training for agent tasks on MoE models.",
@@ -82,8 +84,23 @@ for _group, _name in GROUP_MODULES.items():
         app.add_typer(_mod.app, name=_group)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` of the command: agentrl's own warnings as one line, others as Python shows them."""
+    from agentrl.errors import AgentrlWarning
+
+    if issubclass(category, AgentrlWarning):
+        typer.secho(f"warning: {printable(str(message))}", fg="yellow", err=True)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `agentrl` script: run the app, print user errors as one line."""
+    """Entry point of the `agentrl` script: run the app, print user errors and agentrl's warnings as one line."""
+    import warnings
+
+    global _python_show_warning
+    if warnings.showwarning is not _show_warning:
+        _python_show_warning, warnings.showwarning = warnings.showwarning, _show_warning
     try:
         # Not standalone, click hands back a command's `typer.Exit(code)` as the return value.
         code = app(args=argv, prog_name="agentrl", standalone_mode=False)

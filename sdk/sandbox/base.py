@@ -23,7 +23,7 @@ from pydantic import Field
 
 from agentrl import env_vars
 from agentrl.config import BaseConfig
-from agentrl.errors import SandboxError
+from agentrl.errors import AgentrlWarning, SandboxError
 from agentrl.sandbox.archive import extract_archive, pack_folder, resolve_path
 
 __all__ = ["ExecResult", "RawExecResult", "Sandbox", "SandboxConfig", "SandboxError", "default_owner",
@@ -171,7 +171,7 @@ def _refuse_or_warn(config: SandboxConfig, message: str, *, key: str, fix: str, 
         raise SandboxError(f"{message}; {fix}")
     if key not in _warned_limits:
         _warned_limits.add(key)
-        warnings.warn(f"{message}; {instead}", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"{message}; {instead}", AgentrlWarning, stacklevel=4)
 
 
 def limit_not_enforced(config: SandboxConfig, limit: str, why: str) -> None:

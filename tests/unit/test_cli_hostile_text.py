@@ -99,3 +99,23 @@ def test_train_prints_a_hostile_first_error_as_text():
     assert line.startswith("  2 rollouts failed; first error: refused [/] [/] [bold]bold[/bold]")
     assert not any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or c == "\u202e" for c in line), repr(line)
     assert "\\x1b[2J" in line and "\\u202e reversed \\x9b31m" in line
+
+
+def test_agentrls_warnings_are_one_line_and_others_are_as_python_shows_them(capsys):
+    """An ecosystem walk-through saw every Harbor eval print `.../concurrent/futures/thread.py:58: RuntimeWarning:
+    sandbox network: ...` and then the source line `result = self.fn(*self.args, **self.kwargs)`."""
+    import warnings
+
+    import agentrl.cli as cli
+    from agentrl.errors import AgentrlWarning
+
+    shown_by_python = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, *rest: shown_by_python.append((category, str(message)))
+        cli.main(["--help"])  # the command's display is in place from here on, as in the `agentrl` process
+        capsys.readouterr()
+        warnings.warn("sandbox network: asked for, but none \x1b]52;c;x\x07here", AgentrlWarning, stacklevel=1)
+        warnings.warn("a library's own", DeprecationWarning, stacklevel=1)
+    assert capsys.readouterr().err == "warning: sandbox network: asked for, but none \\x1b]52;c;x\\x07here\n"
+    assert shown_by_python == [(DeprecationWarning, "a library's own")]
