@@ -71,13 +71,13 @@ class HarborStep(BaseConfig):
     """What the agent is asked to do in this step."""
     folder: str = ""
     """The step's folder relative to the task ('' for a single-step task)."""
-    agent_timeout_s: float | None = None
+    agent_timeout_s: float | None = Field(default=None, gt=0)
     """Total wall-clock budget of the agent in this step (None: unlimited)."""
     agent_user: str | None = None
     """User the agent's commands run as (None: the image's USER)."""
     agent_network: NetworkPolicy = NetworkPolicy()
     """Network of the agent phase."""
-    verifier_timeout_s: float = 600.0
+    verifier_timeout_s: float = Field(default=600.0, gt=0)
     """Limit of tests/test.sh."""
     verifier_user: str | None = None
     """User the verifier runs as (None: the image's USER)."""
@@ -110,11 +110,11 @@ class HarborTask(BaseConfig):
     """`[environment] docker_image`: a pre-built image instead of environment/Dockerfile."""
     workdir: str | None = None
     """`[environment] workdir`, else the Dockerfile's last WORKDIR (None: '/')."""
-    cpus: float = 1.0
+    cpus: float = Field(default=1.0, gt=0)
     """`[environment] cpus`."""
-    memory_mb: int = 2048
+    memory_mb: int = Field(default=2048, gt=0)
     """`[environment] memory_mb` (or the deprecated `memory`)."""
-    storage_mb: int = 10240
+    storage_mb: int = Field(default=10240, gt=0)
     """`[environment] storage_mb` (or the deprecated `storage`)."""
     env: dict[str, str] = Field(default_factory=dict)
     """`[environment] env`, for every command of the trial."""
@@ -286,7 +286,8 @@ def _read_steps(config: dict[str, Any], folder: Path, source: Path,
 
 _HARBOR_NAMES = {"agent_timeout_s": "[agent] timeout_sec", "verifier_timeout_s": "[verifier] timeout_sec",
                  "agent_user": "[agent] user", "verifier_user": "[verifier] user",
-                 "cpus": "[environment] cpus",
+                 "cpus": "[environment] cpus", "memory_mb": "[environment] memory_mb",
+                 "storage_mb": "[environment] storage_mb",
                  "min_reward": "steps.min_reward", "primary_reward": "[metadata] primary_reward",
                  "image": "[environment] docker_image", "workdir": "[environment] workdir"}
 
@@ -359,7 +360,8 @@ def read_harbor_task(path: str | Path) -> HarborTask:
             description=str(task_info.get("description") or first_line)[:200], schema_version=schema,
             tags=[str(t) for t in tags], metadata=metadata, image=image,
             workdir=environment.get("workdir") or _dockerfile_workdir(folder / "environment" / "Dockerfile"),
-            cpus=environment.get("cpus") or 1, memory_mb=memory or 2048, storage_mb=storage or 10240,
+            cpus=environment.get("cpus", 1), memory_mb=2048 if memory is None else memory,
+            storage_mb=10240 if storage is None else storage,
             env={**main_env, **_env(environment)}, compose=f"environment/{compose}" if compose else None,
             healthcheck=_healthcheck(environment.get("healthcheck"), source, "environment.healthcheck"),
             network=baseline, solution_env=_env(_table(config, "solution", source)),
@@ -368,9 +370,14 @@ def read_harbor_task(path: str | Path) -> HarborTask:
         )
     except ValidationError as error:  # the first problem on one line, named as task.toml names it
         problem = error.errors()[0]
-        where = ".".join(str(part) for part in problem["loc"])
-        where = _HARBOR_NAMES.get(where.split(".")[0], where)
-        raise ConfigError(f"{source}: {where}: {problem['msg']}") from None
+        loc = [str(part) for part in problem["loc"]]
+        if loc[0] == "steps" and len(loc) > 2:  # a step's field: `[verifier] timeout_sec`, with its step if several
+            where = ("" if "steps" not in config else f"steps[{loc[1]}] ") + _HARBOR_NAMES.get(loc[2], loc[2])
+        else:
+            where = _HARBOR_NAMES.get(loc[0], ".".join(loc))
+        said = problem["msg"].replace("Input should be ", "must be ")
+        shown = f" = {problem['input']!r}" if not isinstance(problem.get("input"), (dict, list)) else ""
+        raise ConfigError(f"{source}: {where}{shown}: {said}") from None
 
 
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?\}")

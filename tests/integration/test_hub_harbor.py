@@ -127,8 +127,11 @@ def test_task_toml_fields_map_as_harbor_means_them(tmp_path):
     ('[environment.tpu]\ntype = "v6e"\ntopology = "2x2"\n', r"environment.tpu cannot be run by agentrl"),
     ('[agent]\nnetwork_mode = "sometimes"\n', r"\[agent\] network_mode = 'sometimes'; use 'public'"),
     ("[environment.healthcheck]\nretries = 2\n", r"environment.healthcheck.command: Field required"),
-    ('[agent]\ntimeout_sec = "soon"\n', r"\[agent\] timeout_sec: Input should be a valid number"),
-    ('[environment]\ncpus = "two"\n', r"\[environment\] cpus: Input should be a valid number"),
+    ('[agent]\ntimeout_sec = "soon"\n', r"\[agent\] timeout_sec = 'soon': must be a valid number"),
+    ('[environment]\ncpus = "two"\n', r"\[environment\] cpus = 'two': must be a valid number"),
+    # imported, then every rollout failed with "cleanup failed: SandboxError: exec timeout -5.0" (a walk-through)
+    ("[verifier]\ntimeout_sec = -5\n", r"\[verifier\] timeout_sec = -5: must be greater than 0"),
+    ("[environment]\nmemory_mb = 0\n", r"\[environment\] memory_mb = 0: must be greater than 0"),  # was 2048
     ('[environment.healthcheck]\ncommand = "true"\nretries = "many"\n',
      r"environment.healthcheck.retries: Input"),
 ])
