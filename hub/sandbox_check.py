@@ -14,7 +14,9 @@ are missing, and the exact command that builds them:
 - a package with a Dockerfile: `agentrl env build <package>`;
 - otherwise (images from elsewhere, e.g. SWE-bench's): pull or build them; `agentrl env check` lists them.
 
-`agentrl train` runs it before anything slow starts (no run folder is written), so a fresh
+A Harbor package's environment gives a sandbox config per task (`sandbox_config(task)`) and its
+images by `image(task)`; those are checked the same way under Docker. `agentrl train` and
+`agentrl eval` run it before anything slow starts (no run folder is written), so a fresh
 clone's `agentrl train --env swe` stops at once with the command instead of failing every
 rollout of its first steps.
 """
@@ -86,6 +88,14 @@ def check_sandboxes(env: Any) -> None:
     from agentrl.sandbox import SandboxConfig
 
     config = getattr(env, "sandbox_config", None)
+    images = None
+    if callable(config) and callable(getattr(env, "image", None)):  # Harbor's: a config per task and phase
+        tasks = [task for split in env.splits for task in env.tasks(split)]
+        if not tasks:
+            return
+        config, images = config(tasks[0]), list(dict.fromkeys(env.image(task) for task in tasks))
+        if config.type != "docker":  # bwrap runs the task image's exported tree; its export says what is missing
+            return
     if not isinstance(config, SandboxConfig):
         return
     name = getattr(env, "name", "?")
@@ -99,12 +109,14 @@ def check_sandboxes(env: Any) -> None:
         return
     if config.type != "docker":
         return
-    images = _wanted_images(env, config)
+    images = images or _wanted_images(env, config)
     missing = missing_images(images)
     if missing:
         command = build_command(env, missing)
         folder = getattr(env, "path", None)
-        fix = (f"build them: {command}" if command else
+        hint = getattr(env, "missing_image_hint", None)  # an environment that knows where its images come from
+        said = hint(missing[0]) if command is None and callable(hint) else None
+        fix = (f"build them: {command}" if command else said or
                f"pull or build them (agentrl env check {_shown(Path(folder)) if folder else name} lists them)")
         raise NotFoundError(f"env {name!r}: {len(missing)} of {len(images)} sandbox images are not in the local "
                             f"Docker engine (first: {missing[0]}); {fix}")

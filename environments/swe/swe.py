@@ -192,6 +192,17 @@ class SweEnv(SandboxEnv):
         """The SWE-bench fields of a task (from its info)."""
         return SweInstance.from_row(task.info, where=f"task {task.example_id}")
 
+    def missing_image_hint(self, image: str) -> str | None:
+        """How to get a row's missing image (`agentrl.hub.sandbox_check`): SWE-bench's own, by instance."""
+        from agentrl.hub.interop.swebench_images import swebench_image_hint
+
+        for split in self.splits:
+            for task in self.tasks(split):
+                instance = self.instance(task)
+                if instance.image_name == image:
+                    return swebench_image_hint(self.path, instance.instance_id)
+        return None
+
     async def rollout(self, client, task: Task, *, sampling) -> Rollout:
         token = _GOLD_ORACLE.set(bool(getattr(client, "swe_gold_patch", False)))
         try:

@@ -353,6 +353,9 @@ def run_evaluation(
         )
     if environment is None:
         environment = load_environment(config.env, **config.env_args)  # unknown names fail before any server
+    from agentrl.hub.sandbox_check import check_sandboxes
+
+    check_sandboxes(environment)  # so do missing sandbox images, with the command that builds them
     check_output_dir(Path(config.output) if config.output else default_output_dir(environment.name, config.model))
     server = None
     if config.base_url is None:

@@ -86,3 +86,25 @@ def test_train_stops_before_start_up_with_one_line(swe_copy, tmp_path):
     assert f"build them: python3 {swe_copy / 'swe_images.py'}" in lines[-1]
     assert not run_dir.exists()  # nothing written, nothing started
     assert time.monotonic() - started < 120
+
+
+def test_a_harbor_package_whose_image_is_not_built_stops_eval_and_train_in_one_line(tmp_path, capsys):
+    """A Harbor package imported without --build (or whose build failed) started Ray, vLLM and the trainer (56 s)
+    or eval's server (30 s) and then failed every rollout, with a hint about agentrl-base (a walk-through)."""
+    import harbor_tasks
+
+    from agentrl.cli import main
+    from agentrl.hub.interop.harbor import import_harbor_task
+
+    package = import_harbor_task(harbor_tasks.named(tmp_path / "task"), out=tmp_path / "pkg",
+                                 name=f"agentrl-test-unbuilt-{os.getpid()}")
+    env = agentrl.load_environment(str(package))
+    with pytest.raises(NotFoundError, match=rf"1 of 1 sandbox images .*; build them: agentrl env build {package}$"):
+        check_sandboxes(env)
+    started = time.monotonic()
+    assert main(["eval", "--env", str(package), "-n", "1", "-o", str(tmp_path / "eval")]) == 2
+    assert main(["train", "--env", str(package), "--model", "tiny-moe", "-o", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count(f"build them: agentrl env build {package}") == 2 and err.count("\n") == 2, err
+    assert not (tmp_path / "eval").exists() and not (tmp_path / "run").exists()
+    assert time.monotonic() - started < 60  # no server, no Ray

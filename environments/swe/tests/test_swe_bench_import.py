@@ -109,3 +109,21 @@ def test_rows_nothing_can_grade_and_bad_sources_are_refused_in_one_line(tmp_path
     import_swebench_rows(_write_jsonl(tmp_path / "ok.jsonl", [django_row()]), out=tmp_path / "out")
     with pytest.raises(AgentrlError, match="folder exists and is not empty"):
         import_swebench_rows(tmp_path / "ok.jsonl", out=tmp_path / "out")
+
+
+def test_a_row_whose_image_is_missing_stops_before_start_up_with_the_command_that_gets_it(tmp_path):
+    """A missing SWE-bench image named `agentrl env swebench-image ... --instance ...` only in each failed rollout;
+    `check_sandboxes` (train and eval, before any start-up) said "pull or build them"."""
+    import agentrl
+    from agentrl.errors import NotFoundError
+    from agentrl.hub.interop.swebench import import_swebench_rows
+    from agentrl.hub.sandbox_check import check_sandboxes
+
+    row = django_row(swebench5=False)
+    import_swebench_rows(_write_jsonl(tmp_path / "rows.jsonl", [row]), out=tmp_path / "pkg",
+                         namespace="agentrl-test-missing")
+    with pytest.raises(NotFoundError) as raised:
+        check_sandboxes(agentrl.load_environment(str(tmp_path / "pkg")))
+    assert str(raised.value).endswith(f"get it with `agentrl env swebench-image {tmp_path / 'pkg'} --instance "
+                                      f"{DJANGO_INSTANCE_ID}` (pulls SWE-bench's published image; add --task-repo "
+                                      "REPO, or --source GIT --env-image IMAGE, to build it from the row)")
