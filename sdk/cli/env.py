@@ -266,13 +266,21 @@ def import_harbor(
     ),
 ) -> None:
     """Turn Harbor tasks into an agentrl package whose reward runs each task's tests (one row per task)."""
+    from agentrl.errors import AgentrlError
     from agentrl.hub.interop.harbor import build_harbor_images, import_harbor_task
 
     folder = import_harbor_task(path, out=out, name=name, writable_root=writable_root, carry_paths=carry,
                                 allow_env=allow_env, log=lambda line: _echo(f"warning: {line}"))
     if build:
-        for image in build_harbor_images(folder):
-            _echo(f"built {image}")
+        try:
+            for image in build_harbor_images(folder):
+                _echo(f"built {image}")
+        except AgentrlError as error:  # no package is left behind, so the same import can run again once fixed
+            import shutil
+
+            shutil.rmtree(folder)
+            raise AgentrlError(f"{path}: an image did not build, so {folder} was not kept; fix the task and import "
+                               f"again ({error})") from None
     _echo(f"created {folder}; validate with: agentrl env validate {folder}")
 
 

@@ -356,3 +356,23 @@ async def test_a_sandbox_asking_for_network_it_cannot_get_says_so_or_is_refused(
 
     with pytest.raises(SandboxError, match="sandbox network: asked for, but this host gives sandboxes none"):
         await create_sandbox(SandboxConfig(network=True, unenforceable_limits="refuse")).start()
+
+
+def test_an_import_whose_image_fails_to_build_leaves_no_package_and_can_run_again(tmp_path, remove_images):  # noqa: F811
+    """A failed `--build` left the package behind, and the same import after fixing the Dockerfile was refused
+    ("folder exists and is not empty"), found by an ecosystem walk-through."""
+    task = harbor_tasks.named(tmp_path / "task")
+    dockerfile = task / "environment" / "Dockerfile"
+    good = dockerfile.read_text()
+    dockerfile.write_text(good + "RUN false\n")
+    name = f"agentrl-test-badbuild-{os.getpid()}"
+    failed = _cli("import", "harbor", str(task), "--out", str(tmp_path / "pkg"), "--name", name, "--build",
+                  env=dict(os.environ))
+    assert failed.returncode == 2 and f"{task}: an image did not build, so {tmp_path / 'pkg'} was not kept" in \
+        failed.stderr, failed.stderr
+    assert not (tmp_path / "pkg").exists()
+    dockerfile.write_text(good)
+    remove_images.append(f"{name}:0.1.0")
+    again = _cli("import", "harbor", str(task), "--out", str(tmp_path / "pkg"), "--name", name, "--build",
+                 env=dict(os.environ))
+    assert again.returncode == 0, again.stderr
