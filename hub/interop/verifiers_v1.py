@@ -113,7 +113,13 @@ class VerifiersTasksetEnv(ToolEnv):
     ) -> None:
         self.vf_env = vf_env
         """The package's exported vf.Env (`verifiers_v1_env.resolve_env`: its finalize runs), or None."""
-        tasks = list(taskset.take(max_tasks) if max_tasks is not None else _bounded(taskset, name))
+        try:
+            tasks = list(taskset.take(max_tasks) if max_tasks is not None else _bounded(taskset, name))
+        except AgentrlError:
+            raise
+        except Exception as error:  # the package's own load(): one line that names it
+            raise AgentrlError(f"verifiers taskset {name!r}: loading its tasks failed: "
+                               f"{' '.join(f'{type(error).__name__}: {error}'.split())}") from None
         if not tasks:
             raise AgentrlError(f"verifiers taskset {name!r}: load() yielded no tasks")
         _refuse_unsupported(name, taskset, tasks)

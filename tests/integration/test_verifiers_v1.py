@@ -301,9 +301,17 @@ class _ForeverTaskset(vf.Taskset[_PlainTask, vf.TasksetConfig]):
             index += 1
 
 
+class _UnreadableTaskset(vf.Taskset[_PlainTask, vf.TasksetConfig]):
+    def load(self):
+        raise RuntimeError("could not read\ntasks.parquet")
+
+
 @pytest.mark.parametrize(
     ("taskset", "message"),
     [
+        # was `error: RuntimeError: could not read tasks.parquet`, naming neither the package nor load() (a walk-through)
+        (_UnreadableTaskset, r"^verifiers taskset 't': loading its tasks failed: RuntimeError: could not read "
+                             r"tasks.parquet$"),
         (_taskset(_ToolTask), "MCP toolset _EchoToolset is colocated"),
         (_taskset(_PlainTask, agent_user="alice"), "agent_user='alice'"),
         (_taskset(_PlainTask, resources={"gpu": "A100"}), "asks for GPU 'A100'"),
