@@ -208,6 +208,13 @@ async def evaluate_async(
     tasks = env.tasks(config.split, n=config.n, seed=config.seed)
     if not tasks:
         raise AgentrlError(f"environment {env.name!r}: split {config.split!r} has no tasks")
+    if len(tasks) < config.n and "n" in config.model_fields_set:  # asked for, not the default 64
+        import warnings
+
+        from agentrl.errors import AgentrlWarning
+
+        warnings.warn(f"n = {config.n} tasks asked, but split {config.split!r} of {env.name!r} has {len(tasks)}: "
+                      f"evaluating {len(tasks)}", AgentrlWarning, stacklevel=2)
     output = Path(config.output) if config.output else default_output_dir(env.name, config.model)
     results_file = output / "results.jsonl"
     check_output_dir(output)

@@ -112,3 +112,12 @@ def test_sandbox_run_timeouts_are_range_checked(capsys, timeout, said):
     assert main(["sandbox", "run", "--timeout", timeout, "--", "true"]) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and "\n" not in err and "Traceback" not in err, err
+
+
+def test_more_tasks_than_the_split_has_is_said_in_one_line(capsys, tmp_path):
+    """`-n 2` on a one-task package ran one task and said nothing (an ecosystem walk-through)."""
+    code, err = _eval(capsys, "--env", "reverse-text", "-n", "100000", "-o", str(tmp_path / "out"))
+    assert code == 2 and "error: base_url" in err  # the closed URL stops it after the draw
+    assert "warning: n = 100000 tasks asked, but split 'test' of 'reverse-text' has 200: evaluating 200\n" in err
+    code, err = _eval(capsys, "--env", "reverse-text", "-o", str(tmp_path / "out"))  # -n 1: no warning
+    assert "warning" not in err
