@@ -54,7 +54,11 @@ def _walk(data: dict[str, Any], policy: dict[str, Any], where: str, source: Path
         field = f"{where}.{key}" if where else key
         rule = policy.get(key)
         if rule is None:
-            notes.append(f"{source}: {field} is not a field of Harbor 0.25's task.toml; ignored")
+            import difflib
+
+            close = difflib.get_close_matches(str(key), [str(name) for name in policy], n=1, cutoff=0.7)
+            hint = f" (did you mean {f'{where}.{close[0]}' if where else close[0]!r}?)" if close else ""
+            notes.append(f"{source}: {field} is not a field of Harbor 0.25's task.toml{hint}; ignored")
         elif rule == "any" or rule == _OK:
             continue
         elif isinstance(rule, dict):

@@ -145,12 +145,16 @@ def test_fields_agentrl_cannot_honour_are_refused_in_one_line(tmp_path, extra, m
 def test_fields_run_without_are_warned_one_line_each(tmp_path):
     toml = ('version = "1.4"\nartifacts = ["/app/log.txt"]\nfancy = 1\n'
             '[verifier]\nenvironment_mode = "shared"\n'
-            '[environment]\nskills_dir = "/skills"\nbuild_timeout_sec = 900.0\n')
+            '[environment]\nskills_dir = "/skills"\nbuild_timeout_sec = 900.0\nmemroy_mb = 512\n[agnet]\nuser = 1\n')
     folder = write_harbor_task(tmp_path / "task", toml=toml)
     lines: list[str] = []
     import_harbor_task(folder, out=tmp_path / "out", log=lines.append)
-    assert len(lines) == 5 and all("\n" not in line for line in lines)
-    for field in ("artifacts ignored", "fancy is not a field of Harbor 0.25",
+    assert len(lines) == 7 and all("\n" not in line for line in lines)
+    for field in ("artifacts ignored", "fancy is not a field of Harbor 0.25's task.toml; ignored",
+                  # a typo gets the field it was meant to be (a walk-through: `memroy_mb` kept the default limits)
+                  "environment.memroy_mb is not a field of Harbor 0.25's task.toml (did you mean "
+                  "'environment.memory_mb'?); ignored", "agnet is not a field of Harbor 0.25's task.toml (did you "
+                  "mean 'agent'?); ignored",
                   "verifier.environment_mode = 'shared'", "environment.skills_dir ignored",
                   "environment.build_timeout_sec ignored"):
         assert any(field in line for line in lines), (field, lines)
