@@ -34,6 +34,7 @@ import time
 
 from agentrl.errors import NotFoundError, require
 from agentrl.sandbox.base import (
+    BASE_IMAGE,
     RawExecResult,
     Sandbox,
     SandboxConfig,
@@ -193,10 +194,11 @@ class DockerSandbox(Sandbox):
             self.id = api.create_container(host_config=api.create_host_config(**host), **create)["Id"]
             live_containers.add(self.id)
         except docker.errors.ImageNotFound:
+            fix = ("build it: agentrl sandbox build-base" if self.config.image == BASE_IMAGE else
+                   "build it (`agentrl env check ENV` names the command, `agentrl env build PKG` builds a "
+                   "package's Dockerfile) or docker pull/load it")
             raise NotFoundError(
-                f"sandbox image {self.config.image!r} is not in the local Docker engine; build it "
-                f"(agentrl sandbox build-base makes agentrl-base:bookworm) or docker pull/load it"
-            ) from None
+                f"sandbox image {self.config.image!r} is not in the local Docker engine; {fix}") from None
         except docker.errors.APIError as error:
             text = _explain(error)
             if "storage-opt" in text and self.config.disk_limit == "auto":

@@ -117,7 +117,10 @@ async def test_image_content_in_workdir_is_kept():
 @pytest.mark.parametrize(
     ("overrides", "error", "pattern"),
     [
-        ({"image": "agentrl-no-such-image:latest"}, NotFoundError, "not in the local Docker engine.*build-base"),
+        # a package's image is not agentrl-base: build-base would not make it (an ecosystem walk-through)
+        ({"image": "agentrl-no-such-image:latest"}, NotFoundError,
+         r"not in the local Docker engine; build it \(`agentrl env check ENV` names the command, `agentrl env build "
+         r"PKG` builds a package's Dockerfile\) or docker pull/load it$"),
         ({"memory_mb": 2}, SandboxError, "refused the sandbox.*memory_mb=2.*Minimum memory"),
         ({"cpus": 512}, SandboxError, "refused the sandbox.*cpus=512"),
     ],
