@@ -42,7 +42,10 @@ def install_target(target: str | Path, *, dry_run: bool = False, log=lambda line
 
         project = verifiers_project_of(find_installed(str(target)))
     if project is not None:
+        from agentrl.hub.interop.verifiers_project import check_module
         from agentrl.hub.interop.verifiers_venv import make_package_venv, venv_requirements
+
+        check_module(project)  # a missing module, a syntax error or no entry point: now, not at the first eval
 
         if dry_run:
             return f"would make a venv for {project.name} with: {' '.join(venv_requirements(project))}"

@@ -109,6 +109,34 @@ def detect_api(sources: list[Path]) -> str | None:
     return "v1" if v1 else "legacy"
 
 
+
+def check_module(project: VerifiersProject) -> None:
+    """What `agentrl env install` can tell without importing: the module's file exists, its files parse, and its
+    top level defines or imports `load_environment` or sets `__all__` (a v1 package's exports); else a one-line
+    error naming the file (the import would fail the same way at the first eval or train)."""
+    module_file = project.module_file()
+    for source in _module_sources(project):
+        try:
+            tree = ast.parse(source.read_bytes(), filename=str(source))
+        except SyntaxError as error:
+            raise ConfigError(f"{source}:{error.lineno}: syntax error: {error.msg}") from None
+        except ValueError as error:  # NUL bytes
+            raise ConfigError(f"{source}: not Python source ({error})") from None
+        if source != module_file:
+            continue
+        names = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(target.id for target in targets if isinstance(target, ast.Name))
+        if not names & {"load_environment", "__all__"}:
+            raise ConfigError(f"{module_file}: defines no load_environment() and no __all__ (a v1 package's "
+                              "Taskset or Env); a verifiers package needs one of them")
+
 def _base_name(base: ast.expr) -> str:
     if isinstance(base, ast.Subscript):
         base = base.value

@@ -165,3 +165,24 @@ def test_train_takes_a_verifiers_package_folder_as_eval_does(tmp_path, capsys):
     assert f"# agentrl train: env {FIXTURES / 'legacy_qa'}" in capsys.readouterr().out
     assert main(["train", "--env", str(tmp_path), "--model", "tiny-moe", "--dry-run"]) == 2
     assert f"{tmp_path}: no environment.toml in this folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("module", "source", "said"), [
+    ("vf_noload", "import verifiers as vf\ndef make_env():\n    return None\n",
+     "vf_noload.py: defines no load_environment() and no __all__"),
+    ("vf_syntax", "import verifiers as vf\ndef load_environment(:\n", "vf_syntax.py:2: syntax error: "),
+])
+def test_install_checks_the_module_before_making_its_venv(tmp_path, module, source, said):
+    """`agentrl env install` made a venv for a package with no load_environment, a syntax error or no module of
+    its name, and said nothing until the first eval (an ecosystem walk-through)."""
+    from agentrl.hub.install import install_target
+
+    folder = _project(tmp_path / "pkg", module, source, '["verifiers"]')
+    with pytest.raises(ConfigError, match=said) as caught:
+        install_target(folder, dry_run=True)
+    assert "\n" not in str(caught.value)
+    (folder / f"{module}.py").rename(folder / "other_name.py")
+    with pytest.raises(NotFoundError, match=f"has no module {module}.py or {module}/__init__.py"):
+        install_target(folder, dry_run=True)
+    (folder / f"{module}.py").write_text("import verifiers as vf\nfrom .envs import load_environment\n")
+    assert install_target(folder, dry_run=True).startswith("would make a venv for")
