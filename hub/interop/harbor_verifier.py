@@ -135,7 +135,7 @@ _TESTS_CHANGED = (
     '_text /tests/test.sh; changed=0; [ "$T" = "$script" ] || changed=1; '
     "nl=$(printf '\\nx'); nl=${nl%x}; "
     'while IFS= read -r line; do [ -n "$line" ] || continue; case "$nl$after$nl" in *"$nl$line$nl"*) ;; '
-    '*) changed=$((changed+1));; esac; done <<AGENTRL_SUMS\n$before\nAGENTRL_SUMS\n'
+    '*) changed=$((changed+1));; esac; done <<SUMS_BEFORE\n$before\nSUMS_BEFORE\n'
 )
 # How many of /logs/verifier and its reward files are in a state test.sh may not have left them in: a symbolic
 # link, not a folder or regular file, or not writable (a `1` the code under test wrote and made read-only, so that

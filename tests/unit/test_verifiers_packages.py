@@ -91,9 +91,11 @@ def test_venv_requirements_pin_the_api(tmp_path):
     from agentrl.hub.install import install_target
     from agentrl.hub.interop.verifiers_venv import venv_requirements
 
-    v1 = find_verifiers_project(_project(tmp_path / "a", "vf_one", "import verifiers.v1 as vf\n", '["numpy"]'))
+    v1 = find_verifiers_project(_project(tmp_path / "a", "vf_one", "import verifiers.v1 as vf\n__all__ = []\n",
+                                         '["numpy"]'))
     assert venv_requirements(v1) == ["numpy", "verifiers>=0.4.0"]
-    legacy = find_verifiers_project(_project(tmp_path / "b", "vf_two", "import verifiers as vf\n", '["verifiers"]'))
+    legacy = find_verifiers_project(_project(tmp_path / "b", "vf_two", "import verifiers as vf\n"
+                                             "def load_environment():\n    return None\n", '["verifiers"]'))
     assert venv_requirements(legacy) == ["verifiers", "verifiers>=0.1.9,<0.4"]
     line = install_target(tmp_path / "b", dry_run=True)
     assert line == "would make a venv for vf-two with: verifiers verifiers>=0.1.9,<0.4"
@@ -169,7 +171,7 @@ def test_train_takes_a_verifiers_package_folder_as_eval_does(tmp_path, capsys):
 
 @pytest.mark.parametrize(("module", "source", "said"), [
     ("vf_noload", "import verifiers as vf\ndef make_env():\n    return None\n",
-     "vf_noload.py: defines no load_environment() and no __all__"),
+     r"vf_noload.py: defines no load_environment\(\) and no __all__"),
     ("vf_syntax", "import verifiers as vf\ndef load_environment(:\n", "vf_syntax.py:2: syntax error: "),
 ])
 def test_install_checks_the_module_before_making_its_venv(tmp_path, module, source, said):
