@@ -8,6 +8,7 @@ noted as such, and the rest are honoured by `agentrl.hub.interop.harbor_config`.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,6 @@ def _walk(data: dict[str, Any], policy: dict[str, Any], where: str, source: Path
         field = f"{where}.{key}" if where else key
         rule = policy.get(key)
         if rule is None:
-            import difflib
-
             close = difflib.get_close_matches(str(key), [str(name) for name in policy], n=1, cutoff=0.7)
             hint = f" (did you mean {f'{where}.{close[0]}' if where else close[0]!r}?)" if close else ""
             notes.append(f"{source}: {field} is not a field of Harbor 0.25's task.toml{hint}; ignored")

@@ -109,10 +109,9 @@ def _rewards_snapshot(stdout: str, marker: str) -> tuple[dict[str, str], tuple[i
     return files, (survivors, changed, suspicious)
 
 
-
-# After test.sh exits the wrapper runs only shell builtins: on a writable root the code under test (same user as
-# test.sh) can have replaced any program of the image (`cat`, `sed`, `ls`...). `_status DIR` reads a process's
-# State and PPid from DIR/status into $S and $P.
+# After test.sh exits the wrapper reads files and /proc with shell builtins: on a writable root the code under test
+# (same user as test.sh) can have replaced any program of the image (`cat`, `sed`, `ls`...). `_status DIR` reads a
+# process's State and PPid from DIR/status into $S and $P.
 _STATUS = ('_status() { S=; P=; while IFS=": \t" read -r k v; do case "$k" in State) S=${v%% *};; '
            'PPid) P=$v;; esac; done < "$1/status"; } 2>/dev/null; ')
 # Counts the processes still alive besides this shell, its ancestors (the command server, init) and its own
@@ -123,17 +122,17 @@ _SURVIVORS = (
     'n=0; for d in /proc/[0-9]*; do q=${d#/proc/}; case "$chain" in *" $q "*) continue;; esac; _status "$d"; '
     'case "$S:$P" in :*|Z*|*":$self") continue;; esac; n=$((n+1)); done; '
 )
-# test.sh's text, read before it runs (`script`) and again after (`again`), by the shell alone (bash reads a script
-# as it runs it: a line the code under test appends to test.sh runs); and the checksums of every file of /tests
+# test.sh's text, read before it runs (`script`) and again after (`_text` into $T), by the shell alone (bash reads a
+# script as it runs it: a line the code under test appends to test.sh runs); and the checksums of every file of /tests
 # before and after (`changed`: how many of those taken before are not among those after, i.e. rewritten or
 # removed; files added are not counted, tests may write caches). `cksum` after test.sh is a program of the image,
 # so on a writable root this second count is only as good as that program.
-_READ_SCRIPT = ('_text() { T=; while IFS= read -r l || [ -n "$l" ]; do T="$T$l/"; done < "$1"; } 2>/dev/null; '
+_READ_SCRIPT = ("nl=$(printf '\\nx'); nl=${nl%x}; "
+                '_text() { T=; while IFS= read -r l || [ -n "$l" ]; do T="$T$l$nl"; done < "$1"; } 2>/dev/null; '
                 '_text /tests/test.sh; script=$T; ')
 _TESTS_SUMS = "find /tests -type f -exec cksum {} + 2>/dev/null | sort"
 _TESTS_CHANGED = (
     '_text /tests/test.sh; changed=0; [ "$T" = "$script" ] || changed=1; '
-    "nl=$(printf '\\nx'); nl=${nl%x}; "
     'while IFS= read -r line; do [ -n "$line" ] || continue; case "$nl$after$nl" in *"$nl$line$nl"*) ;; '
     '*) changed=$((changed+1));; esac; done <<SUMS_BEFORE\n$before\nSUMS_BEFORE\n'
 )

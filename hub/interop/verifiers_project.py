@@ -109,7 +109,6 @@ def detect_api(sources: list[Path]) -> str | None:
     return "v1" if v1 else "legacy"
 
 
-
 def check_module(project: VerifiersProject) -> None:
     """What `agentrl env install` can tell without importing: the module's file exists, its files parse, and its
     top level defines or imports `load_environment` or sets `__all__` (a v1 package's exports); else a one-line
@@ -136,6 +135,7 @@ def check_module(project: VerifiersProject) -> None:
         if not names & {"load_environment", "__all__"}:
             raise ConfigError(f"{module_file}: defines no load_environment() and no __all__ (a v1 package's "
                               "Taskset or Env); a verifiers package needs one of them")
+
 
 def _base_name(base: ast.expr) -> str:
     if isinstance(base, ast.Subscript):

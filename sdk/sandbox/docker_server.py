@@ -57,8 +57,7 @@ SERVER_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
 """The largest `max_output` a command sent through sandboxd may have (larger ones go through docker exec)."""
 MAX_ANSWER_LINE_BYTES = 2 * (SERVER_MAX_OUTPUT_BYTES * 4 // 3 + 4) + 65536
 """The longest line a genuine answer can be (stdout and stderr in base64, and the rest): a longer one is something
-inside writing into the channel (e.g. a program planted where the launcher's `sleep` was), so the host stops
-reading instead of holding it all."""
+inside writing into the channel, so the host stops reading instead of holding it all."""
 
 
 def _frame(payload: bytes) -> bytes:
