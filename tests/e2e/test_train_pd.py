@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 import pytest
 
 from agentrl.rl.report import read_metrics
-from tests.e2e.train_cli import api_server_pids, watched_train
+from tests.e2e.train_cli import api_server_pids, overdue, watched_train
 
 pytest.importorskip("vllm")
 
@@ -55,7 +55,7 @@ def test_pd_pair_trains_with_router_replay(tmp_path):
     with watched_train(CI_CONFIG, run_dir, OVERRIDES, log_path=tmp_path / "train.log") as process:
         deadline = time.monotonic() + 540
         while process.poll() is None:
-            assert time.monotonic() < deadline, "the run did not finish in time"
+            assert time.monotonic() < deadline, overdue(run_dir, tmp_path / "train.log")
             if (run_dir / "placement.json").is_file():
                 urls = json.loads((run_dir / "placement.json").read_text())["inference_urls"]
                 for role, url in zip(("prefill", "decode"), urls, strict=True):
@@ -115,7 +115,7 @@ def test_a_killed_prefill_server_costs_no_step(tmp_path):
     with watched_train(CI_CONFIG, run_dir, OVERRIDES, log_path=tmp_path / "train.log") as process:
         deadline = time.monotonic() + 540
         while process.poll() is None:
-            assert time.monotonic() < deadline, "the run did not finish in time"
+            assert time.monotonic() < deadline, overdue(run_dir, tmp_path / "train.log")
             if killed is None and (run_dir / "placement.json").is_file() and (run_dir / "metrics.jsonl").is_file():
                 if len(read_metrics(run_dir / "metrics.jsonl")) >= 2:
                     prefill = json.loads((run_dir / "placement.json").read_text())["inference_urls"][0]

@@ -39,6 +39,19 @@ def watched_train(config: Path, run_dir: Path, overrides: list[str], *, log_path
                 process.wait()
 
 
+def overdue(run_dir: Path, log_path: Path, *, lines: int = 20) -> str:
+    """The failure message of a watched run past its deadline: how many steps it logged, and the last lines of
+    its output and of each server's log, so a run that hung in CI says where."""
+    metrics = run_dir / "metrics.jsonl"
+    steps = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+    parts = [f"the run did not finish in time ({steps} steps logged)"]
+    for path in [log_path, *sorted((run_dir / "logs").glob("*.log"))]:
+        if path.is_file():
+            tail = [line[:300] for line in path.read_text(errors="replace").splitlines()[-lines:]]
+            parts.append(f"--- {path.name}, last {len(tail)} lines:\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 def finish(process: subprocess.Popen, *, timeout: float) -> tuple[int, str]:
     """Wait for a `start_cli` process: (exit code, output); past `timeout` (or on any error) its whole
     process group (Ray, vLLM, the actors) is killed."""
