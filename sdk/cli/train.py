@@ -28,8 +28,12 @@ def _step_line(metrics: dict, *, total: int, eta_s: float | None) -> str:
     kl = metrics.get("mismatch_kl")
     replayed = metrics.get("r3/replayed_fraction")  # present while samples carry routed experts (R3)
     eta = "" if eta_s is None else f" eta {int(eta_s) // 60}:{int(eta_s) % 60:02d}"
-    return (f"{metrics['step'] + 1:>4}/{total} reward {metrics['reward']:.4f} kl "
-            + ("n/a" if kl is None else f"{kl:.1e}")
+    if metrics.get("samples") == 0:  # a failed step: nothing trained, so no KL (not a NaN that reads as divergence)
+        errors = int(metrics.get("rollout_errors") or 0)
+        trained = f"not trained ({errors} rollouts failed)" if errors else "not trained (no usable rollout)"
+    else:
+        trained = "kl " + ("n/a" if kl is None or kl != kl else f"{kl:.1e}")
+    return (f"{metrics['step'] + 1:>4}/{total} reward {metrics['reward']:.4f} {trained}"
             + ("" if replayed is None else f" r3 {replayed:.2f}")
             + f" stale {staleness or '-'} {metrics.get('step_time_s', 0):.1f}s "
             + ("T" if metrics.get("bound") == "trainer" else "I") + eta)

@@ -325,6 +325,7 @@ def run_training(
                                                     push_at_start=config.inference.lora_adapters),
             sampling=config.sampling, state=state, on_step=record, checkpoint=checkpoint,
             on_groups=rollout_log, heldout=heldout if heldout.enabled else None,
+            env_name=config.env.name,  # as the user named it (a folder, a hub name): hints repeat it
         )
         status("training")
         run_stoppable(orchestrator.run())

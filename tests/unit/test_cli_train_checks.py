@@ -88,6 +88,22 @@ def test_printed_steps_reads_back_the_step_lines():
     assert printed_steps("\n".join(noise)) == []
 
 
+def test_a_failed_step_says_it_was_not_trained_instead_of_a_nan_kl():
+    """A step with no sample to train on has no mismatch KL: its line says why it was not trained (a `kl nan`
+    read as a diverged run to a new user), within 80 columns, and still reads back as a step."""
+    from agentrl.cli.train import _step_line, printed_steps
+
+    base = {"step": 2, "reward": 0.0, "mismatch_kl": float("nan"), "staleness": {0: 8}, "step_time_s": 3.5,
+            "bound": "inference"}
+    failed = _step_line({**base, "samples": 0.0, "rollout_errors": 8.0}, total=40, eta_s=120.0)
+    unusable = _step_line({**base, "samples": 0.0, "rollout_errors": 0.0}, total=40, eta_s=None)
+    trained = _step_line({**base, "samples": 8.0, "mismatch_kl": 2e-4}, total=40, eta_s=None)
+    assert "nan" not in failed + unusable, (failed, unusable)
+    assert "not trained (8 rollouts failed)" in failed and "not trained (no usable rollout)" in unusable
+    assert "kl 2.0e-04" in trained and "not trained" not in trained
+    assert max(len(failed), len(unusable)) <= 80 and printed_steps("\n".join([failed, unusable])) == [2, 2]
+
+
 @pytest.mark.parametrize("rewards", [
     [0.86, 0.87] * 6 + [0.90, 0.86] * 6,  # a rise inside the noise: the verdict is said too
     [12.5, -3.25] * 10 + [-10.125, 14.5] * 10,  # rewards of several digits, signs mixed
