@@ -12,7 +12,8 @@ verifiers run it as its authors meant:
   (`agentrl_client_class()`): each model call goes to agentrl's ChatClient with the previous Turn, so
   token ids, logprobs and routed experts are agentrl's own `Turn`s;
 - rewards: verifiers' own `env.rubric.score_group(states)` (its parsers, reward functions,
-  weights, group functions); its reward and metrics become the rollout's.
+  weights, group functions); its reward and metrics become the rollout's. A reward function that raised
+  (verifiers logs it and scores it 0) becomes the rollout's `grader_error`, counted by `agentrl eval`.
 
 Sampling is agentrl's (`SamplingConfig`); the env's `sampling_args` are not used. Tested with
 verifiers 0.3.1, whose old API is `verifiers.legacy` (aliased at `verifiers.*`).
@@ -22,9 +23,12 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import re
 import time
 import uuid
 import weakref
+from contextvars import ContextVar
 from typing import Any
 
 from agentrl.environment import Environment
@@ -37,6 +41,46 @@ __all__ = ["VerifiersLegacyEnv", "agentrl_client_class", "from_vf_message"]
 
 INPUT_KEY = "verifiers_input"
 _STATE_KEY = "verifiers_trajectory_id"
+
+
+_REWARD_ERROR = re.compile(r"Error calling (group )?reward function (\S+): (.*)", re.DOTALL)
+_SCORING: ContextVar[_RewardErrors | None] = ContextVar("verifiers_scoring", default=None)
+"""The `_RewardErrors` of the group being scored in this task (and the tasks verifiers starts from it): groups
+scored at once each keep their own reward functions' errors."""
+
+
+class _RewardErrors(logging.Handler):
+    """The reward functions that raised while verifiers scored a group: verifiers catches the exception, logs
+    `Error calling reward function NAME: ERROR` and scores that function 0, so without this the rollout reads
+    as a plain 0 with no trace of why. Attached to the `verifiers` logger for one `score_group`."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.raised: list[tuple[bool, str, str]] = []  # (a group function, its name, the error)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _SCORING.get() is not self:
+            return  # another group's scoring, in another task
+        match = _REWARD_ERROR.match(record.getMessage())
+        if match:
+            self.raised.append((bool(match.group(1)), match.group(2), " ".join(match.group(3).split())[:300]))
+
+    def blame(self, states: list[dict[str, Any]]) -> list[str | None]:
+        """Each state's grader error: a group function's failure is every state's; a per-rollout function's is
+        that of the states it scored 0 (verifiers' score for a raise), saying so when more scored 0 than raised."""
+        blamed: list[str | None] = [None] * len(states)
+        for group, name, error in self.raised:
+            if group:
+                blamed = [found or f"verifiers group reward function {name!r} raised: {error}" for found in blamed]
+        for name in dict.fromkeys(name for group, name, _ in self.raised if not group):
+            errors = [error for group, named, error in self.raised if not group and named == name]
+            zero = [i for i, state in enumerate(states) if (state.get("metrics") or {}).get(name) == 0.0]
+            how = "raised" if len(zero) == len(errors) else (
+                f"raised in {len(errors)} of the group's {len(states)} rollouts, this one among the {len(zero)} it "
+                "scored 0")
+            for i in zero:
+                blamed[i] = blamed[i] or f"verifiers reward function {name!r} {how}: {errors[0]}"
+        return blamed
 
 
 def _text(content: Any) -> str:
@@ -299,12 +343,22 @@ class VerifiersLegacyEnv(Environment):
         """verifiers' own rubric scores the group (`rubric.score_group`), then its cleanup runs."""
         scored = [(rollout, self._states.pop(rollout.state.get(_STATE_KEY), None)) for rollout in rollouts]
         states = [state for _, state in scored if state is not None]
+        raised = _RewardErrors()
         if states:
-            await self.vf_env.rubric.score_group(states)
+            verifiers_logger = logging.getLogger("verifiers")
+            verifiers_logger.addHandler(raised)
+            scoring = _SCORING.set(raised)
+            try:
+                await self.vf_env.rubric.score_group(states)
+            finally:
+                _SCORING.reset(scoring)
+                verifiers_logger.removeHandler(raised)
+        blamed = dict(zip(map(id, states), raised.blame(states)))
         for rollout, state in scored:
             if state is None:
                 rollout.reward, rollout.metrics["rollout_error"] = 0.0, 1.0
                 continue
+            rollout.grader_error = rollout.grader_error or blamed.get(id(state))
             rollout.metrics.update({key: float(value) for key, value in (state.get("metrics") or {}).items()})
             rollout.reward = float(state.get("reward") or 0.0)
             if rollout.error is not None:

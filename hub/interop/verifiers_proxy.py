@@ -270,7 +270,7 @@ class VerifiersWorkerEnv(Environment):
         scored = [Rollout.model_validate(wire) for wire in wires]
         for rollout, result in zip(rollouts, scored):  # keep this process's turns (routed experts)
             rollout.reward, rollout.metrics, rollout.state = result.reward, result.metrics, result.state
-            rollout.error, rollout.truncated = result.error, result.truncated
+            rollout.error, rollout.truncated, rollout.grader_error = result.error, result.truncated, result.grader_error
         return rollouts
 
     async def run_group(self, client: ChatClient, task: Task, *, n: int, sampling: SamplingConfig) -> list[Rollout]:

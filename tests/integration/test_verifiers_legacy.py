@@ -214,3 +214,22 @@ def test_rows_with_an_empty_prompt_are_refused_at_load():
                        r"environment writes none in setup_state") as caught:
         agentrl.load_environment(FIXTURES / "legacy_empty")
     assert "\n" not in str(caught.value)
+
+
+def test_a_reward_function_that_raised_is_the_rollouts_grader_error():
+    """verifiers scores a reward function that raised 0 and only logs it: the rollout says so in `grader_error`,
+    and groups scored at the same time each keep their own errors."""
+    env = agentrl.load_environment(FIXTURES / "legacy_broken")
+    task = env.tasks("train")[0]
+    sampling = SamplingConfig(max_tokens=16)
+
+    async def groups():
+        return await asyncio.gather(*(env.run_group(ScriptedPolicy([reply]), task, n=2, sampling=sampling)
+                                      for reply in ("12", "twelve", "x")))
+
+    parsed, *broken = asyncio.run(groups())
+    assert [r.reward for r in parsed] == [1.5, 1.5] and [r.grader_error for r in parsed] == [None, None]
+    for group, reply in zip(broken, ("twelve", "x")):
+        assert [r.reward for r in group] == [0.5, 0.5] and all(r.error is None for r in group)
+        assert [r.grader_error for r in group] == [
+            f"verifiers reward function 'exact' raised: invalid literal for int() with base 10: '{reply}'"] * 2
