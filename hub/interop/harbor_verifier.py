@@ -11,7 +11,9 @@ reward.txt agrees). The code under test runs as the same user as test.sh, so it 
 test.sh's way while test.sh runs; scored 0 as tampering too: a file of `/tests` changed or removed
 (bash reads test.sh as it runs it: an appended line runs), and a reward file or `/logs/verifier`
 left as something test.sh may not have written (a symbolic link, not a regular file or folder, or
-not writable: a `1` made read-only before test.sh writes its `0`). After test.sh the wrapper reads
+not writable: a `1` made read-only before test.sh writes its `0`). test.sh runs without the user's
+site-packages (`PYTHONNOUSERSITE=1`): a usercustomize.py or .pth the agent left in a carried HOME would run in
+the tests' Python. After test.sh the wrapper reads
 the reward files, test.sh and /proc with shell builtins only: on a writable root the code under test
 can replace the image's programs (a `/bin/cat` that says 1); only the second checksums of /tests
 come from a program (`cksum`). `combine_rewards` makes
@@ -215,6 +217,10 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
     await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
     await allow_apt_as_root(sandbox)
     env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env", allowed=allow_env)
+    # The agent's user site-packages (carried with a HOME workdir or carry_paths) would run its usercustomize.py
+    # and .pth lines in every Python test.sh starts, and shadow the tests' packages: paid 1.0 for a wrong fix
+    # (red team, 2026-12-07). The task's own env may still say otherwise.
+    env = {"PYTHONNOUSERSITE": "1", **env}
     marker = f"@@agentrl-rewards:{secrets.token_hex(8)}"
     result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker)], timeout=step.verifier_timeout_s, env=env)
     await sandbox.kill_processes()  # nothing the tests started may write a reward from here on

@@ -9,7 +9,8 @@ ScriptedPolicy that leaves add() wrong and plants something in /app; the rollout
 Cheats: a reward.json (read before reward.txt) the task never writes; a background process
 that rewrites reward.txt while and after test.sh runs; killing test.sh after writing reward.txt
 itself; a `1` made read-only, or a symbolic link to one, so test.sh's own write fails; a line
-appended to test.sh while bash reads it; and crashing the grader with a 2,000-deep folder chain or 200,001 files in the
+appended to test.sh while bash reads it; a usercustomize.py and a .pth in the user's site-packages, carried
+with HOME (`carry_paths`), that end every Python the tests start with exit 0; and crashing the grader with a 2,000-deep folder chain or 200,001 files in the
 workdir (scored 0, not an error that takes the rollout out of training). The oracle still
 scores 1 (the grader pays for real fixes). Set AGENTRL_REDTEAM_RECORD to a file to append each
 cheat's reward.
@@ -217,3 +218,25 @@ async def test_programs_the_code_under_test_replaces_on_a_writable_root_cannot_p
     record("replace_cat", "runc-writable-verifier", rollout)
     assert rollout.error is None and "planted" in rollout.messages[-2].content, rollout.error
     assert rollout.reward == 0.0, rollout.state.get("verifier_error")
+
+
+USER_SITE_HOOKS = """d=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p "$d" && cd "$d" &&
+printf 'import os, sys\\nif sys.argv and sys.argv[0].startswith("/tests/"):\\n    os._exit(0)\\n' > usercustomize.py &&
+echo 'import os, sys; sys.argv and sys.argv[0].startswith("/tests/") and os._exit(0)' > zz-agentrl.pth && echo planted"""
+
+
+async def test_startup_files_in_a_carried_home_do_not_run_in_the_tests(harbor_package, tmp_path, monkeypatch):
+    """A task that carries HOME to its verifier (`carry_paths`): the agent's usercustomize.py and .pth made every
+    Python of the tests exit 0, so check.py 'passed' with add() still wrong (1.0 before test.sh ran without the
+    user's site-packages). Not tampering: the tests ran and failed."""
+    import tempfile
+
+    import agentrl
+    from agentrl.policies import ScriptedPolicy
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = agentrl.load_environment(harbor_package, runtime="runc", sandbox_type="docker", carry_paths="/root")
+    rollout = await _run(env, ScriptedPolicy([bash_call(USER_SITE_HOOKS), "done"]))
+    record("user_site_hooks", "runc-carry-home", rollout)
+    assert rollout.error is None and "planted" in rollout.messages[-2].content, rollout.messages[-2].content
+    assert rollout.reward == 0.0 and rollout.metrics["verifier_ran"] == 1.0, rollout.state.get("verifier_output")
