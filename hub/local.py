@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from agentrl.errors import NotFoundError
-from agentrl.hub.package import LOCK_NAME, PackageLock, read_lock, verify_package
+from agentrl.hub.package import LOCK_NAME, PackageLock, published_files, read_lock, verify_package
 from agentrl.hub.refs import (
     PackageRef,
     VersionConflictError,
@@ -152,7 +152,8 @@ class LocalHub:
         """Copy a published version into `destination` (absent) and verify every file's hash."""
         ref = self.resolve(ref)
         source = self._package_dir(ref) / ref.version
-        shutil.copytree(source, destination)
+        published_files(source)  # no link followed into the host, no FIFO read, before anything is copied
+        shutil.copytree(source, destination, symlinks=True)
         return verify_package(destination)
 
 

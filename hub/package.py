@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 __all__ = [
     "LOCK_NAME", "DATASET_DIR", "IGNORED_NAMES", "PackageLock", "HashMismatchError",
     "source_files", "content_hash", "file_sha256", "build_dataset", "validate_package",
-    "stage_package", "verify_package", "read_lock",
+    "stage_package", "verify_package", "read_lock", "published_files", "package_file", "safe_relative",
 ]
 
 LOCK_NAME = "agentrl-package.json"
@@ -107,10 +110,26 @@ def _call_generator(package_dir: Path, spec: str, name: str) -> dict[str, Any]:
     return dict(result.items())
 
 
+def package_file(package_dir: Path, relative: str, *, field_name: str) -> Path:
+    """A file the manifest names (`field_name`), checked to be a relative path inside the package that no
+    symbolic link leads to: an absolute path, `..` or a link would publish a host file (a private held-out set)."""
+    pure = Path(relative)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise ConfigError(f"{package_dir / MANIFEST_NAME}: {field_name} = {relative!r}: must be a path inside the "
+                          "package (relative, without '..')")
+    path = package_dir
+    for part in pure.parts:
+        path = path / part
+        if path.is_symlink():
+            raise ConfigError(f"{package_dir / MANIFEST_NAME}: {field_name} = {relative!r}: {path} is a symbolic "
+                              "link; copy the file into the package instead")
+    return path
+
+
 def _load_split_file(package_dir: Path, split: str, relative: str):
     import datasets
 
-    path = package_dir / relative
+    path = package_file(package_dir, relative, field_name=f"dataset.splits.{split}")
     if not path.is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.splits.{split}: file {relative!r} not found")
     if path.suffix == ".parquet":
@@ -160,7 +179,8 @@ def validate_package(package_dir: Path, *, check_rows: bool = True) -> tuple[Man
     if not module_path.is_file() and not (package_dir / module.replace(".", "/") / "__init__.py").is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: entrypoint {manifest.entrypoint!r}: "
                           f"module file {module_path.name} not found in the package")
-    if manifest.sandbox and manifest.sandbox.dockerfile and not (package_dir / manifest.sandbox.dockerfile).is_file():
+    if manifest.sandbox and manifest.sandbox.dockerfile and not package_file(
+            package_dir, manifest.sandbox.dockerfile, field_name="sandbox.dockerfile").is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: sandbox.dockerfile {manifest.sandbox.dockerfile!r} "
                           "not found in the package")
     splits = build_dataset(package_dir, manifest=manifest) if check_rows else {}
@@ -241,34 +261,91 @@ def stage_package(
     return lock
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LOCK_TYPES: dict[str, tuple[type, ...]] = {"name": (str,), "version": (str,), "content_hash": (str,),
+                                             "files": (dict,), "image": (str, type(None)),
+                                             "image_digest": (str, type(None)), "splits": (dict,)}
+
+
+def safe_relative(relative: object) -> bool:
+    """Whether `relative` is a plain relative POSIX path (no absolute path, `..`, `.` or empty part)."""
+    return (isinstance(relative, str) and bool(relative) and not relative.startswith("/") and "\\" not in relative
+            and all(part not in ("", ".", "..") for part in relative.split("/")))
+
+
 def read_lock(package_dir: Path) -> PackageLock:
-    """Parse a published package's lock file."""
+    """Parse a published package's lock file, every field checked: its file names are paths inside the package,
+    each with a sha256."""
     path = Path(package_dir) / LOCK_NAME
-    if not path.is_file():
+    if not path.is_file() or path.is_symlink():
         raise NotFoundError(f"{package_dir}: no {LOCK_NAME}; this is not a published package")
+
+    def bad(why: str) -> HashMismatchError:
+        return HashMismatchError(f"{path}: unreadable lock file ({why}); pull the package again")
+
     try:
         data = json.loads(path.read_text())
-        return PackageLock(**data)
-    except (ValueError, TypeError) as error:
-        raise HashMismatchError(f"{path}: unreadable lock file ({error}); pull the package again") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise bad(str(error)) from None
+    if not isinstance(data, dict):
+        raise bad(f"a JSON object expected, got {type(data).__name__}")
+    unknown, missing = sorted(set(data) - set(_LOCK_TYPES)), sorted({"name", "version", "content_hash", "files"}
+                                                                    - set(data))
+    if unknown or missing:
+        raise bad(f"unknown key {unknown[0]!r}" if unknown else f"missing key {missing[0]!r}")
+    for key, value in data.items():
+        if not isinstance(value, _LOCK_TYPES[key]):
+            raise bad(f"{key} is {type(value).__name__}")
+    for relative, digest in data["files"].items():
+        if not safe_relative(relative) or relative == LOCK_NAME:
+            raise bad(f"files names {relative!r}, not a path inside the package")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise bad(f"files[{relative!r}] is not a sha256")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in data.get("splits", {}).values()):
+        raise bad("splits must map split names to row counts")
+    return PackageLock(**data)
+
+
+def published_files(package_dir: Path) -> list[str]:
+    """Every file of a published package folder (relative POSIX paths, the lock file too), nothing skipped; a
+    symbolic link or anything but a regular file or folder is refused in one line (a link would read a host
+    file, a FIFO would block). Walked without following links."""
+    package_dir = Path(package_dir)
+    if package_dir.is_symlink():
+        raise HashMismatchError(f"{package_dir}: the published package folder is a symbolic link; pull it again")
+    found: list[str] = []
+    for root, folders, files in os.walk(package_dir):
+        for name in folders + files:
+            path = Path(root) / name
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                raise HashMismatchError(f"{path}: a symbolic link in a published package; pull it again")
+            if stat.S_ISREG(mode):
+                found.append(path.relative_to(package_dir).as_posix())
+            elif not stat.S_ISDIR(mode):
+                raise HashMismatchError(f"{path}: not a regular file or folder; pull the package again")
+    return sorted(found)
 
 
 def verify_package(package_dir: Path, *, expected_content_hash: str | None = None) -> PackageLock:
-    """Check every file of a published package against its lock file; raise on the first mismatch."""
+    """Check a published package against its lock file: exactly the files it lists (no other file, a cache folder's
+    neither: a `__pycache__/*.pyc` runs in place of a reviewed source), each with its sha256; raise on the first
+    difference."""
     package_dir = Path(package_dir)
     lock = read_lock(package_dir)
     if expected_content_hash is not None and lock.content_hash != expected_content_hash:
         raise HashMismatchError(f"{package_dir / LOCK_NAME}: content hash {lock.content_hash} differs from the "
                                 f"hub's {expected_content_hash}; pull the package again")
+    present = published_files(package_dir)
+    extra = [relative for relative in present if relative not in lock.files and relative != LOCK_NAME]
+    if extra:
+        raise HashMismatchError(f"{package_dir / extra[0]}: file not in the published package; pull it again")
     for relative, expected in sorted(lock.files.items()):
         path = package_dir / relative
-        if not path.is_file():
+        if relative not in present:
             raise HashMismatchError(f"{path}: missing from the pulled package; pull it again")
         actual = file_sha256(path)
         if actual != expected:
             raise HashMismatchError(f"{path}: sha256 {actual[:12]}... does not match the published "
                                     f"{expected[:12]}...; the file is corrupted, pull the package again")
-    extra = [p for p in source_files(package_dir) if p not in lock.files and p != LOCK_NAME]
-    if extra:
-        raise HashMismatchError(f"{package_dir / extra[0]}: file not in the published package; pull it again")
     return lock

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,8 +12,9 @@ import time
 
 import pytest
 
+from agentrl.errors import AgentrlError
 from agentrl.hub.local import LocalHub
-from agentrl.hub.package import HashMismatchError
+from agentrl.hub.package import LOCK_NAME, HashMismatchError
 from agentrl.hub.publish import STAGE_DELAY_ENV, VersionConflictError, list_packages, pull_package, push_package
 from agentrl.hub.refs import PackageRef, find_installed
 from tests.fakes.toy_package import write_toy_package
@@ -71,6 +74,78 @@ def test_corrupted_file_in_hub_fails_pull(hub, tmp_path):
         pull_package("alice/toy-echo@0.1.0", hub=hub)
     assert not (hub.root / "installed" / "alice" / "toy-echo" / "0.1.0").exists(), "nothing half-installed"
     assert not any(p.name.startswith(".pull-") for p in (hub.root / "installed" / "alice" / "toy-echo").iterdir())
+
+
+def _tampered(hub, tmp_path, change) -> str:
+    """Push the toy package, change its stored version with `change(folder)`, and return pull's error."""
+    push_package(write_toy_package(tmp_path / "pkg"), hub=hub, owner="alice")
+    change(hub.packages_dir / "alice" / "toy-echo" / "0.1.0")
+    with pytest.raises(HashMismatchError) as error:
+        pull_package("alice/toy-echo@0.1.0", hub=hub, destination=tmp_path / "pulled")
+    assert not (tmp_path / "pulled").exists() and not list(tmp_path.glob(".pull-*")), "nothing half-pulled"
+    assert "\n" not in str(error.value)
+    return str(error.value)
+
+
+def _lock(folder, edit):
+    lock = json.loads((folder / LOCK_NAME).read_text())
+    edit(lock)
+    (folder / LOCK_NAME).write_text(json.dumps(lock))
+
+
+def _hidden_pyc(folder):
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "toy_echo.cpython-311.pyc").write_bytes(b"not reviewed")
+
+
+def _outside_path(folder):
+    _lock(folder, lambda lock: lock["files"].update({"../outside.txt": "0" * 64}))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    # a file the lock does not list, even where packaging skips caches: it would run instead of the reviewed source
+    (_hidden_pyc, r"__pycache__/toy_echo\.cpython-311\.pyc: file not in the published package"),
+    (lambda folder: (folder / "dataset" / "notes.txt").write_text("x"), r"dataset/notes\.txt: file not in the"),
+    # the lock's own fields, each checked: one line, never a traceback
+    (_outside_path, r"unreadable lock file \(files names '\.\./outside\.txt', not a path inside the package\)"),
+    (lambda folder: _lock(folder, lambda lock: lock["files"].update({"/etc/hostname": "0" * 64})),
+     r"files names '/etc/hostname'"),
+    (lambda folder: _lock(folder, lambda lock: lock.update(files=list(lock["files"]))), r"\(files is list\)"),
+    (lambda folder: _lock(folder, lambda lock: lock["files"].update({"toy_echo.py": 5})),
+     r"files\['toy_echo\.py'\] is not a sha256"),
+    (lambda folder: _lock(folder, lambda lock: lock.update(content_hash=5)), r"\(content_hash is int\)"),
+    # links and special files in the hub's copy: refused before anything is copied (no host file read)
+    (lambda folder: (folder / "dataset" / "leak").symlink_to("/etc/hostname"),
+     r"dataset/leak: a symbolic link in a published package"),
+    (lambda folder: (folder / "dataset" / "usr").symlink_to("/usr"), r"dataset/usr: a symbolic link"),
+    (lambda folder: os.mkfifo(folder / "dataset" / "pipe"), r"dataset/pipe: not a regular file or folder"),
+], ids=["pycache", "unlisted", "dotdot", "absolute", "files-list", "sha-int", "hash-int", "link-file",
+        "link-folder", "fifo"])
+def test_a_tampered_hub_copy_is_refused_in_one_line(hub, tmp_path, change, message):
+    assert re.search(message, _tampered(hub, tmp_path, change))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("splits", "/etc/private/heldout.jsonl"), ("splits", "../private/heldout.jsonl"),
+    ("splits", ".git/train.jsonl"),  # packaging skips .git, so a link there was read and its rows published
+    ("dockerfile", "../Dockerfile"),
+])
+def test_files_the_manifest_names_must_be_inside_the_package(hub, tmp_path, field, value):
+    """A split file outside the package (or reached through a link) would publish a host file's rows."""
+    package = write_toy_package(tmp_path / "pkg", base_image="agentrl-base:bookworm" if field == "dockerfile" else None)
+    if value.startswith(".git/"):
+        (package / ".git").mkdir()
+        (package / ".git" / "train.jsonl").symlink_to(package / "data" / "train.jsonl")
+    manifest = package / "environment.toml"
+    text = manifest.read_text()
+    if field == "splits":
+        text = text.replace('train = "data/train.jsonl"', f'train = "{value}"')
+    else:
+        text = re.sub(r'dockerfile = "[^"]*"', f'dockerfile = "{value}"', text)
+    manifest.write_text(text)
+    with pytest.raises(AgentrlError, match=r"must be a path inside the package|is a symbolic link") as error:
+        push_package(package, hub=hub, owner="alice")
+    assert "\n" not in str(error.value) and not hub.versions(PackageRef("alice", "toy-echo"))
 
 
 def test_push_killed_midway_leaves_no_partial_version(hub, tmp_path):
