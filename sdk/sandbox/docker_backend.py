@@ -311,19 +311,24 @@ class DockerSandbox(Sandbox):
     def _kill_exec_processes(self, marker: str) -> None:
         kill_exec_processes(self.client.api, self.id, user=self.command_user, marker=marker)
 
-    def _kill_processes_blocking(self) -> None:
+    def _kill_processes_blocking(self, within_s: float) -> None:
         server = self._server
         # A server still starting must be waited for: docker exec's kill-all would kill it too (it is the
         # launcher's child), and the next command, sent to it, would find it gone.
         if server is not None and server.alive and server.wait_ready(self.config.startup_timeout_s):
-            answer = server.kill_all(wait=30.0)
+            answer = server.kill_all(wait=within_s + 20.0, within_s=within_s)
             if answer is not None and "killed" in answer:
+                if answer.get("survivors"):
+                    raise SandboxError(f"sandbox {self.id[:12]}: {answer['survivors']} processes still ran after "
+                                       f"{within_s:g} s of SIGKILL (forks outpacing the kill); nothing may be graded "
+                                       "beside them")
                 return
         kill_all_via_docker(self.client.api, self.id)
 
-    async def kill_processes(self) -> None:
-        """Kill every process but the container's init, its launcher and the command server."""
-        await in_thread(self._kill_processes_blocking)
+    async def kill_processes(self, *, within_s: float = 10.0) -> None:
+        """Kill every process but the container's init, its launcher and the command server; `SandboxError` when
+        some still run after `within_s` of trying."""
+        await in_thread(self._kill_processes_blocking, within_s)
 
     async def _run(
         self, argv: list[str], *, timeout: float, cwd: str, env: dict[str, str], stdin: bytes | None,

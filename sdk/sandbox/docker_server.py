@@ -195,9 +195,10 @@ class ServerConnection:
         return self._send({"marker": marker, "argv": list(argv), "cwd": cwd, "env": dict(env),
                            "timeout": float(timeout), "max_output": int(max_output), "stdin": stdin}, wait=wait)
 
-    def kill_all(self, *, wait: float) -> dict | None:
-        """Ask sandboxd to kill every process but init, the launcher and itself; its answer or None."""
-        return self._send({"op": "kill_all"}, wait=wait)
+    def kill_all(self, *, wait: float, within_s: float = 10.0) -> dict | None:
+        """Ask sandboxd to kill every process but init, the launcher and itself, trying for `within_s`; its answer
+        (`killed`, `survivors`: processes still running when it gave up) or None."""
+        return self._send({"op": "kill_all", "within_s": float(within_s)}, wait=wait)
 
     def _send(self, message: dict, *, wait: float) -> dict | None:
         if not self.alive:

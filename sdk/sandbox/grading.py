@@ -73,7 +73,10 @@ async def grade_in_fresh_sandbox(
     try:
         locals_ = [staging / str(index) for index in range(len(remotes))]
         try:
-            await sandbox.kill_processes()
+            try:
+                await sandbox.kill_processes()
+            except SandboxError as error:  # processes the kill could not stop: their files are not graded
+                raise WorkdirRejected(f"grading: {error}") from None
             for local, remote in zip(locals_, remotes, strict=True):
                 try:
                     await sandbox.download(remote, local)

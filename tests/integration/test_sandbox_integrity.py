@@ -135,6 +135,29 @@ async def test_kill_processes_ends_what_the_agent_left_running(backend):
 
 
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)
+async def test_processes_the_kill_left_running_are_an_error_and_grading_refuses_them(backend, tmp_path):
+    """sandboxd gives up after its time to kill (a fork chain faster than its SIGKILLs): it says how many still run,
+    and the sandbox raises instead of taking it for a clean kill; the grader scores such an episode 0 without
+    carrying its files. A time of 0 makes the give-up certain: the first scan finds the sleepers, none signalled."""
+    from agentrl.sandbox.grading import WorkdirRejected, grade_in_fresh_sandbox
+
+    async with create_sandbox(config(backend)) as sandbox:
+        await sandbox.exec("for i in 1 2; do setsid nohup sleep 100000 >/dev/null 2>&1 & done", timeout=20)
+        with pytest.raises(SandboxError, match=r"(\d+) processes still ran after 0 s of SIGKILL"):
+            await sandbox.kill_processes(within_s=0.0)
+        await sandbox.kill_processes()  # the usual time: every one is killed, none reported
+        left = await sandbox.exec("ps -eo args | grep 'sleep 100000' | grep -v grep || true", timeout=20)
+        assert left.stdout == "", left.stdout
+        await sandbox.exec("setsid nohup sleep 100000 >/dev/null 2>&1 &", timeout=20)
+        real_kill = sandbox.kill_processes
+        sandbox.kill_processes = lambda: real_kill(within_s=0.0)
+        graded = []
+        with pytest.raises(WorkdirRejected, match=r"grading: sandbox \w+: 1 processes still ran"):
+            await grade_in_fresh_sandbox(sandbox, lambda fresh: graded.append(fresh), keep_open=True)
+        assert graded == []
+
+
+@pytest.mark.parametrize("backend", DOCKER_BACKENDS)
 async def test_a_timed_out_commands_children_that_left_its_session_are_killed(backend):
     """At a timeout the command server kills the command's process group, and its helper (running as the sandbox
     user, holding none of the server's fds: `sandboxd.leave_channel`) finds the children that left it by their
