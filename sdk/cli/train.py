@@ -29,8 +29,9 @@ def _step_line(metrics: dict, *, total: int, eta_s: float | None) -> str:
     replayed = metrics.get("r3/replayed_fraction")  # present while samples carry routed experts (R3)
     eta = "" if eta_s is None else f" eta {int(eta_s) // 60}:{int(eta_s) % 60:02d}"
     if metrics.get("samples") == 0:  # a failed step: nothing trained, so no KL (not a NaN that reads as divergence)
-        errors = int(metrics.get("rollout_errors") or 0)
-        trained = f"not trained ({errors} rollouts failed)" if errors else "not trained (no usable rollout)"
+        errors, ungraded = int(metrics.get("rollout_errors") or 0), int(metrics.get("grader_errors") or 0)
+        trained = (f"not trained ({errors} rollouts failed)" if errors else
+                   f"not trained ({ungraded} got no grade)" if ungraded else "not trained (no usable rollout)")
     else:
         trained = "kl " + ("n/a" if kl is None or kl != kl else f"{kl:.1e}")
     return (f"{metrics['step'] + 1:>4}/{total} reward {metrics['reward']:.4f} {trained}"

@@ -64,6 +64,7 @@ from agentrl.rl.orchestrator_types import (
 )
 from agentrl.rl.rollout_stats import rollout_step_metrics
 from agentrl.sampling import ChatClient, SamplingConfig
+from agentrl.sandbox.grading import TAMPER_METRIC
 from agentrl.types import Rollout, Task, TrainingSample
 
 __all__ = [
@@ -88,6 +89,12 @@ class _Counters:
     dropped_stale: int = 0
     rollout_errors: int = 0
     staleness: Counter = field(default_factory=Counter)
+
+
+def _ungraded(rollout: Rollout) -> bool:
+    """A rollout the grader gave no reward of its own (`grader_error`), not one it caught tampering (scored 0 on
+    purpose: cheating is trained away)."""
+    return bool(rollout.grader_error) and rollout.metrics.get(TAMPER_METRIC) != 1.0
 
 
 class Orchestrator:
@@ -239,6 +246,13 @@ class Orchestrator:
         self._step_errors = [r.error for group in groups for r in group.rollouts]
         self._step_advantages = []
         self._step_sample_of = {}
+        ungraded = [r for group in groups for r in group.rollouts if _ungraded(r)]
+        if ungraded and all(r.error is not None or _ungraded(r) for group in groups for r in group.rollouts):
+            # the grader gave no rollout a reward of its own (a verifier that never wrote one, a grading sandbox
+            # that could not start): zeros to train on, a failed step, and after max_failed_steps a stop naming it
+            self._step_errors = [r.error or f"no reward from the grader: {r.grader_error}"
+                                 for group in groups for r in group.rollouts]
+            groups = []
         for group_index, group in enumerate(groups):
             usable = [r for r in group.rollouts if r.error is None and r.turns]
             errors += len(group.rollouts) - len(usable)
@@ -263,7 +277,10 @@ class Orchestrator:
         std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
         metrics: dict[str, Any] = {"reward": mean, "reward_std": std, "completion_tokens": float(completion_tokens),
                                    "samples": float(len(samples)), "rollout_errors": float(errors),
+                                   "grader_errors": float(len(ungraded)),
                                    **rollout_step_metrics([r for group in groups for r in group.rollouts])}
+        if first_error is None and not samples and ungraded:
+            first_error = f"no reward from the grader: {ungraded[0].grader_error}"
         if first_error is not None:
             metrics["first_error"] = first_error[:500]
         return samples, metrics

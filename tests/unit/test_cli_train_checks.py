@@ -97,6 +97,8 @@ def test_a_failed_step_says_it_was_not_trained_instead_of_a_nan_kl():
             "bound": "inference"}
     failed = _step_line({**base, "samples": 0.0, "rollout_errors": 8.0}, total=40, eta_s=120.0)
     unusable = _step_line({**base, "samples": 0.0, "rollout_errors": 0.0}, total=40, eta_s=None)
+    ungraded = _step_line({**base, "samples": 0.0, "rollout_errors": 0.0, "grader_errors": 8.0}, total=40, eta_s=None)
+    assert "not trained (8 got no grade)" in ungraded and len(ungraded) <= 80
     trained = _step_line({**base, "samples": 8.0, "mismatch_kl": 2e-4}, total=40, eta_s=None)
     assert "nan" not in failed + unusable, (failed, unusable)
     assert "not trained (8 rollouts failed)" in failed and "not trained (no usable rollout)" in unusable

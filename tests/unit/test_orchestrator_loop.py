@@ -368,6 +368,50 @@ async def test_a_run_whose_rollouts_all_fail_stops_after_max_failed_steps():
     await token_client.aclose()
 
 
+class UngradedEnv(PickTokenEnv):
+    """PickTokenEnv whose grader gives no reward: every rollout scored 0 with a `grader_error` (a verifier that never
+    wrote one), or, with `tampering`, scored 0 because the grader caught it (a grade of its own)."""
+
+    def __init__(self, *, tampering: bool = False) -> None:
+        super().__init__()
+        self.tampering = tampering
+
+    async def run_group(self, client, task, *, n, sampling):
+        rollouts = await super().run_group(client, task, n=n, sampling=sampling)
+        for rollout in rollouts:
+            rollout.reward = 0.0
+            if self.tampering:
+                rollout.grader_error = "tampering suspected: reward.txt changed after test.sh exited"
+                rollout.metrics["grader/tamper_suspected"] = 1.0
+            else:
+                rollout.grader_error = "the verifier wrote no reward file (/logs/verifier/reward.txt)"
+        return rollouts
+
+
+async def test_a_run_whose_grader_gives_no_reward_stops_after_max_failed_steps():
+    """Rewards of 0 the grader never gave train nothing: each such step fails, and the run stops with the grader's
+    error; rollouts scored 0 for tampering are the grader's own verdict and keep training."""
+    policy = TabularPolicy(tasks=6)
+    delivered = []
+    orch = Orchestrator(config=OrchestratorConfig(max_steps=10, groups_per_step=2, rollouts_per_group=2,
+                                                  max_failed_steps=3, max_off_policy_steps=0),
+                        environment=UngradedEnv(), client=policy, trainer=policy, weight_sync=policy,
+                        sampling=SamplingConfig(), on_step=delivered.append)
+    with pytest.raises(RunFailedError) as info:
+        await asyncio.wait_for(orch.run(), timeout=60)
+    assert str(info.value) == (
+        "no usable rollout in 3 steps in a row (steps 0-2): 12 of 12 rollouts failed with no reward from the grader: "
+        "the verifier wrote no reward file (/logs/verifier/reward.txt): see the run folder's logs/"), str(info.value)
+    assert policy.trained_steps == [] and [m["grader_errors"] for m in delivered] == [4.0, 4.0, 4.0]
+    assert all(m["first_error"].startswith("no reward from the grader: the verifier") for m in delivered)
+
+    caught = TabularPolicy(tasks=6)
+    history = await asyncio.wait_for(_orchestrator(caught, UngradedEnv(tampering=True), max_steps=4,
+                                                   groups_per_step=2, rollouts_per_group=2, max_failed_steps=3,
+                                                   max_off_policy_steps=0).run(), timeout=60)
+    assert caught.trained_steps == [0, 1, 2, 3] and all(m["samples"] == 4 for m in history)
+
+
 async def test_unreachable_inference_is_named():
     policy = TabularPolicy(tasks=6)
     client = _token_client("http://127.0.0.1:9", context=None)  # nothing listens on port 9 (discard)
