@@ -61,7 +61,7 @@ _FLAG_NAMES = {
     ("split",): "--split", ("base_url",): "--base-url", ("api_key",): "--api-key", ("client",): "--client",
     ("max_concurrent",): "--max-concurrent", ("output",): "--output", ("seed",): "--seed",
     ("sampling", "max_tokens"): "--max-tokens", ("sampling", "temperature"): "--temperature",
-    ("sampling", "seed"): "--seed",
+    ("sampling", "seed"): "--seed", ("oracle",): "--oracle",
 }
 """The command-line flag of each EvalConfig key `agentrl eval` sets, named in that key's errors."""
 
@@ -92,6 +92,9 @@ def register(app: typer.Typer) -> None:
                                               help="Results folder (default runs/eval-<env>-<model>-<time>/)."),
         config: Path | None = typer.Option(None, "--config", "-c", help="TOML file with EvalConfig keys."),
         overrides: list[str] = typer.Option([], "--set", help="Override a config key, e.g. sampling.top_p=0.9."),
+        oracle: bool = typer.Option(False, "--oracle", help="Play the environment package's own oracle "
+                                    "(oracle_policy(): its reference solutions) instead of a model, with no server; "
+                                    "exits 1 unless every rollout passes."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
     ) -> None:
         """Run N tasks x R rollouts of ENV with MODEL; write results.jsonl and summary.json.
@@ -107,7 +110,7 @@ def register(app: typer.Typer) -> None:
         # Flags given on the command line win over the TOML file; --set wins over both.
         flags = {"env": env, "model": model, "n": n, "rollouts_per_task": rollouts, "split": split,
                  "base_url": base_url, "api_key": api_key, "client": client, "max_concurrent": max_concurrent,
-                 "output": str(output) if output else None, "seed": seed}
+                 "output": str(output) if output else None, "seed": seed, "oracle": True if oracle else None}
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
         data, text, source = {}, "", "<defaults>"
         if config is not None:
@@ -155,4 +158,12 @@ def register(app: typer.Typer) -> None:
             console.print(f"{summary.grader_errors} of {scored} scored rollouts got no reward from the grader (scored "
                           f"0); first: {printable(str(summary.first_grader_error))}", style="yellow", markup=False,
                           highlight=False, soft_wrap=True)
+        if resolved.oracle:  # a package check: its reference solutions must all be paid
+            passed = round(summary.pass_at_k.get("1", 0.0) * summary.num_rollouts)
+            if passed < summary.num_rollouts:
+                typer.echo(f"error: the oracle passed {passed} of {summary.num_rollouts} rollouts (reward >= "
+                           f"{resolved.pass_threshold:g}); see {summary.output_dir}/results.jsonl", err=True)
+                raise typer.Exit(1)
+            console.print(f"oracle: all {summary.num_rollouts} rollouts passed", markup=False, highlight=False)
+            return
         _compare_with_baseline(resolved, summary, console, on_server)

@@ -77,6 +77,9 @@ class EvalConfig(BaseConfig):
     """Sampling settings of every model call."""
     env_args: dict[str, Any] = {}
     """Keyword arguments for the environment's load_environment."""
+    oracle: bool = False
+    """Play the environment package's own oracle (`oracle_policy()` in its module: its reference solutions) instead
+    of a model, with no server: every task should score 1 (`agentrl.evaluation.oracle`)."""
 
 
 def _slug(text: str) -> str:
@@ -201,8 +204,10 @@ async def evaluate_async(
     config: EvalConfig, *, environment: Any = None, on_group: Callable[[list[Rollout]], None] | None = None,
     on_start: Callable[[int], None] | None = None, server_startup_s: float | None = None,
 ) -> EvalSummary:
-    """Run an evaluation against `config.base_url` (a running server) and return its summary."""
-    if config.base_url is None:
+    """Run an evaluation against `config.base_url` (a running server), or of the environment's oracle
+    (`config.oracle`), and return its summary."""
+    config = _oracle_checked(config)
+    if config.base_url is None and not config.oracle:
         raise AgentrlError("evaluate_async needs base_url; agentrl.evaluate() starts a server when it is unset")
     env = environment if environment is not None else load_environment(config.env, **config.env_args)
     tasks = env.tasks(config.split, n=config.n, seed=config.seed)
@@ -218,7 +223,7 @@ async def evaluate_async(
     output = Path(config.output) if config.output else default_output_dir(env.name, config.model)
     results_file = output / "results.jsonl"
     check_output_dir(output)
-    if server_startup_s is None:
+    if server_startup_s is None and not config.oracle:
         await _check_reachable(config.base_url)
     try:
         output.mkdir(parents=True, exist_ok=True)
@@ -226,7 +231,12 @@ async def evaluate_async(
         raise ConfigError(f"output {output}: cannot create the folder ({error.strerror}); give a writable folder "
                           "with -o") from None
 
-    kind, client = await _make_client(config, config.base_url, started_here=server_startup_s is not None)
+    if config.oracle:
+        from agentrl.evaluation.oracle import load_oracle
+
+        kind, client = "oracle", load_oracle(env, config.env_args)
+    else:
+        kind, client = await _make_client(config, config.base_url, started_here=server_startup_s is not None)
     if on_start is not None:
         on_start(len(tasks) * config.rollouts_per_task)
     groups: list[list[Rollout] | None] = [None] * len(tasks)
@@ -255,11 +265,12 @@ async def evaluate_async(
     except BaseExceptionGroup as failures:  # show the first failure itself (one line when it is ours)
         raise failures.exceptions[0] from None
     finally:
-        await client.aclose()
+        if hasattr(client, "aclose"):  # an oracle policy holds no connection
+            await client.aclose()
     elapsed = time.monotonic() - started
     summary = summarize(
         [g for g in groups if g is not None], config=config, env_name=env.name, elapsed_s=elapsed,
-        client=kind, base_url=config.base_url,
+        client=kind, base_url=config.base_url or "",
     )
     summary.server_startup_s = server_startup_s
     summary.output_dir = str(output)
@@ -269,6 +280,17 @@ async def evaluate_async(
         raise AgentrlError(f"{output / 'summary.json'}: cannot write the summary ({error.strerror}); "
                            f"{results_file} holds every result") from None
     return summary
+
+
+def _oracle_checked(config: EvalConfig) -> EvalConfig:
+    """With `oracle`, no model and no server: the results are the oracle's (`model` reads "oracle")."""
+    if not config.oracle:
+        return config
+    for key in ("model", "base_url"):
+        if key in config.model_fields_set and getattr(config, key) not in (None, "oracle"):
+            raise ConfigError(f"oracle (--oracle): the environment's own oracle plays, so {key} "
+                              f"(--{key.replace('_', '-')}) = {getattr(config, key)!r} has no use; drop one of them")
+    return config.model_copy(update={"model": "oracle"})
 
 
 def check_output_dir(output: Path) -> None:
@@ -358,6 +380,7 @@ def run_evaluation(
             "agentrl.evaluate() blocks and cannot run inside an event loop; "
             "use `await agentrl.evaluation.engine.evaluate_async(EvalConfig(..., base_url=...))` there"
         )
+    config = _oracle_checked(config)
     if environment is None:
         environment = load_environment(config.env, **config.env_args)  # unknown names fail before any server
     from agentrl.hub.sandbox_check import check_sandboxes
@@ -365,7 +388,11 @@ def run_evaluation(
     check_sandboxes(environment)  # so do missing sandbox images, with the command that builds them
     check_output_dir(Path(config.output) if config.output else default_output_dir(environment.name, config.model))
     server = None
-    if config.base_url is None:
+    if config.oracle:
+        from agentrl.evaluation.oracle import load_oracle
+
+        load_oracle(environment, config.env_args)  # a package without one fails here, in one line
+    elif config.base_url is None:
         resolve_model(config.model)  # unknown models fail with the list of presets
         from agentrl.inference.server import VLLMServer
 
