@@ -211,6 +211,14 @@ class BwrapSandbox(Sandbox):
             if not point.is_dir() and self.rootfs.is_relative_to(cache_root()):  # a mount point in our own tree
                 point.mkdir(parents=True, exist_ok=True)
         seed = self.rootfs / cfg.workdir.lstrip("/")
+        if cfg.workdir.strip("/") and not seed.is_dir() and not seed.is_symlink():
+            # bwrap cannot make the workdir's mount point on the read-only root ("Can't mkdir /app: Read-only file
+            # system" on every command): made in a tree exported here, else refused in one line
+            if not self.rootfs.is_relative_to(cache_root()) or seed.exists():
+                raise SandboxError(f"sandbox type 'bwrap': workdir {cfg.workdir} is not a folder of the root "
+                                   f"filesystem {self.rootfs}; create it in the image (WORKDIR {cfg.workdir}) or use "
+                                   "sandbox type 'docker'")
+            seed.mkdir(parents=True, exist_ok=True)
         if cfg.workdir.strip("/") and seed.is_dir() and not seed.is_symlink():  # the image's workdir content
             await asyncio.to_thread(_seed_workdir, seed, self.disk / "work", self.host_uid)
 

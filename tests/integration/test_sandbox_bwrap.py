@@ -198,3 +198,24 @@ async def test_a_sandbox_that_asks_for_network_gets_none_of_the_hosts(tmp_path, 
         server.shutdown()
         server.server_close()
         abstract.close()
+
+
+async def test_a_workdir_the_root_filesystem_lacks(tmp_path):
+    """bwrap cannot make a mount point on the read-only root: every command failed with "Can't mkdir /app:
+    Read-only file system" (a Harbor task whose workdir its image never made). In a tree agentrl exported the
+    folder is made; in a root filesystem of the user's the sandbox refuses to start, in one line."""
+    from agentrl.sandbox import SandboxError
+    from agentrl.sandbox.base_image import rootfs_dir
+
+    workdir = f"/agentrl-test-{os.getpid()}"
+    async with create_sandbox(config(BWRAP, workdir=workdir)) as sandbox:
+        result = await sandbox.exec("pwd && echo made > file && cat file", timeout=30)
+    assert (result.exit_code, result.stdout) == (0, f"{workdir}\nmade\n"), result
+    (rootfs_dir() / workdir.lstrip("/")).rmdir()  # the empty mount point, no longer needed
+
+    users = tmp_path / "users-rootfs"
+    users.symlink_to(rootfs_dir())  # the same tree, but not under agentrl's cache: not agentrl's to change
+    with pytest.raises(SandboxError, match=rf"^sandbox type 'bwrap': workdir /app-missing is not a folder of the "
+                                           rf"root filesystem {users}; create it in the image \(WORKDIR /app-missing\)"):
+        async with create_sandbox(config(BWRAP, workdir="/app-missing", rootfs=str(users))):
+            pass
