@@ -11,11 +11,13 @@ reward.txt agrees). The code under test runs as the same user as test.sh, so it 
 test.sh's way while test.sh runs; scored 0 as tampering too: a file of `/tests` changed or removed
 (bash reads test.sh as it runs it: an appended line runs), and a reward file or `/logs/verifier`
 left as something test.sh may not have written (a symbolic link, not a regular file or folder, or
-not writable: a `1` made read-only before test.sh writes its `0`). test.sh runs without the user's
-site-packages (`PYTHONNOUSERSITE=1`): a usercustomize.py or .pth the agent left in a carried HOME would run in
-the tests' Python. After test.sh the wrapper reads
-the reward files, test.sh and /proc with shell builtins only: on a writable root the code under test
-can replace the image's programs (a `/bin/cat` that says 1); only the second checksums of /tests
+not writable: a `1` made read-only before test.sh writes its `0`). Tests that import or run the
+agent's code give it their exit status (as in Harbor itself); tests that only read its output run none
+of it: test.sh's environment turns off the start-up hooks that would (`_NO_AGENT_CODE_ENV`: user
+site-packages in a carried HOME, the working directory on Python's path, a carried repo's git
+fsmonitor and hooks). After test.sh the wrapper reads the reward files, test.sh and /proc with shell
+builtins only: on a writable root the code under test can replace the image's programs (a `/bin/cat`
+that says 1); only the second checksums of /tests
 come from a program (`cksum`). `combine_rewards` makes
 the one reward (the `primary` key, else `reward`, else the only key, else the mean);
 `settle_rewards` combines a multi-step trial's steps (Harbor's per-key mean, or the final step's);
@@ -197,6 +199,15 @@ def _accepted_rewards(files: dict[str, str], *, json_allowed: bool) -> tuple[dic
     return None, "", False
 
 
+_NO_AGENT_CODE_ENV = {
+    "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+    "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "false",
+    "GIT_CONFIG_KEY_1": "core.hooksPath", "GIT_CONFIG_VALUE_1": "/dev/null",
+}
+"""test.sh's environment, under the task's own: the start-up hooks of Python and git that would run files of the
+agent's (see `run_verifier`)."""
+
+
 async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any], *,
                        allow_env: Collection[str] = ()) -> None:
     """Upload tests/ (then the step's) to /tests, run /tests/test.sh, read the rewards into `state`.
@@ -217,10 +228,12 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
     await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
     await allow_apt_as_root(sandbox)
     env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env", allowed=allow_env)
-    # The agent's user site-packages (carried with a HOME workdir or carry_paths) would run its usercustomize.py
-    # and .pth lines in every Python test.sh starts, and shadow the tests' packages: paid 1.0 for a wrong fix
-    # (red team, 2026-12-07). The task's own env may still say otherwise.
-    env = {"PYTHONNOUSERSITE": "1", **env}
+    # No code of the agent's may run in tests that only look at its output (red team, 2026-12-07, each paid 1.0):
+    # its user site-packages in a carried HOME (usercustomize.py, .pth lines), a module in the working directory
+    # shadowing the standard library for `python3 -m unittest` or `-m pytest` (PYTHONSAFEPATH: the working
+    # directory is not put on sys.path), a carried repo's core.fsmonitor or hooks when test.sh runs git. The
+    # task's own [verifier] env may still set any of them.
+    env = {**_NO_AGENT_CODE_ENV, **env}
     marker = f"@@agentrl-rewards:{secrets.token_hex(8)}"
     result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker)], timeout=step.verifier_timeout_s, env=env)
     await sandbox.kill_processes()  # nothing the tests started may write a reward from here on
