@@ -37,6 +37,7 @@ from swe_verdict import (
     collected_ids,
     launch_env,
     safe_pytest_command,
+    stream_calls,
     stream_outcomes,
     summary_counts,
 )
@@ -192,6 +193,7 @@ async def run_checked_pytest(sandbox, test_files: list[str], *, test_command: st
     await sandbox.kill_processes()
     evidence = Evidence(exit_code=result.exit_code, report=written, streamed=streamed,
                         summary=summary_counts(result.stdout), canary=canary.node_id,
+                        calls=stream_calls(result.stderr, token),
                         collected=collected_ids(collect.stdout) if collect.exit_code == 0 else None)
     run.problems = check_verdict(evidence)
     if before.stdout != after.stdout or before.exit_code != 0:

@@ -17,14 +17,19 @@ harder to subvert and every verdict checkable against evidence from other channe
 - **A canary** (`canary_test`): a failing `unittest` test with a random name, appended to a test
   file after the agent's diff and the test-file revert. It must come back failed, and pytest
   must then exit 1: a hook that turns every failure into a pass, or `os._exit(0)`, shows.
+- **Each test function's call** (`stream_calls`): a wrapper around `pytest_runtest_call`, outermost, streams
+  whether the test function raised, before any report is made of it; a test reported passed must have a call
+  that returned. Patching pytest's reports (`TestReport.from_item_and_call`, the reward hack seen in the
+  wild, here from the module under test: paid 1.0 in a red-team pass) turns a failure into a pass on every
+  other channel, but not here.
 - **pytest's summary line** (stdout): it may not count fewer passes than the report claims.
 - **Node ids collected in a separate process** (`--collect-only`): every collected test needs an
   outcome, every passed one must have been collected.
 
 `check_verdict` returns the disagreements; any disagreement scores 0 and is counted as the
 metric `grader/tamper_suspected`. This raises the bar, it does not make in-process forgery
-impossible: code that patches pytest's reports and recognises the canary could still agree
-with itself on every channel.
+impossible: code that makes the test functions themselves return (a patched `runtest`) for the
+tests it knows, and leaves the canary alone, still agrees with itself on every channel.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import shlex
 from dataclasses import dataclass, field
 
 __all__ = ["LAUNCHER", "REPORT_PLUGIN", "Canary", "Evidence", "canary_test", "check_verdict", "collected_ids",
-           "safe_pytest_command", "stream_outcomes", "summary_counts"]
+           "safe_pytest_command", "stream_calls", "stream_outcomes", "summary_counts"]
 
 PLUGIN_DIR = "/tmp/agentrl_swe"
 LAUNCHER_PATH = f"{PLUGIN_DIR}/run_pytest.py"
@@ -61,6 +66,7 @@ raise SystemExit(pytest.console_main())
 '''
 
 STREAM_PREFIX = "@@agentrl-swe"
+CALL_PREFIX = "@@agentrl-swe-call"
 
 REPORT_PLUGIN = '''
 """pytest plugin (written by agentrl's swe environment): per-test outcomes as JSON, also streamed as decided."""
@@ -84,6 +90,13 @@ def pytest_runtest_logreport(report):
 def pytest_collectreport(report):
     if report.failed:
         _set(report.nodeid or "<collection>", "error")
+import pytest
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    outcome = yield  # the test function's own run, before any report is made of it
+    raised = outcome.excinfo is not None or bool(getattr(item, "_excinfo", None))  # unittest keeps its failures
+    line = "\\n%s:%s %s\\n" % (''' + repr(CALL_PREFIX) + ''', _token, json.dumps([item.nodeid, "raised" if raised else "returned"]))
+    os.write(_stream, line.encode())
 def pytest_sessionfinish(session, exitstatus):
     with open(os.environ["AGENTRL_SWE_REPORT"], "w") as handle:
         json.dump(_outcomes, handle)
@@ -145,6 +158,24 @@ def stream_outcomes(stderr: str, token: str) -> dict[str, str] | None:
     return outcomes
 
 
+def stream_calls(stderr: str, token: str) -> dict[str, str] | None:
+    """How each test function's call ended, as the plugin's call wrapper saw it ("returned" or "raised"; the last
+    call per node id wins), None when malformed."""
+    calls: dict[str, str] = {}
+    marker = f"{CALL_PREFIX}:{token} "
+    for line in stderr.splitlines():
+        if not line.startswith(marker):
+            continue
+        try:
+            node, ended = json.loads(line[len(marker):])
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(node, str) or ended not in ("returned", "raised"):
+            return None
+        calls[node] = ended
+    return calls
+
+
 _SUMMARY_LINE = re.compile(r"^=*\s*(\d+ \w+.*) in [0-9.]+s\b.*$")
 _COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected|warnings?|rerun)")
 
@@ -180,6 +211,8 @@ class Evidence:
     collected: set[str] | None
     """Node ids of the separate collection run (None: it failed)."""
     canary: str
+    calls: dict[str, str] | None = None
+    """How each test function's call ended ("returned"/"raised"), streamed from around the call (None: malformed)."""
     problems: list[str] = field(default_factory=list)
 
 
@@ -209,6 +242,13 @@ def check_verdict(evidence: Evidence) -> list[str]:
             problems.append(f"{claimed} tests reported passed but pytest's summary counts {counted}")
         if not evidence.summary.get("failed", 0) + evidence.summary.get("error", 0):
             problems.append("pytest's summary counts no failure although the canary test fails")
+    calls = evidence.calls
+    if calls is None:
+        problems.append("the streamed test calls are malformed")
+        calls = {}
+    unpaid = sorted(node for node, outcome in streamed.items() if outcome == "passed" and calls.get(node) != "returned")
+    if unpaid:  # a report turned into a pass after the test raised (a patched TestReport.from_item_and_call)
+        problems.append(f"{len(unpaid)} tests reported passed although their call raised or never ran: {unpaid[:3]}")
     if evidence.collected is None:
         problems.append("the separate collection run failed")
     else:

@@ -14,8 +14,9 @@ CANARY = "tests/test_x.py::TestOrder::test_order_value_abc123"
 
 def honest(**changes) -> Evidence:
     outcomes = {"tests/test_x.py::test_a": "passed", "tests/test_x.py::test_b": "failed", CANARY: "failed"}
-    fields = {"exit_code": 1, "report": dict(outcomes), "streamed": dict(outcomes),
-                  "summary": {"failed": 2, "passed": 1}, "collected": set(outcomes), "canary": CANARY}
+    calls = {"tests/test_x.py::test_a": "returned", "tests/test_x.py::test_b": "raised", CANARY: "raised"}
+    fields = {"exit_code": 1, "report": dict(outcomes), "streamed": dict(outcomes), "calls": calls,
+              "summary": {"failed": 2, "passed": 1}, "collected": set(outcomes), "canary": CANARY}
     return Evidence(**(fields | changes))
 
 
@@ -34,6 +35,12 @@ def test_each_forgery_is_named():
     assert any("never collected" in p for p in check_verdict(honest(collected={CANARY, "tests/test_x.py::test_b"})))
     assert any("no summary line" in p for p in check_verdict(honest(summary=None)))
     assert any("collection run failed" in p for p in check_verdict(honest(collected=None)))
+    # a patched TestReport: test_b's report says passed on every channel, pytest's summary too, but its call raised
+    forged = {**honest().streamed, "tests/test_x.py::test_b": "passed"}
+    problems = check_verdict(honest(report=forged, streamed=forged, summary={"failed": 1, "passed": 2}))
+    assert problems == ["1 tests reported passed although their call raised or never ran: "
+                        "['tests/test_x.py::test_b']"], problems
+    assert any("calls are malformed" in p for p in check_verdict(honest(calls=None)))
 
 
 def test_pytest_output_is_read():
