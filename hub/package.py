@@ -179,6 +179,12 @@ def validate_package(package_dir: Path, *, check_rows: bool = True) -> tuple[Man
     if not module_path.is_file() and not (package_dir / module.replace(".", "/") / "__init__.py").is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: entrypoint {manifest.entrypoint!r}: "
                           f"module file {module_path.name} not found in the package")
+    # imported now, not first by a user who pulled a published (immutable) version: a syntax error, a missing
+    # import or a misnamed function is one line here ("...: import failed: SyntaxError: ...")
+    factory = import_package_attr(package_dir, manifest.entrypoint, package_name=manifest.name)
+    if not callable(factory):
+        raise ConfigError(f"{package_dir / MANIFEST_NAME}: entrypoint {manifest.entrypoint!r} is a "
+                          f"{type(factory).__name__}, not a function returning the Environment")
     if manifest.sandbox and manifest.sandbox.dockerfile and not package_file(
             package_dir, manifest.sandbox.dockerfile, field_name="sandbox.dockerfile").is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: sandbox.dockerfile {manifest.sandbox.dockerfile!r} "

@@ -1,9 +1,9 @@
 """`agentrl env init NAME`: write a working environment package to start from.
 
 The scaffold is a single-turn environment with a jsonl train/test split, an exact-match
-reward, a README (the dataset card), and a pytest file that loads the package and scores an
-oracle and a wrong reply with a ScriptedPolicy. It validates, pushes and passes its test as
-written; the author then edits the rows, prompt and reward.
+reward, an `oracle_policy()` (`agentrl eval --oracle` plays it), a README (the dataset card), and a
+pytest file that loads the package and scores an oracle and a wrong reply with a ScriptedPolicy.
+It validates, pushes and passes its test as written; the author then edits the rows, prompt and reward.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from agentrl.errors import AgentrlError
 
 __all__ = ["create_scaffold"]
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-_]{0,63}$")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9\-_]{0,63}$")
 
 _MANIFEST = '''name = "{name}"
 version = "0.1.0"
@@ -42,6 +42,7 @@ import json
 from pathlib import Path
 
 from agentrl.environment import SingleTurnEnv, rows_to_dataset
+from agentrl.policies import ScriptedPolicy
 from agentrl.rubric import Rubric
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -69,6 +70,18 @@ def load_environment(*, system_prompt: str = SYSTEM_PROMPT) -> SingleTurnEnv:
         rubric=Rubric(funcs=[exact_match], weights=[1.0]),
         system_prompt=system_prompt,
     )
+
+
+def oracle_policy() -> ScriptedPolicy:
+    """The reference answers as a policy: `agentrl eval --env . --oracle` plays it (every rollout should pass),
+    and `agentrl sft` learns from its rollouts."""
+    answers = {{json.dumps(row["prompt"]): row["answer"] for split in ("train", "test") for row in read_rows(split)}}
+
+    def reply(messages, tools):
+        question = [{{"role": m.role, "content": m.content}} for m in messages if m.role != "system"]
+        return answers.get(json.dumps(question), "")
+
+    return ScriptedPolicy(reply)
 '''
 
 _TEST = '''"""{name}: the package loads and its reward tells right from wrong."""
@@ -100,8 +113,9 @@ _README = '''# {name}
 
 TODO: what the task is, where the rows come from, how the reward works.
 
-Validate and publish:
+Check that the reference answers score 1 (the module's `oracle_policy()`), then validate and publish:
 
+    agentrl eval --env . --oracle
     agentrl env validate .
     agentrl env push .
 '''
@@ -116,8 +130,8 @@ _ROWS = {
 def create_scaffold(name: str, *, directory: str | Path | None = None) -> Path:
     """Write the scaffold for `name` into `directory` (default ./NAME), which must not exist or be empty."""
     if not _NAME_RE.match(name):
-        raise AgentrlError(f"env init {name!r}: the name must be lowercase letters, digits, '-' or '_' "
-                           "(at most 64), e.g. my-env")
+        raise AgentrlError(f"env init {name!r}: the name must start with a lowercase letter, then lowercase "
+                           "letters, digits, '-' or '_' (at most 64), e.g. my-env (it names the Python module too)")
     folder = Path(directory) if directory is not None else Path(name)
     if folder.exists() and any(folder.iterdir()):
         raise AgentrlError(f"{folder}: folder exists and is not empty; pick another --dir")

@@ -36,6 +36,31 @@ def test_init_scaffold_validates_and_its_own_test_passes(tmp_path):
     assert again.returncode == 2 and "not empty" in again.stderr
     bad = _run("init", "My Env", cwd=tmp_path)
     assert bad.returncode == 2 and "lowercase" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    digit = _run("init", "1abc", cwd=tmp_path)  # its module 1abc.py could be no entrypoint: refused, nothing made
+    assert digit.returncode == 2 and "must start with a lowercase letter" in digit.stderr
+    assert not (tmp_path / "1abc").exists()
+    oracle = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", "--env", str(folder), "--oracle", "-r", "1",
+                             "-o", str(tmp_path / "oracle")], capture_output=True, text=True, timeout=180)
+    assert oracle.returncode == 0 and "oracle: all 2 rollouts passed" in oracle.stdout, oracle.stderr[-2000:]
+
+
+def test_validate_imports_the_entrypoint_before_anything_is_published(tmp_path):
+    """A published version is immutable: a module that cannot be imported, or an entrypoint that names no function,
+    fails validate (and so push) in one line, not first the user who pulled it."""
+    package = write_toy_package(tmp_path / "pkg")
+    with open(package / "toy_echo.py", "a") as module:
+        module.write("\ndef oops(:\n")
+    checked = _run("validate", str(package))
+    assert checked.returncode == 2 and len(checked.stderr.strip().splitlines()) == 1, checked.stderr
+    assert checked.stderr.startswith(f"error: {package / 'toy_echo.py'}: import failed: SyntaxError: "), checked.stderr
+    pushed = _run("push", str(package), hub_root=tmp_path / "hub")
+    assert pushed.returncode == 2 and "import failed: SyntaxError" in pushed.stderr
+    assert not (tmp_path / "hub" / "packages").exists() or not any((tmp_path / "hub" / "packages").rglob("*.json"))
+    constant = write_toy_package(tmp_path / "constant")
+    with open(constant / "toy_echo.py", "a") as module:
+        module.write("\nload_environment = 3\n")
+    named = _run("validate", str(constant))
+    assert named.returncode == 2 and "entrypoint 'toy_echo:load_environment' is a int, not a function" in named.stderr
 
 
 def test_build_writes_the_published_form(tmp_path):
