@@ -8,7 +8,7 @@ Files of an older version that the new one lacks are deleted in the same commit,
 tag holds one whole package. Pull downloads the tag's snapshot and verifies every hash.
 
 The endpoint comes from `HF_ENDPOINT` (default https://huggingface.co) and the token from
-`HF_TOKEN` or `huggingface-cli login`, as `huggingface_hub` reads them.
+`HF_TOKEN` or `hf auth login`, as `huggingface_hub` reads them.
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ def _hub_errors(what: str):
         yield
     except errors.RepositoryNotFoundError:
         raise NotFoundError(f"{what}: repository not found on the Hugging Face Hub (private repos need HF_TOKEN "
-                            "or `huggingface-cli login`)") from None
+                            "or `hf auth login`)") from None
     except errors.RevisionNotFoundError:
         raise NotFoundError(f"{what}: no such version on the Hugging Face Hub; see `agentrl env versions`") from None
     except errors.EntryNotFoundError:
         raise NotFoundError(f"{what}: file not found in the repository; is it an agentrl package?") from None
     except errors.HfHubHTTPError as error:
         first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        hint = " (set HF_TOKEN or run `huggingface-cli login`)" if error.response is not None and \
+        hint = " (set HF_TOKEN or run `hf auth login`)" if error.response is not None and \
             error.response.status_code in (401, 403) else ""
         raise AgentrlError(f"{what}: Hugging Face Hub error: {first}{hint}") from None
     except (httpx.ConnectError, httpx.TimeoutException) as error:

@@ -99,7 +99,7 @@ class ModelSpec(BaseModel):
         if found is None:
             raise NotFoundError(
                 f"model {self.name!r}: {self.hf_repo} is not in the local Hugging Face cache; "
-                f"download it first with `huggingface-cli download {self.hf_repo}` or pass a local folder"
+                f"download it first with `hf download {self.hf_repo}` or pass a local folder"
             )
         return found
 
@@ -406,7 +406,7 @@ def resolve_model(name_or_path: str | Path) -> ModelSpec:
         if cached is None:
             raise NotFoundError(
                 f"model {key!r} is not in the local Hugging Face cache; download it first with "
-                f"`huggingface-cli download {key}`, or use a preset: {', '.join(PRESETS)}"
+                f"`hf download {key}`, or use a preset: {', '.join(PRESETS)}"
             )
         return _spec_from_folder(cached, name=key, hf_repo=key)
     import difflib

@@ -376,7 +376,7 @@ def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> No
         try:
             spec.local_path()
         except AgentrlError:
-            missing.append(f"the weights of {spec.hf_repo} (huggingface-cli download {spec.hf_repo})")
+            missing.append(f"the weights of {spec.hf_repo} (hf download {spec.hf_repo})")
     if config.inference.kind == "pd" and config.inference.kv_connector == "nixl" and not module_installed("nixl"):
         missing.append("the nixl package for inference.kv_connector='nixl' (pip install 'agentrl[cpu]' here, "
                        "nixl==1.5.1 with nixl-cu13 on GPUs) or kv_connector='example'")

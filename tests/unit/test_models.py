@@ -84,7 +84,7 @@ def test_a_missing_checkpoint_or_run_folder_names_what_is_there(tmp_path, monkey
 
 def test_uncached_repo_id_says_how_to_download(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(NotFoundError, match="huggingface-cli download someorg/some-model"):
+    with pytest.raises(NotFoundError, match="hf download someorg/some-model"):
         resolve_model("someorg/some-model")
     # A real preset whose weights are not here resolves (facts only) but has no local path.
     spec = resolve_model("qwen3-30b-a3b")
