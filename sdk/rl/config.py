@@ -274,8 +274,29 @@ def load_run_config(
         warm = _DEFAULTS_BY_MODEL.get(config.model.name)  # warm starts are per environment
         if warm is not None and (warm / "config.json").is_file():
             config.model.init_checkpoint = str(warm)
+    _warn_random_start(config)
     config.trainer.model = config.model.name
     return config
+
+
+def _warn_random_start(config: RunConfig) -> None:
+    """A model created here (tiny-moe, ...) with no warm start has random weights: on another environment than
+    reverse-text (whose SFT warm start it gets) a run trains noise and every reward stays 0 (a newcomer's
+    walk-through, `agentrl train --env ./my-env`). Say so, with the command that makes a warm start."""
+    import warnings
+
+    from agentrl.errors import AgentrlWarning
+    from agentrl.models import PRESETS
+
+    spec = PRESETS.get(config.model.name)
+    if config.model.init_checkpoint is not None or spec is None or spec.hf_repo is not None:
+        return
+    env, name = config.env.name, config.model.name
+    output = f"runs/{Path(env).name}-{name}-sft"
+    warnings.warn(f"model {name} starts from random weights (created here; its warm start is reverse-text's), so "
+                  f"it will not learn {env} from scratch: warm-start it on the environment's oracle first with "
+                  f"`agentrl sft --set env={env} --set model={name} --set output={output}`, then train with "
+                  f"--set model.init_checkpoint={output}", AgentrlWarning, stacklevel=2)
 
 
 def _toml_string(value: str) -> str:
