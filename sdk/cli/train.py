@@ -213,8 +213,8 @@ def register(app: typer.Typer) -> None:
 
             def on_step(metrics: dict) -> None:
                 step_times.append(float(metrics.get("step_time_s") or 0.0))
-                recent = step_times[-10:]
-                eta = sum(recent) / len(recent) * (total - metrics["step"] - 1) if len(step_times) > 1 else None
+                recent = step_times[1:][-10:]  # the first step waits for the servers' first answers: not a rate
+                eta = sum(recent) / len(recent) * (total - metrics["step"] - 1) if recent else None
                 progress.console.print(_step_line(metrics, total=total, eta_s=eta), markup=False, highlight=False)
                 held_out = _eval_line(metrics)
                 if held_out:
