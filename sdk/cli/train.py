@@ -61,6 +61,23 @@ def _eval_line(metrics: dict) -> str | None:
             f"({metrics['eval/tasks']} tasks)")
 
 
+NO_SIGNAL_STEPS = 5
+"""Steps in a row whose every group's rollouts got one reward before the run says it learns nothing."""
+
+
+def _no_signal_line(metrics: dict, state: list) -> str | None:
+    """Once, after `NO_SIGNAL_STEPS` steps in a row where every group's rollouts got the same reward (advantages
+    of 0: a model that never solves a task, or always does), a note saying the run learns nothing."""
+    flat = metrics.get("groups_without_signal")
+    state[0] = state[0] + 1 if flat is not None and metrics.get("samples") and flat >= metrics["groups"] else 0
+    if state[0] < NO_SIGNAL_STEPS or state[1]:
+        return None
+    state[1] = True
+    return (f"  note: in the last {NO_SIGNAL_STEPS} steps every group's rollouts got the same reward (now "
+            f"{metrics['reward']:.2f}): no advantage, so nothing is learned; a model that never solves a task needs "
+            "a warm start (agentrl sft), one that always does, harder tasks")
+
+
 def _error_line(metrics: dict) -> str | None:
     """The step's failed rollouts and the first one's error (sandbox or model text, through `printable`), or None."""
     if not metrics.get("rollout_errors"):
@@ -210,6 +227,7 @@ def register(app: typer.Typer) -> None:
                 progress.update(task, description=message)
 
             step_times: list[float] = []
+            flat_steps = [0, False]  # steps in a row whose every group had one reward; said once
 
             def on_step(metrics: dict) -> None:
                 step_times.append(float(metrics.get("step_time_s") or 0.0))
@@ -222,6 +240,9 @@ def register(app: typer.Typer) -> None:
                 failed = _error_line(metrics)
                 if failed:
                     progress.console.print(failed, markup=False, highlight=False)
+                line = _no_signal_line(metrics, flat_steps)
+                if line:
+                    progress.console.print(line, markup=False, highlight=False)
                 if metrics.get("failed_steps"):
                     progress.console.print(f"  no usable rollout: failed step {metrics['failed_steps']} in a row "
                                            f"(the run stops at {resolved.orchestrator.max_failed_steps})",

@@ -242,6 +242,7 @@ class Orchestrator:
         rewards: list[float] = []
         completion_tokens = 0
         errors = 0
+        flat = 0
         first_error: str | None = None
         self._step_errors = [r.error for group in groups for r in group.rollouts]
         self._step_advantages = []
@@ -262,6 +263,8 @@ class Orchestrator:
             normalize = self.config.normalize_advantages
             advantages = group_advantages([r.reward for r in usable], std_normalize=normalize,
                                           negative_scale=self.config.negative_advantage_scale) if usable else []
+            if len({r.reward for r in usable}) == 1:
+                flat += 1  # every rollout of the group got the same reward: advantages of 0, nothing to learn
             trained = {id(rollout): advantage for rollout, advantage in zip(usable, advantages)}
             self._step_advantages.append([trained.get(id(r)) for r in group.rollouts])
             member_of = {id(r): member for member, r in enumerate(group.rollouts)}
@@ -277,7 +280,8 @@ class Orchestrator:
         std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else 0.0
         metrics: dict[str, Any] = {"reward": mean, "reward_std": std, "completion_tokens": float(completion_tokens),
                                    "samples": float(len(samples)), "rollout_errors": float(errors),
-                                   "grader_errors": float(len(ungraded)),
+                                   "grader_errors": float(len(ungraded)), "groups_without_signal": float(flat),
+                                   "groups": float(len(groups)),
                                    **rollout_step_metrics([r for group in groups for r in group.rollouts])}
         if first_error is None and not samples and ungraded:
             first_error = f"no reward from the grader: {ungraded[0].grader_error}"

@@ -106,6 +106,22 @@ def test_a_failed_step_says_it_was_not_trained_instead_of_a_nan_kl():
     assert max(len(failed), len(unusable)) <= 80 and printed_steps("\n".join([failed, unusable])) == [2, 2]
 
 
+def test_steps_whose_groups_all_got_one_reward_are_said_once():
+    """Advantages of 0 in every group for 5 steps in a row: one note that nothing is learned (a newcomer trained a
+    random model to reward 0.0 for a whole run with no word); a step with signal starts the count again."""
+    from agentrl.cli.train import NO_SIGNAL_STEPS, _no_signal_line
+
+    state = [0, False]
+    flat = {"groups": 4.0, "groups_without_signal": 4.0, "samples": 32.0, "reward": 0.0}
+    lines = [_no_signal_line(flat, state) for _ in range(NO_SIGNAL_STEPS - 1)]
+    lines.append(_no_signal_line({**flat, "groups_without_signal": 3.0}, state))  # one group learned something
+    lines += [_no_signal_line(flat, state) for _ in range(2 * NO_SIGNAL_STEPS)]
+    said = [i for i, line in enumerate(lines) if line]
+    assert said == [2 * NO_SIGNAL_STEPS - 1], said
+    assert lines[said[0]].startswith("  note: in the last 5 steps every group's rollouts got the same reward (now "
+                                     "0.00): no advantage, so nothing is learned")
+
+
 @pytest.mark.parametrize("rewards", [
     [0.86, 0.87] * 6 + [0.90, 0.86] * 6,  # a rise inside the noise: the verdict is said too
     [12.5, -3.25] * 10 + [-10.125, 14.5] * 10,  # rewards of several digits, signs mixed

@@ -410,6 +410,8 @@ async def test_a_run_whose_grader_gives_no_reward_stops_after_max_failed_steps()
                                                    groups_per_step=2, rollouts_per_group=2, max_failed_steps=3,
                                                    max_off_policy_steps=0).run(), timeout=60)
     assert caught.trained_steps == [0, 1, 2, 3] and all(m["samples"] == 4 for m in history)
+    # every rollout 0: each group's advantages are all 0, counted as groups without signal
+    assert [(m["groups"], m["groups_without_signal"]) for m in history] == [(2.0, 2.0)] * 4
 
 
 async def test_unreachable_inference_is_named():
