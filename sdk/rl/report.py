@@ -261,7 +261,9 @@ def _noise_lines(rows: list[dict[str, Any]], reward: list[float]) -> list[str]:
         passes = sorted({key for row in evals for key in row if key.startswith("eval/pass@")})
         avg = next((key for key in evals[0] if key.startswith("eval/avg@")), None)
         lines += ["Held-out evaluations (the same tasks each time, never trained on; after step N: the weights of N "
-                  "steps, checkpoint step_N):", "",
+                  "steps, saved as checkpoint step_N where orchestrator.checkpoint_every and run.keep_checkpoints "
+                  "kept it):",
+                  "",
                   "| after step | tasks | mean reward (95% CI) | " + " | ".join(k.removeprefix("eval/") for k in
                                                                          [*([avg] if avg else []), *passes]) + " |",
                   "|---" * (3 + len(passes) + bool(avg)) + "|"]
