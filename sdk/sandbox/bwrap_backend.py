@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 import re
 import resource
@@ -64,8 +63,8 @@ from agentrl.sandbox.base_image import cache_root, rootfs_dir
 from agentrl.sandbox.bwrap_workspace import (
     BWRAP_ENV,
     DISK_DIR,
-    LABELS_FILE,
     cgroup_name,
+    claim_host_uid,
     unmount,
     workspace_root,
 )
@@ -180,8 +179,9 @@ class BwrapSandbox(Sandbox):
         self.root = Path(tempfile.mkdtemp(prefix=f"{safe_owner}-{os.getpid()}-", dir=base))
         self.root.chmod(0o755)
         self.id = self.root.name
-        self.host_uid = HOST_UID_BASE + int.from_bytes(os.urandom(4), "big") % HOST_UID_SPAN
-        (self.root / LABELS_FILE).write_text(json.dumps(sandbox_labels(owner=self.owner, backend="bwrap")))
+        self.host_uid = await asyncio.to_thread(claim_host_uid, self.root,
+                                                sandbox_labels(owner=self.owner, backend="bwrap"),
+                                                base=HOST_UID_BASE, span=HOST_UID_SPAN)
 
         self.disable_userns = await asyncio.to_thread(_bwrap_disables_userns, bwrap)
         if not self.disable_userns:
