@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
 
 import typer
 
@@ -38,9 +39,10 @@ def printable(text: str) -> str:
 
 def _print_version(value: bool) -> None:
     if value:
-        from agentrl import __version__
+        import agentrl
 
-        typer.echo(f"agentrl {__version__}")
+        # where it runs from too: two checkouts (or a checkout and a venv) on one machine print the same number
+        typer.echo(f"agentrl {agentrl.__version__} ({Path(agentrl.__file__).resolve().parent})")
         raise typer.Exit(0)
 
 

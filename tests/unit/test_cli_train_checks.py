@@ -7,6 +7,7 @@ On the main before: `--set trainer.optimizer.lr=-1` failed after 105 s in a 67-l
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,10 +47,12 @@ def test_bad_values_are_one_line_before_start_up(capsys, tmp_path, value, said):
 
 
 def test_version_and_config_keys(capsys):
+    import agentrl
     from agentrl import __version__
     from agentrl.cli import main
 
-    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"agentrl {__version__}"
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"agentrl {__version__} ({Path(agentrl.__file__).resolve().parent})"
     assert main(["config", "keys", "trainer.optimizer"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("trainer.optimizer.lr  (float, default 1e-06)  Learning rate") and len(lines) == 5
