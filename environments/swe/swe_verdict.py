@@ -141,39 +141,32 @@ def canary_test(test_file: str) -> Canary:
     return Canary(path=test_file, node_id=f"{test_file}::{cls}::test_{name}", source=source)
 
 
-def stream_outcomes(stderr: str, token: str) -> dict[str, str] | None:
-    """The outcomes the plugin streamed (the last line per node id wins, as in the plugin), None when malformed."""
-    outcomes: dict[str, str] = {}
-    marker = f"{STREAM_PREFIX}:{token} "
+def _streamed(stderr: str, marker: str, values: tuple[str, ...]) -> dict[str, str] | None:
+    """The `[node id, value]` lines after `marker` in stderr (the last line per node id wins, as in the plugin),
+    None when one is malformed or has a value not in `values`."""
+    found: dict[str, str] = {}
     for line in stderr.splitlines():
         if not line.startswith(marker):
             continue
         try:
-            node, outcome = json.loads(line[len(marker):])
+            node, value = json.loads(line[len(marker):])
         except (ValueError, TypeError):
             return None
-        if not isinstance(node, str) or outcome not in ("passed", "failed", "skipped", "error"):
+        if not isinstance(node, str) or value not in values:
             return None
-        outcomes[node] = outcome
-    return outcomes
+        found[node] = value
+    return found
+
+
+def stream_outcomes(stderr: str, token: str) -> dict[str, str] | None:
+    """The outcomes the plugin streamed, None when malformed."""
+    return _streamed(stderr, f"{STREAM_PREFIX}:{token} ", ("passed", "failed", "skipped", "error"))
 
 
 def stream_calls(stderr: str, token: str) -> dict[str, str] | None:
-    """How each test function's call ended, as the plugin's call wrapper saw it ("returned" or "raised"; the last
-    call per node id wins), None when malformed."""
-    calls: dict[str, str] = {}
-    marker = f"{CALL_PREFIX}:{token} "
-    for line in stderr.splitlines():
-        if not line.startswith(marker):
-            continue
-        try:
-            node, ended = json.loads(line[len(marker):])
-        except (ValueError, TypeError):
-            return None
-        if not isinstance(node, str) or ended not in ("returned", "raised"):
-            return None
-        calls[node] = ended
-    return calls
+    """How each test function's call ended, as the plugin's call wrapper saw it ("returned" or "raised"), None
+    when malformed."""
+    return _streamed(stderr, f"{CALL_PREFIX}:{token} ", ("returned", "raised"))
 
 
 _SUMMARY_LINE = re.compile(r"^=*\s*(\d+ \w+.*) in [0-9.]+s\b.*$")
