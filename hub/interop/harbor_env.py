@@ -47,6 +47,7 @@ from agentrl.hub.interop.harbor_config import (
 from agentrl.hub.interop.harbor_verifier import (
     allow_apt_as_root,
     below_min_reward,
+    drop_user_site_hooks,
     run_verifier,
     settle_rewards,
     verifier_ran,
@@ -325,7 +326,8 @@ class HarborTaskEnv(ToolEnv):
         try:
             await grade_in_fresh_sandbox(sandbox, lambda fresh: run_verifier(fresh, harbor, step, state,
                                                                              allow_env=self.allow_env),
-                                         config=config, keep_open=keep_agent_sandbox, paths=paths)
+                                         config=config, keep_open=keep_agent_sandbox, paths=paths,
+                                         drop=drop_user_site_hooks)
         except WorkdirRejected as error:  # the episode's files broke the carry: its own doing, scored 0
             prefix = f"step {step.name}: " if harbor.multi_step else ""
             state["workdir_rejected"] = True

@@ -12,12 +12,14 @@ test.sh's way while test.sh runs; scored 0 as tampering too: a file of `/tests` 
 (bash reads test.sh as it runs it: an appended line runs), and a reward file or `/logs/verifier`
 left as something test.sh may not have written (a symbolic link, not a regular file or folder, or
 not writable: a `1` made read-only before test.sh writes its `0`). Tests that import or run the
-agent's code give it their exit status (as in Harbor itself); tests that only read its output run none
-of it: test.sh's environment turns off the start-up hooks that would (`_NO_AGENT_CODE_ENV`: user
-site-packages in a carried HOME, the working directory on Python's path, a carried repo's git
-fsmonitor and hooks). After test.sh the wrapper reads the reward files, test.sh and /proc with shell
-builtins only: on a writable root the code under test can replace the image's programs (a `/bin/cat`
-that says 1); only the second checksums of /tests
+agent's code give it their exit status (as in Harbor itself), and so does Python run from the working
+directory (`python3 -m ...`, `-c`: the agent's files there come before the standard library's;
+`PYTHONSAFEPATH` would also drop a test script's own folder, which tests import from). What would run
+the agent's files in tests that only read its output is turned off: a carried repo's git fsmonitor and
+hooks (`_NO_AGENT_CODE_ENV`), and a carried user site-packages' start-up hooks, removed on the host
+before the files go in (`drop_user_site_hooks`). After test.sh the wrapper reads the reward files,
+test.sh and /proc with shell builtins only: on a writable root the code under test can replace the
+image's programs (a `/bin/cat` that says 1); only the second checksums of /tests
 come from a program (`cksum`). `combine_rewards` makes
 the one reward (the `primary` key, else `reward`, else the only key, else the mean);
 `settle_rewards` combines a multi-step trial's steps (Harbor's per-key mean, or the final step's);
@@ -28,7 +30,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import secrets
+import shutil
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -200,12 +205,36 @@ def _accepted_rewards(files: dict[str, str], *, json_allowed: bool) -> tuple[dic
 
 
 _NO_AGENT_CODE_ENV = {
-    "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
     "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "false",
     "GIT_CONFIG_KEY_1": "core.hooksPath", "GIT_CONFIG_VALUE_1": "/dev/null",
 }
-"""test.sh's environment, under the task's own: the start-up hooks of Python and git that would run files of the
-agent's (see `run_verifier`)."""
+"""test.sh's environment, under the task's own: git runs no fsmonitor or hook of a carried repo (see
+`run_verifier`)."""
+_USER_SITE = re.compile(r"/\.local/lib/python[^/]*/site-packages$")
+_STARTUP_MODULES = ("usercustomize", "sitecustomize")
+
+
+def drop_user_site_hooks(local: Path, remote: str) -> list[str]:
+    """Remove from a carried folder (`local` on the host, `remote` in the sandbox) what a user site-packages
+    (`~/.local/lib/python*/site-packages`) runs at every Python start: `usercustomize` and `sitecustomize` in any
+    form (module, package, compiled) and `.pth` files; the remote paths removed. A carried HOME kept them: paid 1.0
+    for a wrong fix (red team, 2026-12-07). The site-packages' packages stay (the image's `pip install --user`)."""
+    removed = []
+    for root, folders, files in os.walk(local):
+        relative = Path(root).relative_to(local).as_posix()
+        folder = remote.rstrip("/") + ("" if relative == "." else "/" + relative)
+        if not _USER_SITE.search(folder):
+            continue
+        for name in sorted(files + folders):
+            if name.endswith(".pth") or name.split(".", 1)[0] in _STARTUP_MODULES:
+                path = Path(root) / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                    folders.remove(name)
+                else:
+                    path.unlink()
+                removed.append(f"{folder}/{name}")
+    return removed
 
 
 async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any], *,
@@ -228,11 +257,8 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
     await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
     await allow_apt_as_root(sandbox)
     env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env", allowed=allow_env)
-    # No code of the agent's may run in tests that only look at its output (red team, 2026-12-07, each paid 1.0):
-    # its user site-packages in a carried HOME (usercustomize.py, .pth lines), a module in the working directory
-    # shadowing the standard library for `python3 -m unittest` or `-m pytest` (PYTHONSAFEPATH: the working
-    # directory is not put on sys.path), a carried repo's core.fsmonitor or hooks when test.sh runs git. The
-    # task's own [verifier] env may still set any of them.
+    # A carried repo's core.fsmonitor ran when test.sh ran `git status` and wrote the output itself (red team,
+    # 2026-12-07, paid 1.0); the task's own [verifier] env may still set any of these.
     env = {**_NO_AGENT_CODE_ENV, **env}
     marker = f"@@agentrl-rewards:{secrets.token_hex(8)}"
     result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker)], timeout=step.verifier_timeout_s, env=env)

@@ -61,12 +61,14 @@ async def _replace_folder(sandbox: Sandbox, local: Path, remote: str) -> None:
 
 async def grade_in_fresh_sandbox(
     sandbox: Sandbox, grade: Callable[[Sandbox], Awaitable[T]], *, paths: Sequence[str] | None = None,
-    config: SandboxConfig | None = None, keep_open: bool = False,
+    config: SandboxConfig | None = None, keep_open: bool = False, drop: Callable[[Path, str], object] | None = None,
 ) -> T:
     """Carry `paths` (default: the workdir) out of `sandbox`, close it, and run `grade` in a fresh sandbox.
 
     `config` overrides the fresh sandbox's config (default: the agent sandbox's own); with `keep_open`
-    the agent's sandbox stays usable (its processes are still killed before the copy).
+    the agent's sandbox stays usable (its processes are still killed before the copy). `drop(local, remote)`
+    may remove files from each carried folder on the host before it goes in (start-up hooks the grader's
+    programs would run).
     """
     remotes = [sandbox._abs(path, "grade_in_fresh_sandbox") for path in (paths or [sandbox.config.workdir])]
     staging = Path(tempfile.mkdtemp(prefix="agentrl-grade-"))
@@ -87,6 +89,9 @@ async def grade_in_fresh_sandbox(
         finally:
             if not keep_open:
                 await sandbox.close()
+        if drop is not None:
+            for local, remote in zip(locals_, remotes, strict=True):
+                await asyncio.to_thread(drop, local, remote)
         async with create_sandbox(config or sandbox.config) as fresh:
             for local, remote in zip(locals_, remotes, strict=True):
                 await _replace_folder(fresh, local, remote)

@@ -11,8 +11,7 @@ that rewrites reward.txt while and after test.sh runs; killing test.sh after wri
 itself; a `1` made read-only, or a symbolic link to one, so test.sh's own write fails; a line
 appended to test.sh while bash reads it; a usercustomize.py and a .pth in the user's site-packages, carried
 with HOME (`carry_paths`), that end every Python the tests start with exit 0; and, on a task whose tests only
-read the agent's output (/app/hello.txt), a `unittest.py` in the working directory that `python3 -m unittest`
-imports before the standard library's, and a git core.fsmonitor hook that writes the output when test.sh runs
+read the agent's output (/app/hello.txt), a git core.fsmonitor hook that writes the output when test.sh runs
 `git status`; and crashing the grader with a 2,000-deep folder chain or 200,001 files in the
 workdir (scored 0, not an error that takes the rollout out of training). The oracle still
 scores 1 (the grader pays for real fixes). Set AGENTRL_REDTEAM_RECORD to a file to append each
@@ -254,7 +253,6 @@ else echo 0 > /logs/verifier/reward.txt; fi
 HELLO_TEST = ("import unittest\n\n\nclass Hello(unittest.TestCase):\n    def test_hello(self):\n"
               "        with open('/app/hello.txt') as handle:\n            self.assertEqual(handle.read().strip(), 'Hello')\n")
 OUTPUT_ONLY_CHEATS = {
-    "cwd_unittest_shadow": "printf 'raise SystemExit(0)\\n' > /app/unittest.py && echo planted",
     "git_fsmonitor": "cd /app && git init -q . && git add -A && git config core.fsmonitor "
                      "'echo Hello > /app/hello.txt; true' && echo planted",
 }
@@ -275,9 +273,10 @@ def hello_package(tmp_path_factory, docker_client):  # noqa: F811
 
 @pytest.mark.parametrize("cheat", [None, *sorted(OUTPUT_ONLY_CHEATS)])
 async def test_tests_that_read_only_the_output_run_none_of_the_agents_code(cheat, hello_package):
-    """A module of the agent's that shadows the standard library from the working directory, and a git hook of its
-    repo, each ran in test.sh and paid 1.0 for an output never written (red team, 2026-12-07); the oracle (None)
-    still scores 1."""
+    """A git hook of the agent's repo ran when test.sh ran `git status` and wrote the output itself: paid 1.0 for an
+    output never written (red team, 2026-12-07); the oracle (None) still scores 1. (A `unittest.py` in the
+    working directory, imported by `python3 -m unittest` before the standard library's, is still paid: Python run
+    from the working directory runs the agent's files there, see harbor_verifier.)"""
     from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.policies import ScriptedPolicy
 
