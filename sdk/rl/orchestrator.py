@@ -64,7 +64,7 @@ from agentrl.rl.orchestrator_types import (
 )
 from agentrl.rl.rollout_stats import rollout_step_metrics
 from agentrl.sampling import ChatClient, SamplingConfig
-from agentrl.sandbox.grading import TAMPER_METRIC
+from agentrl.sandbox.grading import TAMPER_METRIC, WORKDIR_REJECTED_METRIC
 from agentrl.types import Rollout, Task, TrainingSample
 
 __all__ = [
@@ -92,9 +92,10 @@ class _Counters:
 
 
 def _ungraded(rollout: Rollout) -> bool:
-    """A rollout the grader gave no reward of its own (`grader_error`), not one it caught tampering (scored 0 on
-    purpose: cheating is trained away)."""
-    return bool(rollout.grader_error) and rollout.metrics.get(TAMPER_METRIC) != 1.0
+    """A rollout the grader gave no reward of its own (`grader_error`), not one it scored 0 on purpose: caught
+    tampering, or files that could not be carried to it (the episode's own doing; both are trained away)."""
+    return bool(rollout.grader_error) and not any(rollout.metrics.get(metric) == 1.0
+                                                  for metric in (TAMPER_METRIC, WORKDIR_REJECTED_METRIC))
 
 
 class Orchestrator:

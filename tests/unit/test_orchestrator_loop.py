@@ -372,9 +372,9 @@ class UngradedEnv(PickTokenEnv):
     """PickTokenEnv whose grader gives no reward: every rollout scored 0 with a `grader_error` (a verifier that never
     wrote one), or, with `tampering`, scored 0 because the grader caught it (a grade of its own)."""
 
-    def __init__(self, *, tampering: bool = False) -> None:
+    def __init__(self, *, tampering: bool = False, rejected: bool = False) -> None:
         super().__init__()
-        self.tampering = tampering
+        self.tampering, self.rejected = tampering, rejected
 
     async def run_group(self, client, task, *, n, sampling):
         rollouts = await super().run_group(client, task, n=n, sampling=sampling)
@@ -383,6 +383,9 @@ class UngradedEnv(PickTokenEnv):
             if self.tampering:
                 rollout.grader_error = "tampering suspected: reward.txt changed after test.sh exited"
                 rollout.metrics["grader/tamper_suspected"] = 1.0
+            elif self.rejected:
+                rollout.grader_error = "grading: the workdir holds 200,001 files (at most 200,000)"
+                rollout.metrics["grader/workdir_rejected"] = 1.0
             else:
                 rollout.grader_error = "the verifier wrote no reward file (/logs/verifier/reward.txt)"
         return rollouts
@@ -405,13 +408,14 @@ async def test_a_run_whose_grader_gives_no_reward_stops_after_max_failed_steps()
     assert policy.trained_steps == [] and [m["grader_errors"] for m in delivered] == [4.0, 4.0, 4.0]
     assert all(m["first_error"].startswith("no reward from the grader: the verifier") for m in delivered)
 
-    caught = TabularPolicy(tasks=6)
-    history = await asyncio.wait_for(_orchestrator(caught, UngradedEnv(tampering=True), max_steps=4,
-                                                   groups_per_step=2, rollouts_per_group=2, max_failed_steps=3,
-                                                   max_off_policy_steps=0).run(), timeout=60)
-    assert caught.trained_steps == [0, 1, 2, 3] and all(m["samples"] == 4 for m in history)
-    # every rollout 0: each group's advantages are all 0, counted as groups without signal
-    assert [(m["groups"], m["groups_without_signal"]) for m in history] == [(2.0, 2.0)] * 4
+    for verdict in ({"tampering": True}, {"rejected": True}):  # the grader's own 0s
+        caught = TabularPolicy(tasks=6)
+        history = await asyncio.wait_for(_orchestrator(caught, UngradedEnv(**verdict), max_steps=4,
+                                                       groups_per_step=2, rollouts_per_group=2, max_failed_steps=3,
+                                                       max_off_policy_steps=0).run(), timeout=60)
+        assert caught.trained_steps == [0, 1, 2, 3] and all(m["samples"] == 4 for m in history), verdict
+        # every rollout 0: each group's advantages are all 0, counted as groups without signal
+        assert [(m["groups"], m["groups_without_signal"]) for m in history] == [(2.0, 2.0)] * 4
 
 
 async def test_unreachable_inference_is_named():
