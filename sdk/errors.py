@@ -33,6 +33,16 @@ class SandboxError(AgentrlError):
     """A sandbox could not be created or used (engine or image missing, limits refused, a path or archive refused)."""
 
 
+class ProcessesSurvived(SandboxError):
+    """Processes of the sandbox still ran after its kill gave up (forks outpacing the SIGKILLs): nothing may be
+    graded beside them. The episode's own doing, so graders score it 0 rather than drop it."""
+
+    def __init__(self, message: str, *, count: int) -> None:
+        super().__init__(message)
+        self.count = count
+        """How many still ran."""
+
+
 class WeightUpdateError(AgentrlError):
     """A weight update could not be applied to a server."""
 

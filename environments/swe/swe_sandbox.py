@@ -42,7 +42,7 @@ from swe_verdict import (
     summary_counts,
 )
 
-from agentrl.errors import AgentrlError
+from agentrl.errors import AgentrlError, ProcessesSurvived
 
 __all__ = ["SANDBOX_ENV", "TestRun", "open_sandbox", "run_checked_pytest", "run_pytest", "sandbox_config"]
 
@@ -170,7 +170,7 @@ async def run_checked_pytest(sandbox, test_files: list[str], *, test_command: st
     options = f"-p agentrl_swe_report -p no:cacheprovider -q --tb=line -W ignore {quoted}"
     result = await sandbox.exec(f"{CONDA_ACTIVATE}; {launch_env(report, token)} {launcher} {options}",
                                 timeout=timeout_s, cwd=cwd)
-    await sandbox.kill_processes()  # a process the tests left cannot rewrite anything from here on
+    outlived = await _kill(sandbox)  # a process the tests left cannot rewrite anything from here on
     run = CheckedRun(timed_out=result.timed_out, exit_code=result.exit_code, output=result.stdout + result.stderr)
     streamed = stream_outcomes(result.stderr, token)
     run.outcomes = streamed or {}
@@ -190,13 +190,24 @@ async def run_checked_pytest(sandbox, test_files: list[str], *, test_command: st
     await _write_grader_files(sandbox)  # what the test run may have changed there is not used again
     collect = await sandbox.exec(f"{CONDA_ACTIVATE}; {launcher} --collect-only -q -p no:cacheprovider -W ignore "
                                  f"{quoted}", timeout=timeout_s, cwd=cwd)
-    await sandbox.kill_processes()
+    outlived += await _kill(sandbox)
     evidence = Evidence(exit_code=result.exit_code, report=written, streamed=streamed,
                         summary=summary_counts(result.stdout), canary=canary.node_id,
                         calls=stream_calls(result.stderr, token),
                         collected=collected_ids(collect.stdout) if collect.exit_code == 0 else None)
     run.problems = check_verdict(evidence)
+    if outlived:
+        run.problems.append(f"{outlived} processes the tests started outlived the kill")
     if before.stdout != after.stdout or before.exit_code != 0:
         run.problems.append("the test files or conftest.py files changed while the tests ran")
     run.outcomes.pop(canary.node_id, None)
     return run
+
+
+async def _kill(sandbox) -> int:
+    """Kill what the tests left; how many processes outlived the kill (forks outpacing it: tampering)."""
+    try:
+        await sandbox.kill_processes()
+    except ProcessesSurvived as error:
+        return error.count
+    return 0

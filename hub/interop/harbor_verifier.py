@@ -38,6 +38,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import ProcessesSurvived
 from agentrl.hub.interop.harbor_config import HarborStep, HarborTask, resolve_env
 
 __all__ = ["REWARD_DIR", "parse_rewards", "combine_rewards", "run_verifier", "settle_rewards",
@@ -262,7 +263,11 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
     env = {**_NO_AGENT_CODE_ENV, **env}
     marker = f"@@agentrl-rewards:{secrets.token_hex(8)}"
     result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker)], timeout=step.verifier_timeout_s, env=env)
-    await sandbox.kill_processes()  # nothing the tests started may write a reward from here on
+    try:
+        await sandbox.kill_processes()  # nothing the tests started may write a reward from here on
+        unkilled = 0
+    except ProcessesSurvived as error:  # forks the kill could not stop: nothing read after this is trusted
+        unkilled = error.count
     state["verifier_exit_code"] = result.exit_code
     state["verifier_output"] = result.stderr[-2000:]
     state.setdefault("tests_ran", []).append(not result.timed_out)
@@ -275,8 +280,9 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
         error, tampered = "the verifier's reward channel (its stdout) holds output the wrapper did not write", True
     elif result.exit_code > 128 or result.exit_code < 0:  # killed: by the code under test, after a reward
         error, tampered = f"tests/test.sh was killed by signal {abs(result.exit_code) % 128}", True
-    elif survivors:  # they could have rewritten a reward between test.sh writing it and exiting
-        error, tampered = f"{survivors} processes the tests started still ran when tests/test.sh exited", True
+    elif survivors or unkilled:  # they could have rewritten a reward between test.sh writing it and exiting
+        error, tampered = (f"{survivors or unkilled} processes the tests started still ran when tests/test.sh exited"
+                           + (" and outlived the kill" if unkilled else "")), True
     elif changed:  # e.g. a line appended to test.sh while bash was reading it
         error, tampered = f"{changed} files of /tests were changed or removed while tests/test.sh ran", True
     elif suspicious:  # e.g. a reward the tests' code wrote and made read-only before test.sh wrote its own

@@ -32,7 +32,7 @@ import base64
 import os
 import time
 
-from agentrl.errors import NotFoundError, require
+from agentrl.errors import NotFoundError, ProcessesSurvived, require
 from agentrl.sandbox.base import (
     BASE_IMAGE,
     RawExecResult,
@@ -319,15 +319,16 @@ class DockerSandbox(Sandbox):
             answer = server.kill_all(wait=within_s + 20.0, within_s=within_s)
             if answer is not None and "killed" in answer:
                 if answer.get("survivors"):
-                    raise SandboxError(f"sandbox {self.id[:12]}: {answer['survivors']} processes still ran after "
-                                       f"{within_s:g} s of SIGKILL (forks outpacing the kill); nothing may be graded "
-                                       "beside them")
+                    raise ProcessesSurvived(
+                        f"sandbox {self.id[:12]}: {answer['survivors']} processes still ran after {within_s:g} s of "
+                        "SIGKILL (forks outpacing the kill); nothing may be graded beside them",
+                        count=int(answer["survivors"]))
                 return
         kill_all_via_docker(self.client.api, self.id)
 
     async def kill_processes(self, *, within_s: float = 10.0) -> None:
-        """Kill every process but the container's init, its launcher and the command server; `SandboxError` when
-        some still run after `within_s` of trying."""
+        """Kill every process but the container's init, its launcher and the command server; `ProcessesSurvived`
+        when some still run after `within_s` of trying."""
         await in_thread(self._kill_processes_blocking, within_s)
 
     async def _run(

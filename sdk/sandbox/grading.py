@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from agentrl.errors import ProcessesSurvived
 from agentrl.sandbox import create_sandbox
 from agentrl.sandbox.archive import WorkdirRejected, remove_tree
 from agentrl.sandbox.base import Sandbox, SandboxConfig, SandboxError
@@ -77,7 +78,7 @@ async def grade_in_fresh_sandbox(
         try:
             try:
                 await sandbox.kill_processes()
-            except SandboxError as error:  # processes the kill could not stop: their files are not graded
+            except ProcessesSurvived as error:  # processes the kill could not stop: their files are not graded
                 raise WorkdirRejected(f"grading: {error}") from None
             for local, remote in zip(locals_, remotes, strict=True):
                 try:
