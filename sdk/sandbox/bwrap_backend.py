@@ -214,7 +214,8 @@ class BwrapSandbox(Sandbox):
         if cfg.workdir.strip("/") and not seed.is_dir() and not seed.is_symlink():
             # bwrap cannot make the workdir's mount point on the read-only root ("Can't mkdir /app: Read-only file
             # system" on every command): made in a tree exported here, else refused in one line
-            if not self.rootfs.is_relative_to(cache_root()) or seed.exists():
+            inside = seed.parent.resolve().is_relative_to(self.rootfs.resolve())  # no parent link out of the tree
+            if not self.rootfs.is_relative_to(cache_root()) or seed.exists() or not inside:
                 raise SandboxError(f"sandbox type 'bwrap': workdir {cfg.workdir} is not a folder of the root "
                                    f"filesystem {self.rootfs}; create it in the image (WORKDIR {cfg.workdir}) or use "
                                    "sandbox type 'docker'")

@@ -50,6 +50,8 @@ def list_workspaces() -> list[Workspace]:
     found = []
     if root.is_dir():
         for path in sorted(root.iterdir()):
+            if not path.is_dir() or path.is_symlink():  # the host-uid lock file, nothing of a sandbox
+                continue
             try:
                 labels = json.loads((path / LABELS_FILE).read_text())
             except (OSError, ValueError):

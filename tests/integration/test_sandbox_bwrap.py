@@ -213,6 +213,13 @@ async def test_a_workdir_the_root_filesystem_lacks(tmp_path):
     assert (result.exit_code, result.stdout) == (0, f"{workdir}\nmade\n"), result
     (rootfs_dir() / workdir.lstrip("/")).rmdir()  # the empty mount point, no longer needed
 
+    # a parent that is a link out of the tree (Debian's /var/run -> /run): refused, nothing made on the host
+    outside = f"/var/run/agentrl-test-{os.getpid()}"
+    with pytest.raises(SandboxError, match=rf"workdir {outside} is not a folder of the root filesystem"):
+        async with create_sandbox(config(BWRAP, workdir=outside)):
+            pass
+    assert not Path(outside).exists()
+
     users = tmp_path / "users-rootfs"
     users.symlink_to(rootfs_dir())  # the same tree, but not under agentrl's cache: not agentrl's to change
     with pytest.raises(SandboxError, match=rf"^sandbox type 'bwrap': workdir /app-missing is not a folder of the "
