@@ -342,8 +342,8 @@ def verify_package(package_dir: Path, *, expected_content_hash: str | None = Non
     if expected_content_hash is not None and lock.content_hash != expected_content_hash:
         raise HashMismatchError(f"{package_dir / LOCK_NAME}: content hash {lock.content_hash} differs from the "
                                 f"hub's {expected_content_hash}; pull the package again")
-    present = published_files(package_dir)
-    extra = [relative for relative in present if relative not in lock.files and relative != LOCK_NAME]
+    present = set(published_files(package_dir))
+    extra = sorted(relative for relative in present if relative not in lock.files and relative != LOCK_NAME)
     if extra:
         raise HashMismatchError(f"{package_dir / extra[0]}: file not in the published package; pull it again")
     for relative, expected in sorted(lock.files.items()):

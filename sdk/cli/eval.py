@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
                           highlight=False, soft_wrap=True)
         if resolved.oracle:  # a package check: its reference solutions must all be paid
             passed = round(summary.pass_at_k.get("1", 0.0) * summary.num_rollouts)
-            if passed < summary.num_rollouts:
+            if passed < summary.num_rollouts or not summary.num_rollouts:
                 typer.echo(f"error: the oracle passed {passed} of {summary.num_rollouts} rollouts (reward >= "
                            f"{resolved.pass_threshold:g}); see {summary.output_dir}/results.jsonl", err=True)
                 raise typer.Exit(1)
