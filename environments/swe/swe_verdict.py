@@ -91,6 +91,12 @@ def pytest_collectreport(report):
     if report.failed:
         _set(report.nodeid or "<collection>", "error")
 import pytest
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # pytest-xdist's controller: its workers run the calls, and need the token
+    node.workerinput["agentrl_swe_token"] = _token
+def pytest_configure(config):
+    global _token
+    _token = _token or getattr(config, "workerinput", {}).get("agentrl_swe_token", "")
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_call(item):
     outcome = yield  # the test function's own run, before any report is made of it

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,3 +62,56 @@ def test_test_commands_start_through_the_launcher_or_are_refused():
     assert command.endswith("--import-mode=append -c /dev/null --rootdir /testbed")
     assert safe_pytest_command("X=1 pytest --import-mode=prepend -rA").endswith(" --import-mode=prepend -rA")
     assert safe_pytest_command("./tests/runtests.py --parallel 1") is None
+
+
+SAMPLE_TESTS = '''import unittest
+
+
+def test_pass():
+    assert True
+
+
+def test_fail():
+    assert False
+
+
+class TestU(unittest.TestCase):
+    def test_u_fail(self):
+        self.assertEqual(1, 2)
+
+    def test_u_pass(self):
+        self.assertEqual(1, 1)
+'''
+
+
+def _plugin_run(tmp_path, *extra: str):
+    """The report plugin in a real pytest run of SAMPLE_TESTS here (the host's pytest): its two streams."""
+    from swe_verdict import REPORT_PLUGIN, stream_calls, stream_outcomes
+
+    (tmp_path / "agentrl_swe_report.py").write_text(REPORT_PLUGIN)
+    (tmp_path / "test_sample.py").write_text(SAMPLE_TESTS)
+    env = {**os.environ, "AGENTRL_SWE_REPORT": str(tmp_path / "report.json"),
+           "AGENTRL_SWE_TOKEN": "tok123", "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "agentrl_swe_report", "-p", "no:cacheprovider",
+                             *extra, "test_sample.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    return stream_outcomes(result.stderr, "tok123"), stream_calls(result.stderr, "tok123")
+
+
+EXPECTED_CALLS = {"test_sample.py::test_pass": "returned", "test_sample.py::test_fail": "raised",
+                  "test_sample.py::TestU::test_u_pass": "returned", "test_sample.py::TestU::test_u_fail": "raised"}
+
+
+def test_the_plugin_streams_how_each_call_ended(tmp_path):
+    """A failing unittest test keeps its failure on the item instead of raising: still 'raised'."""
+    outcomes, calls = _plugin_run(tmp_path)
+    assert calls == EXPECTED_CALLS
+    assert outcomes == {
+        node: "passed" if ended == "returned" else "failed" for node, ended in EXPECTED_CALLS.items()}
+
+
+def test_the_plugin_hands_its_token_to_xdist_workers(tmp_path):
+    """With pytest-xdist the calls run in workers, which start without the token in their environment."""
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed here")
+    _, calls = _plugin_run(tmp_path, "-n", "2")
+    assert calls == EXPECTED_CALLS
