@@ -73,9 +73,8 @@ def _no_signal_line(metrics: dict, state: list) -> str | None:
     if state[0] < NO_SIGNAL_STEPS or state[1]:
         return None
     state[1] = True
-    return (f"  note: in the last {NO_SIGNAL_STEPS} steps every group's rollouts got the same reward (now "
-            f"{metrics['reward']:.2f}): no advantage, so nothing is learned; a model that never solves a task needs "
-            "a warm start (agentrl sft), one that always does, harder tasks")
+    return (f"  note: no learning signal for {NO_SIGNAL_STEPS} steps (each group: one reward for all, now "
+            f"{metrics['reward']:.2f}); see agentrl sft for a warm start")  # within 120 columns, as every line
 
 
 def _error_line(metrics: dict) -> str | None:
@@ -197,7 +196,10 @@ def register(app: typer.Typer) -> None:
         from agentrl.models import resolve_model
 
         resolve_model(resolved.model.name)  # so is an unknown model, before the run's folder is named
+        from agentrl.rl.config import warn_random_start
+
         if dry_run:
+            warn_random_start(resolved)
             from agentrl.rl.plan import plan_run
 
             console.print(plan_run(resolved), markup=False, highlight=False)  # the plan first, then what it planned
@@ -211,6 +213,7 @@ def register(app: typer.Typer) -> None:
 
         # sandbox images / rootfs missing: one line with the command that builds them, before any start-up
         check_sandboxes(load_environment(resolved.env.name, **resolved.env.args))
+        warn_random_start(resolved)
         from agentrl.rl.launch import run_training
         from agentrl.viewer.serve import view_command
 

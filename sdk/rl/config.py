@@ -274,15 +274,15 @@ def load_run_config(
         warm = _DEFAULTS_BY_MODEL.get(config.model.name)  # warm starts are per environment
         if warm is not None and (warm / "config.json").is_file():
             config.model.init_checkpoint = str(warm)
-    _warn_random_start(config)
     config.trainer.model = config.model.name
     return config
 
 
-def _warn_random_start(config: RunConfig) -> None:
+def warn_random_start(config: RunConfig) -> None:
     """A model created here (tiny-moe, ...) with no warm start has random weights: on another environment than
     reverse-text (whose SFT warm start it gets) a run trains noise and every reward stays 0 (a newcomer's
-    walk-through, `agentrl train --env ./my-env`). Say so, with the command that makes a warm start."""
+    walk-through, `agentrl train --env ./my-env`). Say so, with the command that makes a warm start; `agentrl
+    train` calls it once its checks passed (a run that stops before start-up says one line, its error)."""
     import warnings
 
     from agentrl.errors import AgentrlWarning

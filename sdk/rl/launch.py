@@ -234,7 +234,7 @@ def run_training(
         status("waiting for the placement groups")
         reservation = reserve(spec, timeout_s=config.launch.placement_timeout_s, run_name=run_id)
         model_files = _model_files(start_weights, reservation)
-        status(f"starting the vLLM server(s) and the trainer (their logs: {folder.path / 'logs'})")
+        status("starting the vLLM server(s) and the trainer (their logs: the run folder's logs/)")
         if config.inference.base_url:  # a server other runs share: this run loads its adapter there by name
             from agentrl.rl.shared_server import SharedServer
 

@@ -1,4 +1,4 @@
-"""`load_run_config` says when a created model would train from random weights (no warm start for the env)."""
+"""`warn_random_start` says when a created model would train from random weights (no warm start for the env)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import warnings
 import pytest
 
 from agentrl.errors import AgentrlWarning
-from agentrl.rl.config import load_run_config
+from agentrl.rl.config import load_run_config, warn_random_start
 
 
 def _warnings(**kwargs) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        load_run_config(None, **kwargs)
+        warn_random_start(load_run_config(None, **kwargs))
     return [str(w.message) for w in caught if issubclass(w.category, AgentrlWarning)]
 
 
