@@ -245,19 +245,21 @@ class Orchestrator:
         errors = 0
         flat = 0
         first_error: str | None = None
-        self._step_errors = [r.error for group in groups for r in group.rollouts]
+        rollouts = [r for group in groups for r in group.rollouts]
+        self._step_errors = [r.error for r in rollouts]
         self._step_advantages = []
         self._step_sample_of = {}
-        ungraded = [r for group in groups for r in group.rollouts if _ungraded(r)]
-        if ungraded and all(r.error is not None or _ungraded(r) for group in groups for r in group.rollouts):
+        ungraded = [r for r in rollouts if _ungraded(r)]
+        no_grade = bool(ungraded) and all(r.error is not None or _ungraded(r) for r in rollouts)
+        if no_grade:
             # the grader gave no rollout a reward of its own (a verifier that never wrote one, a grading sandbox
-            # that could not start): zeros to train on, a failed step, and after max_failed_steps a stop naming it
-            self._step_errors = [r.error or f"no reward from the grader: {r.grader_error}"
-                                 for group in groups for r in group.rollouts]
-            groups = []
+            # that could not start): nothing to train on, a failed step, and after max_failed_steps a stop naming it
+            self._step_errors = [r.error or f"no reward from the grader: {r.grader_error}" for r in rollouts]
         for group_index, group in enumerate(groups):
             usable = [r for r in group.rollouts if r.error is None and r.turns]
             errors += len(group.rollouts) - len(usable)
+            if no_grade:
+                usable = []
             if first_error is None:
                 first_error = next((r.error for r in group.rollouts if r.error), None)
             rewards += [r.reward for r in group.rollouts]
@@ -283,7 +285,7 @@ class Orchestrator:
                                    "samples": float(len(samples)), "rollout_errors": float(errors),
                                    "grader_errors": float(len(ungraded)), "groups_without_signal": float(flat),
                                    "groups": float(len(groups)),
-                                   **rollout_step_metrics([r for group in groups for r in group.rollouts])}
+                                   **rollout_step_metrics(rollouts)}
         if first_error is None and not samples and ungraded:
             first_error = f"no reward from the grader: {ungraded[0].grader_error}"
         if first_error is not None:
