@@ -223,7 +223,12 @@ async def evaluate_async(
     output = Path(config.output) if config.output else default_output_dir(env.name, config.model)
     results_file = output / "results.jsonl"
     check_output_dir(output)
-    if server_startup_s is None and not config.oracle:
+    oracle = None
+    if config.oracle:
+        from agentrl.evaluation.oracle import load_oracle
+
+        oracle = load_oracle(env, config.env_args)  # a package without one fails here, before anything is written
+    elif server_startup_s is None:
         await _check_reachable(config.base_url)
     try:
         output.mkdir(parents=True, exist_ok=True)
@@ -231,10 +236,8 @@ async def evaluate_async(
         raise ConfigError(f"output {output}: cannot create the folder ({error.strerror}); give a writable folder "
                           "with -o") from None
 
-    if config.oracle:
-        from agentrl.evaluation.oracle import load_oracle
-
-        kind, client = "oracle", load_oracle(env, config.env_args)
+    if oracle is not None:
+        kind, client = "oracle", oracle
     else:
         kind, client = await _make_client(config, config.base_url, started_here=server_startup_s is not None)
     if on_start is not None:
@@ -388,11 +391,7 @@ def run_evaluation(
     check_sandboxes(environment)  # so do missing sandbox images, with the command that builds them
     check_output_dir(Path(config.output) if config.output else default_output_dir(environment.name, config.model))
     server = None
-    if config.oracle:
-        from agentrl.evaluation.oracle import load_oracle
-
-        load_oracle(environment, config.env_args)  # a package without one fails here, in one line
-    elif config.base_url is None:
+    if config.base_url is None and not config.oracle:  # the oracle plays with no server
         resolve_model(config.model)  # unknown models fail with the list of presets
         from agentrl.inference.server import VLLMServer
 

@@ -57,6 +57,7 @@ def test_a_package_whose_oracle_fails_or_is_missing_says_so_in_one_line(tmp_path
     errors = [text for text in result.stderr.splitlines() if text.startswith("error:")]
     assert len(errors) == 1 and re.fullmatch(line, errors[0]), result.stderr[-1500:]
     assert "Traceback" not in result.stderr
+    assert (tmp_path / "out").exists() == (code == 1)  # a missing oracle writes nothing
 
 
 def test_oracle_and_a_model_together_are_one_line(tmp_path):
