@@ -32,7 +32,7 @@ from agentrl.hub.manifest import MANIFEST_NAME, Manifest, load_manifest
 __all__ = [
     "LOCK_NAME", "DATASET_DIR", "IGNORED_NAMES", "PackageLock", "HashMismatchError",
     "source_files", "content_hash", "file_sha256", "build_dataset", "validate_package",
-    "stage_package", "verify_package", "read_lock", "published_files", "package_file", "safe_relative",
+    "stage_package", "verify_package", "read_lock", "published_files",
 ]
 
 LOCK_NAME = "agentrl-package.json"
@@ -110,7 +110,7 @@ def _call_generator(package_dir: Path, spec: str, name: str) -> dict[str, Any]:
     return dict(result.items())
 
 
-def package_file(package_dir: Path, relative: str, *, field_name: str) -> Path:
+def _package_file(package_dir: Path, relative: str, *, field_name: str) -> Path:
     """A file the manifest names (`field_name`), checked to be a relative path inside the package that no
     symbolic link leads to: an absolute path, `..` or a link would publish a host file (a private held-out set)."""
     pure = Path(relative)
@@ -129,7 +129,7 @@ def package_file(package_dir: Path, relative: str, *, field_name: str) -> Path:
 def _load_split_file(package_dir: Path, split: str, relative: str):
     import datasets
 
-    path = package_file(package_dir, relative, field_name=f"dataset.splits.{split}")
+    path = _package_file(package_dir, relative, field_name=f"dataset.splits.{split}")
     if not path.is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: dataset.splits.{split}: file {relative!r} not found")
     if path.suffix == ".parquet":
@@ -185,7 +185,7 @@ def validate_package(package_dir: Path, *, check_rows: bool = True) -> tuple[Man
     if not callable(factory):
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: entrypoint {manifest.entrypoint!r} is a "
                           f"{type(factory).__name__}, not a function returning the Environment")
-    if manifest.sandbox and manifest.sandbox.dockerfile and not package_file(
+    if manifest.sandbox and manifest.sandbox.dockerfile and not _package_file(
             package_dir, manifest.sandbox.dockerfile, field_name="sandbox.dockerfile").is_file():
         raise ConfigError(f"{package_dir / MANIFEST_NAME}: sandbox.dockerfile {manifest.sandbox.dockerfile!r} "
                           "not found in the package")
@@ -273,7 +273,7 @@ _LOCK_TYPES: dict[str, tuple[type, ...]] = {"name": (str,), "version": (str,), "
                                              "image_digest": (str, type(None)), "splits": (dict,)}
 
 
-def safe_relative(relative: object) -> bool:
+def _safe_relative(relative: object) -> bool:
     """Whether `relative` is a plain relative POSIX path (no absolute path, `..`, `.` or empty part)."""
     return (isinstance(relative, str) and bool(relative) and not relative.startswith("/") and "\\" not in relative
             and all(part not in ("", ".", "..") for part in relative.split("/")))
@@ -303,7 +303,7 @@ def read_lock(package_dir: Path) -> PackageLock:
         if not isinstance(value, _LOCK_TYPES[key]):
             raise bad(f"{key} is {type(value).__name__}")
     for relative, digest in data["files"].items():
-        if not safe_relative(relative) or relative == LOCK_NAME:
+        if not _safe_relative(relative) or relative == LOCK_NAME:
             raise bad(f"files names {relative!r}, not a path inside the package")
         if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             raise bad(f"files[{relative!r}] is not a sha256")

@@ -166,7 +166,6 @@ def kill_all(within_s=10.0):
     """
     keep = {1, os.getpid(), os.getppid()}
     signalled = set()
-    alive = []
     deadline = time.monotonic() + within_s
     while True:
         alive = []
