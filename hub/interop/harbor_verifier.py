@@ -121,16 +121,17 @@ def _rewards_snapshot(stdout: str, marker: str) -> tuple[dict[str, str], tuple[i
 
 # After test.sh exits the wrapper reads files and /proc with shell builtins: on a writable root the code under test
 # (same user as test.sh) can have replaced any program of the image (`cat`, `sed`, `ls`...). `_status DIR` reads a
-# process's State and PPid from DIR/status into $S and $P.
-_STATUS = ('_status() { S=; P=; while IFS=": \t" read -r k v; do case "$k" in State) S=${v%% *};; '
-           'PPid) P=$v;; esac; done < "$1/status"; } 2>/dev/null; ')
+# process's State, PPid and Threads from DIR/status into $S, $P and $H.
+_STATUS = ('_status() { S=; P=; H=; while IFS=": \t" read -r k v; do case "$k" in State) S=${v%% *};; '
+           'PPid) P=$v;; Threads) H=$v;; esac; done < "$1/status"; } 2>/dev/null; ')
 # Counts the processes still alive besides this shell, its ancestors (the command server, init) and its own
-# children: what the tests left running when test.sh exited (zombies do not count: they cannot write).
+# children: what the tests left running when test.sh exited (zombies do not count: they cannot write; but a zombie
+# leader whose other threads run, its leader ended alone with SYS_exit, does).
 _SURVIVORS = (
     'self=$$; chain=" $$ "; p=$$; while [ "$p" -gt 1 ] 2>/dev/null; do _status /proc/$p; p=$P; '
     '[ -n "$p" ] || break; chain="$chain$p "; done; '
     'n=0; for d in /proc/[0-9]*; do q=${d#/proc/}; case "$chain" in *" $q "*) continue;; esac; _status "$d"; '
-    'case "$S:$P" in :*|Z*|*":$self") continue;; esac; n=$((n+1)); done; '
+    'case "$S:$P:$H" in :*|Z*:1|Z*:|*":$self:"*) continue;; esac; n=$((n+1)); done; '
 )
 # test.sh's text, read before it runs (`script`) and again after (`_text` into $T), by the shell alone (bash reads a
 # script as it runs it: a line the code under test appends to test.sh runs); and the checksums of every file of /tests

@@ -33,14 +33,16 @@ _KILL_EXEC = (
 )
 
 # Kill every process but init (pid 1), the container's launcher (the oldest child of init:
-# orphans reparented to init come later) and this script, in rounds until none is left.
+# orphans reparented to init come later) and this script, in rounds until none is left. A zombie counts
+# only while other threads of it run (its leader ended alone with SYS_exit).
 _KILL_ALL = (
     'me=$$; launcher=""; '
     'for d in /proc/[0-9]*; do p=${d#/proc/}; set -- $(sed "s/.*) //" "$d/stat" 2>/dev/null); '
     'if [ "$2" = 1 ] && { [ -z "$launcher" ] || [ "$p" -lt "$launcher" ]; }; then launcher=$p; fi; done; '
     'for round in 1 2 3 4 5 6 7 8 9 10; do n=0; '
     'for d in /proc/[0-9]*; do p=${d#/proc/}; case " 1 $me $launcher " in *" $p "*) continue;; esac; '
-    'set -- $(sed "s/.*) //" "$d/stat" 2>/dev/null); [ "$1" = Z ] && continue; '
+    'set -- $(sed "s/.*) //" "$d/stat" 2>/dev/null); '
+    '[ "$1" = Z ] && grep -q "^Threads:[[:space:]]*1$" "$d/status" 2>/dev/null && continue; '
     'kill -9 "$p" 2>/dev/null && n=$((n+1)); done; [ "$n" = 0 ] && break; done; true'
 )
 

@@ -155,14 +155,27 @@ def kill_marked(user, marker):
         pass
 
 
+def _threads(pid):
+    """How many threads /proc/PID/status counts (0 when unreadable). A process whose leader thread ended with
+    `SYS_exit` shows state Z while its other threads run on: it is alive, and SIGKILL to its pid ends them all."""
+    try:
+        with open("/proc/" + pid + "/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def kill_all(within_s=10.0):
     """SIGKILL every process but init, the launcher and this server, until none is left: (how many were killed,
     how many still ran when `within_s` ran out).
 
-    Each process (a pid with its start time, so a reused pid counts as new) gets one SIGKILL; the
-    loop then only waits for it to die, and signals what appeared meanwhile (forks in flight),
-    for at most `within_s`. Survivors are reported, never taken for a clean kill: a grader must not
-    run beside them.
+    Each process (a pid with its start time, so a reused pid counts as new; a zombie leader whose other threads
+    run counts as alive) gets one SIGKILL; the loop then only waits for it to die, and signals what appeared
+    meanwhile (forks in flight), for at most `within_s`. Survivors are reported, never taken for a clean kill: a
+    grader must not run beside them.
     """
     keep = {1, os.getpid(), os.getppid()}
     signalled = set()
@@ -177,7 +190,7 @@ def kill_all(within_s=10.0):
                     fields = handle.read().rsplit(b")", 1)[1].split()
             except (OSError, IndexError):
                 continue
-            if len(fields) > 19 and fields[0] != b"Z":
+            if len(fields) > 19 and (fields[0] != b"Z" or _threads(name) > 1):
                 alive.append((int(name), fields[19]))  # fields[19]: the start time (stat's 22nd field)
         if not alive or time.monotonic() >= deadline:
             break
