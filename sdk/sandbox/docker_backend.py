@@ -11,8 +11,8 @@ nothing a command starts can read or write the server's channel. A command costs
 inside the sandbox instead of a runc exec. Without python3 in the image, or once the
 server is gone, commands fall back to `docker exec` (`docker_exec.py`) as the sandbox user.
 
-Docker's default seccomp profile refuses new user namespaces to processes without
-CAP_SYS_ADMIN; gVisor applies that profile only when runsc runs with `--oci-seccomp`
+agentrl's seccomp profile (`seccomp.py`: Docker's default refusals, ptrace's too) refuses new user namespaces
+to processes without CAP_SYS_ADMIN; gVisor applies it only when runsc runs with `--oci-seccomp`
 (scripts/start-dockerd.sh registers it so), otherwise the missing filter is reported per
 `unenforceable_limits`.
 
@@ -123,8 +123,9 @@ class DockerSandbox(Sandbox):
             "mem_limit": f"{cfg.memory_mb}m",
             "memswap_limit": f"{cfg.memory_mb}m",
             "pids_limit": 2 * cfg.pids_limit + RUNSC_PIDS_HEADROOM if cfg.runtime == "runsc" else cfg.pids_limit,
-            # runc: Docker's refusals plus ptrace and cross-process memory (seccomp.py); gVisor refuses those itself
-            "security_opt": ["no-new-privileges", *([f"seccomp={profile_json()}"] if cfg.runtime == "runc" else [])],
+            # Docker's refusals plus ptrace and cross-process memory (seccomp.py; gVisor refuses those itself, and
+            # takes the profile without its clone3 rule, under which no thread starts there)
+            "security_opt": ["no-new-privileges", f"seccomp={profile_json(gvisor=cfg.runtime == 'runsc')}"],
             "cap_drop": ["ALL"],
             "cap_add": SERVER_CAPABILITIES,
             "runtime": cfg.runtime,

@@ -1,10 +1,11 @@
-"""The seccomp profile of runc sandboxes: Docker's defaults' refusals, plus ptrace and cross-process memory.
+"""The seccomp profile of Docker sandboxes: Docker's defaults' refusals, plus ptrace and cross-process memory.
 
 Docker's default profile lets a process `ptrace` another of the same user, and read or write
 its memory with `process_vm_readv` / `process_vm_writev`. Inside a sandbox that means a
 process left by one command can attach to the next command's shell (even a grader's trusted
 command) and make it print anything and exit 0. The sandbox user never needs either, so runc
-sandboxes run under this profile instead (gVisor refuses such attaches by itself).
+sandboxes run under this profile instead (gVisor refuses such attaches by itself; runsc sandboxes take it too, less
+the clone3 rule, in place of Docker's default, under which no thread started there).
 
 It allows every system call by default and refuses (EPERM) those listed: the three above, and
 the calls Docker's default profile refuses to a container without capabilities (kernel
@@ -42,10 +43,14 @@ _ARCHITECTURES = {
 
 
 @functools.cache
-def profile_json() -> str:
-    """The profile, as the JSON Docker takes in `security_opt=["seccomp=<json>"]`."""
-    rules = [{"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
-             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS}]
+def profile_json(*, gvisor: bool = False) -> str:
+    """The profile, as the JSON Docker takes in `security_opt=["seccomp=<json>"]`. For gVisor (`gvisor`) without the
+    clone3 rule: Debian's runsc (2022-12) answers every refusal with EPERM whatever its errnoRet, so the C library
+    took clone3's refusal as final and no thread could start (Docker's default profile has the same rule); gVisor
+    answers clone3 with ENOSYS itself."""
+    rules = [{"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}]
+    if not gvisor:
+        rules.append({"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS})
     rules += [{"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM,
                "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]}
               for flag in _NAMESPACE_FLAGS]

@@ -10,7 +10,8 @@ Each test asserts that the attack failed and that the host is unchanged.
 - the host's environment, nested user namespaces, memory across several processes, shared
   memory and the disk limit in total;
 - a command whose background child keeps its output open, and an executable workspace;
-- a timed-out command's children that left its session.
+- a timed-out command's children that left its session;
+- a process whose leader thread ended alone (a "zombie" that runs), killed all the same.
 """
 
 from __future__ import annotations
@@ -134,6 +135,45 @@ async def test_kill_processes_ends_what_the_agent_left_running(backend):
     assert alive.stdout == "alive\n"
 
 
+LEADERLESS = textwrap.dedent("""
+    import ctypes, os, platform, threading, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            def beat():
+                count = 0
+                while True:
+                    count += 1
+                    with open("/tmp/heartbeat", "w") as handle:
+                        handle.write(str(count))
+                    time.sleep(0.005)
+            threading.Thread(target=beat).start()
+            time.sleep(0.2)
+            ctypes.CDLL(None).syscall(60 if platform.machine() == "x86_64" else 93, 0)  # SYS_exit: the leader alone
+        os._exit(0)
+    os.wait()
+""")
+# Waits until /proc shows a zombie with more than one thread: the leaderless process, running.
+SEE_LEADERLESS = ('for i in $(seq 100); do for d in /proc/[0-9]*; do '
+                  'if grep -q "^State:.Z" $d/status 2>/dev/null && ! grep -q "^Threads:.1$" $d/status; then '
+                  'echo seen; exit 0; fi; done; sleep 0.05; done; exit 1')
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_process_whose_leader_thread_ended_alone_is_killed(backend):
+    """A process can end its leader thread alone (SYS_exit) and run on in another thread: /proc then shows a zombie.
+    It is alive: kill_processes kills it (red team, 2026-12-07: on runc it outlived a kill reported as clean)."""
+    async with create_sandbox(config(backend)) as sandbox:
+        await sandbox.write_file("/tmp/leaderless.py", LEADERLESS)
+        planted = await sandbox.exec("python3 /tmp/leaderless.py && " + SEE_LEADERLESS, timeout=30)
+        assert planted.stdout == "seen\n", planted
+        await sandbox.kill_processes()
+        first = await sandbox.exec("cat /tmp/heartbeat", timeout=20)
+        await asyncio.sleep(0.5)
+        second = await sandbox.exec("cat /tmp/heartbeat", timeout=20)
+    assert first.stdout and first.stdout == second.stdout, (first.stdout, second.stdout)
+
+
 @pytest.mark.parametrize("backend", DOCKER_BACKENDS)
 async def test_processes_the_kill_left_running_are_an_error_and_grading_refuses_them(backend, tmp_path):
     """sandboxd gives up after its time to kill (a fork chain faster than its SIGKILLs): it says how many still run,
@@ -246,6 +286,17 @@ async def test_no_root_in_a_nested_user_namespace(backend):
                                     timeout=20)
     assert shell.exit_code != 0 and shell.stdout.strip() != "0", shell
     assert python.exit_code != 0 and "unshared" not in python.stdout, python
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_threads_start_under_the_seccomp_profile(backend):
+    """The profile that refuses namespaces lets threads start: under gVisor Docker's default profile (its clone3 rule,
+    answered EPERM there instead of ENOSYS) made every pthread_create fail."""
+    async with create_sandbox(config(backend)) as sandbox:
+        started = await sandbox.exec(["python3", "-c", "import threading\nthreads = [threading.Thread(target=print, "
+                                      "args=(index,)) for index in range(4)]\nfor t in threads: t.start()\n"
+                                      "for t in threads: t.join()"], timeout=30)
+    assert (started.exit_code, sorted(started.stdout.split())) == (0, ["0", "1", "2", "3"]), started
 
 
 HOLD_MEMORY = textwrap.dedent("""
