@@ -18,8 +18,10 @@ written by hand.
 - Modes keep the owner's read/write/execute bits and the group/other read/execute bits;
   set-uid, set-gid and sticky bits are dropped. Ownership is never taken from the archive.
 - The member count, the folder depth and the total size are capped; a compressed stream is
-  refused. Going past a cap raises `WorkdirRejected` (the content's fault, not the host's: a
-  grader scores such an episode 0 instead of failing it).
+  refused, and so are extended headers `tarfile` would read in quadratic time
+  (`check_headers`). Times are kept within what the host can set. Going past a cap raises
+  `WorkdirRejected` (the content's fault, not the host's: a grader scores such an episode 0
+  instead of failing it).
 
 `pack_folder` makes the tar `upload` sends, and `remove_tree` removes a host folder; both walk
 without recursion (a 2,000-deep chain of folders is just a long loop) under the same caps,
@@ -33,8 +35,10 @@ and neither follows a link.
 from __future__ import annotations
 
 import io
+import math
 import os
 import posixpath
+import re
 import stat
 import tarfile
 from dataclasses import dataclass, field
@@ -42,7 +46,8 @@ from pathlib import Path
 
 from agentrl.errors import SandboxError
 
-__all__ = ["ExtractResult", "WorkdirRejected", "extract_archive", "pack_folder", "remove_tree", "resolve_path"]
+__all__ = ["ExtractResult", "WorkdirRejected", "check_headers", "extract_archive", "pack_folder", "remove_tree",
+           "resolve_path"]
 
 MAX_MEMBERS = 200_000
 MAX_DEPTH = 256
@@ -50,10 +55,70 @@ MAX_NAME_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 _KEEP_MODE = 0o755
 _CHUNK = 1 << 20
+_LATEST_MTIME = 253402300799.0  # 9999-12-31T23:59:59Z: a later time (a touch -d @2**63-1) overflowed utime
 
 
 class WorkdirRejected(SandboxError):
     """Files that cannot cross the boundary because of what they are (too many, too deep, too large, malformed)."""
+
+
+_MAX_PAX_BYTES = 64 * 1024
+_MAX_HEADER_TOTAL = 32 << 20
+_PAX_TYPES = frozenset(b"xgX")
+_LONG_NAME_TYPES = frozenset(b"LK")
+_DIGIT_RUN = re.compile(rb"\d{%d,}" % (MAX_COMPONENT_BYTES + 1))
+
+
+def _header_size(block: bytes) -> int:
+    """A tar header's size field: octal, or base-256 when its first byte has the high bit (GNU)."""
+    field = block[124:136]
+    if field[0] & 0x80:
+        return int.from_bytes(field[1:], "big") if field[0] == 0x80 else -1
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text and all(48 <= byte <= 55 for byte in text) else -1
+
+
+def _pax_records_ok(data: bytes) -> bool:
+    """Whether `data` is whole `"<length> <key>=<value>\\n"` records, read in one linear pass."""
+    position = 0
+    while position < len(data):
+        space = data.find(b" ", position, position + 21)
+        if space <= position or not data[position:space].isdigit():
+            return False
+        length = int(data[position:space])
+        end = position + length
+        if length <= space - position + 2 or end > len(data) or data[end - 1] != 10 \
+                or data.find(b"=", space + 1, end) < 0:
+            return False
+        position = end
+    return True
+
+
+def check_headers(archive: bytes) -> None:
+    """Refuse, before `tarfile` reads them, the extended headers it reads too slowly: a pax header of one long run of
+    digits takes quadratic time in Python < 3.11.10 (CVE-2024-6232: 12 s for 80,000 digits, a red team's archive
+    stalled the event loop). A pax header must be whole records under 64 KiB with no run of digits longer than a
+    name component (255: no name, time or size needs more), a GNU long name under 64 KiB too; all of them together
+    under 32 MiB. One pass over the headers, following each member's size."""
+    position, total, view = 0, 0, memoryview(archive)
+    while position + 512 <= len(archive):
+        block = bytes(view[position:position + 512])
+        if not any(block):
+            return  # the end-of-archive blocks
+        size = _header_size(block)
+        if size < 0:
+            raise WorkdirRejected("download: the sandbox sent a malformed archive (a header's size field)")
+        kind, data_start = block[156], position + 512
+        if kind in _PAX_TYPES or kind in _LONG_NAME_TYPES:
+            total += size
+            if size > _MAX_PAX_BYTES or total > _MAX_HEADER_TOTAL:
+                raise WorkdirRejected(f"download: the archive has an extended header of {size} bytes (at most "
+                                      f"{_MAX_PAX_BYTES}, {_MAX_HEADER_TOTAL} in all)")
+            data = bytes(view[data_start:data_start + size])
+            if kind in _PAX_TYPES and (not _pax_records_ok(data) or _DIGIT_RUN.search(data)):
+                raise WorkdirRejected("download: the sandbox sent a malformed archive (a pax header that is not "
+                                      "whole records, or holds a run of digits no name or number needs)")
+        position = data_start + (size + 511) // 512 * 512
 
 
 def resolve_path(workdir: str, path: str, *, action: str) -> str:
@@ -123,6 +188,7 @@ def extract_archive(
     archive: bytes, dest: str | Path, *, max_bytes: int, max_members: int = MAX_MEMBERS
 ) -> ExtractResult:
     """Unpack an (uncompressed) tar made inside a sandbox into `dest`; see the module docstring."""
+    check_headers(archive)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     result = ExtractResult()
@@ -206,7 +272,8 @@ def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, root_fd: int,
             if copied != content.size:
                 raise WorkdirRejected(f"download: {member.name} is cut short in the archive")
             os.fchmod(fd, (content.mode & _KEEP_MODE) | 0o600)
-            mtime = max(0.0, float(content.mtime))
+            mtime = float(content.mtime)  # from the archive: kept within what every host can set
+            mtime = min(max(0.0, mtime), _LATEST_MTIME) if math.isfinite(mtime) else 0.0
             os.utime(fd, (mtime, mtime))
         finally:
             os.close(fd)

@@ -347,4 +347,5 @@ class Sandbox(ABC):
             raise SandboxError(f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'failed'}")
         if raw.stdout_truncated:
             raise SandboxError(f"download {target}: larger than max_file_bytes={self.config.max_file_bytes}")
-        return extract_archive(raw.stdout, local_dir, max_bytes=self.config.max_file_bytes).skipped
+        result = await asyncio.to_thread(extract_archive, raw.stdout, local_dir, max_bytes=self.config.max_file_bytes)
+        return result.skipped  # unpacked beside the event loop: a large archive holds no other rollout

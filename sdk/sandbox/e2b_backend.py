@@ -10,6 +10,7 @@ config asks for it, and the sandbox is killed on close.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -138,7 +139,9 @@ class E2BSandbox(Sandbox):
             raise SandboxError(
                 f"download {target}: {raw.stderr.decode(errors='replace').strip() or 'too large or failed'}"
             )
-        return extract_archive(base64.b64decode(raw.stdout), local_dir, max_bytes=self.config.max_file_bytes).skipped
+        result = await asyncio.to_thread(extract_archive, base64.b64decode(raw.stdout), local_dir,
+                                         max_bytes=self.config.max_file_bytes)
+        return result.skipped
 
     async def kill_processes(self) -> None:
         """Every process of the sandbox user but this command (E2B's own daemon runs as root and stays)."""
