@@ -11,7 +11,8 @@ after the episode even when it fails. The model sees five typed tools:
 - `submit(answer)`: hand in the answer and end the episode.
 
 Budgets: each command is killed at `min(timeout_s, max_command_timeout_s)`; the summed
-command time of a rollout is capped by `max_total_command_s`; turns and wall time are
+command time of a rollout (the file tools' reads included: they read in the sandbox only what they
+show, `str_replace` files up to `max_edit_bytes`) is capped by `max_total_command_s`; turns and wall time are
 MultiTurnEnv's `max_turns` and `max_seconds`. The submitted answer is in
 `state["submission"]` (the rubric can read it from the rollout's state).
 
@@ -29,6 +30,7 @@ import uuid
 from typing import Any
 
 from agentrl.sandbox import Sandbox, SandboxConfig
+from agentrl.sandbox.archive import resolve_path
 from agentrl.sandbox.pool import SandboxPool
 from agentrl.tool_env import ToolEnv
 from agentrl.tools import Tool
@@ -38,6 +40,14 @@ __all__ = ["SandboxEnv"]
 
 # state["sandbox_key"] -> (live sandbox, the pool it came from or None), kept out of the state dict
 _SANDBOXES: dict[str, tuple[Sandbox, SandboxPool | None]] = {}
+
+
+# The file tools read in the sandbox only what they show, under the command budget: a regular file (a FIFO or
+# /dev/zero never ends), its line count, then the lines asked for, within the output cap. A red team's read_file of
+# a 250 MB sparse file took 1 GB of host memory and none of the budget (2026-12-07).
+_READ_LINES = ('if [ ! -f "$1" ]; then echo "not a regular file" >&2; exit 3; fi; '
+               'n=$(sed -n \'$=\' "$1"); echo "${n:-0}"; sed -n "$2,$3p" "$1"')
+_FILE_SIZE = 'if [ ! -f "$1" ]; then echo "not a regular file" >&2; exit 3; fi; wc -c < "$1"'
 
 
 def _result_text(result) -> str:
@@ -62,6 +72,7 @@ class SandboxEnv(ToolEnv):
         pool_size: int = 0,
         max_command_timeout_s: float = 120.0,
         max_total_command_s: float | None = 1800.0,
+        max_edit_bytes: int = 4 << 20,
         mcp_servers: list[Any] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -83,7 +94,9 @@ class SandboxEnv(ToolEnv):
         self.max_command_timeout_s = max_command_timeout_s
         """Upper bound on one command's timeout, whatever the model asks for."""
         self.max_total_command_s = max_total_command_s
-        """Summed command time a rollout may use (None: no limit)."""
+        """Summed command time a rollout may use (None: no limit); the file tools' reads count too."""
+        self.max_edit_bytes = max_edit_bytes
+        """Largest file `str_replace` edits (it reads the whole file onto the host)."""
         for func in (self.bash, self.read_file, self.write_file, self.str_replace):
             self.add_tool(Tool(func, hidden=("sandbox", "state")))
         self.add_tool(Tool(self.submit, hidden=("state",)))
@@ -194,6 +207,18 @@ class SandboxEnv(ToolEnv):
         state["command_seconds"] += result.duration_s
         return _result_text(result)
 
+    async def _in_sandbox(self, sandbox: Sandbox, state: dict[str, Any], script: str, *args: str):
+        """A file tool's command, under the command budget like `bash` (None: the budget is used up)."""
+        timeout = self._command_timeout(60.0, state)
+        if timeout is None:
+            return None
+        result = await sandbox.exec(["/bin/sh", "-c", script, "sh", *args], timeout=timeout)
+        state["command_seconds"] += result.duration_s
+        return result
+
+    def _budget_error(self) -> str:
+        return f"Error: the command time budget of this episode ({self.max_total_command_s:g} s) is used up"
+
     async def read_file(self, path: str, sandbox: Sandbox, state: dict[str, Any], start_line: int = 1,
                         end_line: int | None = None) -> str:
         """Show a text file with line numbers.
@@ -203,13 +228,31 @@ class SandboxEnv(ToolEnv):
             start_line: First line to show (1-based).
             end_line: Last line to show (default: the end of the file).
         """
-        text = await sandbox.read_file(path)
-        lines = text.splitlines()
         first = max(start_line, 1)
-        last = len(lines) if end_line is None else min(end_line, len(lines))
-        if first > max(last, 1) and lines:
-            return f"Error: {path} has {len(lines)} lines; start_line={start_line} is past the end"
-        return "\n".join(f"{number:6d}\t{lines[number - 1]}" for number in range(first, last + 1))
+        if end_line is not None and end_line < first:
+            return f"Error: end_line={end_line} is before start_line={start_line}"
+        last = "$" if end_line is None else str(end_line)
+        result = await self._in_sandbox(sandbox, state, _READ_LINES, resolve_path(
+            sandbox.config.workdir, path, action="read_file"), str(first), last)
+        if result is None:
+            return self._budget_error()
+        if result.exit_code != 0 or result.timed_out:
+            return f"Error: cannot read {path}: " + (result.stderr.strip() or _result_text(result))[:500]
+        count, _, text = result.stdout.partition("\n")
+        total = int(count) if count.isdigit() else 0
+        if first > max(total, 1) and total:
+            return f"Error: {path} has {total} lines; start_line={start_line} is past the end"
+        lines = text.split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        if result.stdout_truncated and lines:
+            lines.pop()  # the last line shown may be cut
+        shown = "\n".join(f"{first + index:6d}\t{line}" for index, line in enumerate(lines))
+        if not result.stdout_truncated:
+            return shown
+        if not lines:
+            return f"[line {first} is longer than the output cap; use bash (e.g. cut -c 1-2000) to see part of it]"
+        return shown + f"\n[output cut after line {first + len(lines) - 1}; ask for a later start_line]"
 
     async def write_file(self, path: str, content: str, sandbox: Sandbox, state: dict[str, Any]) -> str:
         """Create or overwrite a file (parent folders are created).
@@ -231,7 +274,17 @@ class SandboxEnv(ToolEnv):
         """
         if not old:
             return "Error: old must not be empty"
-        text = await sandbox.read_file(path)
+        target = resolve_path(sandbox.config.workdir, path, action="str_replace")
+        result = await self._in_sandbox(sandbox, state, _FILE_SIZE, target)
+        if result is None:
+            return self._budget_error()
+        size = result.stdout.strip()
+        if result.exit_code != 0 or not size.isdigit():
+            return f"Error: cannot edit {path}: " + (result.stderr.strip() or _result_text(result))[:500]
+        if int(size) > self.max_edit_bytes:
+            return (f"Error: {path} is {int(size)} bytes; str_replace edits files up to {self.max_edit_bytes} bytes "
+                    "(use bash, e.g. sed, for larger ones)")
+        text = await sandbox.read_file(target)
         count = text.count(old)
         if count != 1:
             where = "not found" if count == 0 else f"found {count} times; add context to make it unique"

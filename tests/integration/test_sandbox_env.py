@@ -11,7 +11,7 @@ import pytest
 from agentrl.policies import ScriptedPolicy, tool_call
 from agentrl.rubric import Rubric
 from agentrl.sampling import SamplingConfig
-from agentrl.sandbox import SandboxConfig, SandboxPool
+from agentrl.sandbox import SandboxConfig, SandboxPool, create_sandbox
 from agentrl.sandbox_env import SandboxEnv
 from agentrl.types import Message, Task
 
@@ -63,8 +63,7 @@ def check_rollout(rollout) -> None:
     assert tool_outputs[3] == "exit code: 0\n5"
     assert tool_outputs[4] == "wrote 5 bytes to notes/done.txt"
     assert tool_outputs[5].startswith("Error: old text not found")
-    assert tool_outputs[6].startswith("Error: read_file raised SandboxError: read_file /workspace/missing.py:")
-    assert "No such file" in tool_outputs[6]
+    assert tool_outputs[6] == "Error: cannot read missing.py: not a regular file"
     assert tool_outputs[7] == "submitted"
     assert rollout.state["submitted"] and rollout.state["submission"] == "5"
     assert rollout.reward == 1.0
@@ -106,3 +105,41 @@ async def test_sandbox_env_budgets_and_pool():
     left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=agentrl.owner={owner}"],
                           capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+@pytest.mark.parametrize("backend", [pytest.param("docker", marks=needs_docker), "bwrap"])
+async def test_file_tools_read_in_the_sandbox_only_what_they_show(backend):
+    """read_file and str_replace pulled whole files onto the host before cutting what they show (a red team's 250 MB
+    sparse file took 1 GB of host memory, and none of the command budget), and a FIFO or /dev/zero held the call
+    until its timeout. They now read in the sandbox the lines asked for, within the output cap, charged to the
+    budget; special files are refused; str_replace edits files up to max_edit_bytes. The bytes that reach the host
+    are counted on the sandbox's own channel."""
+    env = SandboxEnv(sandbox=SandboxConfig(type=backend, owner=f"test-env-{uuid.uuid4().hex[:8]}",
+                                           max_output_bytes=64_000), max_edit_bytes=1_000_000)
+    async with create_sandbox(env.sandbox_config) as sandbox:
+        made = await sandbox.exec("yes 0123456789 | head -c 20000000 > big.txt && printf 'a\\nb\\nc' > small.txt "
+                                  "&& mkfifo pipe && echo ok", timeout=60)
+        assert made.stdout == "ok\n", made
+        received = []
+        real_exec = sandbox.exec_bytes
+
+        async def counted(*args, **kwargs):
+            raw = await real_exec(*args, **kwargs)
+            received.append(len(raw.stdout) + len(raw.stderr))
+            return raw
+
+        sandbox.exec_bytes = counted
+        state = {"command_seconds": 0.0}
+        assert await env.read_file("small.txt", sandbox, state, start_line=2) == "     2\tb\n     3\tc"
+        assert await env.read_file("small.txt", sandbox, state, start_line=5) == \
+            "Error: small.txt has 3 lines; start_line=5 is past the end"
+        big = await env.read_file("big.txt", sandbox, state, start_line=1000)
+        assert big.startswith("  1000\t0123456789\n  1001\t0123456789") and big.endswith("ask for a later start_line]")
+        for special in ("pipe", "/dev/zero"):
+            assert await env.read_file(special, sandbox, state) == f"Error: cannot read {special}: not a regular file"
+        assert await env.str_replace("big.txt", "0123", "x", sandbox, state) == (
+            "Error: big.txt is 20000000 bytes; str_replace edits files up to 1000000 bytes (use bash, e.g. sed, for "
+            "larger ones)")
+        assert (await env.str_replace("small.txt", "b", "B", sandbox, state)).startswith("replaced 1 occurrence")
+        assert sum(received) < 200_000, received  # not the 20 MB file
+        assert state["command_seconds"] > 0
