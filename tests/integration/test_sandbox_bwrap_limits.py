@@ -47,6 +47,21 @@ async def test_cpus_caps_the_whole_sandbox():
     assert used <= 1.0, f"4 spinners for 2 s under cpus=0.25 used {used} CPU-seconds (the quota allows 0.5)"
 
 
+async def test_output_past_the_cap_costs_the_host_little_cpu():
+    """bwrap's output is read on the host: past `max_output_bytes` it was read and dropped as fast as the command
+    wrote, outside the sandbox's CPU limit (`cat /dev/zero` for 10 s under cpus=0.5 took 8.5 s of the host's CPU,
+    red team 2026-12-07). Past the cap reads now pause, the command waiting on its full pipe. Counted: this
+    process's CPU time over 3 s of `cat /dev/zero` (about 2.5 s before)."""
+    import time
+
+    async with create_sandbox(config({"type": "bwrap"}, cpus=0.5, max_output_bytes=100_000)) as sandbox:
+        before = time.process_time()
+        result = await sandbox.exec("timeout 3 cat /dev/zero; echo done >&2", timeout=20)
+        spent = time.process_time() - before
+    assert result.stdout_truncated and result.stderr == "done\n", result
+    assert spent < 1.0, spent
+
+
 async def test_no_cpu_controller_is_said_in_one_line(tmp_path, monkeypatch):
     from agentrl.sandbox import base
     from agentrl.sandbox.bwrap_backend import BwrapSandbox

@@ -3,7 +3,7 @@
 E2B's cloud cannot be reached from here, so `FakeAsyncSandbox` stands in for it. It follows
 the real SDK's interface as installed (`AsyncSandbox.create(template=, timeout=, metadata=,
 envs=, allow_internet_access=, api_key=)`, `.sandbox_id`, `.commands.run(cmd, background=,
-envs=, user=, cwd=, on_stdout=, on_stderr=, stdin=, timeout=, retain_output=)` returning a
+envs=, user=, cwd=, on_stdout=, on_stderr=, stdin=, timeout=, retain_output=, shell=)` returning a
 `CommandResult` or raising the SDK's own `CommandExitException` / `TimeoutException`,
 `.commands.send_stdin/close_stdin`, `.files.read/write/make_dir`, `.kill()`), and the test
 checks those signatures against the installed `e2b` package so the fake cannot drift. Its
@@ -46,10 +46,11 @@ class _Commands:
         self.procs: dict[int, asyncio.subprocess.Process] = {}
 
     async def run(self, cmd, background=None, envs=None, user=None, cwd=None, on_stdout=None, on_stderr=None,
-                  stdin=None, timeout=60, request_timeout=None, *, retain_output=True):
+                  stdin=None, timeout=60, request_timeout=None, *, retain_output=True, shell=None):
         local_cmd = cmd.replace("/workspace", str(self.box.root / "workspace")).replace("/tmp/", f"{self.box.root}/tmp/")
+        # The SDK's default shell is `bash -l -c`; here without -l: this host's login profile is not the sandbox's
         proc = await asyncio.create_subprocess_exec(
-            "/bin/bash", "-c", local_cmd, cwd=self.box.local(cwd or "/workspace"),
+            *(shell or ["/bin/bash", "-c"]), local_cmd, cwd=self.box.local(cwd or "/workspace"),
             env={"PATH": os.environ["PATH"], **self.box.envs, **(envs or {})},
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
