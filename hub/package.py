@@ -42,6 +42,8 @@ DATASET_DIR = "dataset"
 IGNORED_NAMES = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv", ".DS_Store",
                  LOCK_NAME, ".cache"}
 """File and folder names never packaged."""
+RUNS_DIR = "runs"
+"""Top-level folder never packaged: where `agentrl eval` and `train` write their runs when started in the package."""
 _IGNORED_SUFFIXES = (".pyc", ".pyo", ".swp")
 _VALIDATE_BATCH = 4096
 
@@ -85,6 +87,8 @@ def source_files(package_dir: Path) -> list[str]:
             continue
         if relative.parts[0] == DATASET_DIR and (package_dir / LOCK_NAME).exists():
             continue  # a published package's built dataset is output, not source
+        if relative.parts[0] == RUNS_DIR:
+            continue  # `agentrl eval` / `train` started in the package folder write their runs here
         if path.is_symlink():
             raise AgentrlError(f"{path}: symbolic links cannot be packaged; copy the file in instead")
         if path.is_file():

@@ -11,6 +11,7 @@ from agentrl.hub.package import (
     LOCK_NAME,
     HashMismatchError,
     content_hash,
+    source_files,
     stage_package,
     validate_package,
     verify_package,
@@ -57,6 +58,20 @@ def test_content_hash_is_stable_and_sensitive(tmp_path):
     assert content_hash(first) == content_hash(second), "caches must not change the hash"
     (second / "toy_echo.py").write_text((second / "toy_echo.py").read_text() + "# change\n")
     assert content_hash(first) != content_hash(second)
+
+
+def test_runs_written_in_the_package_folder_are_not_packaged(tmp_path):
+    """The scaffold's README has `agentrl eval --env . --oracle` run in the package folder: its run folder under
+    runs/ went into the next push (6 files published as 10, the content hash changed)."""
+    package = write_toy_package(tmp_path / "pkg")
+    before = content_hash(package)
+    (package / "runs" / "eval-toy-oracle").mkdir(parents=True)
+    (package / "runs" / "eval-toy-oracle" / "results.jsonl").write_text("{}\n")
+    assert content_hash(package) == before
+    assert not any(name.startswith("runs/") for name in source_files(package))
+    (package / "data" / "runs").mkdir(parents=True)  # only the top-level folder: a data folder named runs stays
+    (package / "data" / "runs" / "x.txt").write_text("x")
+    assert "data/runs/x.txt" in source_files(package)
 
 
 def test_stage_writes_parquet_card_and_lock(tmp_path):
