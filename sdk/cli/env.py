@@ -45,10 +45,13 @@ def init(
 
 
 @app.command()
-def validate(path: Path = typer.Argument(Path("."), help="Package folder.")) -> None:
+def validate(package: str = typer.Argument(".", help="Package folder, or an environment's name (`env list`).")
+             ) -> None:
     """Check the manifest, the module, the Dockerfile and every dataset row."""
+    from agentrl.hub.loader import find_environment
     from agentrl.hub.package import content_hash, validate_package
 
+    path = find_environment(package)  # a folder, a built-in or an installed package; one line when none
     manifest, splits = validate_package(path)
     sizes = ", ".join(f"{split}={len(rows)}" for split, rows in sorted(splits.items())) or "no splits"
     _echo(f"ok: {manifest.name} {manifest.version} ({sizes}); content hash {content_hash(path)}")

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         table = Table(title="agentrl models", caption="GPUs: H200s for one inference replica / a full RL run")
         for column in ("name", "family", "architecture", "layers x hidden", "experts", "params total/active", "context",
                        "GPUs", "weights"):
-            table.add_column(column)
+            table.add_column(column, no_wrap=column == "name")  # narrow terminals fold the others, not the name
         for spec in specs:
             experts = (
                 f"{spec.experts} top-{spec.experts_per_token}"

@@ -97,7 +97,7 @@ class RunDir:
         """Make the folder for a new run; refuse to overwrite an existing run."""
         if self.metrics_path.exists() or self.checkpoints.exists():
             raise AgentrlError(
-                f"{self.path}: a run already exists there; use --resume {self.path} or choose another run.name"
+                f"{self.path}: a run already exists there; use --resume {self.path}, or another folder (-o)"
             )
         self.path.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(config_toml)

@@ -63,6 +63,17 @@ def test_validate_imports_the_entrypoint_before_anything_is_published(tmp_path):
     assert named.returncode == 2 and "entrypoint 'toy_echo:load_environment' is a int, not a function" in named.stderr
 
 
+def test_validate_takes_an_environments_name_and_says_when_there_is_none(tmp_path):
+    """`env list` shows key-hunt and `eval --env key-hunt` takes the name; `env validate key-hunt` said "no
+    environment.toml" (a newcomer's walk-through, 2026-12-07)."""
+    named = _run("validate", "key-hunt", cwd=tmp_path)
+    assert named.returncode == 0 and named.stdout.startswith("ok: key-hunt "), named.stderr
+    missing = _run("validate", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and missing.stderr.startswith(f"error: no such folder '{tmp_path / 'nowhere'}'")
+    empty = _run("validate", cwd=tmp_path)
+    assert empty.returncode == 2 and "no environment.toml in this folder" in empty.stderr, empty.stderr
+
+
 def test_build_writes_the_published_form(tmp_path):
     package = write_toy_package(tmp_path / "pkg", rows=4)
     built = _run("build", str(package), "--out", str(tmp_path / "out"))
