@@ -21,6 +21,7 @@ the caller's keyword arguments (which win) go to the entrypoint.
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 import re
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from agentrl.project_files import project_path
 __all__ = [
     "EnvironmentInfo",
     "builtin_environments_dir",
+    "check_environment_args",
     "find_environment",
     "list_environments",
     "load_environment",
@@ -164,6 +166,25 @@ def require_environment(name_or_path: str | os.PathLike[str]) -> None:
     folder) without loading it; else the one-line NotFoundError of `find_environment`."""
     if not _verifiers_project(name_or_path):
         find_environment(name_or_path)
+
+
+def check_environment_args(name_or_path: str | os.PathLike[str], args: dict[str, Any]) -> None:
+    """The arguments `load_environment` would pass, checked against the entrypoint's signature without building the
+    environment (`--dry-run`): an unknown name or argument is the same one line. Verifiers packages are checked
+    when they load (their entrypoint runs in its own venv)."""
+    if _verifiers_project(name_or_path):
+        return
+    folder = find_environment(name_or_path)
+    manifest = load_manifest(folder)
+    factory = import_package_attr(folder, manifest.entrypoint, package_name=manifest.name)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to read (a builtin or C callable): the load will tell
+        return
+    try:
+        signature.bind(**{**manifest.env_args, **args})
+    except TypeError as exc:
+        raise AgentrlError(f"environment {manifest.name!r}: bad arguments to {manifest.entrypoint}: {exc}") from None
 
 
 def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):

@@ -128,6 +128,9 @@ def register(app: typer.Typer) -> None:
                                     flags={key: _FLAG_NAMES[key] for key, value in given.items() if value is not None})
         console = Console()
         if dry_run:
+            from agentrl.evaluation.engine import check_evaluation
+
+            check_evaluation(resolved)  # what a real run refuses before start-up, refused here too
             console.print(dump_config(resolved), markup=False)
             raise typer.Exit(0)
 

@@ -190,12 +190,17 @@ def register(app: typer.Typer) -> None:
             resolved = load_run_config(config, overrides=extra, env=env, model=model)
             run_dir = output or Path(resolved.run.output_dir) / (resolved.run.name or _run_name(resolved.env.name,
                                                                                                 resolved.model.name))
-        from agentrl.hub.loader import require_environment
+        from agentrl.hub.loader import check_environment_args, require_environment
 
         require_environment(resolved.env.name)  # an unknown environment is one line before anything starts
+        check_environment_args(resolved.env.name, resolved.env.args)  # and so is an argument it does not take
         from agentrl.models import resolve_model
 
         resolve_model(resolved.model.name)  # so is an unknown model, before the run's folder is named
+        if resume is None:
+            from agentrl.rl.report import RunDir
+
+            RunDir(run_dir).require_new()  # an earlier run there: one line, before the start-up's output
         from agentrl.rl.config import warn_random_start
 
         if dry_run:

@@ -37,13 +37,13 @@ from agentrl.environment import Environment
 from agentrl.errors import AgentrlError, ConfigError, NotFoundError
 from agentrl.evaluation.compare import Comparison, run_baseline
 from agentrl.evaluation.summary import EvalSummary, pass_at_k, summarize
-from agentrl.hub.loader import load_environment
+from agentrl.hub.loader import check_environment_args, load_environment
 from agentrl.models import resolve_model
 from agentrl.sampling import SamplingConfig
 from agentrl.types import Rollout
 
-__all__ = ["EvalConfig", "EvalSummary", "compare_checkpoint", "default_output_dir", "evaluate", "evaluate_async",
-           "pass_at_k"]
+__all__ = ["EvalConfig", "EvalSummary", "check_evaluation", "compare_checkpoint", "default_output_dir", "evaluate",
+           "evaluate_async", "pass_at_k"]
 
 
 class EvalConfig(BaseConfig):
@@ -367,6 +367,18 @@ def compare_checkpoint(
         role_output = Path(output) / role if output else None
         results[role] = evaluate(env, model=model, output=role_output, **options)
     return Comparison(checkpoint=results["checkpoint"], baseline=results["baseline"])
+
+
+def check_evaluation(config: EvalConfig) -> EvalConfig:
+    """What `run_evaluation` refuses before any start-up, without building the environment or starting a server
+    (`agentrl eval --dry-run`): the environment's name and arguments, the oracle, the output folder, the model."""
+    config = _oracle_checked(config)
+    check_environment_args(config.env, config.env_args)
+    if config.output:
+        check_output_dir(Path(config.output))
+    if config.base_url is None and not config.oracle:
+        resolve_model(config.model)
+    return config
 
 
 def run_evaluation(

@@ -93,12 +93,17 @@ class RunDir:
         handle.flush()
         return handle
 
-    def create(self, config_toml: str) -> RunDir:
-        """Make the folder for a new run; refuse to overwrite an existing run."""
+    def require_new(self) -> RunDir:
+        """Check no run is in this folder yet (a new run never overwrites one)."""
         if self.metrics_path.exists() or self.checkpoints.exists():
             raise AgentrlError(
                 f"{self.path}: a run already exists there; use --resume {self.path}, or another folder (-o)"
             )
+        return self
+
+    def create(self, config_toml: str) -> RunDir:
+        """Make the folder for a new run; refuse to overwrite an existing run."""
+        self.require_new()
         self.path.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(config_toml)
         return self

@@ -79,6 +79,28 @@ def test_an_unknown_model_is_the_only_line_a_real_run_prints(capsys, tmp_path):
     assert captured.err.startswith("error: unknown model 'tiny-mo'") and not list(tmp_path.iterdir())
 
 
+def test_what_a_real_run_refuses_dry_run_refuses_too(capsys, tmp_path):
+    """A newcomer's walk-through (2026-12-07): `--dry-run` passed an argument the environment does not take, an output
+    folder holding a run, and (eval) an unknown environment or model, all of which the real run refuses."""
+    from agentrl.cli import main
+
+    assert main(["train", "--env", "key-hunt", "--set", "env.args={pool_sise=4}", "--dry-run"]) == 2
+    assert "bad arguments to key_hunt:load_environment: got an unexpected keyword argument 'pool_sise'" in \
+        capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    for extra in (["--dry-run"], []):  # a real run: the one line comes before the start-up's output
+        assert main(["train", "-o", str(tmp_path / "run"), *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == (f"error: {tmp_path / 'run'}: a run already exists there; use "
+                                                       f"--resume {tmp_path / 'run'}, or another folder (-o)\n")
+    assert main(["eval", "--env", "reverse-txt", "--model", "tiny-moe", "--dry-run"]) == 2
+    assert "unknown environment 'reverse-txt'" in capsys.readouterr().err
+    assert main(["eval", "--env", "reverse-text", "--model", "tiny-mo", "--dry-run"]) == 2
+    assert "unknown model 'tiny-mo'" in capsys.readouterr().err
+    assert main(["eval", "--env", "reverse-text", "--model", "tiny-moe", "--dry-run"]) == 0
+
+
 def test_printed_steps_reads_back_the_step_lines():
     from agentrl.cli.train import _step_line, printed_steps
 
