@@ -3,7 +3,7 @@
 Without this, SIGTERM ends the driver at once (Ray's native signal handler prints a stack dump and
 re-raises it): no `finally` runs, so the actors' vLLM servers, the Ray cluster it started and its
 agents are left to die on their own, if they do. `stop_on_signals()` turns the first SIGTERM or
-SIGINT in the driver's main thread into `RunStopped` (a `KeyboardInterrupt`, so neither the
+SIGINT in the driver's main thread into `RunStopped` (said at once on stderr; a `KeyboardInterrupt`, so neither the
 orchestrator's `except Exception` nor asyncio's task machinery swallows it); the launcher's
 clean-up then stops the servers, the actors and the local cluster, and `stopped_error` gives the
 one line the CLI prints (exit status 128 + the signal's number). A Ray actor of the run that dies
@@ -15,6 +15,7 @@ time, and an interrupted clean-up is what leaves processes behind.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import threading
@@ -29,6 +30,7 @@ __all__ = ["RunStopped", "RunStoppedError", "ProcessDiedError", "stop_on_signals
            "actor_died_error", "actor_error", "ray_messages_to_log"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOPPING = "\nstopping ({}): cleaning up what the run started, its folder kept; further signals wait for it\n"
 T = TypeVar("T")
 
 
@@ -70,6 +72,10 @@ def stop_on_signals() -> Iterator[None]:
         if received:
             return  # cleaning up already: let it finish
         received.append(signum)
+        try:  # said at once: the clean-up takes 10-30 s, and said nothing until it was done
+            os.write(2, _STOPPING.format(signal.Signals(signum).name).encode())
+        except OSError:
+            pass
         raise RunStopped(signum)
 
     previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
