@@ -127,8 +127,8 @@ def list_(
     tag: str | None = typer.Option(None, help="Only packages with this tag."),
     installed: bool = typer.Option(False, help="List pulled (installed) packages instead."),
 ) -> None:
-    """List the environments `agentrl.load_environment` finds by name here (built-in, $AGENTRL_ENV_PATH, pulled;
-    for the local hub), then the packages published to the hub (latest version of each)."""
+    """List the environments `agentrl.load_environment` finds by name here (built-in, in $AGENTRL_ENV_PATH, pulled
+    from a hub), then the packages published to the hub (the local one by default; the latest version of each)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -245,7 +245,7 @@ def check(
     if missing:
         raise AgentrlError(f"{len(missing)} of {len(results)} images missing, first: {missing[0].image}; "
                            "push them with `agentrl env push --registry ...` or build them")
-    _echo(f"all {len(results)} images present")
+    _echo(f"all {len(results)} images present" if results else "the package names no sandbox image")
 
 
 @import_app.command("harbor")

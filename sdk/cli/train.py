@@ -161,8 +161,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a policy with asynchronous RL: rollouts on vLLM, trainer steps, live weight updates.
 
-        With no arguments: reverse-text on tiny-moe on this CPU, from the committed SFT warm
-        start. Writes config.toml, metrics.jsonl, checkpoints, plots and report.md to the run folder.
+        With no arguments: reverse-text on tiny-moe on this CPU, from the committed SFT warm start.
+        Writes config.toml, metrics.jsonl, checkpoints, plots and report.md to the run folder.
         """
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

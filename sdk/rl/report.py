@@ -345,7 +345,7 @@ def write_report(
     lines += [
         "| metric | value |",
         "|---|---|",
-        f"| steps | {len(rows)} (step {rows[0]['step']} to {rows[-1]['step']}) |",
+        f"| steps | {len(rows)} (metrics.jsonl's step {rows[0]['step']} to {rows[-1]['step']}) |",
         f"| reward at the first step | {reward[0]:.4f} |" if reward else "| reward | n/a |",
         f"| reward, mean of the last {window} steps | {_mean(reward[-window:]):.4f} |" if reward else "",
         f"| reward, mean of the first {window} steps | {_mean(reward[:window]):.4f} |" if reward else "",
