@@ -4,7 +4,8 @@
 start state (swe_task.prepare_repository), applies the diff with `git apply` (a diff naming a
 path in .git or making a symbolic link is refused: swebench's last resort, GNU patch, writes
 through either, and a hook set in .git/config would run in the grader's git commands), puts
-back any test file, conftest.py or pytest configuration the diff touched (the tests decide the
+back any test file (anything in a test folder: helpers too), conftest.py or pytest configuration the
+diff touched (the tests decide the
 reward, so the diff may not change them or how pytest runs them: pytest.ini, tox.ini and the
 like, the pytest section of a setup.cfg or pyproject.toml; new files count whether or not a
 .gitignore hides them), applies the
@@ -89,10 +90,18 @@ _SHARED_CONFIGS = ("setup.cfg", "pyproject.toml")
 _CONFIG_BYTES = 1 << 20
 
 
+# Folders of tests: everything in them is the tests' (helpers such as tabulate's test/common.py with its
+# assert_equal, an __init__.py, data files), not only the test_*.py files. A diff that made assert_equal a no-op
+# was paid 1.0 on 31 of 58 tabulate tasks (red team, 2026-12-07); no task's fix touches such a folder.
+_TEST_FOLDERS = {"test", "tests", "testing"}
+
+
 def _is_test_file(path: str, instance: SweInstance) -> bool:
     name = path.rsplit("/", 1)[-1]
     top = path.split("/", 1)[0]
+    folders = path.split("/")[:-1]
     return (path in instance.test_files or name in _PROTECTED_NAMES or top in ("pytest", "_pytest")
+            or any(folder in _TEST_FOLDERS or folder.startswith("test_") for folder in folders)
             or (name.startswith("test_") and name.endswith(".py")) or path in test_patch_files(instance.test_patch)
             # SWE-bench rows: every path with `test` or `e2e` in it went into test_patch, never into the gold patch
             or (not instance.bug_patch and is_swebench_test_path(path)))

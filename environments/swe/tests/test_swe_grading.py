@@ -112,6 +112,26 @@ async def test_diffs_that_edit_the_tests_are_undone_before_grading(instances):
     assert result.reward == 0.0 and result.fail_to_pass == 0.0
 
 
+async def test_a_diff_that_edits_the_test_folders_helpers_is_undone(instances):
+    """Not only test_*.py: a helper module of the test folder (tabulate's test/common.py holds assert_equal; a diff
+    that made it a no-op was paid 1.0 on 31 of 58 tabulate tasks, red team 2026-12-07), an __init__.py, data. The
+    fix itself still counts: the gold patch with such edits scores 1, the edits alone 0, each put back."""
+    instance = next(item for item in instances if item.FAIL_TO_PASS[0].startswith("tests/"))
+    helpers = ("printf 'def assert_equal(*args):\\n    pass\\n' > tests/common.py && "
+               "printf '\\nimport os\\n' >> tests/__init__.py && git add -A")
+    async with open_sandbox(instance.image_name) as sandbox:
+        await prepare_repository(sandbox, instance)
+        edited = await sandbox.exec(f"{helpers} && git diff --cached", timeout=60)
+        assert edited.exit_code == 0 and "tests/common.py" in edited.stdout, edited.stderr
+        await sandbox.write_file("/tmp/gold.patch", instance.patch)
+        both = await sandbox.exec("git apply /tmp/gold.patch && git add -A && git diff --cached", timeout=60)
+        assert both.exit_code == 0, both.stderr
+    result = await grade(instance, edited.stdout)
+    assert (result.reward, result.test_files_reverted) == (0.0, 2.0), result
+    fixed = await grade(instance, both.stdout)
+    assert (fixed.reward, fixed.test_files_reverted) == (1.0, 2.0), fixed
+
+
 async def test_swe_bench_style_row_with_test_patch_is_graded_through_the_same_code():
     """A row as SWE-bench publishes it: no bug patch, the image already at base_commit, the new
     test arriving in test_patch, FAIL_TO_PASS / PASS_TO_PASS as JSON strings."""
