@@ -19,7 +19,7 @@ written by hand.
   set-uid, set-gid and sticky bits are dropped. Ownership is never taken from the archive.
 - The member count, the folder depth and the total size are capped; a compressed stream is
   refused, and so are extended headers `tarfile` would read in quadratic time
-  (`check_headers`). Times are kept within what the host can set. Going past a cap raises
+  (`_check_extended`). Times are kept within what the host can set. Going past a cap raises
   `WorkdirRejected` (the content's fault, not the host's: a grader scores such an episode 0
   instead of failing it).
 
@@ -46,8 +46,7 @@ from pathlib import Path
 
 from agentrl.errors import SandboxError
 
-__all__ = ["ExtractResult", "WorkdirRejected", "check_headers", "extract_archive", "pack_folder", "remove_tree",
-           "resolve_path"]
+__all__ = ["ExtractResult", "WorkdirRejected", "extract_archive", "pack_folder", "remove_tree", "resolve_path"]
 
 MAX_MEMBERS = 200_000
 MAX_DEPTH = 256
@@ -62,20 +61,10 @@ class WorkdirRejected(SandboxError):
     """Files that cannot cross the boundary because of what they are (too many, too deep, too large, malformed)."""
 
 
-_MAX_PAX_BYTES = 64 * 1024
-_MAX_HEADER_TOTAL = 32 << 20
-_PAX_TYPES = frozenset(b"xgX")
-_LONG_NAME_TYPES = frozenset(b"LK")
-_DIGIT_RUN = re.compile(rb"\d{%d,}" % (MAX_COMPONENT_BYTES + 1))
-
-
-def _header_size(block: bytes) -> int:
-    """A tar header's size field: octal, or base-256 when its first byte has the high bit (GNU)."""
-    field = block[124:136]
-    if field[0] & 0x80:
-        return int.from_bytes(field[1:], "big") if field[0] == 0x80 else -1
-    text = field.split(b"\0", 1)[0].strip()
-    return int(text, 8) if text and all(48 <= byte <= 55 for byte in text) else -1
+_MAX_EXTENDED_BYTES = 64 * 1024
+_MAX_EXTENDED_TOTAL = 32 << 20
+_MAX_DIGIT_COST = 10_000_000
+_DIGITS = re.compile(rb"\d+")
 
 
 def _pax_records_ok(data: bytes) -> bool:
@@ -94,31 +83,44 @@ def _pax_records_ok(data: bytes) -> bool:
     return True
 
 
-def check_headers(archive: bytes) -> None:
-    """Refuse, before `tarfile` reads them, the extended headers it reads too slowly: a pax header of one long run of
-    digits takes quadratic time in Python < 3.11.10 (CVE-2024-6232: 12 s for 80,000 digits, a red team's archive
-    stalled the event loop). A pax header must be whole records under 64 KiB with no run of digits longer than a
-    name component (255: no name, time or size needs more), a GNU long name under 64 KiB too; all of them together
-    under 32 MiB. One pass over the headers, following each member's size."""
-    position, total, view = 0, 0, memoryview(archive)
-    while position + 512 <= len(archive):
-        block = bytes(view[position:position + 512])
-        if not any(block):
-            return  # the end-of-archive blocks
-        size = _header_size(block)
-        if size < 0:
-            raise WorkdirRejected("download: the sandbox sent a malformed archive (a header's size field)")
-        kind, data_start = block[156], position + 512
-        if kind in _PAX_TYPES or kind in _LONG_NAME_TYPES:
-            total += size
-            if size > _MAX_PAX_BYTES or total > _MAX_HEADER_TOTAL:
-                raise WorkdirRejected(f"download: the archive has an extended header of {size} bytes (at most "
-                                      f"{_MAX_PAX_BYTES}, {_MAX_HEADER_TOTAL} in all)")
-            data = bytes(view[data_start:data_start + size])
-            if kind in _PAX_TYPES and (not _pax_records_ok(data) or _DIGIT_RUN.search(data)):
-                raise WorkdirRejected("download: the sandbox sent a malformed archive (a pax header that is not "
-                                      "whole records, or holds a run of digits no name or number needs)")
-        position = data_start + (size + 511) // 512 * 512
+def _check_extended(archive: tarfile.TarFile, member: tarfile.TarInfo, *, pax: bool) -> None:
+    """Refuse an extended header (pax, or a GNU long name) before `tarfile` parses it, where `tarfile` reads it: its
+    data is peeked at and put back. Python < 3.11.10's tarfile reads a pax header's runs of digits in quadratic time
+    (CVE-2024-6232: 12 s for one of 80,000 digits; a red team's archive held the event loop for 20 s, and a header
+    hidden behind another member's size passed a scan of the raw headers). Each must be under 64 KiB, all under
+    32 MiB, a pax header whole records, and the runs of digits of all of them together cost (the sum of their
+    squared lengths) under 10^7, about 0.1 s of tarfile's time. The `tar` of a download writes GNU long names,
+    no pax header."""
+    seen = getattr(archive, "_agentrl_extended", (0, 0))
+    total = seen[0] + member.size
+    if member.size > _MAX_EXTENDED_BYTES or total > _MAX_EXTENDED_TOTAL:
+        raise WorkdirRejected(f"download: the archive's extended headers are too large ({member.size} bytes, "
+                              f"{total} in all; at most {_MAX_EXTENDED_BYTES} each, {_MAX_EXTENDED_TOTAL} in all)")
+    start = archive.fileobj.tell()
+    data = archive.fileobj.read(member.size)
+    archive.fileobj.seek(start)
+    cost = seen[1]
+    if pax:
+        if not _pax_records_ok(data):
+            raise WorkdirRejected("download: the sandbox sent a malformed archive (a pax header that is not whole "
+                                  "records)")
+        cost += sum((match.end() - match.start()) ** 2 for match in _DIGITS.finditer(data))
+        if cost > _MAX_DIGIT_COST:
+            raise WorkdirRejected("download: the archive's pax headers hold more runs of digits than any name, time "
+                                  "or size needs (tarfile would take quadratic time over them)")
+    archive._agentrl_extended = (total, cost)
+
+
+class _CheckedTarInfo(tarfile.TarInfo):
+    """tarfile's member, whose extended headers `_check_extended` sees first, as tarfile reaches them."""
+
+    def _proc_pax(self, tarfile):
+        _check_extended(tarfile, self, pax=True)
+        return super()._proc_pax(tarfile)
+
+    def _proc_gnulong(self, tarfile):
+        _check_extended(tarfile, self, pax=False)
+        return super()._proc_gnulong(tarfile)
 
 
 def resolve_path(workdir: str, path: str, *, action: str) -> str:
@@ -188,14 +190,13 @@ def extract_archive(
     archive: bytes, dest: str | Path, *, max_bytes: int, max_members: int = MAX_MEMBERS
 ) -> ExtractResult:
     """Unpack an (uncompressed) tar made inside a sandbox into `dest`; see the module docstring."""
-    check_headers(archive)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     result = ExtractResult()
     written: dict[tuple[str, ...], tarfile.TarInfo] = {}  # the regular files written, for hard links to them
     root_fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:", tarinfo=_CheckedTarInfo) as tar:
             count = 0
             while True:
                 try:
