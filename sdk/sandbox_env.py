@@ -31,6 +31,7 @@ from typing import Any
 
 from agentrl.sandbox import Sandbox, SandboxConfig
 from agentrl.sandbox.archive import resolve_path
+from agentrl.sandbox.base import ExecResult, RawExecResult
 from agentrl.sandbox.pool import SandboxPool
 from agentrl.tool_env import ToolEnv
 from agentrl.tools import Tool
@@ -45,9 +46,12 @@ _SANDBOXES: dict[str, tuple[Sandbox, SandboxPool | None]] = {}
 # The file tools read in the sandbox only what they show, under the command budget: a regular file (a FIFO or
 # /dev/zero never ends), its line count, then the lines asked for, within the output cap. A red team's read_file of
 # a 250 MB sparse file took 1 GB of host memory and none of the budget (2026-12-07).
-_READ_LINES = ('if [ ! -f "$1" ]; then echo "not a regular file" >&2; exit 3; fi; '
-               'n=$(sed -n \'$=\' "$1"); echo "${n:-0}"; sed -n "$2,$3p" "$1"')
-_FILE_SIZE = 'if [ ! -f "$1" ]; then echo "not a regular file" >&2; exit 3; fi; wc -c < "$1"'
+_REGULAR_FILE = ('if [ ! -e "$1" ]; then echo "no such file" >&2; exit 3; fi; '
+                 'if [ ! -f "$1" ]; then echo "not a regular file" >&2; exit 3; fi; ')
+_READ_LINES = _REGULAR_FILE + 'n=$(sed -n \'$=\' "$1") || exit 1; echo "${n:-0}"; sed -n "$2,$3p" "$1"'
+# str_replace's file in the same command as its check (a process left running could swap a large file or a FIFO in
+# between two), no more than max_edit_bytes + 1 of it: one byte more says it is too large.
+_READ_CAPPED = _REGULAR_FILE + 'head -c "$2" -- "$1"'
 
 
 def _result_text(result) -> str:
@@ -207,14 +211,15 @@ class SandboxEnv(ToolEnv):
         state["command_seconds"] += result.duration_s
         return _result_text(result)
 
-    async def _in_sandbox(self, sandbox: Sandbox, state: dict[str, Any], script: str, *args: str):
+    async def _in_sandbox(self, sandbox: Sandbox, state: dict[str, Any], script: str, *args: str,
+                          max_output: int | None = None) -> RawExecResult | None:
         """A file tool's command, under the command budget like `bash` (None: the budget is used up)."""
         timeout = self._command_timeout(60.0, state)
         if timeout is None:
             return None
-        result = await sandbox.exec(["/bin/sh", "-c", script, "sh", *args], timeout=timeout)
-        state["command_seconds"] += result.duration_s
-        return result
+        raw = await sandbox.exec_bytes(["/bin/sh", "-c", script, "sh", *args], timeout=timeout, max_output=max_output)
+        state["command_seconds"] += raw.duration_s
+        return raw
 
     def _budget_error(self) -> str:
         return f"Error: the command time budget of this episode ({self.max_total_command_s:g} s) is used up"
@@ -232,10 +237,11 @@ class SandboxEnv(ToolEnv):
         if end_line is not None and end_line < first:
             return f"Error: end_line={end_line} is before start_line={start_line}"
         last = "$" if end_line is None else str(end_line)
-        result = await self._in_sandbox(sandbox, state, _READ_LINES, resolve_path(
+        raw = await self._in_sandbox(sandbox, state, _READ_LINES, resolve_path(
             sandbox.config.workdir, path, action="read_file"), str(first), last)
-        if result is None:
+        if raw is None:
             return self._budget_error()
+        result = ExecResult.from_raw(raw)
         if result.exit_code != 0 or result.timed_out:
             return f"Error: cannot read {path}: " + (result.stderr.strip() or _result_text(result))[:500]
         count, _, text = result.stdout.partition("\n")
@@ -275,16 +281,16 @@ class SandboxEnv(ToolEnv):
         if not old:
             return "Error: old must not be empty"
         target = resolve_path(sandbox.config.workdir, path, action="str_replace")
-        result = await self._in_sandbox(sandbox, state, _FILE_SIZE, target)
-        if result is None:
+        limit = self.max_edit_bytes + 1
+        raw = await self._in_sandbox(sandbox, state, _READ_CAPPED, target, str(limit), max_output=limit)
+        if raw is None:
             return self._budget_error()
-        size = result.stdout.strip()
-        if result.exit_code != 0 or not size.isdigit():
-            return f"Error: cannot edit {path}: " + (result.stderr.strip() or _result_text(result))[:500]
-        if int(size) > self.max_edit_bytes:
-            return (f"Error: {path} is {int(size)} bytes; str_replace edits files up to {self.max_edit_bytes} bytes "
+        if raw.exit_code != 0 or raw.timed_out:
+            return f"Error: cannot edit {path}: " + (ExecResult.from_raw(raw).stderr.strip() or "failed")[:500]
+        if len(raw.stdout) >= limit or raw.stdout_truncated:
+            return (f"Error: {path} is larger than {self.max_edit_bytes} bytes, the most str_replace edits "
                     "(use bash, e.g. sed, for larger ones)")
-        text = await sandbox.read_file(target)
+        text = raw.stdout.decode("utf-8", errors="replace")
         count = text.count(old)
         if count != 1:
             where = "not found" if count == 0 else f"found {count} times; add context to make it unique"

@@ -97,7 +97,8 @@ class RunDir:
         """Check no run is in this folder yet (a new run never overwrites one)."""
         if self.metrics_path.exists() or self.checkpoints.exists():
             raise AgentrlError(
-                f"{self.path}: a run already exists there; use --resume {self.path}, or another folder (-o)"
+                f"{self.path}: a run already exists there; resume it (--resume {self.path}) or choose another run "
+                "folder"
             )
         return self
 

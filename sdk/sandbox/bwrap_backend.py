@@ -73,9 +73,10 @@ from agentrl.sandbox.labels import sandbox_labels
 
 __all__ = ["BwrapSandbox"]
 # Output past `max_output_bytes` is read and dropped on the host, outside the sandbox's CPU limit: `cat /dev/zero`
-# took 8.5 s of the host's CPU in 10 s (red team, 2026-12-07). Past the cap each 64 KiB read is followed by this
-# pause, so the command, blocked on its full pipe, goes on at about 6 MB/s at a small cost to the host.
-_DRAIN_PAUSE_S = 0.01
+# took 8.5 s of the host's CPU in 10 s (red team, 2026-12-07). Past the cap each read (up to 64 KiB) is followed
+# by this pause: the command, blocked on its full pipe, goes on at about 30 MB/s (200 MB of `seq` in 7.8 s instead
+# of 0.8 s) and an endless one costs the host a few percent of a core.
+_DRAIN_PAUSE_S = 0.002
 
 HOST_UID_BASE = 200_000
 HOST_UID_SPAN = 100_000

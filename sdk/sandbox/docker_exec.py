@@ -42,7 +42,8 @@ _KILL_ALL = (
     'for round in 1 2 3 4 5 6 7 8 9 10; do n=0; '
     'for d in /proc/[0-9]*; do p=${d#/proc/}; case " 1 $me $launcher " in *" $p "*) continue;; esac; '
     'set -- $(sed "s/.*) //" "$d/stat" 2>/dev/null); '
-    '[ "$1" = Z ] && grep -q "^Threads:[[:space:]]*1$" "$d/status" 2>/dev/null && continue; '
+    'if [ "$1" = Z ]; then t=; while read -r k v; do [ "$k" = Threads: ] && t=$v; done 2>/dev/null < "$d/status"; '
+    '[ "$t" = 1 ] && continue; fi; '
     'kill -9 "$p" 2>/dev/null && n=$((n+1)); done; [ "$n" = 0 ] && break; done; true'
 )
 

@@ -63,7 +63,7 @@ def check_rollout(rollout) -> None:
     assert tool_outputs[3] == "exit code: 0\n5"
     assert tool_outputs[4] == "wrote 5 bytes to notes/done.txt"
     assert tool_outputs[5].startswith("Error: old text not found")
-    assert tool_outputs[6] == "Error: cannot read missing.py: not a regular file"
+    assert tool_outputs[6] == "Error: cannot read missing.py: no such file"
     assert tool_outputs[7] == "submitted"
     assert rollout.state["submitted"] and rollout.state["submission"] == "5"
     assert rollout.reward == 1.0
@@ -138,8 +138,9 @@ async def test_file_tools_read_in_the_sandbox_only_what_they_show(backend):
         for special in ("pipe", "/dev/zero"):
             assert await env.read_file(special, sandbox, state) == f"Error: cannot read {special}: not a regular file"
         assert await env.str_replace("big.txt", "0123", "x", sandbox, state) == (
-            "Error: big.txt is 20000000 bytes; str_replace edits files up to 1000000 bytes (use bash, e.g. sed, for "
-            "larger ones)")
+            "Error: big.txt is larger than 1000000 bytes, the most str_replace edits (use bash, e.g. sed, for larger "
+            "ones)")
+        assert await env.str_replace("pipe", "a", "b", sandbox, state) == "Error: cannot edit pipe: not a regular file"
         assert (await env.str_replace("small.txt", "b", "B", sandbox, state)).startswith("replaced 1 occurrence")
-        assert sum(received) < 200_000, received  # not the 20 MB file
+        assert sum(received) < 2_200_000, received  # not the 20 MB file (str_replace's read: 1 MB + 1 at most)
         assert state["command_seconds"] > 0

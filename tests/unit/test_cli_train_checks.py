@@ -92,8 +92,9 @@ def test_what_a_real_run_refuses_dry_run_refuses_too(capsys, tmp_path):
     for extra in (["--dry-run"], []):  # a real run: the one line comes before the start-up's output
         assert main(["train", "-o", str(tmp_path / "run"), *extra]) == 2
         captured = capsys.readouterr()
-        assert captured.out == "" and captured.err == (f"error: {tmp_path / 'run'}: a run already exists there; use "
-                                                       f"--resume {tmp_path / 'run'}, or another folder (-o)\n")
+        assert captured.out == "" and captured.err == (f"error: {tmp_path / 'run'}: a run already exists there; "
+                                                       f"resume it (--resume {tmp_path / 'run'}) or choose another "
+                                                       "run folder\n")
     assert main(["eval", "--env", "reverse-txt", "--model", "tiny-moe", "--dry-run"]) == 2
     assert "unknown environment 'reverse-txt'" in capsys.readouterr().err
     assert main(["eval", "--env", "reverse-text", "--model", "tiny-mo", "--dry-run"]) == 2
