@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentrlError, require
-from agentrl.types import FunctionCall, Message, ToolCall
+from agentrl.types import FunctionCall, Message, ToolCall, untrusted_json
 
 __all__ = ["ChatRenderer", "assistant_message", "parse_tool_calls", "unparsed_tool_calls"]
 
@@ -50,16 +50,16 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     position = 0
     for match in _TOOL_CALL.finditer(text):
         try:
-            payload = json.loads(match.group(1))
+            payload = untrusted_json(match.group(1))
             name = payload["name"]
             arguments = payload.get("arguments", payload.get("parameters", {}))
             if not isinstance(name, str) or not isinstance(arguments, (dict, str)):
                 raise ValueError("bad tool call")
-        except (ValueError, KeyError, TypeError):
+            arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # left in the text: the environment sees what the model wrote
         kept.append(text[position: match.start()])
         position = match.end()
-        arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments)
         calls.append(ToolCall(
             id=f"call_{uuid.uuid4().hex[:12]}", function=FunctionCall(name=name, arguments=arguments_json),
         ))

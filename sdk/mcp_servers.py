@@ -29,6 +29,7 @@ from pydantic import Field
 
 from agentrl.config import BaseConfig
 from agentrl.errors import AgentrlError
+from agentrl.types import untrusted_json
 
 RELAY_TIMEOUT_S = 7 * 86_400.0
 """The relay's command runs for the episode: the longest timeout a sandbox accepts (`agentrl.sandbox.base.
@@ -170,7 +171,7 @@ class SandboxMcp:
         argv = ["python3", f"{RELAY_DIR}/relay.py", "call", self._socket(server), method, json.dumps(params)]
         raw = await self.sandbox.exec_bytes(argv, max_output=MAX_REPLY_BYTES)
         try:
-            reply = json.loads(raw.stdout.decode("utf-8", "replace"))
+            reply = untrusted_json(raw.stdout.decode("utf-8", "replace"))
             if not isinstance(reply, dict):
                 raise ValueError("not an object")
         except ValueError:
@@ -195,5 +196,5 @@ class SandboxMcp:
             return result_text(CallToolResult.model_validate(result))
         except AgentrlError as error:
             return f"Error: {error}"
-        except ValueError as error:  # a result the mcp types refuse
+        except (ValueError, RecursionError) as error:  # a result the mcp types refuse
             return f"Error: MCP server {server!r} answered {name} with an invalid result ({str(error)[:200]})"

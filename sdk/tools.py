@@ -28,6 +28,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from agentrl.errors import AgentrlError
+from agentrl.types import untrusted_json
 
 __all__ = ["Tool", "ToolArgumentError", "parse_docstring", "tool_schema"]
 
@@ -152,11 +153,13 @@ class Tool:
             arguments = {}
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments)
+                arguments = untrusted_json(arguments)
             except json.JSONDecodeError as exc:
                 raise ToolArgumentError(
                     f"{self.name}: arguments are not valid JSON ({exc.msg} at char {exc.pos})"
                 ) from None
+            except ValueError as exc:  # NaN, Infinity, or nested too deeply
+                raise ToolArgumentError(f"{self.name}: arguments are not plain JSON ({exc})") from None
         if not isinstance(arguments, dict):
             raise ToolArgumentError(f"{self.name}: arguments must be a JSON object, got {type(arguments).__name__}")
         try:

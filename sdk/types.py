@@ -20,7 +20,22 @@ from agentrl.routed import RoutedExperts, RoutedExpertsField
 
 __all__ = [
     "FunctionCall", "ToolCall", "Message", "Task", "Completion", "Turn", "Rollout", "TrainingSample", "RoutedExperts",
+    "untrusted_json",
 ]
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def untrusted_json(text: str | bytes) -> Any:
+    """JSON that a model or a sandbox wrote: ValueError for anything but plain JSON, a nesting too deep for the parser
+    (RecursionError at about 1,000 levels, which callers catching ValueError let through: a red team turned a
+    rollout into an error, taken out of training, with one deep tool call) and NaN or Infinity included."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 class _Model(BaseModel):
@@ -37,7 +52,7 @@ class FunctionCall(_Model):
 
     def parsed_arguments(self) -> dict[str, Any]:
         """Arguments decoded from JSON (an empty dict when blank)."""
-        value = json.loads(self.arguments or "{}")
+        value = untrusted_json(self.arguments or "{}")
         if not isinstance(value, dict):
             raise ValueError(f"tool call {self.name!r}: arguments must be a JSON object")
         return value

@@ -134,3 +134,36 @@ async def test_sync_tools_run_in_a_worker_thread_unless_inline():
     main = threading.current_thread().name
     assert await Tool(where).call("{}") != main
     assert await Tool(where, in_thread=False).call("{}") == main
+
+
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize(("arguments", "said"), [
+    ('{"x": ' + DEEP + "}", "nested too deeply"), ('{"x": NaN}', "NaN is not JSON"),
+    ('{"x": -Infinity}', "-Infinity is not JSON")])
+def test_arguments_that_are_not_plain_json_are_a_tool_error(arguments, said):
+    """A tool call nested 5,000 deep raised RecursionError (not a ValueError), which the tool paths let through: the
+    rollout became an error and left training (red team, 2026-12-07). NaN and Infinity are not JSON either."""
+    def echo(x: list) -> str:
+        """Echo.
+
+        Args:
+            x: Anything.
+        """
+        return str(x)
+
+    with pytest.raises(ToolArgumentError, match=said):
+        Tool(echo).validate(arguments)
+
+
+def test_tool_calls_too_deep_or_with_nan_stay_in_the_text():
+    from agentrl.chat import parse_tool_calls
+    from agentrl.types import FunctionCall
+
+    for arguments in (DEEP, '{"x": NaN}'):
+        block = '<tool_call>{"name": "echo", "arguments": ' + arguments + "}</tool_call>"
+        content, calls = parse_tool_calls("see " + block)
+        assert calls == [] and content == "see " + block
+    with pytest.raises(ValueError, match="nested too deeply"):
+        FunctionCall(name="echo", arguments=DEEP).parsed_arguments()
