@@ -110,11 +110,39 @@ class ChatRenderer:
         self, messages: list[Message] | list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The chat template's text for `messages`."""
+        """The chat template's text for `messages`; tool results and tool schemas as plain text (`plain_text`)."""
+        dicts = [{**message, "content": self.plain_text(message.get("content"))} if message.get("role") == "tool"
+                 else message for message in self._dicts(messages)]
         return self.tokenizer.apply_chat_template(
-            self._dicts(messages), tools=tools or None, tokenize=False,
+            dicts, tools=self.plain_text(tools) or None, tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )
+
+    def plain_text(self, value: Any) -> Any:
+        """`value` (a string, or lists and dicts of them) with the text of every special or added token broken after
+        its first character (a zero-width space, or a space where the tokenizer has none), so that it is tokenized as
+        text. What a sandbox or a tool server wrote (tool results, MCP tool descriptions) otherwise became the
+        template's own tokens in the next prompt: a tool output holding `<|im_end|>\\n<|im_start|>user` forged a
+        user turn, in the context and the training data (red team, 2026-12-07). Other messages (the task's prompt,
+        the model's own replies) are left as written."""
+        if not hasattr(self, "_added_pattern"):
+            strings = {str(token) for token in getattr(self.tokenizer, "all_special_tokens", []) or []}
+            strings |= {str(getattr(token, "content", token))
+                        for token in (getattr(self.tokenizer, "added_tokens_decoder", {}) or {}).values()}
+            strings = sorted((text for text in strings if len(text) > 1), key=len, reverse=True)
+            self._added_pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
+            # a zero-width space where the tokenizer writes it back (byte-level ones do), else a plain space
+            ids = self.tokenizer("a\u200bb", add_special_tokens=False)["input_ids"]
+            self._breaker = "\u200b" if self.tokenizer.decode(ids) == "a\u200bb" else " "
+        if self._added_pattern is None or value is None:
+            return value
+        if isinstance(value, str):
+            return self._added_pattern.sub(lambda match: match.group()[0] + self._breaker + match.group()[1:], value)
+        if isinstance(value, list):
+            return [self.plain_text(item) for item in value]
+        if isinstance(value, dict):
+            return {key: self.plain_text(item) for key, item in value.items()}
+        return value
 
     def encode(self, text: str) -> list[int]:
         """Token ids of template text (special tokens are written in the text).
