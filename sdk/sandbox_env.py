@@ -206,7 +206,7 @@ class SandboxEnv(ToolEnv):
         """
         timeout = self._command_timeout(timeout_s, state)
         if timeout is None:
-            return f"Error: the command time budget of this episode ({self.max_total_command_s:g} s) is used up"
+            return self._budget_error()
         result = await sandbox.exec(command, timeout=timeout)
         state["command_seconds"] += result.duration_s
         return _result_text(result)
