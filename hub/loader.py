@@ -168,15 +168,24 @@ def require_environment(name_or_path: str | os.PathLike[str]) -> None:
         find_environment(name_or_path)
 
 
+def _entrypoint(name_or_path: str | os.PathLike[str]) -> tuple[Path, Any, Any]:
+    """An agentrl package's folder, manifest and imported entrypoint."""
+    folder = find_environment(name_or_path)
+    manifest = load_manifest(folder)
+    return folder, manifest, import_package_attr(folder, manifest.entrypoint, package_name=manifest.name)
+
+
+def _bad_arguments(manifest: Any, exc: TypeError) -> AgentrlError:
+    return AgentrlError(f"environment {manifest.name!r}: bad arguments to {manifest.entrypoint}: {exc}")
+
+
 def check_environment_args(name_or_path: str | os.PathLike[str], args: dict[str, Any]) -> None:
     """The arguments `load_environment` would pass, checked against the entrypoint's signature without building the
     environment (`--dry-run`): an unknown name or argument is the same one line. Verifiers packages are checked
     when they load (their entrypoint runs in its own venv)."""
     if _verifiers_project(name_or_path):
         return
-    folder = find_environment(name_or_path)
-    manifest = load_manifest(folder)
-    factory = import_package_attr(folder, manifest.entrypoint, package_name=manifest.name)
+    _, manifest, factory = _entrypoint(name_or_path)
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # no signature to read (a builtin or C callable): the load will tell
@@ -184,7 +193,7 @@ def check_environment_args(name_or_path: str | os.PathLike[str], args: dict[str,
     try:
         signature.bind(**{**manifest.env_args, **args})
     except TypeError as exc:
-        raise AgentrlError(f"environment {manifest.name!r}: bad arguments to {manifest.entrypoint}: {exc}") from None
+        raise _bad_arguments(manifest, exc) from None
 
 
 def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
@@ -193,16 +202,14 @@ def load_environment(name_or_path: str | os.PathLike[str], **kwargs: Any):
         from agentrl.hub.interop.verifiers import load_verifiers_package
 
         return load_verifiers_package(name_or_path, **kwargs)
-    folder = find_environment(name_or_path)
-    manifest = load_manifest(folder)
-    factory = import_package_attr(folder, manifest.entrypoint, package_name=manifest.name)
+    folder, manifest, factory = _entrypoint(name_or_path)
     arguments = {**manifest.env_args, **kwargs}
     try:
         env = factory(**arguments)
     except AgentrlError:
         raise
     except TypeError as exc:
-        raise AgentrlError(f"environment {manifest.name!r}: bad arguments to {manifest.entrypoint}: {exc}") from exc
+        raise _bad_arguments(manifest, exc) from exc
     except Exception as exc:
         raise AgentrlError(
             f"environment {manifest.name!r}: {manifest.entrypoint} failed: {type(exc).__name__}: {exc}"
