@@ -40,7 +40,7 @@ import httpx
 from agentrl.cpu_priority import nice_prefix, set_autogroup_nice
 from agentrl.errors import AgentrlError, MissingExtraError
 from agentrl.inference.vllm_compat import server_flags_need_scale_out
-from agentrl.inference.vllm_plugin import CPU_FIXES_ENV
+from agentrl.inference.vllm_plugin import CPU_FIXES_ENV, CPU_FORK_ENGINE_ENV
 
 __all__ = ["ServerStartupError", "VLLMServer", "detect_device", "free_port", "log_tail"]
 
@@ -241,6 +241,8 @@ class VLLMServer:
             # Run the model worker inside the engine-core process: one Python start-up less
             # (measured: healthy in ~54 s instead of ~89 s on the 2-core machine).
             env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            # and start that engine-core process by fork: spawn imports torch and vLLM again (15-20 s)
+            env.setdefault(CPU_FORK_ENGINE_ENV, "1")
             from agentrl.models import resolve_model
 
             if resolve_model(self.model).architecture in CPU_MAMBA_HYBRIDS:

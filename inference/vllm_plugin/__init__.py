@@ -21,6 +21,8 @@ never changes servers that did not ask for it:
   linear layers' weights readable beside their packed GEMM handles, so the weight check can read
   what the server loaded (`vllm_plugin.cpu_keep_linear_weights`), and keep vLLM's CPU experts kernel
   when LoRA is enabled (`vllm_plugin.cpu_lora_moe`).
+- `AGENTRL_CPU_FORK_ENGINE=1`: start the engine core by fork, not spawn, so torch and vLLM are not imported
+  twice (`vllm_plugin.cpu_fork_engine`; `VLLMServer` sets it for every CPU server).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agentrl import env_vars
 ROUTED_EXPERTS_ENV = env_vars.ROUTED_EXPERTS.name
 ROUTED_WEIGHTS_ENV = env_vars.ROUTED_WEIGHTS.name
 CPU_FIXES_ENV = env_vars.CPU_FIXES.name
+CPU_FORK_ENGINE_ENV = env_vars.CPU_FORK_ENGINE.name
 ROUTED_OFFLOAD_ENV = env_vars.ROUTED_OFFLOAD.name
 ROUTER_FLOAT32_ENV = env_vars.ROUTER_FLOAT32.name
 
@@ -42,6 +45,13 @@ def _enabled(name: str) -> bool:
 
 def register() -> None:
     """vLLM general-plugin hook: activate the features asked for through the environment."""
+    if _enabled(CPU_FORK_ENGINE_ENV):
+        from vllm.platforms import current_platform
+
+        if current_platform.device_type == "cpu":
+            from agentrl.inference.vllm_plugin.cpu_fork_engine import install as install_fork_engine
+
+            install_fork_engine()
     if _enabled(CPU_FIXES_ENV):
         from agentrl.inference.vllm_plugin.cpu_weight_reload import install as install_reload
 
@@ -84,3 +94,4 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 
             install_routed_experts(gate_weights=gate_weights)
+

