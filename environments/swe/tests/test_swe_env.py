@@ -92,7 +92,7 @@ async def test_tools_report_errors_and_give_up_scores_zero(env):
     ])
     (rollout,) = await env.run_group(policy, task, n=1, sampling=SAMPLING)
     tool_texts = [m.content for m in rollout.messages if m.role == "tool"]
-    assert tool_texts[0].startswith("Error: read_file raised") and "no/such/file.py" in tool_texts[0]
+    assert tool_texts[0] == "Error: cannot read no/such/file.py: no such file"
     assert tool_texts[1].startswith("Error: old text not found")
     assert tool_texts[2].startswith("exit code: 3") and "42" in tool_texts[2]
     assert rollout.reward == 0.0 and rollout.metrics["empty_patch"] == 1.0 and rollout.metrics["submitted"] == 1.0
