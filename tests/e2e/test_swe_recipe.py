@@ -39,6 +39,7 @@ def _run(command: str, *, cwd: Path, timeout: float) -> tuple[int, str]:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # a fresh clone, its images and a run: test_train_agent trains in sandboxes by default
 @pytest.mark.timeout(1500)
 def test_swe_recipe_commands_from_a_fresh_clone(tmp_path):
     commands = readme_commands()

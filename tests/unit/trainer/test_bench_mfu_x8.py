@@ -147,6 +147,7 @@ def test_summary_scaling_efficiency_by_hand():
     assert set(empty.values()) == {None}
 
 
+@pytest.mark.slow  # six torchrun launches: a minute and more
 def test_cpu_smoke_runs_every_launch_and_summarizes(tmp_path):
     """The real launches (1 process, torchrun 2 and 4 gloo ranks), workers and summary, on a tiny model."""
     results = tmp_path / "smoke.json"
