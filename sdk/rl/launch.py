@@ -122,13 +122,17 @@ def _init_ray(config: RunConfig) -> bool:
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    runtime_env = {"env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}}
+    worker_env = {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
     if config.launch.ray_address:
-        ray.init(address=config.launch.ray_address, runtime_env=runtime_env, log_to_driver=False,
+        ray.init(address=config.launch.ray_address, runtime_env={"env_vars": worker_env}, log_to_driver=False,
                  logging_level="ERROR")
         return False
-    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, runtime_env=runtime_env,
-             log_to_driver=False, logging_level="ERROR")
+    # A local cluster's workers inherit this process's environment, so they get `worker_env` without a
+    # runtime_env: an actor with one waits on Ray's runtime-env agent for a new worker process (2.5 s against
+    # 0.8 s for one on 2 cores) instead of taking a started one.
+    os.environ.update(worker_env)
+    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
     return True
 
 
