@@ -94,4 +94,3 @@ def register() -> None:
             from agentrl.inference.vllm_plugin.routed_experts import install as install_routed_experts
 
             install_routed_experts(gate_weights=gate_weights)
-
