@@ -163,6 +163,14 @@ class SandboxMcp:
             counts[tool.name] = counts.get(tool.name, 0) + 1
         for server, tool in listed:
             name = tool.name if counts[tool.name] == 1 else f"{server}_{tool.name}"
+            if name in self.routes:  # a route taken already would be overwritten: refuse, naming both
+                first_server, first_tool = self.routes[name]
+                if (first_server, first_tool) == (server, tool.name):
+                    raise AgentrlError(f"MCP server {server!r} lists tool {tool.name!r} twice")
+                raise AgentrlError(
+                    f"MCP tool name {name!r} would be both server {first_server!r}'s tool {first_tool!r} and server "
+                    f"{server!r}'s tool {tool.name!r} (tools of the same name are prefixed with their server's "
+                    "name): rename one of the servers")
             self.routes[name] = (server, tool.name)
             self.schemas.append(_schema(name, tool))
         return self.schemas

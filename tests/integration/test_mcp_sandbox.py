@@ -84,3 +84,28 @@ def test_a_server_that_cannot_start_is_one_line():
     rollout = asyncio.run(env.rollout(ScriptedPolicy(["done"]), task, sampling=SamplingConfig()))
     assert rollout.error is not None and "MCP server 'gone' did not start in the sandbox" in rollout.error
     assert "\n" not in rollout.error
+
+
+def test_tool_names_that_clash_after_prefixing_are_refused_in_one_line():
+    """Servers 'a' and 'b' both offer `add_note` (offered as `a_add_note` and `b_add_note`); server 'c' offers
+    `a_add_note` itself. Without the check, c's tool took a's route: the model's call of a's tool reached c."""
+    from sandbox_backends import bwrap_ok
+
+    if not bwrap_ok():
+        pytest.skip("bubblewrap or base rootfs missing")
+    servers = [{"name": "a", "command": "python3", "args": ["/tmp/notes_server.py"]},
+               {"name": "b", "command": "python3", "args": ["/tmp/notes_server.py"]},
+               {"name": "c", "command": "python3", "args": ["/tmp/notes_server.py", "--tool-prefix", "a_"]}]
+    env = NotesEnv(sandbox=config({"type": "bwrap"}), mcp_servers=servers)
+    task = Task(prompt=[{"role": "user", "content": "x"}])
+    rollout = asyncio.run(env.rollout(ScriptedPolicy(["done"]), task, sampling=SamplingConfig()))
+    assert rollout.error is not None and "\n" not in rollout.error
+    assert ("MCP tool name 'a_add_note' would be both server 'a''s tool 'add_note' and server 'c''s tool "
+            "'a_add_note'") in rollout.error
+    # the same servers without c: every tool has a route of its own
+    env = NotesEnv(sandbox=config({"type": "bwrap"}), mcp_servers=servers[:2])
+    rollout = asyncio.run(env.rollout(ScriptedPolicy([_calls(("a_add_note", {"text": "x"})), "done"]), task,
+                                      sampling=SamplingConfig()))
+    assert rollout.error is None, rollout.error
+    assert "a_add_note" in rollout.state["mcp_tools"] and "b_add_note" in rollout.state["mcp_tools"]
+    assert [message.content for message in rollout.messages if message.role == "tool"][0] == "noted (1)"
