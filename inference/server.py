@@ -141,6 +141,7 @@ class VLLMServer:
         compile: bool = False,
         dev_mode: bool = True,
         tool_parser: str | None = "hermes",
+        routed_experts: bool = True,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
@@ -160,6 +161,9 @@ class VLLMServer:
         self.compile = compile
         self.dev_mode = dev_mode
         self.tool_parser = tool_parser
+        self.routed_experts = routed_experts
+        """On CUDA, a MoE model's server returns each token's routed experts (Router Replay); False: it does not
+        (the CPU runner's capture is the plugin's, set by `server_flags.server_args`)."""
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path else None
@@ -220,7 +224,7 @@ class VLLMServer:
             if spec.architecture in CPU_MAMBA_HYBRIDS:
                 args += ["--no-enable-prefix-caching"]  # vLLM: Mamba prefix caching needs chunked prefill
         else:
-            if spec.is_moe:
+            if spec.is_moe and self.routed_experts:
                 args += ["--enable-return-routed-experts"]
             if not self.compile:
                 args += ["--enforce-eager"]

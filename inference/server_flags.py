@@ -157,7 +157,7 @@ def nixl_pair_env(host: str) -> dict[str, str]:
 # Flags `VLLMServer` sets itself (model, address, agentrl's own defaults); value-less ones in the second set.
 _SET_BY_SERVER = {"--model", "--dtype", "--max-model-len", "--max-num-seqs", "--kv-cache-memory-bytes", "--host",
                   "--port"}
-_SET_BY_SERVER_NO_VALUE = {"--enable-scale-out", "--enforce-eager"}
+_SET_BY_SERVER_NO_VALUE = {"--enable-scale-out", "--enforce-eager", "--enable-return-routed-experts"}
 
 
 def server_overrides(config: InferenceConfig, model: str, *, role: Literal["prefill", "decode"] | None = None,

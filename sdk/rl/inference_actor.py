@@ -92,7 +92,8 @@ def replica_server(deployment: Any, model: Path, *, served_name: str, dtype: str
                       log_path=log_path, startup_timeout_s=startup_timeout_s,
                       max_model_len=deployment.max_model_len or 2048, dtype=dtype, nice=nice,
                       kv_cache_bytes=deployment.kv_cache_memory_bytes, max_num_seqs=deployment.max_num_seqs or 128,
-                      compile=deployment.cuda_graphs and deployment.device == "gpu")
+                      compile=deployment.cuda_graphs and deployment.device == "gpu",
+                      routed_experts=deployment.routed_experts)
 
 
 def _max_positions(model_dir: Path) -> int:

@@ -257,3 +257,15 @@ def test_deepseek_v3_preset_counts_671b():
     assert counts["active"] == pytest.approx(37e9, rel=0.02)
     tiny = MoEModelArgs.for_model("tiny-deepseek")
     assert tiny.is_mla and tiny.param_counts()["total"] == PRESETS["tiny-deepseek"].total_params
+
+
+def test_a_gpu_replica_asks_for_routed_experts_once_and_not_without_router_replay(tiny_path):
+    """`VLLMServer` owns `--enable-return-routed-experts` on CUDA: the deployment's flags do not repeat it, and a
+    deployment with `routed_experts = false` (the benches' no-R3 controls) starts its MoE server without it."""
+    from agentrl.inference.deployment import InferenceConfig
+    from agentrl.rl.inference_actor import replica_server
+
+    for routed, count in ((True, 1), (False, 0)):
+        deployment = InferenceConfig(device="gpu", routed_experts=routed)
+        command = replica_server(deployment, tiny_path, served_name="policy", dtype="bfloat16").command()
+        assert command.count("--enable-return-routed-experts") == count, (routed, command)
