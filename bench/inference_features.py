@@ -333,6 +333,25 @@ def with_positions(model: Path, positions: int, *, work: Path) -> Path:
     return copy
 
 
+def block_fp8_servable(model: Path, *, work: Path) -> Path:
+    """`model`, or when a width of it is not a multiple of 128 (block FP8's blocks; the created GLM models' dense MLP
+    is 10,944 wide) a copy with its dense MLP zero-padded, the same function (`fp8_blocks.pad_dense_mlp`): every row
+    then serves the copy, so the rows stay comparable. Exits with one line when padding cannot fix the widths."""
+    from agentrl.inference.fp8_blocks import block_fp8_misfits, pad_dense_mlp
+
+    misfits = block_fp8_misfits(json.loads((model / "config.json").read_text()))
+    if not misfits:
+        return model
+    if misfits != [item for item in misfits if item.startswith("intermediate_size")]:
+        sys.exit(f"inference_features: fp8-block: {model.name}'s {', '.join(misfits)} is not a multiple of 128; "
+                 "only a dense MLP's width can be padded: leave fp8-block out")
+    copy = work / f"{model.name}-mlp-padded"
+    if not (copy / "config.json").is_file():
+        pad_dense_mlp(model.resolve(), copy)
+    print(f"fp8-block: {model.name}'s {misfits[0]} is padded to a multiple of 128 in {copy}; every row serves it")
+    return copy
+
+
 def default_model() -> str:
     """The SFT warm start `scripts/gpu_run.sh sft` left: glm-air-5b's (an H200) or glm-air-32e's (an H100)."""
     warm_starts = [ROOT / "runs" / "gpu-1xh200" / f"{name}-sft" for name in ("glm-air-5b", "glm-air-32e")]
@@ -386,6 +405,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     if args.positions:
         args.model = with_positions(args.model, args.positions, work=args.work)
+    if "fp8-block" in names:
+        args.model = block_fp8_servable(args.model, work=args.work)
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     args.max_model_len = None  # the multi-turn workload's, checked against the model before any server starts
     if any(VARIANTS[name].get("workload") == "multi-turn" for name in names):

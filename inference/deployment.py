@@ -65,7 +65,8 @@ class InferenceConfig(BaseConfig):
     fp8_scales: Literal["tensor", "block"] = "tensor"
     """With `fp8`: 'tensor' is one scale per weight (per expert for routed experts, vLLM's `--quantization fp8`);
     'block' one per 128 x 128 block, DeepSeek-V3's layout, which vLLM runs through DeepGEMM
-    (`--quantization fp8_per_block`)."""
+    (`--quantization fp8_per_block`); every linear layer's input width must then be a multiple of 128 (refused
+    before start-up otherwise: `fp8_blocks`)."""
     fp8_kv_cache: bool = True
     """With `fp8`: also keep the KV cache in FP8 (half its memory; its rounding adds to the mismatch KL)."""
     kv_offload: Literal["none", "cpu", "disk", "mooncake"] = "none"

@@ -325,16 +325,8 @@ def check_positions(config: RunConfig) -> None:
     limit = config.inference.max_model_len
     if config.inference.device != "gpu" or not limit:
         return
-    start = config.model.init_checkpoint
-    for ref in ([resolve_project_path(start)] if start else []) + [config.model.name]:
-        try:
-            spec = resolve_model(ref)
-            break
-        except AgentrlError:  # a warm start not made yet is reported by `check_resources`
-            continue
-    else:
-        return
-    if spec.hf_repo or not spec.context or limit <= spec.context:
+    spec = _served_spec(config)
+    if spec is None or spec.hf_repo or not spec.context or limit <= spec.context:
         return
     if spec.path is not None:
         try:
@@ -348,12 +340,50 @@ def check_positions(config: RunConfig) -> None:
                       f"inference.max_model_len (or model.max_seq_len) to at most {spec.context}")
 
 
+def _served_spec(config: RunConfig):
+    """The `ModelSpec` of the checkpoint the servers start from (the warm start, else the model), or None when
+    neither resolves yet (a warm start not made yet is reported by `check_resources`)."""
+    start = config.model.init_checkpoint
+    for ref in ([resolve_project_path(start)] if start else []) + [config.model.name]:
+        try:
+            return resolve_model(ref)
+        except AgentrlError:
+            continue
+    return None
+
+
+def check_block_fp8(config: RunConfig) -> None:
+    """Refuse (one-line `ConfigError`) block FP8 serving (`inference.fp8_scales = "block"`) of a model with a linear
+    layer input width that 128 does not divide: vLLM's block kernels served NaN logprobs so
+    (`inference.fp8_blocks`)."""
+    from agentrl.inference.fp8_blocks import BLOCK, block_fp8_misfits
+
+    if config.inference.device != "gpu" or config.inference.fp8_scales != "block" or not config.inference.uses_fp8():
+        return
+    spec = _served_spec(config)
+    if spec is None:
+        return
+    hf_config = spec.hf_config
+    if spec.path is not None and (spec.path / "config.json").is_file():
+        try:
+            hf_config = json.loads((spec.path / "config.json").read_text())
+        except (OSError, ValueError):
+            return
+    misfits = block_fp8_misfits(hf_config or {})
+    if misfits:
+        raise ConfigError(f"inference.fp8_scales='block': {spec.name}'s {', '.join(misfits)} is not a multiple of "
+                          f"{BLOCK}, which block FP8's {BLOCK} x {BLOCK} scales need (vLLM's block kernels answer NaN "
+                          "logprobs for it); use inference.fp8_scales='tensor'")
+
+
 def check_resources(config: RunConfig, *, cluster_gpus: int | None = None) -> None:
-    """Raise a one-line `ResourceError` listing what is missing for this run (after `check_positions`)."""
+    """Raise a one-line `ResourceError` listing what is missing for this run (after `check_positions` and
+    `check_block_fp8`)."""
     from agentrl.inference.server import detect_device
     from agentrl.inference.supervisor import module_installed, visible_gpus
 
     check_positions(config)
+    check_block_fp8(config)
     spec = resolve_model(config.model.name)
     missing: list[str] = []
     need_gpu_inference = config.inference.device == "gpu"

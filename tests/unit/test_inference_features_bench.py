@@ -129,3 +129,29 @@ def test_without_a_model_the_bench_takes_the_warm_start_the_card_left_or_says_ho
     h200.mkdir()
     (h200 / "config.json").write_text("{}")
     assert bench.default_model() == str(h200)
+
+
+def test_the_block_fp8_row_serves_a_padded_copy_and_refuses_what_padding_cannot_fix(bench, tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    config = {"hidden_size": 256, "intermediate_size": 200, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "head_dim": 128}
+    (model / "config.json").write_text(json.dumps(config))
+    save_file({"model.layers.0.mlp.gate_proj.weight": torch.ones(200, 256),
+               "model.layers.0.mlp.up_proj.weight": torch.ones(200, 256),
+               "model.layers.0.mlp.down_proj.weight": torch.ones(256, 200),
+               "model.embed_tokens.weight": torch.ones(8, 256)}, str(model / "model.safetensors"))
+    served = bench.block_fp8_servable(model, work=tmp_path / "work")
+    assert served != model and json.loads((served / "config.json").read_text())["intermediate_size"] == 256
+    tensors = load_file(str(served / "model.safetensors"))
+    assert tensors["model.layers.0.mlp.down_proj.weight"].shape == (256, 256)
+    assert tensors["model.layers.0.mlp.gate_proj.weight"][200:].abs().sum() == 0
+    assert "padded to a multiple of 128" in capsys.readouterr().out
+    assert bench.block_fp8_servable(served, work=tmp_path / "work") == served  # already servable
+    (model / "config.json").write_text(json.dumps({**config, "hidden_size": 200}))
+    with pytest.raises(SystemExit) as refused:
+        bench.block_fp8_servable(model, work=tmp_path / "other")
+    assert str(refused.value).startswith("inference_features: fp8-block: model's hidden_size = 200")

@@ -156,3 +156,20 @@ def test_a_gpu_context_past_the_models_positions_is_refused_in_one_line_before_s
     scaled = load_run_config(recipe, overrides=["inference.max_model_len=8192", f"model.init_checkpoint={tmp_path}"])
     with pytest.raises(ResourceError, match="CUDA vLLM"):
         check_resources(scaled, cluster_gpus=1)
+
+
+def test_block_fp8_of_a_model_with_a_ragged_width_is_refused_in_one_line_before_start():
+    """The created glm-air-32e's dense MLP is 10,944 wide (GLM-4.5-Air's): block FP8 served it NaN logprobs on an
+    H100 (2026-12-07). The recipe with block scales is refused before anything starts; per-tensor FP8 passes on."""
+    from agentrl.errors import ConfigError
+
+    recipe = Path("cookbook/gpu-1xh200/train-80g.toml")
+    block = ["inference.fp8=true", "inference.fp8_scales=block"]
+    with pytest.raises(ConfigError) as refused:
+        check_resources(load_run_config(recipe, overrides=block), cluster_gpus=1)
+    said = str(refused.value)
+    assert said.startswith("inference.fp8_scales='block': glm-air-32e's intermediate_size = 10944 is not a multiple "
+                           "of 128") and "fp8_scales='tensor'" in said and "\n" not in said
+    with pytest.raises(ResourceError, match="CUDA vLLM"):
+        check_resources(load_run_config(recipe, overrides=["inference.fp8=true", "inference.fp8_scales=tensor"]),
+                        cluster_gpus=1)
