@@ -3,11 +3,10 @@
 Block FP8 (`inference.fp8_scales = "block"`, vLLM's `--quantization fp8_per_block`, DeepSeek-V3's layout) keeps one
 scale per 128 x 128 block of a weight and quantizes activations in groups of 128 along each linear layer's input.
 A linear layer whose input width is not a multiple of 128 has a ragged last group: vLLM's DeepGEMM path refuses it
-and hands it to its Cutlass block kernel; the server then answered NaN logprobs, most likely from that layer
-(`--quantization fp8_per_block` on the created
-glm-air-32e, whose dense MLP is 10,944 wide as GLM-4.5-Air's: an H100, 2026-12-07, with E8M0 scales off and with
-the Triton MoE backend too; `cookbook/gpu-1xh200/results/logs-2026-12-07c-h100`). vLLM checks these widths only
-under tensor parallelism.
+and hands it to its Cutlass block kernel. The server then answered NaN logprobs, most likely from that layer
+(`--quantization fp8_per_block` on the created glm-air-32e, whose dense MLP is 10,944 wide as GLM-4.5-Air's: an
+H100, 2026-12-07, with E8M0 scales off and with the Triton MoE backend too;
+`cookbook/gpu-1xh200/results/logs-2026-12-07c-h100`). vLLM checks these widths only under tensor parallelism.
 
 `block_fp8_misfits` names the widths of a HF config that 128 does not divide; the run planner refuses block FP8
 for such a model in one line (`rl.plan.check_block_fp8`). `pad_dense_mlp` writes a copy of a checkpoint whose
