@@ -401,13 +401,15 @@ def run_evaluation(
     from agentrl.hub.sandbox_check import check_sandboxes
 
     check_sandboxes(environment)  # so do missing sandbox images, with the command that builds them
-    check_output_dir(Path(config.output) if config.output else default_output_dir(environment.name, config.model))
+    output = Path(config.output) if config.output else default_output_dir(environment.name, config.model)
+    check_output_dir(output)
+    config = config.model_copy(update={"output": output})  # one folder for the results and the server's log
     server = None
     if config.base_url is None and not config.oracle:  # the oracle plays with no server
         resolve_model(config.model)  # unknown models fail with the list of presets
         from agentrl.inference.server import VLLMServer
 
-        server = VLLMServer(config.model, log_path=server_log)
+        server = VLLMServer(config.model, log_path=server_log or output / "vllm.log")  # beside the results
         if on_server is not None:
             on_server(server)
         server.start()

@@ -156,6 +156,7 @@ def test_eval_cli_starts_and_stops_its_own_server(tmp_path):
     port = int(summary["base_url"].rsplit(":", 1)[1])
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    assert f"127.0.0.1:{port}" in (out_dir / "vllm.log").read_text()  # the server's log beside the results
 
 
 # ---------------------------------------------------------------------------- session server
