@@ -12,9 +12,9 @@ test.sh's way while test.sh runs; scored 0 as tampering too: a file of `/tests` 
 (bash reads test.sh as it runs it: an appended line runs), and a reward file or `/logs/verifier`
 left as something test.sh may not have written (a symbolic link, not a regular file or folder, or
 not writable: a `1` made read-only before test.sh writes its `0`). Tests that import or run the
-agent's code give it their exit status (as in Harbor itself), and so does Python run from the working
-directory (`python3 -m ...`, `-c`: the agent's files there come before the standard library's;
-`PYTHONSAFEPATH` would also drop a test script's own folder, which tests import from). What would run
+agent's code give it their exit status (as in Harbor itself); a module installed in the image (the standard
+library, site-packages) no longer comes from the agent's working directory where Python runs from it
+(`python3 -m unittest`, `-c`): every Python of test.sh starts with `verifier_site`'s finder. What would run
 the agent's files in tests that only read its output is turned off: a carried repo's git fsmonitor and
 hooks (`_NO_AGENT_CODE_ENV`), and a carried user site-packages' start-up hooks, removed on the host
 before the files go in (`drop_user_site_hooks`). After test.sh the wrapper reads the reward files,
@@ -40,6 +40,7 @@ from typing import Any
 
 from agentrl.errors import ProcessesSurvived
 from agentrl.hub.interop.harbor_config import HarborStep, HarborTask, resolve_env
+from agentrl.hub.interop.verifier_site import SITE_DIR
 
 __all__ = ["REWARD_DIR", "parse_rewards", "combine_rewards", "run_verifier", "settle_rewards",
            "below_min_reward", "verifier_reward", "verifier_ran", "allow_apt_as_root"]
@@ -159,13 +160,18 @@ _SUSPICIOUS = (
 )
 
 
+# Every Python of test.sh starts with agentrl's `sitecustomize` (`verifier_site`): modules installed in the image come
+# before the agent's files in the working directory.
+_PYTHON_SITE = f'export PYTHONPATH="{SITE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"; '
+
+
 def _wrapper(marker: str) -> str:
     """Runs test.sh (its output to stderr), then prints every reward file and its counts (processes the tests left
     running, files of /tests changed, reward paths in a state test.sh may not have left) to stdout."""
     blocks = "".join(f'if [ -f {REWARD_DIR}/{name} ]; then printf "%s\\n" "{marker}:file {name}"; '
                      f'l=; while IFS= read -r l; do printf "%s\\n" "$l"; done < {REWARD_DIR}/{name}; printf "%s" "$l"; '
                      f'printf "\\n%s\\n" "{marker}:eof"; fi; ' for name in _REWARD_FILES)
-    return (f'{_STATUS}{_READ_SCRIPT}before=$({_TESTS_SUMS}); /tests/test.sh 1>&2; rc=$?; {_SUSPICIOUS}'
+    return (f'{_STATUS}{_READ_SCRIPT}before=$({_TESTS_SUMS}); {_PYTHON_SITE}/tests/test.sh 1>&2; rc=$?; {_SUSPICIOUS}'
             f'printf "\\n%s\\n" "{marker}"; {blocks}{_SURVIVORS}after=$({_TESTS_SUMS}); {_TESTS_CHANGED}'
             f'printf "%s %s %s %s\\n" "{marker}:end" "$n" "$changed" "$suspicious"; exit $rc')
 
@@ -239,6 +245,12 @@ def drop_user_site_hooks(local: Path, remote: str) -> list[str]:
     return removed
 
 
+def verifier_site_source(workdir: str) -> str:
+    """`verifier_site`'s text with the agent's working directory set (test.sh's `sitecustomize`)."""
+    source = (Path(__file__).with_name("verifier_site.py")).read_text()
+    return source.replace("\nWORKDIR = None ", f"\nWORKDIR = {workdir!r} ", 1)
+
+
 async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any], *,
                        allow_env: Collection[str] = ()) -> None:
     """Upload tests/ (then the step's) to /tests, run /tests/test.sh, read the rewards into `state`.
@@ -257,6 +269,7 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
         if source.is_dir():
             await sandbox.upload(source, "/tests")
     await sandbox.exec(["chmod", "+x", "/tests/test.sh"], timeout=30)
+    await sandbox.write_file(f"{SITE_DIR}/sitecustomize.py", verifier_site_source(sandbox.config.workdir))
     await allow_apt_as_root(sandbox)
     env = resolve_env(step.verifier_env, where=f"{harbor.folder}: [verifier] env", allowed=allow_env)
     # A carried repo's core.fsmonitor ran when test.sh ran `git status` and wrote the output itself (red team,

@@ -281,6 +281,10 @@ HELLO_TEST = ("import unittest\n\n\nclass Hello(unittest.TestCase):\n    def tes
 OUTPUT_ONLY_CHEATS = {
     "git_fsmonitor": "cd /app && git init -q . && git add -A && git config core.fsmonitor "
                      "'echo Hello > /app/hello.txt; true' && echo planted",
+    # test.sh's `python3 -m unittest` from /app: the agent's unittest.py ran instead, exiting 0
+    "unittest_shadow": "printf 'import sys\\nsys.exit(0)\\n' > /app/unittest.py && echo planted",
+    # ... or a module unittest imports (unittest.case imports difflib)
+    "stdlib_module_shadow": "printf 'import os\\nos._exit(0)\\n' > /app/difflib.py && echo planted",
 }
 
 
@@ -300,9 +304,9 @@ def hello_package(tmp_path_factory, docker_client):  # noqa: F811
 @pytest.mark.parametrize("cheat", [None, *sorted(OUTPUT_ONLY_CHEATS)])
 async def test_tests_that_read_only_the_output_run_none_of_the_agents_code(cheat, hello_package):
     """A git hook of the agent's repo ran when test.sh ran `git status` and wrote the output itself: paid 1.0 for an
-    output never written (red team, 2026-12-07); the oracle (None) still scores 1. (A `unittest.py` in the
-    working directory, imported by `python3 -m unittest` before the standard library's, is still paid: Python run
-    from the working directory runs the agent's files there, see harbor_verifier.)"""
+    output never written (red team, 2026-12-07), and so did the agent's `unittest.py` (or `difflib.py`) in the
+    working directory, which `python3 -m unittest` run from there imported before the standard library's (now
+    `verifier_site`'s finder); the oracle (None) still scores 1."""
     from agentrl.hub.interop.harbor_env import harbor_oracle_policy
     from agentrl.policies import ScriptedPolicy
 
