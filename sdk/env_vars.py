@@ -106,6 +106,9 @@ VERIFIERS_START_TIMEOUT = EnvVar("AGENTRL_VERIFIERS_START_TIMEOUT", "Most second
                                  "process may take to load the package.", default="300")
 MCP_TIMEOUT = EnvVar("AGENTRL_MCP_TIMEOUT", "Most seconds the in-sandbox MCP relay waits for a server's answer.",
                      default="120", kind="internal")
+VERIFIER_PYTHONPATH = EnvVar("AGENTRL_VERIFIER_PYTHONPATH", "A Harbor verifier's PYTHONPATH entries in the agent's "
+                             "working directory (or empty, or relative), moved out of PYTHONPATH by the verifier's "
+                             "wrapper and put back on sys.path by its sitecustomize.", kind="internal")
 
 ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     CACHE, SANDBOX_CACHE, RUN_ID, NODE_DIR, ENV_PATH, HUB, HUB_OWNER, HUB_BACKEND, HUB_STAGE_DELAY_S,
@@ -114,6 +117,6 @@ ENV_VARS: dict[str, EnvVar] = {var.name: var for var in (
     SWE_PATH, SWE_TOKEN, VENV,
     BIN_DIR, EXTRAS, DAEMON_JSON,
     DOCKERD_LOG, VLLM_024_WHEEL, REDTEAM_RECORD, FAILURES_FILE, VENVS, VERIFIERS_WORKER, VERIFIERS_START_TIMEOUT,
-    MCP_TIMEOUT,
+    MCP_TIMEOUT, VERIFIER_PYTHONPATH,
 )}
 """name -> variable: every AGENTRL_* environment variable agentrl reads or sets."""

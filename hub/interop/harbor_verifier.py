@@ -14,7 +14,8 @@ left as something test.sh may not have written (a symbolic link, not a regular f
 not writable: a `1` made read-only before test.sh writes its `0`). Tests that import or run the
 agent's code give it their exit status (as in Harbor itself); a module installed in the image (the standard
 library, site-packages) no longer comes from the agent's working directory where Python runs from it
-(`python3 -m unittest`, `-c`): every Python of test.sh starts with `verifier_site`'s finder. What would run
+(`python3 -m unittest`, `-m pytest`, `-c`): every Python of test.sh starts with `verifier_site`'s rules
+(`_python_site`). What would run
 the agent's files in tests that only read its output is turned off: a carried repo's git fsmonitor and
 hooks (`_NO_AGENT_CODE_ENV`), and a carried user site-packages' start-up hooks, removed on the host
 before the files go in (`drop_user_site_hooks`). After test.sh the wrapper reads the reward files,
@@ -33,6 +34,7 @@ import math
 import os
 import re
 import secrets
+import shlex
 import shutil
 from collections.abc import Collection
 from pathlib import Path
@@ -161,17 +163,26 @@ _SUSPICIOUS = (
 
 
 # Every Python of test.sh starts with agentrl's `sitecustomize` (`verifier_site`): modules installed in the image come
-# before the agent's files in the working directory.
-_PYTHON_SITE = f'export PYTHONPATH="{SITE_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"; '
+# before the agent's files in the working directory. The image's PYTHONPATH entries in the working directory (its
+# `ENV PYTHONPATH=/app`; an empty or relative entry, i.e. the folder a Python runs from) would come before the
+# standard library while the interpreter starts (it imports `encodings` before any sitecustomize): they move to
+# AGENTRL_VERIFIER_PYTHONPATH, which the sitecustomize puts back on sys.path behind its own rules.
+def _python_site(workdir: str) -> str:
+    root = shlex.quote(workdir.rstrip("/") or "/")
+    return ('kept=; moved=; if [ -n "${PYTHONPATH+x}" ]; then saved_ifs=$IFS; IFS=:; for e in $PYTHONPATH; do '
+            f'case "$e" in {root}|{root}/*|""|[!/]*) moved="$moved${{moved:+:}}${{e:-.}}";; '
+            '*) kept="$kept${kept:+:}$e";; esac; done; IFS=$saved_ifs; fi; '
+            f'export PYTHONPATH="{SITE_DIR}${{kept:+:$kept}}" AGENTRL_VERIFIER_PYTHONPATH="$moved"; ')
 
 
-def _wrapper(marker: str) -> str:
+def _wrapper(marker: str, *, workdir: str) -> str:
     """Runs test.sh (its output to stderr), then prints every reward file and its counts (processes the tests left
     running, files of /tests changed, reward paths in a state test.sh may not have left) to stdout."""
     blocks = "".join(f'if [ -f {REWARD_DIR}/{name} ]; then printf "%s\\n" "{marker}:file {name}"; '
                      f'l=; while IFS= read -r l; do printf "%s\\n" "$l"; done < {REWARD_DIR}/{name}; printf "%s" "$l"; '
                      f'printf "\\n%s\\n" "{marker}:eof"; fi; ' for name in _REWARD_FILES)
-    return (f'{_STATUS}{_READ_SCRIPT}before=$({_TESTS_SUMS}); {_PYTHON_SITE}/tests/test.sh 1>&2; rc=$?; {_SUSPICIOUS}'
+    return (f'{_STATUS}{_READ_SCRIPT}before=$({_TESTS_SUMS}); {_python_site(workdir)}'
+            f'/tests/test.sh 1>&2; rc=$?; {_SUSPICIOUS}'
             f'printf "\\n%s\\n" "{marker}"; {blocks}{_SURVIVORS}after=$({_TESTS_SUMS}); {_TESTS_CHANGED}'
             f'printf "%s %s %s %s\\n" "{marker}:end" "$n" "$changed" "$suspicious"; exit $rc')
 
@@ -276,7 +287,8 @@ async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dic
     # 2026-12-07, paid 1.0); the task's own [verifier] env may still set any of these.
     env = {**_NO_AGENT_CODE_ENV, **env}
     marker = f"@@agentrl-rewards:{secrets.token_hex(8)}"
-    result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker)], timeout=step.verifier_timeout_s, env=env)
+    result = await sandbox.exec(["/bin/sh", "-c", _wrapper(marker, workdir=sandbox.config.workdir)],
+                                timeout=step.verifier_timeout_s, env=env)
     try:
         await sandbox.kill_processes()  # nothing the tests started may write a reward from here on
         unkilled = 0

@@ -1,20 +1,31 @@
 """The `sitecustomize` every Python of a Harbor verifier starts with: installed modules come before the agent's files.
 
-Python puts the folder it runs from first on its path (`python3 -m unittest` and `-c` from the working directory,
-a script's own folder), so an agent's `unittest.py`, `argparse.py` or `pytest.py` in the working directory ran in
-place of the test runner, or of a module it imports, in tests that only read the agent's output (a `unittest.py`
-exiting 0 was paid 1.0; red team, 2026-12-07). Harbor runs the agent's files so; agentrl does not.
+Python puts the folder it runs from first on its path (`python3 -m unittest` or `-m pytest` from the working
+directory, `-c`), so an agent's `unittest.py`, `difflib.py` (which unittest imports), `pytest.py`, a pytest plugin's
+name or the `pandas.py` a test imports to read the agent's output ran in place of the image's (a `unittest.py`
+exiting 0 was paid 1.0; red team, 2026-12-07). Harbor runs the agent's files so; agentrl does not:
 
-`run_verifier` uploads this file, with `WORKDIR` set to the agent's working directory, as
-`/tmp/agentrl-verifier-site/sitecustomize.py`, and test.sh runs with that folder first on `PYTHONPATH`. At each
-Python's start it puts a finder before Python's own: a top-level module found outside the working directory (the
-standard library, site-packages, the tests' folder) is imported from there; one found only in the working
-directory (the agent's solution) is imported from it as before. Tests that import the agent's code still give it
-their process, as in Harbor. The image's own `sitecustomize` (Debian's) runs after it. A Python without
-`importlib.machinery` (Python 2) or a test.sh that sets `PYTHONPATH` itself runs as Harbor would.
+- a top-level module found outside the working directory (the standard library, site-packages, the tests' folder)
+  is imported from there, even when the agent's package of that name is a regular one and the installed one a
+  namespace package; the agent's own modules (found only in the working directory) import as before;
+- a module of the standard library (`sys.stdlib_module_names`), or a name the standard library and pytest only
+  probe for (`PROBES`), never comes from the working directory: an agent's `msvcrt.py` ran whenever anything
+  imported `subprocess`, its `org/` whenever `copy` was imported;
+- distributions (`importlib.metadata`, pytest's `pytest11` plugins) are not looked for in the working directory.
 
-Inert when imported under any other name (agentrl's own import of this module installs nothing). Kept to syntax
-every Python 3 parses.
+It patches `PathFinder.find_spec` and `find_distributions` themselves, not a finder beside them: pytest's assertion
+rewriting asks `PathFinder` directly. What differs from Harbor for an honest solution: a module of the agent's
+that has an installed namesake (a `statistics.py`; a project the image installed without `-e` and the agent
+fixed in place) is the installed one; a task must install its project editable, as the `pytest` command (which
+puts no working directory on the path) needs anyway. Not covered: tests that import and run the agent's code (that
+gives it their process), a `PYTHONPATH` naming the working directory (or an empty entry) before this runs (the
+interpreter's start imports `encodings` first) set by test.sh itself (the image's own `ENV PYTHONPATH` is
+moved behind these rules by the wrapper: `AGENTRL_VERIFIER_PYTHONPATH`), a virtual environment
+test.sh creates inside the working directory, Python 2.
+
+`run_verifier` uploads this file, with `WORKDIR` set, as `/tmp/agentrl-verifier-site/sitecustomize.py`, first on
+test.sh's `PYTHONPATH`; the image's own `sitecustomize` (Debian's) runs after it. Inert when imported under any
+other name (agentrl's own import installs nothing).
 """
 
 import os
@@ -22,53 +33,63 @@ import sys
 
 WORKDIR = None  # the agent's working directory: `run_verifier` writes it in the uploaded copy
 SITE_DIR = "/tmp/agentrl-verifier-site"
+PROBES = frozenset({"org", "java", "__pypy__"})
+"""Top-level names the standard library (`copy` probes Jython's `org.python.core`) and pytest (`__pypy__`) import
+when present, found nowhere on CPython."""
 
 
-def _under_workdir(entry, workdir):
+def _under(entry, workdir):
     try:
         real = os.path.realpath(entry or os.getcwd())
-    except OSError:
+    except (OSError, ValueError):
         return False
     return real == workdir or real.startswith(workdir.rstrip(os.sep) + os.sep)
 
 
-def make_finder(workdir):
-    """A meta-path finder that finds top-level modules on the path without `workdir`'s entries first."""
+def install(workdir):
+    """Patch `PathFinder` (the rules above), then run the image's own `sitecustomize`, if it has one."""
     from importlib.machinery import PathFinder
 
     workdir = os.path.realpath(workdir)
+    stdlib_names = frozenset(getattr(sys, "stdlib_module_names", ())) | PROBES
+    here = os.path.realpath(__file__)
+    original_find_spec = PathFinder.find_spec
+    original_find_distributions = getattr(PathFinder, "find_distributions", None)
 
-    class InstalledFirst:
-        @classmethod
-        def find_spec(cls, name, path=None, target=None):
-            if path is not None or "." in name:
-                return None  # submodules: their package's own path decides
-            trusted = [entry for entry in sys.path if not _under_workdir(entry, workdir)]
-            if len(trusted) == len(sys.path):
-                return None  # nothing of the working directory on the path: Python's own order
-            spec = PathFinder.find_spec(name, trusted)
-            if spec is None or spec.loader is None:
-                return None  # only in the working directory (or a namespace portion): as Python would
-            return spec
+    def outside():
+        return [entry for entry in sys.path if not _under(entry, workdir)]
 
-        @classmethod
-        def invalidate_caches(cls):
-            return None
+    def find_spec(cls, name, path=None, target=None):
+        if path is not None or "." in name:
+            return original_find_spec(name, path, target)  # a submodule: its package's path decides
+        trusted = outside()
+        if len(trusted) == len(sys.path):
+            return original_find_spec(name, path, target)  # nothing of the working directory on the path
+        spec = original_find_spec(name, trusted, target)
+        if spec is None and name in stdlib_names:  # never the agent's
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return spec if spec is not None else original_find_spec(name, path, target)
 
-    return InstalledFirst
+    PathFinder.find_spec = classmethod(find_spec)
+    moved = os.environ.get("AGENTRL_VERIFIER_PYTHONPATH")  # the image's PYTHONPATH entries in the working directory
+    if moved:
+        mine = [index for index, entry in enumerate(sys.path)
+                if entry and os.path.realpath(entry) == os.path.dirname(here)]
+        position = mine[0] + 1 if mine else len(sys.path)
+        sys.path[position:position] = [entry for entry in moved.split(":") if entry]
+    if original_find_distributions is not None:
+        def find_distributions(cls, *args, **kwargs):
+            from importlib.metadata import DistributionFinder
 
+            context = args[0] if args else kwargs.get("context", DistributionFinder.Context())
+            if "path" not in vars(context):  # the default search: sys.path, less the working directory
+                context = DistributionFinder.Context(name=context.name, path=outside())
+            return original_find_distributions(context)
 
-def install(workdir):
-    """Put the finder before Python's path finder, then run the image's own `sitecustomize`, if it has one."""
-    from importlib.machinery import PathFinder
-
-    finder = make_finder(workdir)
-    position = next((index for index, item in enumerate(sys.meta_path) if item is PathFinder), len(sys.meta_path))
-    sys.meta_path.insert(position, finder)
-    here = os.path.dirname(os.path.realpath(__file__))
-    entries = [entry for entry in sys.path if entry and os.path.realpath(entry) != here
-               and not _under_workdir(entry, os.path.realpath(workdir))]
-    spec = PathFinder.find_spec("sitecustomize", entries)
+        PathFinder.find_distributions = classmethod(find_distributions)
+    entries = [entry for entry in sys.path if entry and os.path.realpath(entry) != os.path.dirname(here)
+               and not _under(entry, workdir)]
+    spec = original_find_spec("sitecustomize", entries)
     if spec is not None and spec.loader is not None:
         import importlib.util
 

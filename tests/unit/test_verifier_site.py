@@ -1,21 +1,33 @@
-"""The `sitecustomize` of a Harbor verifier's Pythons (`hub.interop.verifier_site`), on this host's Python: run from
-the agent's working directory, `python3 -m unittest` and the modules it imports come from the standard library, not
-from the agent's files of the same names, while the agent's own modules (no installed namesake) still import, and a
-script's own folder outside the working directory keeps its place."""
+"""The `sitecustomize` of a Harbor verifier's Pythons (`hub.interop.verifier_site`), on this host's Python, started
+as the verifier's wrapper starts test.sh (`_python_site`): run from the agent's working directory, `python3 -m
+unittest` or `-m pytest` and what they import come from the image, not from the agent's files of the same names
+(the runner, a module it imports, a probed name, a pytest plugin, metadata declaring one, an `encodings` package
+reached through the image's PYTHONPATH), while the agent's own modules still import and a script's own folder
+outside the working directory keeps its place. Cases from the red team of 2026-12-07 (/work/redteam3)."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 
-from agentrl.hub.interop.harbor_verifier import _PYTHON_SITE, verifier_site_source
+import pytest
+
+from agentrl.hub.interop.harbor_verifier import _python_site, verifier_site_source
+from agentrl.hub.interop.verifier_site import SITE_DIR
 
 
-def _python(args, *, cwd, site):
+def _python(args, *, cwd, site, pythonpath=None, workdir=None):
+    """`python3 ARGS` in `cwd` as test.sh runs it: after the wrapper's PYTHONPATH lines for the working directory
+    `workdir` (default `cwd`; `site` stands for the sandbox's site folder); `site=None`: as Harbor runs it."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(site) if site else ""
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    command = " ".join(shlex.quote(part) for part in [sys.executable, *args])
+    if site:
+        command = _python_site(str(workdir or cwd)).replace(SITE_DIR, str(site)) + command
+    return subprocess.run(["/bin/sh", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 def _planted(tmp_path):
@@ -51,19 +63,66 @@ def test_unittest_run_from_the_working_directory_is_the_standard_librarys(tmp_pa
 
 def test_a_test_scripts_folder_and_the_agents_modules_still_import(tmp_path):
     workdir, tests, site = _planted(tmp_path)
-    env_path = f"{workdir}"  # a test.sh that puts the agent's folder on the path for its solution
-    result = subprocess.run([sys.executable, str(tests / "check.py")], cwd=workdir, capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "PYTHONPATH": f"{site}:{env_path}"})
+    result = _python([str(tests / "check.py")], cwd=workdir, site=site, pythonpath=str(workdir))
     assert result.returncode == 0 and result.stdout.split() == ["True", "42"], result.stderr
 
 
-def test_agentrls_own_import_installs_nothing_and_the_wrapper_puts_the_site_first():
+@pytest.mark.parametrize("pythonpath", [":/opt/lib", "{workdir}", "."])
+def test_the_images_pythonpath_into_the_working_directory_reaches_no_start_up_import(tmp_path, pythonpath):
+    """An image's `ENV PYTHONPATH` naming the working directory (or an empty or relative entry) put it before the
+    standard library while the interpreter started: the agent's `encodings/` ran before any sitecustomize."""
+    workdir, tests, site = _planted(tmp_path)
+    (workdir / "encodings").mkdir()
+    (workdir / "encodings" / "__init__.py").write_text("import os\nos._exit(0)\n")
+    command = ["-m", "unittest", "discover", "-s", str(tests), "-p", "test_*.py"]
+    path = pythonpath.format(workdir=workdir)
+    assert _python(command, cwd=workdir, site=None, pythonpath=path).returncode == 0  # as Harbor runs it
+    guarded = _python(command, cwd=workdir, site=site, pythonpath=path)
+    assert guarded.returncode == 1 and "AssertionError: 1 != 2" in guarded.stderr, guarded.stderr[-500:]
+    moved = _python(["-c", "import solution; print(solution.ANSWER)"], cwd=tests, site=site, pythonpath=str(workdir),
+                    workdir=workdir)
+    assert moved.stdout.strip() == "42", moved.stderr  # the image's entry is still on the path, behind the rules
+
+
+@pytest.mark.parametrize("planted", ["msvcrt.py", "org/__init__.py"])
+def test_names_the_standard_library_only_probes_for_never_come_from_the_working_directory(tmp_path, planted):
+    """`subprocess` imports `msvcrt` when it can (a Windows module), `copy` probes Jython's `org`: found nowhere
+    outside the working directory, they came from it."""
+    workdir, tests, site = _planted(tmp_path)
+    (workdir / planted).parent.mkdir(parents=True, exist_ok=True)
+    (workdir / planted).write_text("import os\nos._exit(0)\n")
+    (workdir / "difflib.py").unlink()
+    (tests / "test_hello.py").write_text("import copy, subprocess, unittest\n\n\nclass T(unittest.TestCase):\n"
+                                         "    def test_fails(self):\n        self.assertEqual(1, 2)\n")
+    (workdir / "unittest.py").unlink()
+    command = ["-m", "unittest", "discover", "-s", str(tests), "-p", "test_*.py"]
+    guarded = _python(command, cwd=workdir, site=site)
+    assert guarded.returncode == 1 and "AssertionError: 1 != 2" in guarded.stderr, guarded.stderr[-500:]
+
+
+def test_pytest_its_plugins_and_plugin_metadata_come_from_the_image(tmp_path):
+    pytest.importorskip("pytest_timeout")  # a pytest11 plugin of this environment (the dev extra)
+    workdir, tests, site = _planted(tmp_path)
+    (workdir / "unittest.py").unlink()
+    (workdir / "difflib.py").unlink()
+    exit0 = "import os\nos._exit(0)\n"
+    (workdir / "pytest_timeout.py").write_text(exit0)  # pytest's assertion rewriting asks PathFinder directly
+    (workdir / "pytest.py").write_text(exit0)
+    (workdir / "evil-1.0.dist-info").mkdir()
+    (workdir / "evil-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (workdir / "evil-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nevil = zz_evil\n")
+    (workdir / "zz_evil.py").write_text(exit0)
+    command = ["-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests / "test_hello.py")]
+    assert _python(command, cwd=workdir, site=None).returncode == 0  # as Harbor runs it
+    guarded = _python(command, cwd=workdir, site=site)
+    assert guarded.returncode == 1 and "1 failed" in guarded.stdout, guarded.stdout[-800:] + guarded.stderr[-500:]
+
+
+def test_agentrls_own_import_installs_nothing():
     import importlib.machinery
 
-    before = list(sys.meta_path)
+    before = (list(sys.meta_path), importlib.machinery.PathFinder.find_spec)
     from agentrl.hub.interop import verifier_site
 
-    assert sys.meta_path == before and verifier_site.WORKDIR is None
-    assert importlib.machinery.PathFinder in sys.meta_path
-    assert _PYTHON_SITE == 'export PYTHONPATH="/tmp/agentrl-verifier-site${PYTHONPATH:+:$PYTHONPATH}"; '
+    assert (list(sys.meta_path), importlib.machinery.PathFinder.find_spec) == before and verifier_site.WORKDIR is None
     assert "\nWORKDIR = '/app' " in verifier_site_source("/app")
