@@ -12,7 +12,8 @@ SOURCES = ("sdk", "hub", "inference", "trainer", "environments", "scripts")
 NAME = re.compile(r"\bAGENTRL_[A-Z0-9_]+")
 NOT_VARIABLES = {"AGENTRL_PATCH_EOF", "AGENTRL_EOF"}
 """Heredoc delimiters of the swe environment's shell commands, not environment variables."""
-IN_SANDBOX = {"environments/swe/swe_verdict.py", "sdk/sandbox/sandboxd.py", "sdk/mcp_relay.py"}
+IN_SANDBOX = {"environments/swe/swe_verdict.py", "sdk/sandbox/sandboxd.py", "sdk/mcp_relay.py",
+              "hub/interop/verifier_site.py"}
 """Scripts that run inside a sandbox, where agentrl is not importable: they spell the names."""
 
 
