@@ -67,7 +67,7 @@ def test_a_test_scripts_folder_and_the_agents_modules_still_import(tmp_path):
     assert result.returncode == 0 and result.stdout.split() == ["True", "42"], result.stderr
 
 
-@pytest.mark.parametrize("pythonpath", [":/opt/lib", "{workdir}", "."])
+@pytest.mark.parametrize("pythonpath", [":/opt/lib", "/opt/lib:", "{workdir}", ".", "/opt/*:{workdir}"])
 def test_the_images_pythonpath_into_the_working_directory_reaches_no_start_up_import(tmp_path, pythonpath):
     """An image's `ENV PYTHONPATH` naming the working directory (or an empty or relative entry) put it before the
     standard library while the interpreter started: the agent's `encodings/` ran before any sitecustomize."""
