@@ -65,12 +65,13 @@ def test_pd_pair_trains_with_router_replay_and_survives_a_killed_prefill_server(
                     loaded[role] = max(loaded.get(role, 0.0), hits if hits is not None else 0.0)
                 steps = len(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else 0
                 if killed is None and steps >= 2:
-                    listening = _listening([server["pid"] for server in
-                                            json.loads((run_dir / "placement.json").read_text())["servers"]])
-                    pids = api_server_pids(urlparse(urls[0]).port)
-                    assert len(pids) == 1, pids
-                    os.kill(pids[0], signal.SIGKILL)
-                    killed = (pids[0], steps)
+                    servers = json.loads((run_dir / "placement.json").read_text())["servers"]
+                    listening = _listening([server["pid"] for server in servers])
+                    # the prefill server's own pid (another test's server may name the same port once freed)
+                    prefill = servers[0]["pid"]
+                    assert prefill in api_server_pids(urlparse(urls[0]).port), (prefill, servers)
+                    os.kill(prefill, signal.SIGKILL)
+                    killed = (prefill, steps)
             time.sleep(0.5)
     output = (tmp_path / "train.log").read_text()
     assert process.returncode == 0, output[-3000:]
