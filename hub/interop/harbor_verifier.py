@@ -169,8 +169,11 @@ _SUSPICIOUS = (
 # AGENTRL_VERIFIER_PYTHONPATH, which the sitecustomize puts back on sys.path behind its own rules.
 def _python_site(workdir: str) -> str:
     root = shlex.quote(workdir.rstrip("/") or "/")
-    return ('kept=; moved=; if [ -n "${PYTHONPATH+x}" ]; then saved_ifs=$IFS; IFS=:; set -f; for e in $PYTHONPATH; '
-            f'do case "$e" in {root}|{root}/*|""|[!/]*) moved="$moved${{moved:+:}}${{e:-.}}";; '
+    # each entry compared resolved (`pwd -P`: through links, `//app`), else as written (a zip file)
+    return (f'w=$(cd -- {root} 2>/dev/null && pwd -P) || w={root}; '
+            'kept=; moved=; if [ -n "${PYTHONPATH+x}" ]; then saved_ifs=$IFS; IFS=:; set -f; for e in $PYTHONPATH; '
+            'do r=$(cd -- "$e" 2>/dev/null && pwd -P) || r=$e; '
+            'case "$r" in "$w"|"${w%/}"/*|""|[!/]*) moved="$moved${moved:+:}${e:-.}";; '
             '*) kept="$kept${kept:+:}$e";; esac; done; set +f; IFS=$saved_ifs; '
             'case "$PYTHONPATH" in ?*:) moved="$moved${moved:+:}.";; esac; fi; '  # a trailing empty entry too
             f'export PYTHONPATH="{SITE_DIR}${{kept:+:$kept}}" AGENTRL_VERIFIER_PYTHONPATH="$moved"; ')

@@ -7,10 +7,12 @@ exiting 0 was paid 1.0; red team, 2026-12-07). Harbor runs the agent's files so;
 
 - a top-level module found outside the working directory (the standard library, site-packages, the tests' folder)
   is imported from there, even when the agent's package of that name is a regular one and the installed one a
-  namespace package; the agent's own modules (found only in the working directory) import as before;
+  namespace package (whose path keeps the working directory out when it is recalculated after the tests change
+  `sys.path`); the agent's own modules (found only in the working directory) import as before; the interpreter's
+  own folders are never the agent's, even when the working directory is `/`;
 - a module of the standard library (`sys.stdlib_module_names`), or a name the standard library and pytest only
   probe for (`PROBES`), never comes from the working directory: an agent's `msvcrt.py` ran whenever anything
-  imported `subprocess`, its `org/` whenever `copy` was imported;
+  imported `subprocess`, its `org/` whenever `copy` was imported, its `usercustomize.py` at every start;
 - distributions (`importlib.metadata`, pytest's `pytest11` plugins) are not looked for in the working directory.
 
 It patches `PathFinder.find_spec` and `find_distributions` themselves, not a finder beside them: pytest's assertion
@@ -33,9 +35,9 @@ import sys
 
 WORKDIR = None  # the agent's working directory: `run_verifier` writes it in the uploaded copy
 SITE_DIR = "/tmp/agentrl-verifier-site"
-PROBES = frozenset({"org", "java", "__pypy__"})
-"""Top-level names the standard library (`copy` probes Jython's `org.python.core`) and pytest (`__pypy__`) import
-when present, found nowhere on CPython."""
+PROBES = frozenset({"org", "java", "__pypy__", "usercustomize", "sitecustomize"})
+"""Top-level names the standard library (`copy` probes Jython's `org.python.core`; `site` the start-up hooks) and
+pytest (`__pypy__`) import when present, often found nowhere outside the working directory."""
 
 
 def _under(entry, workdir):
@@ -46,18 +48,49 @@ def _under(entry, workdir):
     return real == workdir or real.startswith(workdir.rstrip(os.sep) + os.sep)
 
 
+def _keep_outside(locations, outside):
+    """A namespace package's path is recalculated from the whole `sys.path` when that changes: keep the working
+    directory's entries out of it then too (CPython's `_NamespacePath._path_finder`)."""
+    finder = getattr(locations, "_path_finder", None)
+    if finder is None:
+        return
+
+    def path_finder(name, path):
+        return finder(name, outside(path))
+
+    locations._path_finder = path_finder
+
+
+def _interpreter_dirs():
+    """The standard library's and site-packages' folders: never the agent's, even under a working directory of `/`."""
+    import site
+    import sysconfig
+
+    found = {os.path.realpath(path) for path in (sysconfig.get_path(key) for key in
+                                                 ("stdlib", "platstdlib", "purelib", "platlib")) if path}
+    try:
+        found.update(os.path.realpath(path) for path in site.getsitepackages())
+    except Exception:
+        pass
+    return found
+
+
 def install(workdir):
     """Patch `PathFinder` (the rules above), then run the image's own `sitecustomize`, if it has one."""
     from importlib.machinery import PathFinder
 
     workdir = os.path.realpath(workdir)
+    interpreter = _interpreter_dirs()
     stdlib_names = frozenset(getattr(sys, "stdlib_module_names", ())) | PROBES
     here = os.path.realpath(__file__)
     original_find_spec = PathFinder.find_spec
     original_find_distributions = getattr(PathFinder, "find_distributions", None)
 
-    def outside():
-        return [entry for entry in sys.path if not _under(entry, workdir)]
+    def agents(entry):
+        return _under(entry, workdir) and not any(_under(entry, folder) for folder in interpreter)
+
+    def outside(path=None):
+        return [entry for entry in (sys.path if path is None else path) if not agents(entry)]
 
     def find_spec(cls, name, path=None, target=None):
         if path is not None or "." in name:
@@ -68,6 +101,8 @@ def install(workdir):
         spec = original_find_spec(name, trusted, target)
         if spec is None and name in stdlib_names:  # never the agent's
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        if spec is not None and spec.loader is None and spec.submodule_search_locations is not None:
+            _keep_outside(spec.submodule_search_locations, outside)  # a namespace package's later recalculations
         return spec if spec is not None else original_find_spec(name, path, target)
 
     PathFinder.find_spec = classmethod(find_spec)
@@ -88,7 +123,7 @@ def install(workdir):
 
         PathFinder.find_distributions = classmethod(find_distributions)
     entries = [entry for entry in sys.path if entry and os.path.realpath(entry) != os.path.dirname(here)
-               and not _under(entry, workdir)]
+               and not agents(entry)]
     spec = original_find_spec("sitecustomize", entries)
     if spec is not None and spec.loader is not None:
         import importlib.util

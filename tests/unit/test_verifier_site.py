@@ -126,3 +126,47 @@ def test_agentrls_own_import_installs_nothing():
 
     assert (list(sys.meta_path), importlib.machinery.PathFinder.find_spec) == before and verifier_site.WORKDIR is None
     assert "\nWORKDIR = '/app' " in verifier_site_source("/app")
+
+
+def test_a_second_red_teams_cases_hold(tmp_path):
+    """The second red team (/work/redteam4): `usercustomize` (a start-up hook no image has) reached through the
+    image's PYTHONPATH, that PYTHONPATH naming the working directory through a link, an installed namespace
+    package whose path is recalculated after the tests change sys.path."""
+    workdir, tests, site = _planted(tmp_path)
+    command = ["-m", "unittest", "discover", "-s", str(tests), "-p", "test_*.py"]
+    (workdir / "usercustomize.py").write_text("import os\nos._exit(0)\n")
+    guarded = _python(command, cwd=workdir, site=site, pythonpath=str(workdir))
+    assert guarded.returncode == 1 and "AssertionError: 1 != 2" in guarded.stderr, guarded.stderr[-500:]
+    (workdir / "usercustomize.py").unlink()
+    (workdir / "encodings").mkdir()
+    (workdir / "encodings" / "__init__.py").write_text("import os\nos._exit(0)\n")
+    link = tmp_path / "applink"
+    link.symlink_to(workdir)
+    for path in (str(link), "/" + str(workdir)):  # a link to it, `//tmp/...`
+        guarded = _python(command, cwd=workdir, site=site, pythonpath=path)
+        assert guarded.returncode == 1 and "AssertionError: 1 != 2" in guarded.stderr, (path, guarded.stderr[-500:])
+    (workdir / "encodings" / "__init__.py").unlink()
+    (workdir / "encodings").rmdir()
+    try:
+        import google.protobuf  # noqa: F401  (an installed namespace package: google)
+    except ImportError:
+        pytest.skip("no installed namespace package (google) here")
+    (workdir / "google" / "rpc").mkdir(parents=True)
+    (workdir / "google" / "rpc" / "__init__.py").write_text("import os\nos._exit(0)\n")
+    (tests / "test_hello.py").write_text(
+        f"import importlib, sys, unittest\nimport google.protobuf\nsys.path.insert(0, {str(workdir)!r})\n"
+        "importlib.invalidate_caches()\ntry:\n    import google.rpc\nexcept ImportError:\n    pass\n\n\n"
+        "class T(unittest.TestCase):\n    def test_fails(self):\n        self.assertEqual(1, 2)\n")
+    guarded = _python(command, cwd=workdir, site=site)
+    assert guarded.returncode == 1 and "AssertionError: 1 != 2" in guarded.stderr, guarded.stderr[-500:]
+
+
+def test_a_working_directory_of_root_leaves_the_interpreter_its_own_modules(tmp_path):
+    """A task whose image sets no WORKDIR works in `/`: every path is under it, the interpreter's too."""
+    workdir, tests, site = _planted(tmp_path)
+    (site / "sitecustomize.py").write_text(verifier_site_source("/"))
+    (tests / "test_hello.py").write_text("import json, unittest\n\n\nclass T(unittest.TestCase):\n"
+                                         "    def test_passes(self):\n        self.assertEqual(json.loads('1'), 1)\n")
+    command = ["-m", "unittest", "discover", "-s", str(tests), "-p", "test_*.py"]
+    passed = _python(command, cwd=tests, site=site, workdir="/", pythonpath="/opt/lib")
+    assert passed.returncode == 0, passed.stderr[-500:]
