@@ -82,12 +82,16 @@ def install(workdir):
     workdir = os.path.realpath(workdir)
     interpreter = _interpreter_dirs()
     stdlib_names = frozenset(getattr(sys, "stdlib_module_names", ())) | PROBES
-    here = os.path.realpath(__file__)
+    site_dir = os.path.dirname(os.path.realpath(__file__))
     original_find_spec = PathFinder.find_spec
     original_find_distributions = getattr(PathFinder, "find_distributions", None)
+    judged = {}  # (entry, the folder a relative one is relative to) -> the agent's: every import asks again
 
     def agents(entry):
-        return _under(entry, workdir) and not any(_under(entry, folder) for folder in interpreter)
+        key = (entry, "" if os.path.isabs(entry) else os.getcwd())
+        if key not in judged:
+            judged[key] = _under(entry, workdir) and not any(_under(entry, folder) for folder in interpreter)
+        return judged[key]
 
     def outside(path=None):
         return [entry for entry in (sys.path if path is None else path) if not agents(entry)]
@@ -108,8 +112,7 @@ def install(workdir):
     PathFinder.find_spec = classmethod(find_spec)
     moved = os.environ.get("AGENTRL_VERIFIER_PYTHONPATH")  # the image's PYTHONPATH entries in the working directory
     if moved:
-        mine = [index for index, entry in enumerate(sys.path)
-                if entry and os.path.realpath(entry) == os.path.dirname(here)]
+        mine = [index for index, entry in enumerate(sys.path) if entry and os.path.realpath(entry) == site_dir]
         position = mine[0] + 1 if mine else len(sys.path)
         sys.path[position:position] = [entry for entry in moved.split(":") if entry]
     if original_find_distributions is not None:
@@ -122,8 +125,7 @@ def install(workdir):
             return original_find_distributions(context)
 
         PathFinder.find_distributions = classmethod(find_distributions)
-    entries = [entry for entry in sys.path if entry and os.path.realpath(entry) != os.path.dirname(here)
-               and not agents(entry)]
+    entries = [entry for entry in sys.path if entry and os.path.realpath(entry) != site_dir and not agents(entry)]
     spec = original_find_spec("sitecustomize", entries)
     if spec is not None and spec.loader is not None:
         import importlib.util
