@@ -260,10 +260,12 @@ def drop_user_site_hooks(local: Path, remote: str) -> list[str]:
     return removed
 
 
+_SITE_SOURCE = Path(__file__).with_name("verifier_site.py").read_text()
+
+
 def verifier_site_source(workdir: str) -> str:
     """`verifier_site`'s text with the agent's working directory set (test.sh's `sitecustomize`)."""
-    source = (Path(__file__).with_name("verifier_site.py")).read_text()
-    return source.replace("\nWORKDIR = None ", f"\nWORKDIR = {workdir!r} ", 1)
+    return _SITE_SOURCE.replace("\nWORKDIR = None ", f"\nWORKDIR = {workdir!r} ", 1)
 
 
 async def run_verifier(sandbox, harbor: HarborTask, step: HarborStep, state: dict[str, Any], *,
